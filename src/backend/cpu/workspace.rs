@@ -1,0 +1,94 @@
+//! Per-worker scratch memory, allocated fallibly once before a kernel's parallel loop so the
+//! hot loop never allocates and an over-budget request is an `OutOfMemory` error, not an
+//! abort. Cost: `workers * floats_per_worker * 4` bytes, where `workers = min(threads, items)`.
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+
+/// A zero-filled `Vec<f32>` of `len` elements, or `OutOfMemory` if the allocator refuses
+/// (the counting allocator refuses large requests over the memory budget).
+pub fn try_zeroed(len: usize, what: &str) -> Result<Vec<f32>> {
+    let mut v: Vec<f32> = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::OutOfMemory(format!(
+            "{what}: {} bytes could not be allocated",
+            len as u64 * 4
+        ))
+    })?;
+    v.resize(len, 0.0);
+    Ok(v)
+}
+
+/// One scratch buffer per concurrently running work item.
+pub struct Workspace {
+    buffers: Vec<Mutex<Vec<f32>>>,
+}
+
+impl Workspace {
+    /// Number of buffers needed to run `items` work items on the current rayon pool.
+    pub fn workers_for(items: usize) -> usize {
+        rayon::current_num_threads().min(items).max(1)
+    }
+
+    pub fn new(workers: usize, floats_per_worker: usize, what: &str) -> Result<Workspace> {
+        let buffers = (0..workers)
+            .map(|_| try_zeroed(floats_per_worker, what).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Workspace { buffers })
+    }
+
+    /// Exact bytes `new(workers, floats_per_worker)` allocates (for the variants' predictions).
+    pub fn bytes(workers: usize, floats_per_worker: usize) -> u64 {
+        (workers * floats_per_worker * 4) as u64
+    }
+
+    /// A free buffer. At most `workers` items run at once, so one is always free; starting
+    /// the scan at the rayon thread index makes a collision rare.
+    pub fn acquire(&self) -> MutexGuard<'_, Vec<f32>> {
+        let n = self.buffers.len();
+        let start = rayon::current_thread_index().unwrap_or(0) % n;
+        loop {
+            for i in 0..n {
+                if let Ok(g) = self.buffers[(start + i) % n].try_lock() {
+                    return g;
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Splits one scratch buffer into named sub-slices of the given lengths, in order.
+pub fn carve<'a, const N: usize>(buf: &'a mut [f32], lens: [usize; N]) -> [&'a mut [f32]; N] {
+    let mut rest = buf;
+    let mut out: [&'a mut [f32]; N] = std::array::from_fn(|_| Default::default());
+    for (slot, len) in out.iter_mut().zip(lens) {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        *slot = head;
+        rest = tail;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carve_splits_in_order() {
+        let mut buf: Vec<f32> = (0..10).map(|x| x as f32).collect();
+        let [a, b, c] = carve(&mut buf, [2, 3, 4]);
+        assert_eq!(a, &[0.0, 1.0]);
+        assert_eq!(b, &[2.0, 3.0, 4.0]);
+        assert_eq!(c, &[5.0, 6.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn workspace_hands_out_distinct_buffers() {
+        let ws = Workspace::new(2, 4, "test").unwrap();
+        let a = ws.acquire();
+        let b = ws.acquire();
+        assert_ne!(a.as_ptr(), b.as_ptr());
+    }
+}

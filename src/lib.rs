@@ -1,0 +1,21 @@
+//! attnbench: benchmarks exact attention algorithms (naive, Rabe–Staats chunked, flash, ...)
+//! for runtime, memory overhead beyond inputs and outputs, and error against an f64 oracle.
+//!
+//! Data flow: config --expand--> cases --runner--> records --CSV--> report / compare.
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod measure;
+pub mod npy;
+pub mod problem;
+pub mod reference;
+pub mod report;
+pub mod runner;
+pub mod variant;
+
+/// Every heap allocation of the process is counted, so the memory probe can read the peak
+/// bytes live during a call, and large requests over the memory budget fail (as `oom`).
+#[global_allocator]
+static ALLOCATOR: measure::alloc::CountingAllocator = measure::alloc::CountingAllocator;

@@ -1,0 +1,3 @@
+//! Measurement: counting allocator (memory overhead, budget), timing and stopping rule,
+//! statistics, peak RSS, machine calibration.
+pub mod alloc;

@@ -1,0 +1,513 @@
+//! The problem being measured: shapes, dtypes, modes, one benchmark `Case`, and the seeded
+//! input tensors (`Inputs`) in their storage dtype. Layout is always
+//! `[batch, heads, seq, head_dim]`, row-major, as NumPy and PyTorch store it.
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+use crate::variant::VariantId;
+
+/// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
+/// the output is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// Accepted max-abs error of an exact variant's f32-accumulated output against the f64
+    /// oracle, for inputs of O(1) magnitude. The oracle sees the same rounded inputs, so the
+    /// storage dtype enters only through the precision later kernels may use for
+    /// intermediates (e.g. P rounded to the storage dtype before PV): the bound is the
+    /// dtype's unit roundoff times a small factor, and f32's is the core issue's 1e-5.
+    pub fn tolerance(self) -> f64 {
+        match self {
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-3,
+            DType::Bf16 => 1.6e-2,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown dtype `{s}` (expected one of: f32, bf16, f16)"))
+    }
+}
+
+/// What is measured. Only `fwd` has kernels in the core; the others are planned modes that
+/// the case and record types already carry (a variant that lacks a mode makes a `skipped` row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum Mode {
+    #[serde(rename = "fwd")]
+    Fwd,
+    #[serde(rename = "fwd+bwd")]
+    FwdBwd,
+    #[serde(rename = "decode")]
+    Decode,
+    #[serde(rename = "layer-fwd")]
+    LayerFwd,
+    #[serde(rename = "layer-train")]
+    LayerTrain,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 5] = [
+        Mode::Fwd,
+        Mode::FwdBwd,
+        Mode::Decode,
+        Mode::LayerFwd,
+        Mode::LayerTrain,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fwd => "fwd",
+            Mode::FwdBwd => "fwd+bwd",
+            Mode::Decode => "decode",
+            Mode::LayerFwd => "layer-fwd",
+            Mode::LayerTrain => "layer-train",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown mode `{s}` (expected one of: fwd, fwd+bwd, decode, layer-fwd, layer-train)")
+            })
+    }
+}
+
+/// Where a case runs. `Cuda` exists so configs and records are stable before the GPU
+/// backend lands; without it such cases are `skipped` rows with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub const ALL: [Device; 2] = [Device::Cpu, Device::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Device::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown device `{s}` (expected one of: cpu, cuda)"))
+    }
+}
+
+/// Distribution of the generated inputs. `uniform` is U[0, 1): Rabe–Staats give no range,
+/// and this is the choice recorded in REPRODUCTION.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum InputDist {
+    Normal,
+    Uniform,
+}
+
+impl InputDist {
+    pub fn name(self) -> &'static str {
+        match self {
+            InputDist::Normal => "normal",
+            InputDist::Uniform => "uniform",
+        }
+    }
+}
+
+impl fmt::Display for InputDist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for InputDist {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "normal" => Ok(InputDist::Normal),
+            "uniform" => Ok(InputDist::Uniform),
+            _ => Err(format!(
+                "unknown input_dist `{s}` (expected one of: normal, uniform)"
+            )),
+        }
+    }
+}
+
+/// Tensor dimensions of one attention problem. Q is `[batch, heads, seq_q, head_dim]`,
+/// K and V are `[batch, kv_heads, seq_kv, head_dim]`, O is like Q.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub head_dim: usize,
+}
+
+impl Shape {
+    pub fn q_len(&self) -> usize {
+        self.batch * self.heads * self.seq_q * self.head_dim
+    }
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.kv_heads * self.seq_kv * self.head_dim
+    }
+    pub fn out_len(&self) -> usize {
+        self.q_len()
+    }
+    /// Query heads per key/value head (GQA group size; 1 for MHA, `heads` for MQA).
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+    /// Offset (in elements) of query head `(b, h)` in Q or O.
+    pub fn q_head_offset(&self, b: usize, h: usize) -> usize {
+        (b * self.heads + h) * self.seq_q * self.head_dim
+    }
+    /// Offset (in elements) of the key/value head that query head `(b, h)` reads.
+    pub fn kv_head_offset(&self, b: usize, h: usize) -> usize {
+        (b * self.kv_heads + h / self.group()) * self.seq_kv * self.head_dim
+    }
+    /// Softmax scale 1/sqrt(d).
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+    /// Bottom-right aligned causal mask (as in decoding, and FlashAttention's convention for
+    /// seq_q != seq_kv): query row `i` sees keys `0..visible_keys(i)`. Rows that see no key
+    /// (possible when seq_q > seq_kv) have output 0 in every variant.
+    pub fn visible_keys(&self, causal: bool, row: usize) -> usize {
+        if !causal {
+            return self.seq_kv;
+        }
+        let v = row as i64 + self.seq_kv as i64 - self.seq_q as i64 + 1;
+        v.clamp(0, self.seq_kv as i64) as usize
+    }
+    /// Number of (query, key) pairs that are not masked, per (batch, head).
+    pub fn unmasked_pairs_per_head(&self, causal: bool) -> u64 {
+        if !causal {
+            return self.seq_q as u64 * self.seq_kv as u64;
+        }
+        (0..self.seq_q)
+            .map(|i| self.visible_keys(true, i) as u64)
+            .sum()
+    }
+    /// Forward FLOPs by the FlashAttention convention: 4 * b * h * (unmasked pairs) * d
+    /// (two matmuls of 2 FLOPs per multiply-add; softmax not counted).
+    pub fn fwd_flops(&self, causal: bool) -> f64 {
+        4.0 * self.batch as f64
+            * self.heads as f64
+            * self.unmasked_pairs_per_head(causal) as f64
+            * self.head_dim as f64
+    }
+}
+
+/// One point of the sweep grid: everything that determines a measurement.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Case {
+    pub variant: VariantId,
+    pub mode: Mode,
+    pub device: Device,
+    pub dtype: DType,
+    pub shape: Shape,
+    /// Effective chunk sizes (already clamped to the sequence, `min(chunk, n)` as in the
+    /// paper); `None` for variants that do not chunk that loop.
+    pub q_chunk: Option<usize>,
+    pub kv_chunk: Option<usize>,
+    pub causal: bool,
+    /// Sliding-window length (later issue); `None` = full attention.
+    pub window: Option<usize>,
+    /// Simulated devices across which the sequence is sharded (later issue); 1 here.
+    pub devices: usize,
+    pub threads: usize,
+    pub input_dist: InputDist,
+    /// Multiplies the generated Q and K (so scores scale by its square): large values show
+    /// the overflow that max subtraction prevents.
+    pub input_scale: f64,
+    pub seed: u64,
+}
+
+impl Case {
+    /// A stable, readable key: every field that distinguishes two cases. `--resume` and
+    /// `compare` match rows by it.
+    pub fn id(&self) -> String {
+        let chunk = |c: Option<usize>| c.map_or_else(|| "-".to_string(), |c| c.to_string());
+        let s = &self.shape;
+        format!(
+            "{}|{}|{}|{}|b{}h{}kv{}|q{}k{}|d{}|qc{}kc{}|c{}|w{}|p{}|t{}|{}x{}|s{}",
+            self.variant.name(),
+            self.mode,
+            self.device,
+            self.dtype,
+            s.batch,
+            s.heads,
+            s.kv_heads,
+            s.seq_q,
+            s.seq_kv,
+            s.head_dim,
+            chunk(self.q_chunk),
+            chunk(self.kv_chunk),
+            u8::from(self.causal),
+            chunk(self.window),
+            self.devices,
+            self.threads,
+            self.input_dist,
+            self.input_scale,
+            self.seed
+        )
+    }
+
+    pub fn flops(&self) -> f64 {
+        self.shape.fwd_flops(self.causal)
+    }
+
+    /// Bytes of Q, K, V (storage dtype) and O (f32).
+    pub fn io_bytes(&self) -> u64 {
+        let s = &self.shape;
+        ((s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4) as u64
+    }
+}
+
+/// One tensor in its storage dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tensor {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl Tensor {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::Bf16(_) => DType::Bf16,
+            Tensor::F16(_) => DType::F16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Tensor::F32(v) => v.len(),
+            Tensor::Bf16(v) => v.len(),
+            Tensor::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Round f32 values into `dtype` storage.
+    pub fn from_f32(values: Vec<f32>, dtype: DType) -> Tensor {
+        match dtype {
+            DType::F32 => Tensor::F32(values),
+            DType::Bf16 => Tensor::Bf16(values.into_iter().map(bf16::from_f32).collect()),
+            DType::F16 => Tensor::F16(values.into_iter().map(f16::from_f32).collect()),
+        }
+    }
+
+    /// Element `i` widened to f64 (exact for every storage dtype).
+    #[inline]
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Tensor::F32(v) => v[i] as f64,
+            Tensor::Bf16(v) => v[i].to_f64(),
+            Tensor::F16(v) => v[i].to_f64(),
+        }
+    }
+
+    /// Widen `len` elements starting at `offset` into `dst` (f32, exact).
+    #[inline]
+    pub fn copy_to_f32(&self, offset: usize, dst: &mut [f32]) {
+        let n = dst.len();
+        match self {
+            Tensor::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
+            Tensor::Bf16(v) => {
+                for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
+                    *d = s.to_f32();
+                }
+            }
+            Tensor::F16(v) => {
+                for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
+                    *d = s.to_f32();
+                }
+            }
+        }
+    }
+
+    /// The f32 slice itself when stored as f32 (kernels then read it in place, no copy).
+    #[inline]
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Tensor::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// `len` elements from `offset` as f32: borrowed in place for f32 storage, widened into
+    /// `scratch[..len]` otherwise. This is how kernels load tiles of low-precision inputs.
+    #[inline]
+    pub fn rows_f32<'a>(&'a self, offset: usize, len: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Tensor::F32(v) => &v[offset..offset + len],
+            _ => {
+                self.copy_to_f32(offset, &mut scratch[..len]);
+                &scratch[..len]
+            }
+        }
+    }
+}
+
+/// Q, K, V of one case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inputs {
+    pub shape: Shape,
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+impl Inputs {
+    /// Seeded inputs. The stream depends on (seed, shape, dtype, dist, scale) only, never on
+    /// the variant, so every variant of a sweep sees the same Q, K, V.
+    pub fn generate(
+        shape: Shape,
+        dtype: DType,
+        dist: InputDist,
+        scale: f64,
+        seed: u64,
+    ) -> Inputs {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut gen = |n: usize, scaled: bool| -> Tensor {
+            let f = if scaled { scale as f32 } else { 1.0 };
+            let values: Vec<f32> = (0..n)
+                .map(|_| {
+                    let x: f32 = match dist {
+                        InputDist::Normal => StandardNormal.sample(&mut rng),
+                        InputDist::Uniform => rng.random::<f32>(),
+                    };
+                    x * f
+                })
+                .collect();
+            Tensor::from_f32(values, dtype)
+        };
+        let q = gen(shape.q_len(), true);
+        let k = gen(shape.kv_len(), true);
+        let v = gen(shape.kv_len(), false);
+        Inputs { shape, q, k, v }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.q.dtype()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(seq_q: usize, seq_kv: usize) -> Shape {
+        Shape {
+            batch: 1,
+            heads: 2,
+            kv_heads: 1,
+            seq_q,
+            seq_kv,
+            head_dim: 4,
+        }
+    }
+
+    #[test]
+    fn causal_mask_is_bottom_right_aligned() {
+        let s = shape(2, 5);
+        assert_eq!(s.visible_keys(true, 0), 4);
+        assert_eq!(s.visible_keys(true, 1), 5);
+        let s = shape(5, 2);
+        assert_eq!(s.visible_keys(true, 0), 0);
+        assert_eq!(s.visible_keys(true, 3), 1);
+        assert_eq!(s.visible_keys(true, 4), 2);
+        assert_eq!(s.visible_keys(false, 0), 2);
+    }
+
+    #[test]
+    fn causal_flops_count_unmasked_pairs_exactly() {
+        let s = shape(4, 4);
+        assert_eq!(s.unmasked_pairs_per_head(true), 1 + 2 + 3 + 4);
+        assert_eq!(s.fwd_flops(false), 4.0 * 2.0 * 16.0 * 4.0);
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_dtype_rounded() {
+        let s = shape(3, 3);
+        let a = Inputs::generate(s, DType::Bf16, InputDist::Normal, 1.0, 7);
+        let b = Inputs::generate(s, DType::Bf16, InputDist::Normal, 1.0, 7);
+        assert_eq!(a, b);
+        let c = Inputs::generate(s, DType::Bf16, InputDist::Normal, 1.0, 8);
+        assert_ne!(a, c);
+        let u = Inputs::generate(s, DType::F32, InputDist::Uniform, 1.0, 7);
+        let Tensor::F32(v) = &u.v else { panic!() };
+        assert!(v.iter().all(|x| (0.0..1.0).contains(x)));
+    }
+}
