@@ -1,1 +1,174 @@
-//! stub
+//! The f64 oracle, the only ground truth: O = softmax(QK^T/sqrt(d)) V per query row, in f64,
+//! from the same (storage-rounded) inputs the variants see, max subtracted, same causal
+//! convention (bottom-right aligned; a row with no visible key is 0). Time O(n_kv*d) per
+//! row checked; rows are all rows when that is cheap, else a deterministic sample.
+
+use crate::problem::{Inputs, Shape};
+
+/// Check every row when the oracle costs at most this many multiply-adds (about a second
+/// in f64 on one core); above it, sample `error_rows` rows.
+pub const ALL_ROWS_MAX_MACS: u64 = 1 << 28;
+
+/// A query row: (batch, head, row).
+pub type RowId = (usize, usize, usize);
+
+/// The rows whose error is checked: all of them when cheap, else `sample` rows spread evenly
+/// over the flattened (batch, head, row) index, always including the first and the last.
+pub fn rows_to_check(shape: &Shape, sample: usize) -> Vec<RowId> {
+    let total = shape.batch * shape.heads * shape.seq_q;
+    let macs = 2 * total as u64 * shape.seq_kv as u64 * shape.head_dim as u64;
+    let picks: Vec<usize> = if macs <= ALL_ROWS_MAX_MACS || sample >= total {
+        (0..total).collect()
+    } else if sample <= 1 {
+        vec![total - 1]
+    } else {
+        let mut v: Vec<usize> = (0..sample).map(|i| i * (total - 1) / (sample - 1)).collect();
+        v.dedup();
+        v
+    };
+    picks
+        .into_iter()
+        .map(|i| {
+            let (bh, row) = (i / shape.seq_q, i % shape.seq_q);
+            (bh / shape.heads, bh % shape.heads, row)
+        })
+        .collect()
+}
+
+/// The exact output row (length `head_dim`) of query row `id`.
+pub fn reference_row(inputs: &Inputs, causal: bool, id: RowId) -> Vec<f64> {
+    let s = &inputs.shape;
+    let (b, h, row) = id;
+    let d = s.head_dim;
+    let q_off = s.q_head_offset(b, h) + row * d;
+    let kv_off = s.kv_head_offset(b, h);
+    let scale = 1.0 / (d as f64).sqrt();
+    let visible = s.visible_keys(causal, row);
+    let mut out = vec![0.0f64; d];
+    if visible == 0 {
+        return out;
+    }
+    let scores: Vec<f64> = (0..visible)
+        .map(|j| {
+            let k_off = kv_off + j * d;
+            scale
+                * (0..d)
+                    .map(|x| inputs.q.get_f64(q_off + x) * inputs.k.get_f64(k_off + x))
+                    .sum::<f64>()
+        })
+        .collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0;
+    for (j, sc) in scores.iter().enumerate() {
+        let p = (sc - m).exp();
+        sum += p;
+        let v_off = kv_off + j * d;
+        for (x, o) in out.iter_mut().enumerate() {
+            *o += p * inputs.v.get_f64(v_off + x);
+        }
+    }
+    for o in &mut out {
+        *o /= sum;
+    }
+    out
+}
+
+/// Error of an output against the oracle over some rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ErrorStats {
+    /// max |out - exact| (inf when the output has a non-finite value).
+    pub max_abs: f64,
+    /// `max_abs` divided by the largest |exact| over the same rows (normwise relative error).
+    pub max_rel: f64,
+    pub rows: usize,
+    /// Output elements that are NaN or infinite.
+    pub non_finite: usize,
+}
+
+/// Compares `out` (`[batch, heads, seq_q, head_dim]`) with the oracle on `rows`, in parallel.
+pub fn check(inputs: &Inputs, causal: bool, out: &[f32], rows: &[RowId]) -> ErrorStats {
+    use rayon::prelude::*;
+    let s = &inputs.shape;
+    let d = s.head_dim;
+    let (max_abs, max_ref, non_finite) = rows
+        .par_iter()
+        .map(|&id| {
+            let exact = reference_row(inputs, causal, id);
+            let off = s.q_head_offset(id.0, id.1) + id.2 * d;
+            let mut acc = (0.0f64, 0.0f64, 0usize);
+            for (got, want) in out[off..off + d].iter().zip(&exact) {
+                let err = if got.is_finite() {
+                    (*got as f64 - want).abs()
+                } else {
+                    acc.2 += 1;
+                    f64::INFINITY
+                };
+                acc.0 = acc.0.max(err);
+                acc.1 = acc.1.max(want.abs());
+            }
+            acc
+        })
+        .reduce(
+            || (0.0, 0.0, 0),
+            |a, b| (a.0.max(b.0), a.1.max(b.1), a.2 + b.2),
+        );
+    ErrorStats {
+        max_abs,
+        max_rel: if max_ref > 0.0 { max_abs / max_ref } else { max_abs },
+        rows: rows.len(),
+        non_finite,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{DType, InputDist, Tensor};
+
+    #[test]
+    fn one_key_returns_its_value() {
+        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 2, seq_kv: 1, head_dim: 2 };
+        let inputs = Inputs {
+            shape,
+            q: Tensor::F32(vec![1.0, 2.0, -3.0, 0.5]),
+            k: Tensor::F32(vec![0.3, 0.7]),
+            v: Tensor::F32(vec![5.0, -6.0]),
+        };
+        assert_eq!(reference_row(&inputs, false, (0, 0, 1)), vec![5.0, -6.0]);
+        // Causal with seq_q > seq_kv: row 0 sees no key.
+        assert_eq!(reference_row(&inputs, true, (0, 0, 0)), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn equal_scores_average_the_values() {
+        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1 };
+        let inputs = Inputs {
+            shape,
+            q: Tensor::F32(vec![0.0]),
+            k: Tensor::F32(vec![1.0, 2.0]),
+            v: Tensor::F32(vec![1.0, 3.0]),
+        };
+        assert_eq!(reference_row(&inputs, false, (0, 0, 0)), vec![2.0]);
+    }
+
+    #[test]
+    fn sampled_rows_are_deterministic_and_cover_the_ends() {
+        let shape = Shape { batch: 2, heads: 4, kv_heads: 4, seq_q: 65536, seq_kv: 65536, head_dim: 64 };
+        let rows = rows_to_check(&shape, 100);
+        assert_eq!(rows.len(), 100);
+        assert_eq!(rows[0], (0, 0, 0));
+        assert_eq!(*rows.last().unwrap(), (1, 3, 65535));
+        assert_eq!(rows, rows_to_check(&shape, 100));
+        let small = Shape { seq_q: 8, seq_kv: 8, ..shape };
+        assert_eq!(rows_to_check(&small, 3).len(), 2 * 4 * 8);
+    }
+
+    #[test]
+    fn non_finite_outputs_are_counted_as_infinite_error() {
+        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 1, seq_kv: 3, head_dim: 2 };
+        let inputs = Inputs::generate(shape, DType::F32, InputDist::Normal, 1.0, 1);
+        let e = check(&inputs, false, &[f32::NAN, 0.0], &rows_to_check(&shape, 10));
+        assert_eq!(e.non_finite, 1);
+        assert!(e.max_abs.is_infinite());
+    }
+}

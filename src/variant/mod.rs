@@ -113,3 +113,6 @@ impl<'de> serde::Deserialize<'de> for VariantId {
         s.parse().map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests;

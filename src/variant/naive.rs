@@ -1,11 +1,75 @@
-use super::*;
-pub struct Naive { pub safe: bool }
-pub static NAIVE: Naive = Naive { safe: true };
-pub static NAIVE_UNSAFE: Naive = Naive { safe: false };
-static I: VariantInfo = VariantInfo { name: "naive", description: "", source: "", modes: &[Mode::Fwd], default_q_chunk: None, default_kv_chunk: None, numerically_safe: true };
-static IU: VariantInfo = VariantInfo { name: "naive-unsafe", description: "", source: "", modes: &[Mode::Fwd], default_q_chunk: None, default_kv_chunk: None, numerically_safe: false };
+//! `naive` and `naive-unsafe`: standard attention with the score matrix materialized
+//! (kernel: `backend::cpu::naive`). Extra memory 4*b*h*n_q*n_kv bytes: the O(n^2) baseline
+//! of every paper.
+
+use super::{Variant, VariantInfo};
+use crate::backend::cpu::naive as kernel;
+use crate::backend::cpu::workspace::{try_zeroed, Workspace};
+use crate::error::Result;
+use crate::problem::{Case, Inputs, Mode};
+
+pub struct Naive {
+    info: VariantInfo,
+    safe: bool,
+}
+
+pub static NAIVE: Naive = Naive {
+    info: VariantInfo {
+        name: "naive",
+        description: "materialized S = QK^T/sqrt(d), safe softmax (row max subtracted), then PV",
+        source: "seed 001 Sec. 1 (standard attention); REPRODUCTION.md 2.1",
+        modes: &[Mode::Fwd],
+        default_q_chunk: None,
+        default_kv_chunk: None,
+        numerically_safe: true,
+    },
+    safe: true,
+};
+
+pub static NAIVE_UNSAFE: Naive = Naive {
+    info: VariantInfo {
+        name: "naive-unsafe",
+        description: "naive without max subtraction: exp overflows to inf once scores reach ~89 (f32)",
+        source: "seed 001 Sec. 3 (numerical stability); seed 003 safe softmax",
+        modes: &[Mode::Fwd],
+        default_q_chunk: None,
+        default_kv_chunk: None,
+        numerically_safe: false,
+    },
+    safe: false,
+};
+
+fn workers(case: &Case) -> usize {
+    case.threads.min(kernel::items(&case.shape)).max(1)
+}
+
+fn widen(case: &Case) -> bool {
+    case.dtype.size_bytes() != 4
+}
+
 impl Variant for Naive {
-    fn info(&self) -> &'static VariantInfo { if self.safe { &I } else { &IU } }
-    fn predict_workspace_bytes(&self, _c: &Case) -> u64 { 0 }
-    fn forward_cpu(&self, _c: &Case, _i: &Inputs, _o: &mut [f32]) -> Result<()> { Ok(()) }
+    fn info(&self) -> &'static VariantInfo {
+        // Statics live for 'static; `self` is always one of the two statics above.
+        if self.safe {
+            &NAIVE.info
+        } else {
+            &NAIVE_UNSAFE.info
+        }
+    }
+
+    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
+        4 * kernel::scores_len(&case.shape) as u64
+            + Workspace::bytes(workers(case), kernel::worker_floats(&case.shape, widen(case)))
+    }
+
+    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let mut scores = try_zeroed(kernel::scores_len(&case.shape), "naive score matrix S")?;
+        let ws = Workspace::new(
+            workers(case),
+            kernel::worker_floats(&case.shape, widen(case)),
+            "naive workspace",
+        )?;
+        kernel::forward(inputs, case.causal, self.safe, &mut scores, &ws, out);
+        Ok(())
+    }
 }

@@ -1,11 +1,95 @@
-use super::*;
-pub struct Rs { pub safe: bool }
-pub static RABE_STAATS: Rs = Rs { safe: true };
-pub static RABE_STAATS_SEQ: Rs = Rs { safe: false };
-static I: VariantInfo = VariantInfo { name: "rabe-staats", description: "", source: "", modes: &[Mode::Fwd], default_q_chunk: Some(1024), default_kv_chunk: Some(4096), numerically_safe: true };
-static IU: VariantInfo = VariantInfo { name: "rabe-staats-seq", description: "", source: "", modes: &[Mode::Fwd], default_q_chunk: None, default_kv_chunk: None, numerically_safe: false };
-impl Variant for Rs {
-    fn info(&self) -> &'static VariantInfo { if self.safe { &I } else { &IU } }
-    fn predict_workspace_bytes(&self, _c: &Case) -> u64 { 0 }
-    fn forward_cpu(&self, _c: &Case, _i: &Inputs, _o: &mut [f32]) -> Result<()> { Ok(()) }
+//! `rabe-staats` (Figure 1: chunked, per-chunk summaries) and `rabe-staats-seq` (the O(1)
+//! single-query loop), seed 001 (kernels: `backend::cpu::chunked`).
+
+use super::{Variant, VariantInfo};
+use crate::backend::cpu::chunked as kernel;
+use crate::backend::cpu::workspace::Workspace;
+use crate::error::Result;
+use crate::problem::{Case, Inputs, Mode};
+
+pub struct RabeStaats;
+pub struct RabeStaatsSeq;
+
+pub static RABE_STAATS: RabeStaats = RabeStaats;
+pub static RABE_STAATS_SEQ: RabeStaatsSeq = RabeStaatsSeq;
+
+static CHUNKED_INFO: VariantInfo = VariantInfo {
+    name: "rabe-staats",
+    description: "query chunks x key chunks, each key chunk summarized (exp-values, exp-sums, max), rescaled by the global max",
+    source: "seed 001 Figure 1 (query_chunk 1024, key_chunk 4096)",
+    modes: &[Mode::Fwd],
+    default_q_chunk: Some(kernel::DEFAULT_Q_CHUNK),
+    default_kv_chunk: Some(kernel::DEFAULT_KV_CHUNK),
+    numerically_safe: true,
+};
+
+static SEQ_INFO: VariantInfo = VariantInfo {
+    name: "rabe-staats-seq",
+    description: "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(1) memory)",
+    source: "seed 001 Sec. 2-3",
+    modes: &[Mode::Fwd],
+    default_q_chunk: None,
+    default_kv_chunk: None,
+    numerically_safe: true,
+};
+
+/// Effective (query, key) chunks: the case's, else the paper's defaults, clamped to n.
+fn chunks(case: &Case) -> (usize, usize) {
+    let s = &case.shape;
+    let qc = case.q_chunk.unwrap_or(kernel::DEFAULT_Q_CHUNK).min(s.seq_q).max(1);
+    let kc = case.kv_chunk.unwrap_or(kernel::DEFAULT_KV_CHUNK).min(s.seq_kv).max(1);
+    (qc, kc)
+}
+
+/// (workers, floats per worker) of the chunk workspace.
+fn chunked_layout(case: &Case) -> (usize, usize) {
+    let (qc, kc) = chunks(case);
+    let workers = case.threads.min(kernel::chunked_items(&case.shape, qc)).max(1);
+    let floats = kernel::chunked_worker_lens(&case.shape, qc, kc, case.dtype.size_bytes() != 4)
+        .iter()
+        .sum();
+    (workers, floats)
+}
+
+impl Variant for RabeStaats {
+    fn info(&self) -> &'static VariantInfo {
+        &CHUNKED_INFO
+    }
+
+    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
+        let (workers, floats) = chunked_layout(case);
+        Workspace::bytes(workers, floats)
+    }
+
+    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let (workers, floats) = chunked_layout(case);
+        let ws = Workspace::new(workers, floats, "rabe-staats chunk workspace")?;
+        let (qc, kc) = chunks(case);
+        kernel::forward_chunked(inputs, case.causal, qc, kc, &ws, out);
+        Ok(())
+    }
+}
+
+fn seq_workers(case: &Case) -> usize {
+    case.threads.min(kernel::sequential_items(&case.shape)).max(1)
+}
+
+impl Variant for RabeStaatsSeq {
+    fn info(&self) -> &'static VariantInfo {
+        &SEQ_INFO
+    }
+
+    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
+        Workspace::bytes(seq_workers(case), kernel::sequential_worker_floats(&case.shape))
+    }
+
+    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let ws = Workspace::new(
+            seq_workers(case),
+            kernel::sequential_worker_floats(&case.shape),
+            "rabe-staats-seq state",
+        )?;
+        kernel::forward_sequential(inputs, case.causal, &ws, out);
+        Ok(())
+    }
 }

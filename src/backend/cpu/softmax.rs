@@ -1,1 +1,67 @@
-//! stub
+//! Row pieces of softmax shared by every CPU variant: causal masking of a score row, the row
+//! maximum, and exp(x - m) with its sum. O(row length) each, no allocation. A row whose keys
+//! are all masked has maximum -inf; callers treat its output as 0 (FlashAttention's
+//! convention), so no NaN is ever produced from a masked row.
+
+/// Sets every score at column `>= visible` to -inf (keys a causal query may not see).
+#[inline]
+pub fn mask_from(row: &mut [f32], visible: usize) {
+    if visible < row.len() {
+        row[visible..].fill(f32::NEG_INFINITY);
+    }
+}
+
+#[inline]
+pub fn row_max(row: &[f32]) -> f32 {
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Replaces each x by exp(x - m) and returns the sum. With `m = 0` this is the unsafe
+/// (no max subtraction) exponentiation that overflows to inf once x >= 89.
+#[inline]
+pub fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
+    if m == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 0.0;
+    }
+    let mut sum = 0.0f32;
+    for x in row.iter_mut() {
+        *x = (*x - m).exp();
+        sum += *x;
+    }
+    sum
+}
+
+/// Multiplies a row by `f`.
+#[inline]
+pub fn scale_row(row: &mut [f32], f: f32) {
+    for x in row.iter_mut() {
+        *x *= f;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_row_gives_zero_weights_not_nan() {
+        let mut row = [1.0f32, 2.0, 3.0];
+        mask_from(&mut row, 0);
+        let m = row_max(&row);
+        assert_eq!(m, f32::NEG_INFINITY);
+        assert_eq!(exp_sub_sum(&mut row, m), 0.0);
+        assert_eq!(row, [0.0; 3]);
+    }
+
+    #[test]
+    fn exp_sub_sum_is_shift_invariant_softmax() {
+        let mut a = [1.0f32, 2.0, 3.0];
+        let mut b = [101.0f32, 102.0, 103.0];
+        let sa = exp_sub_sum(&mut a, row_max(&[1.0, 2.0, 3.0]));
+        let sb = exp_sub_sum(&mut b, 103.0);
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x / sa - y / sb).abs() < 1e-7);
+        }
+    }
+}

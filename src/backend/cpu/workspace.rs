@@ -2,22 +2,31 @@
 //! hot loop never allocates and an over-budget request is an `OutOfMemory` error, not an
 //! abort. Cost: `workers * floats_per_worker * 4` bytes, where `workers = min(threads, items)`.
 
+use std::alloc::{alloc_zeroed, Layout};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 
 /// A zero-filled `Vec<f32>` of `len` elements, or `OutOfMemory` if the allocator refuses
-/// (the counting allocator refuses large requests over the memory budget).
+/// (the counting allocator refuses large requests over the memory budget). Zeroed
+/// allocation lets the system hand out fresh zero pages instead of a memset, so a large
+/// buffer costs what the kernel touches.
 pub fn try_zeroed(len: usize, what: &str) -> Result<Vec<f32>> {
-    let mut v: Vec<f32> = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        Error::OutOfMemory(format!(
-            "{what}: {} bytes could not be allocated",
-            len as u64 * 4
-        ))
-    })?;
-    v.resize(len, 0.0);
-    Ok(v)
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let oom = || Error::OutOfMemory(format!("{what}: {} bytes could not be allocated", len as u64 * 4));
+    let layout = Layout::array::<f32>(len).map_err(|_| oom())?;
+    // SAFETY: the layout has non-zero size; a non-null result is a zeroed block of `len`
+    // f32s (all-zero bits are 0.0) from the global allocator with exactly the layout `Vec`
+    // uses for this capacity, so `Vec` may own and free it.
+    unsafe {
+        let ptr = alloc_zeroed(layout) as *mut f32;
+        if ptr.is_null() {
+            return Err(oom());
+        }
+        Ok(Vec::from_raw_parts(ptr, len, len))
+    }
 }
 
 /// One scratch buffer per concurrently running work item.

@@ -1,0 +1,189 @@
+//! Every registered variant against the f64 oracle: ragged shapes, GQA/MQA, causal masks
+//! with seq_q != seq_kv, every dtype, random shapes (proptest), and large logits.
+
+use proptest::prelude::*;
+
+use super::VariantId;
+use crate::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape};
+use crate::reference::{check, rows_to_check, ErrorStats};
+use crate::runner::output;
+
+#[derive(Clone, Copy)]
+struct Setup {
+    shape: Shape,
+    dtype: DType,
+    causal: bool,
+    chunks: Option<(usize, usize)>,
+    threads: usize,
+    scale: f64,
+}
+
+fn setup(seq_q: usize, seq_kv: usize, head_dim: usize) -> Setup {
+    Setup {
+        shape: Shape { batch: 1, heads: 2, kv_heads: 2, seq_q, seq_kv, head_dim },
+        dtype: DType::F32,
+        causal: false,
+        chunks: None,
+        threads: 2,
+        scale: 1.0,
+    }
+}
+
+fn case(v: VariantId, s: &Setup) -> Case {
+    let info = v.info();
+    let pick = |want: Option<usize>, default: Option<usize>, n: usize| {
+        default.map(|d| want.unwrap_or(d).min(n))
+    };
+    Case {
+        variant: v,
+        mode: Mode::Fwd,
+        device: Device::Cpu,
+        dtype: s.dtype,
+        shape: s.shape,
+        q_chunk: pick(s.chunks.map(|c| c.0), info.default_q_chunk, s.shape.seq_q),
+        kv_chunk: pick(s.chunks.map(|c| c.1), info.default_kv_chunk, s.shape.seq_kv),
+        causal: s.causal,
+        window: None,
+        devices: 1,
+        threads: s.threads,
+        input_dist: InputDist::Normal,
+        input_scale: s.scale,
+        seed: 42,
+    }
+}
+
+fn error_of(v: VariantId, s: &Setup) -> ErrorStats {
+    let c = case(v, s);
+    let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, c.input_scale, c.seed);
+    let out = output(&c, &inputs).expect("forward runs");
+    check(&inputs, c.causal, &out, &rows_to_check(&c.shape, usize::MAX))
+}
+
+/// Every numerically safe variant matches the oracle within the dtype's tolerance.
+fn assert_all_variants(s: &Setup) {
+    for v in VariantId::ALL {
+        let e = error_of(v, s);
+        let tol = s.dtype.tolerance();
+        if v.info().numerically_safe || s.scale <= 1.0 {
+            assert!(
+                e.non_finite == 0 && e.max_abs <= tol,
+                "{} {:?} dtype {} causal {} chunks {:?}: max_abs_err {:e} > {tol:e}",
+                v.name(),
+                s.shape,
+                s.dtype,
+                s.causal,
+                s.chunks,
+                e.max_abs
+            );
+        }
+    }
+}
+
+#[test]
+fn single_token() {
+    assert_all_variants(&setup(1, 1, 64));
+}
+
+#[test]
+fn sequence_not_a_multiple_of_any_chunk() {
+    let mut s = setup(77, 77, 64);
+    for chunks in [None, Some((16, 24)), Some((7, 5)), Some((1, 1)), Some((100, 100))] {
+        s.chunks = chunks;
+        assert_all_variants(&s);
+        s.causal = true;
+        assert_all_variants(&s);
+        s.causal = false;
+    }
+}
+
+#[test]
+fn head_dims() {
+    for d in [1, 3, 64, 80, 128] {
+        let mut s = setup(33, 45, d);
+        s.chunks = Some((8, 16));
+        assert_all_variants(&s);
+    }
+}
+
+#[test]
+fn grouped_and_multi_query_heads() {
+    for (heads, kv_heads) in [(3, 1), (4, 2), (6, 3)] {
+        let mut s = setup(29, 41, 16);
+        s.shape.heads = heads;
+        s.shape.kv_heads = kv_heads;
+        s.shape.batch = 2;
+        s.chunks = Some((8, 16));
+        s.causal = true;
+        assert_all_variants(&s);
+    }
+}
+
+#[test]
+fn causal_with_unequal_lengths_is_bottom_right_aligned() {
+    for (nq, nkv) in [(5, 17), (17, 5), (1, 40), (40, 1), (64, 64)] {
+        let mut s = setup(nq, nkv, 8);
+        s.causal = true;
+        s.chunks = Some((4, 8));
+        assert_all_variants(&s);
+    }
+}
+
+#[test]
+fn every_dtype_on_every_thread_count() {
+    for dtype in DType::ALL {
+        for threads in [1, 2, 3] {
+            let mut s = setup(50, 70, 24);
+            s.dtype = dtype;
+            s.threads = threads;
+            s.chunks = Some((16, 32));
+            s.causal = threads == 2;
+            assert_all_variants(&s);
+        }
+    }
+}
+
+#[test]
+fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
+    // q, k ~ N(0, 12^2): scores q.k/sqrt(d) have standard deviation 144, far above 89.
+    let mut s = setup(40, 40, 16);
+    s.scale = 12.0;
+    s.chunks = Some((8, 16));
+    for v in VariantId::ALL {
+        let e = error_of(v, &s);
+        if v.info().numerically_safe {
+            assert_eq!(e.non_finite, 0, "{} produced non-finite values", v.name());
+            // Near one-hot softmax: rounding of scores ~1e2 in f32 moves weights by ~1e-5.
+            assert!(e.max_abs <= 1e-3, "{}: max_abs_err {:e}", v.name(), e.max_abs);
+        } else {
+            assert!(e.non_finite > 0, "{} did not overflow on scores >= 89", v.name());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_shapes_match_the_oracle(
+        batch in 1usize..3,
+        (heads, kv_heads) in prop_oneof![Just((1, 1)), Just((2, 1)), Just((4, 2)), Just((3, 3))],
+        seq_q in 1usize..70,
+        seq_kv in 1usize..70,
+        head_dim in 1usize..20,
+        qc in 1usize..32,
+        kc in 1usize..32,
+        causal in any::<bool>(),
+        dtype in prop_oneof![Just(DType::F32), Just(DType::Bf16), Just(DType::F16)],
+        threads in 1usize..4,
+    ) {
+        let s = Setup {
+            shape: Shape { batch, heads, kv_heads, seq_q, seq_kv, head_dim },
+            dtype,
+            causal,
+            chunks: Some((qc, kc)),
+            threads,
+            scale: 1.0,
+        };
+        assert_all_variants(&s);
+    }
+}
