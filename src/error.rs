@@ -25,6 +25,9 @@ pub enum Error {
     },
     #[error("{0}")]
     Runtime(String),
+    /// The user pressed Ctrl-C; the message says what was kept and how to continue.
+    #[error("{0}")]
+    Interrupted(String),
 }
 
 impl Error {
@@ -32,6 +35,7 @@ impl Error {
         match self {
             Error::Usage(_) | Error::Config { .. } | Error::Input { .. } => 2,
             Error::OutOfMemory(_) | Error::Io { .. } | Error::Runtime(_) => 1,
+            Error::Interrupted(_) => 130,
         }
     }
 

@@ -7,12 +7,15 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod listing;
 pub mod measure;
 pub mod npy;
 pub mod problem;
 pub mod reference;
 pub mod report;
 pub mod runner;
+pub mod single;
+pub mod sweep;
 pub mod variant;
 
 /// Every heap allocation of the process is counted, so the memory probe can read the peak

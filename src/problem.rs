@@ -432,13 +432,7 @@ pub struct Inputs {
 impl Inputs {
     /// Seeded inputs. The stream depends on (seed, shape, dtype, dist, scale) only, never on
     /// the variant, so every variant of a sweep sees the same Q, K, V.
-    pub fn generate(
-        shape: Shape,
-        dtype: DType,
-        dist: InputDist,
-        scale: f64,
-        seed: u64,
-    ) -> Inputs {
+    pub fn generate(shape: Shape, dtype: DType, dist: InputDist, scale: f64, seed: u64) -> Inputs {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut gen = |n: usize, scaled: bool| -> Tensor {
             let f = if scaled { scale as f32 } else { 1.0 };

@@ -22,7 +22,9 @@ pub fn rows_to_check(shape: &Shape, sample: usize) -> Vec<RowId> {
     } else if sample <= 1 {
         vec![total - 1]
     } else {
-        let mut v: Vec<usize> = (0..sample).map(|i| i * (total - 1) / (sample - 1)).collect();
+        let mut v: Vec<usize> = (0..sample)
+            .map(|i| i * (total - 1) / (sample - 1))
+            .collect();
         v.dedup();
         v
     };
@@ -114,7 +116,11 @@ pub fn check(inputs: &Inputs, causal: bool, out: &[f32], rows: &[RowId]) -> Erro
         );
     ErrorStats {
         max_abs,
-        max_rel: if max_ref > 0.0 { max_abs / max_ref } else { max_abs },
+        max_rel: if max_ref > 0.0 {
+            max_abs / max_ref
+        } else {
+            max_abs
+        },
         rows: rows.len(),
         non_finite,
     }
@@ -127,7 +133,14 @@ mod tests {
 
     #[test]
     fn one_key_returns_its_value() {
-        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 2, seq_kv: 1, head_dim: 2 };
+        let shape = Shape {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seq_q: 2,
+            seq_kv: 1,
+            head_dim: 2,
+        };
         let inputs = Inputs {
             shape,
             q: Tensor::F32(vec![1.0, 2.0, -3.0, 0.5]),
@@ -141,7 +154,14 @@ mod tests {
 
     #[test]
     fn equal_scores_average_the_values() {
-        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1 };
+        let shape = Shape {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seq_q: 1,
+            seq_kv: 2,
+            head_dim: 1,
+        };
         let inputs = Inputs {
             shape,
             q: Tensor::F32(vec![0.0]),
@@ -153,19 +173,37 @@ mod tests {
 
     #[test]
     fn sampled_rows_are_deterministic_and_cover_the_ends() {
-        let shape = Shape { batch: 2, heads: 4, kv_heads: 4, seq_q: 65536, seq_kv: 65536, head_dim: 64 };
+        let shape = Shape {
+            batch: 2,
+            heads: 4,
+            kv_heads: 4,
+            seq_q: 65536,
+            seq_kv: 65536,
+            head_dim: 64,
+        };
         let rows = rows_to_check(&shape, 100);
         assert_eq!(rows.len(), 100);
         assert_eq!(rows[0], (0, 0, 0));
         assert_eq!(*rows.last().unwrap(), (1, 3, 65535));
         assert_eq!(rows, rows_to_check(&shape, 100));
-        let small = Shape { seq_q: 8, seq_kv: 8, ..shape };
+        let small = Shape {
+            seq_q: 8,
+            seq_kv: 8,
+            ..shape
+        };
         assert_eq!(rows_to_check(&small, 3).len(), 2 * 4 * 8);
     }
 
     #[test]
     fn non_finite_outputs_are_counted_as_infinite_error() {
-        let shape = Shape { batch: 1, heads: 1, kv_heads: 1, seq_q: 1, seq_kv: 3, head_dim: 2 };
+        let shape = Shape {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seq_q: 1,
+            seq_kv: 3,
+            head_dim: 2,
+        };
         let inputs = Inputs::generate(shape, DType::F32, InputDist::Normal, 1.0, 1);
         let e = check(&inputs, false, &[f32::NAN, 0.0], &rows_to_check(&shape, 10));
         assert_eq!(e.non_finite, 1);

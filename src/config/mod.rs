@@ -1,1 +1,92 @@
-//! stub
+//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`), `--set` overrides, checks
+//! that name the key and line of every mistake, and the expansion of the axes into `Case`s.
+//!
+//! Loading is: parse the file against the schema (toml reports syntax errors and unknown
+//! keys with their line) -> apply `--set`s to the raw table -> check every value and fill
+//! defaults (`run.rs`, `axes.rs`). The stored `Config` is resolved: defaults filled and pow2
+//! ranges expanded, which is what `meta.json` records.
+
+mod axes;
+mod axis;
+mod expand;
+mod overrides;
+mod run;
+mod schema;
+mod size;
+mod source;
+
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+pub use axes::{Axes, ZipGroup};
+pub use axis::{Axis, AxisValue};
+pub use overrides::apply_set;
+pub use run::{default_threads, RunConfig};
+pub use size::ByteSize;
+
+use crate::error::{Error, Result};
+use crate::problem::Case;
+use schema::RawConfig;
+use source::Source;
+
+/// A checked, resolved sweep config.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Config {
+    pub run: RunConfig,
+    pub axes: Axes,
+    pub zip: Vec<ZipGroup>,
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+impl Config {
+    /// Read `path`, apply `sets` (`KEY=VALUES`), check, resolve.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            msg: format!("cannot read the file: {e}"),
+        })?;
+        Config::from_str(&text, path, sets)
+    }
+
+    /// As `load`, from text already read (`path` is only for messages and `self.path`).
+    pub fn from_str(text: &str, path: &Path, sets: &[String]) -> Result<Config> {
+        let mut src = Source {
+            path,
+            text,
+            overridden: BTreeSet::new(),
+        };
+        // The file alone against the schema first, so its errors carry file lines.
+        toml::from_str::<RawConfig>(text).map_err(|e| src.toml_err(&e))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| src.toml_err(&e))?;
+        for set in sets {
+            src.overridden.insert(apply_set(&mut table, set)?);
+        }
+        let raw: RawConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| src.config_err(format!("after --set: {e}")))?;
+        let run = run::resolve_run(raw.run, &src)?;
+        let (axes, zip) = axes::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
+        Ok(Config {
+            run,
+            axes,
+            zip,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The cartesian product of the axes (each zip group one axis), as cases in expansion
+    /// order (variant outermost, seq_len innermost), duplicates after normalization dropped.
+    pub fn expand(&self) -> Vec<Case> {
+        expand::expand(&self.axes, &self.zip, self.run.seed, self.run.threads)
+    }
+
+    /// (axis name, values as shown) for `--dry-run`.
+    pub fn grid_summary(&self) -> Vec<(String, String)> {
+        expand::grid_summary(&self.axes, &self.zip, self.run.threads)
+    }
+}
+
+#[cfg(test)]
+mod tests;

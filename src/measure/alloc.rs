@@ -1,7 +1,341 @@
-//! stub counting allocator (helper replaces)
+//! Counting global allocator: exact live and peak heap bytes of the process (the memory
+//! probe) and an emulated memory budget; costs two or three relaxed atomics per allocation.
+//!
+//! Bytes are counted as requested (`Layout::size`), not as the system allocator rounds them,
+//! so the figures are the algorithm's own and do not depend on the libc in use.
+//!
+//! # Memory budget
+//!
+//! With [`set_limit`] an allocation (or a growing `realloc`) of at least
+//! [`LARGE_ALLOCATION_BYTES`] that would raise the live bytes above the limit returns null.
+//! Fallible requests (`Vec::try_reserve_exact`) then report an error that the caller turns
+//! into an `oom` record. Smaller requests are always served, because an infallible small
+//! allocation that fails aborts the process. Consequently **every large allocation made
+//! while a limit is set must be fallible**: an infallible one (`vec![0.0; n]`) that is
+//! refused aborts through `handle_alloc_error`.
+//!
+//! # Concurrency
+//!
+//! The counters are process-wide: everything every thread allocates is counted, so a probe
+//! measures one call only if nothing else allocates meanwhile (the runner measures one case
+//! at a time). Tests that set the limit or assert on the probe should hold [`test_lock`].
+
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+/// Requests of at least this many bytes are subject to the memory budget.
+pub const LARGE_ALLOCATION_BYTES: u64 = 1 << 20;
+
+/// `Counters::limit` value meaning "no limit".
+const NO_LIMIT: u64 = u64::MAX;
+
+/// The bookkeeping, kept apart from the allocator so tests can exercise it on a private
+/// instance with exact byte counts.
+struct Counters {
+    current: AtomicU64,
+    peak: AtomicU64,
+    limit: AtomicU64,
+}
+
+impl Counters {
+    const fn new() -> Counters {
+        Counters {
+            current: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            limit: AtomicU64::new(NO_LIMIT),
+        }
+    }
+
+    /// Adds `bytes` to the live count for a block whose size becomes `final_size`
+    /// (`bytes < final_size` for a growing realloc). Returns false, changing nothing, when
+    /// the budget refuses it.
+    #[inline]
+    fn reserve(&self, bytes: u64, final_size: u64) -> bool {
+        let limit = self.limit.load(Relaxed);
+        if limit == NO_LIMIT || final_size < LARGE_ALLOCATION_BYTES {
+            let now = self.current.fetch_add(bytes, Relaxed) + bytes;
+            self.peak.fetch_max(now, Relaxed);
+            return true;
+        }
+        // A CAS loop so that two threads cannot both pass the check and overshoot together.
+        let mut cur = self.current.load(Relaxed);
+        loop {
+            let now = match cur.checked_add(bytes) {
+                Some(n) if n <= limit => n,
+                _ => return false,
+            };
+            match self
+                .current
+                .compare_exchange_weak(cur, now, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(now, Relaxed);
+                    return true;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn release(&self, bytes: u64) {
+        self.current.fetch_sub(bytes, Relaxed);
+    }
+
+    fn reset_peak(&self) {
+        self.peak.store(self.current.load(Relaxed), Relaxed);
+    }
+}
+
+static COUNTERS: Counters = Counters::new();
+
+/// The process's global allocator (declared in `lib.rs`): `System`, counted.
 pub struct CountingAllocator;
+
 unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 { System.alloc(l) }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) { System.dealloc(p, l) }
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let size = layout.size() as u64;
+        if !COUNTERS.reserve(size, size) {
+            return std::ptr::null_mut();
+        }
+        let p = System.alloc(layout);
+        if p.is_null() {
+            COUNTERS.release(size);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let size = layout.size() as u64;
+        if !COUNTERS.reserve(size, size) {
+            return std::ptr::null_mut();
+        }
+        let p = System.alloc_zeroed(layout);
+        if p.is_null() {
+            COUNTERS.release(size);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        COUNTERS.release(layout.size() as u64);
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old = layout.size() as u64;
+        let new = new_size as u64;
+        if new > old {
+            // Growth is budgeted by the final size: a Vec that grows past the limit fails
+            // exactly as one allocated at that size would.
+            let grow = new - old;
+            if !COUNTERS.reserve(grow, new) {
+                return std::ptr::null_mut();
+            }
+            let p = System.realloc(ptr, layout, new_size);
+            if p.is_null() {
+                COUNTERS.release(grow);
+            }
+            p
+        } else {
+            let p = System.realloc(ptr, layout, new_size);
+            if !p.is_null() {
+                COUNTERS.release(old - new);
+            }
+            p
+        }
+    }
+}
+
+/// Heap bytes live now (whole process).
+pub fn current_bytes() -> u64 {
+    COUNTERS.current.load(Relaxed)
+}
+
+/// High-water mark of [`current_bytes`] since the last [`reset_peak`] (or process start).
+pub fn peak_bytes() -> u64 {
+    COUNTERS.peak.load(Relaxed)
+}
+
+/// Restarts the high-water mark from the bytes live now.
+pub fn reset_peak() {
+    COUNTERS.reset_peak();
+}
+
+/// Sets (or with `None` removes) the memory budget in live heap bytes; see the module doc.
+/// The budget counts everything live in the process, inputs and outputs included.
+pub fn set_limit(limit: Option<u64>) {
+    COUNTERS.limit.store(limit.unwrap_or(NO_LIMIT), Relaxed);
+}
+
+/// The memory budget now in force, if any.
+pub fn limit() -> Option<u64> {
+    match COUNTERS.limit.load(Relaxed) {
+        NO_LIMIT => None,
+        l => Some(l),
+    }
+}
+
+/// Measures the peak heap overhead of whatever runs between [`MemoryProbe::start`] and
+/// [`MemoryProbe::finish`]: the peak live bytes minus the bytes live at `start`.
+///
+/// Everything allocated before `start` and still live (inputs, the output buffer) is in the
+/// baseline and so excluded, which is exactly the paper's "peak bytes during the call minus
+/// its inputs and outputs" when inputs and outputs are allocated before the probe starts.
+/// Starting a probe resets the process-wide peak, so probes do not nest.
+#[derive(Debug)]
+#[must_use = "call finish() to read the overhead"]
+pub struct MemoryProbe {
+    baseline: u64,
+}
+
+impl MemoryProbe {
+    /// Records the live bytes as the baseline and resets the peak.
+    pub fn start() -> MemoryProbe {
+        let baseline = current_bytes();
+        reset_peak();
+        MemoryProbe { baseline }
+    }
+
+    /// Bytes live at `start`.
+    pub fn baseline(&self) -> u64 {
+        self.baseline
+    }
+
+    /// Peak live bytes since `start`, minus the baseline.
+    pub fn finish(self) -> u64 {
+        peak_bytes().saturating_sub(self.baseline)
+    }
+}
+
+static TEST_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serializes tests that touch the process-wide counters (set a limit, or assert on a
+/// probe): tests of one binary run on parallel threads. Not for use outside tests (it is
+/// not reentrant). A poisoned lock is recovered, so one failed test does not fail others.
+#[doc(hidden)]
+pub fn test_lock() -> MutexGuard<'static, ()> {
+    TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Restores "no limit" even if the test panics.
+    struct LimitGuard;
+    impl Drop for LimitGuard {
+        fn drop(&mut self) {
+            set_limit(None);
+        }
+    }
+
+    #[test]
+    fn counters_track_live_and_peak_exactly() {
+        let c = Counters::new();
+        assert!(c.reserve(100, 100));
+        assert!(c.reserve(50, 50));
+        c.release(100);
+        assert_eq!(c.current.load(Relaxed), 50);
+        assert_eq!(c.peak.load(Relaxed), 150);
+        c.reset_peak();
+        assert_eq!(c.peak.load(Relaxed), 50);
+        assert!(c.reserve(10, 10));
+        assert_eq!(c.peak.load(Relaxed), 60);
+    }
+
+    #[test]
+    fn counters_budget_only_large_requests() {
+        let c = Counters::new();
+        c.limit.store(3 * MIB, Relaxed);
+        assert!(c.reserve(2 * MIB, 2 * MIB));
+        // Over the budget: a large request is refused and changes nothing...
+        assert!(!c.reserve(2 * MIB, 2 * MIB));
+        assert_eq!(c.current.load(Relaxed), 2 * MIB);
+        assert_eq!(c.peak.load(Relaxed), 2 * MIB);
+        // ...a small growth of a block that ends up large is refused too...
+        assert!(!c.reserve(MIB + 1, 2 * MIB));
+        // ...while small requests are always served, even past the limit.
+        assert!(c.reserve(MIB - 1, MIB - 1));
+        assert!(c.reserve(MIB - 1, MIB - 1));
+        assert_eq!(c.current.load(Relaxed), 4 * MIB - 2);
+        // Exactly at the limit is allowed.
+        let c = Counters::new();
+        c.limit.store(MIB, Relaxed);
+        assert!(c.reserve(MIB, MIB));
+    }
+
+    #[test]
+    fn probe_sees_a_large_block() {
+        let _g = test_lock();
+        let probe = MemoryProbe::start();
+        let block: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
+        let live = current_bytes();
+        drop(block);
+        let overhead = probe.finish();
+        assert!(overhead >= 64 * MIB, "overhead {overhead}");
+        assert!(peak_bytes() >= live);
+    }
+
+    #[test]
+    fn probe_excludes_what_was_live_before_start() {
+        let _g = test_lock();
+        let before: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
+        let probe = MemoryProbe::start();
+        assert!(probe.baseline() >= 64 * MIB);
+        let small: Vec<u8> = std::hint::black_box(Vec::with_capacity(1024));
+        drop(small);
+        let overhead = probe.finish();
+        // Other tests may allocate meanwhile, but hardly 64 MiB in that moment.
+        assert!(overhead < 64 * MIB, "overhead {overhead}");
+        drop(before);
+    }
+
+    #[test]
+    fn realloc_growth_is_counted() {
+        let _g = test_lock();
+        let probe = MemoryProbe::start();
+        // black_box: in release builds unused allocations may be elided.
+        let mut v: Vec<u8> = std::hint::black_box(Vec::with_capacity(8 * MIB as usize));
+        v.reserve_exact(40 * MIB as usize);
+        let mut v = std::hint::black_box(v);
+        let cap = v.capacity() as u64;
+        drop(v);
+        assert!(probe.finish() >= cap);
+    }
+
+    #[test]
+    fn global_limit_refuses_large_fallible_requests() {
+        let _g = test_lock();
+        let _restore = LimitGuard;
+        // Generous headroom, so that concurrent tests' infallible allocations are never
+        // refused (that would abort the test binary); the refused request is far beyond it.
+        let headroom = 4096 * MIB;
+        set_limit(Some(current_bytes() + headroom));
+        assert!(limit().is_some());
+
+        let mut ok: Vec<u8> = std::hint::black_box(Vec::new());
+        assert!(ok.try_reserve_exact(64 * MIB as usize).is_ok());
+        drop(ok);
+
+        let mut too_big: Vec<u8> = Vec::new();
+        assert!(too_big.try_reserve_exact(2 * headroom as usize).is_err());
+
+        // Growing past the limit fails and leaves the block as it was.
+        let mut grow: Vec<u8> = vec![7; 2 * MIB as usize];
+        assert!(grow.try_reserve_exact(2 * headroom as usize).is_err());
+        assert_eq!(grow.len(), 2 * MIB as usize);
+        assert!(grow.iter().all(|&b| b == 7));
+        drop(grow);
+
+        set_limit(None);
+        assert_eq!(limit(), None);
+    }
 }

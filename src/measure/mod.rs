@@ -1,3 +1,16 @@
-//! Measurement: counting allocator (memory overhead, budget), timing and stopping rule,
-//! statistics, peak RSS, machine calibration.
+//! Measurement: counting allocator (exact memory overhead, emulated budget), timing with a
+//! noise-based stopping rule, statistics, peak RSS, and machine calibration.
+
 pub mod alloc;
+pub mod calibrate;
+pub mod rss;
+pub mod stats;
+pub mod timer;
+
+pub use alloc::{
+    current_bytes, limit, peak_bytes, reset_peak, set_limit, MemoryProbe, LARGE_ALLOCATION_BYTES,
+};
+pub use calibrate::{calibrate, calibrate_with, Calibration};
+pub use rss::{current_rss_bytes, peak_rss_bytes, reset_peak_rss};
+pub use stats::Summary;
+pub use timer::{time_repetitions, StopReason, StopRule, Timing};

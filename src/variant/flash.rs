@@ -24,10 +24,20 @@ static INFO: VariantInfo = VariantInfo {
 /// (B_r, B_c, workers, floats per worker).
 fn layout(case: &Case) -> (usize, usize, usize, usize) {
     let s = &case.shape;
-    let bq = case.q_chunk.unwrap_or(kernel::DEFAULT_Q_CHUNK).min(s.seq_q).max(1);
-    let bk = case.kv_chunk.unwrap_or(kernel::DEFAULT_KV_CHUNK).min(s.seq_kv).max(1);
+    let bq = case
+        .q_chunk
+        .unwrap_or(kernel::DEFAULT_Q_CHUNK)
+        .min(s.seq_q)
+        .max(1);
+    let bk = case
+        .kv_chunk
+        .unwrap_or(kernel::DEFAULT_KV_CHUNK)
+        .min(s.seq_kv)
+        .max(1);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
-    let floats = kernel::worker_lens(s, bq, bk, case.dtype.size_bytes() != 4).iter().sum();
+    let floats = kernel::worker_lens(s, bq, bk, case.dtype.size_bytes() != 4)
+        .iter()
+        .sum();
     (bq, bk, workers, floats)
 }
 

@@ -92,12 +92,15 @@ impl fmt::Display for VariantId {
 impl FromStr for VariantId {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|v| v.name() == s).ok_or_else(|| {
-            format!(
-                "unknown variant `{s}` (expected one of: {})",
-                Self::names().join(", ")
-            )
-        })
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown variant `{s}` (expected one of: {})",
+                    Self::names().join(", ")
+                )
+            })
     }
 }
 

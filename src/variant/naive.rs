@@ -29,7 +29,8 @@ pub static NAIVE: Naive = Naive {
 pub static NAIVE_UNSAFE: Naive = Naive {
     info: VariantInfo {
         name: "naive-unsafe",
-        description: "naive without max subtraction: exp overflows to inf once scores reach ~89 (f32)",
+        description:
+            "naive without max subtraction: exp overflows to inf once scores reach ~89 (f32)",
         source: "seed 001 Sec. 3 (numerical stability); seed 003 safe softmax",
         modes: &[Mode::Fwd],
         default_q_chunk: None,
@@ -59,7 +60,10 @@ impl Variant for Naive {
 
     fn predict_workspace_bytes(&self, case: &Case) -> u64 {
         4 * kernel::scores_len(&case.shape) as u64
-            + Workspace::bytes(workers(case), kernel::worker_floats(&case.shape, widen(case)))
+            + Workspace::bytes(
+                workers(case),
+                kernel::worker_floats(&case.shape, widen(case)),
+            )
     }
 
     fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {

@@ -25,7 +25,8 @@ static CHUNKED_INFO: VariantInfo = VariantInfo {
 
 static SEQ_INFO: VariantInfo = VariantInfo {
     name: "rabe-staats-seq",
-    description: "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(1) memory)",
+    description:
+        "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(1) memory)",
     source: "seed 001 Sec. 2-3",
     modes: &[Mode::Fwd],
     default_q_chunk: None,
@@ -36,15 +37,26 @@ static SEQ_INFO: VariantInfo = VariantInfo {
 /// Effective (query, key) chunks: the case's, else the paper's defaults, clamped to n.
 fn chunks(case: &Case) -> (usize, usize) {
     let s = &case.shape;
-    let qc = case.q_chunk.unwrap_or(kernel::DEFAULT_Q_CHUNK).min(s.seq_q).max(1);
-    let kc = case.kv_chunk.unwrap_or(kernel::DEFAULT_KV_CHUNK).min(s.seq_kv).max(1);
+    let qc = case
+        .q_chunk
+        .unwrap_or(kernel::DEFAULT_Q_CHUNK)
+        .min(s.seq_q)
+        .max(1);
+    let kc = case
+        .kv_chunk
+        .unwrap_or(kernel::DEFAULT_KV_CHUNK)
+        .min(s.seq_kv)
+        .max(1);
     (qc, kc)
 }
 
 /// (workers, floats per worker) of the chunk workspace.
 fn chunked_layout(case: &Case) -> (usize, usize) {
     let (qc, kc) = chunks(case);
-    let workers = case.threads.min(kernel::chunked_items(&case.shape, qc)).max(1);
+    let workers = case
+        .threads
+        .min(kernel::chunked_items(&case.shape, qc))
+        .max(1);
     let floats = kernel::chunked_worker_lens(&case.shape, qc, kc, case.dtype.size_bytes() != 4)
         .iter()
         .sum();
@@ -71,7 +83,9 @@ impl Variant for RabeStaats {
 }
 
 fn seq_workers(case: &Case) -> usize {
-    case.threads.min(kernel::sequential_items(&case.shape)).max(1)
+    case.threads
+        .min(kernel::sequential_items(&case.shape))
+        .max(1)
 }
 
 impl Variant for RabeStaatsSeq {
@@ -80,7 +94,10 @@ impl Variant for RabeStaatsSeq {
     }
 
     fn predict_workspace_bytes(&self, case: &Case) -> u64 {
-        Workspace::bytes(seq_workers(case), kernel::sequential_worker_floats(&case.shape))
+        Workspace::bytes(
+            seq_workers(case),
+            kernel::sequential_worker_floats(&case.shape),
+        )
     }
 
     fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {

@@ -20,7 +20,14 @@ struct Setup {
 
 fn setup(seq_q: usize, seq_kv: usize, head_dim: usize) -> Setup {
     Setup {
-        shape: Shape { batch: 1, heads: 2, kv_heads: 2, seq_q, seq_kv, head_dim },
+        shape: Shape {
+            batch: 1,
+            heads: 2,
+            kv_heads: 2,
+            seq_q,
+            seq_kv,
+            head_dim,
+        },
         dtype: DType::F32,
         causal: false,
         chunks: None,
@@ -56,7 +63,12 @@ fn error_of(v: VariantId, s: &Setup) -> ErrorStats {
     let c = case(v, s);
     let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, c.input_scale, c.seed);
     let out = output(&c, &inputs).expect("forward runs");
-    check(&inputs, c.causal, &out, &rows_to_check(&c.shape, usize::MAX))
+    check(
+        &inputs,
+        c.causal,
+        &out,
+        &rows_to_check(&c.shape, usize::MAX),
+    )
 }
 
 /// Every numerically safe variant matches the oracle within the dtype's tolerance.
@@ -87,7 +99,13 @@ fn single_token() {
 #[test]
 fn sequence_not_a_multiple_of_any_chunk() {
     let mut s = setup(77, 77, 64);
-    for chunks in [None, Some((16, 24)), Some((7, 5)), Some((1, 1)), Some((100, 100))] {
+    for chunks in [
+        None,
+        Some((16, 24)),
+        Some((7, 5)),
+        Some((1, 1)),
+        Some((100, 100)),
+    ] {
         s.chunks = chunks;
         assert_all_variants(&s);
         s.causal = true;
@@ -153,9 +171,18 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
         if v.info().numerically_safe {
             assert_eq!(e.non_finite, 0, "{} produced non-finite values", v.name());
             // Near one-hot softmax: rounding of scores ~1e2 in f32 moves weights by ~1e-5.
-            assert!(e.max_abs <= 1e-3, "{}: max_abs_err {:e}", v.name(), e.max_abs);
+            assert!(
+                e.max_abs <= 1e-3,
+                "{}: max_abs_err {:e}",
+                v.name(),
+                e.max_abs
+            );
         } else {
-            assert!(e.non_finite > 0, "{} did not overflow on scores >= 89", v.name());
+            assert!(
+                e.non_finite > 0,
+                "{} did not overflow on scores >= 89",
+                v.name()
+            );
         }
     }
 }

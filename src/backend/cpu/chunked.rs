@@ -58,76 +58,95 @@ pub fn forward_chunked(
     let nkc = nkv.div_ceil(kc);
     let widen = inputs.dtype().size_bytes() != 4;
     let scale = s.scale();
-    out.par_chunks_mut(nq * d).enumerate().for_each(|(head, out_h)| {
-        let (b, h) = (head / s.heads, head % s.heads);
-        let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-        out_h
-            .par_chunks_mut(qc * d)
-            .enumerate()
-            .for_each(|(qi, o)| {
-                let row0 = qi * qc;
-                let rows = o.len() / d;
-                let mut guard = ws.acquire();
-                let [qs, ks, vs, sc, values, weights, maxes] =
-                    carve(&mut guard, chunked_worker_lens(&s, qc, kc, widen));
-                // query = query / sqrt(d), as the paper does before the key loop.
-                let qs = &mut qs[..rows * d];
-                inputs.q.copy_to_f32(q_off + row0 * d, qs);
-                for x in qs.iter_mut() {
-                    *x *= scale;
-                }
-                let last_visible = s.visible_keys(causal, row0 + rows - 1);
-                for j in 0..nkc {
-                    let k0 = j * kc;
-                    let kn = kc.min(nkv - k0);
-                    let (m_j, w_j) = (&mut maxes[j * qc..][..rows], &mut weights[j * qc..][..rows]);
-                    let v_j = &mut values[j * qc * d..][..rows * d];
-                    if k0 >= last_visible {
-                        // Every key of this chunk is masked for every row: an empty summary.
-                        m_j.fill(f32::NEG_INFINITY);
-                        w_j.fill(0.0);
-                        v_j.fill(0.0);
-                        continue;
+    out.par_chunks_mut(nq * d)
+        .enumerate()
+        .for_each(|(head, out_h)| {
+            let (b, h) = (head / s.heads, head % s.heads);
+            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+            out_h
+                .par_chunks_mut(qc * d)
+                .enumerate()
+                .for_each(|(qi, o)| {
+                    let row0 = qi * qc;
+                    let rows = o.len() / d;
+                    let mut guard = ws.acquire();
+                    let [qs, ks, vs, sc, values, weights, maxes] =
+                        carve(&mut guard, chunked_worker_lens(&s, qc, kc, widen));
+                    // query = query / sqrt(d), as the paper does before the key loop.
+                    let qs = &mut qs[..rows * d];
+                    inputs.q.copy_to_f32(q_off + row0 * d, qs);
+                    for x in qs.iter_mut() {
+                        *x *= scale;
                     }
-                    let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                    let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
-                    let p = &mut sc[..rows * kn];
-                    sgemm(1.0, MatRef::new(qs, rows, d), MatRef::new(k, kn, d).t(), 0.0, p, kn);
-                    for (r, row) in p.chunks_mut(kn).enumerate() {
-                        let visible = s.visible_keys(causal, row0 + r).saturating_sub(k0);
-                        mask_from(row, visible);
-                        m_j[r] = row_max(row);
-                        w_j[r] = exp_sub_sum(row, m_j[r]);
-                    }
-                    sgemm(1.0, MatRef::new(p, rows, kn), MatRef::new(v, kn, d), 0.0, v_j, d);
-                }
-                // global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums.
-                for r in 0..rows {
-                    let global = (0..nkc).map(|j| maxes[j * qc + r]).fold(f32::NEG_INFINITY, f32::max);
-                    let o_r = &mut o[r * d..(r + 1) * d];
-                    o_r.fill(0.0);
-                    if global == f32::NEG_INFINITY {
-                        continue; // no visible key: output 0
-                    }
-                    let mut all_weights = 0.0f32;
+                    let last_visible = s.visible_keys(causal, row0 + rows - 1);
                     for j in 0..nkc {
-                        let m = maxes[j * qc + r];
-                        if m == f32::NEG_INFINITY {
+                        let k0 = j * kc;
+                        let kn = kc.min(nkv - k0);
+                        let (m_j, w_j) =
+                            (&mut maxes[j * qc..][..rows], &mut weights[j * qc..][..rows]);
+                        let v_j = &mut values[j * qc * d..][..rows * d];
+                        if k0 >= last_visible {
+                            // Every key of this chunk is masked for every row: an empty summary.
+                            m_j.fill(f32::NEG_INFINITY);
+                            w_j.fill(0.0);
+                            v_j.fill(0.0);
                             continue;
                         }
-                        let diff = (m - global).exp();
-                        all_weights += weights[j * qc + r] * diff;
-                        let v_jr = &values[(j * qc + r) * d..][..d];
-                        for (acc, x) in o_r.iter_mut().zip(v_jr) {
-                            *acc += x * diff;
+                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+                        let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+                        let p = &mut sc[..rows * kn];
+                        sgemm(
+                            1.0,
+                            MatRef::new(qs, rows, d),
+                            MatRef::new(k, kn, d).t(),
+                            0.0,
+                            p,
+                            kn,
+                        );
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                            let visible = s.visible_keys(causal, row0 + r).saturating_sub(k0);
+                            mask_from(row, visible);
+                            m_j[r] = row_max(row);
+                            w_j[r] = exp_sub_sum(row, m_j[r]);
+                        }
+                        sgemm(
+                            1.0,
+                            MatRef::new(p, rows, kn),
+                            MatRef::new(v, kn, d),
+                            0.0,
+                            v_j,
+                            d,
+                        );
+                    }
+                    // global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums.
+                    for r in 0..rows {
+                        let global = (0..nkc)
+                            .map(|j| maxes[j * qc + r])
+                            .fold(f32::NEG_INFINITY, f32::max);
+                        let o_r = &mut o[r * d..(r + 1) * d];
+                        o_r.fill(0.0);
+                        if global == f32::NEG_INFINITY {
+                            continue; // no visible key: output 0
+                        }
+                        let mut all_weights = 0.0f32;
+                        for j in 0..nkc {
+                            let m = maxes[j * qc + r];
+                            if m == f32::NEG_INFINITY {
+                                continue;
+                            }
+                            let diff = (m - global).exp();
+                            all_weights += weights[j * qc + r] * diff;
+                            let v_jr = &values[(j * qc + r) * d..][..d];
+                            for (acc, x) in o_r.iter_mut().zip(v_jr) {
+                                *acc += x * diff;
+                            }
+                        }
+                        for x in o_r.iter_mut() {
+                            *x /= all_weights;
                         }
                     }
-                    for x in o_r.iter_mut() {
-                        *x /= all_weights;
-                    }
-                }
-            });
-    });
+                });
+        });
 }
 
 pub fn sequential_items(shape: &Shape) -> usize {
@@ -143,36 +162,38 @@ pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &m
     let s = inputs.shape;
     let (d, nq) = (s.head_dim, s.seq_q);
     let scale = s.scale();
-    out.par_chunks_mut(nq * d).enumerate().for_each(|(head, out_h)| {
-        let (b, h) = (head / s.heads, head % s.heads);
-        let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-        out_h
-            .par_chunks_mut(SEQ_ROW_BLOCK * d)
-            .enumerate()
-            .for_each(|(blk, o)| {
-                let mut guard = ws.acquire();
-                let [v_star, qs, ks, vs] = carve(&mut guard, [d; 4]);
-                for (r, o_r) in o.chunks_mut(d).enumerate() {
-                    let row = blk * SEQ_ROW_BLOCK + r;
-                    let q = inputs.q.rows_f32(q_off + row * d, d, qs);
-                    v_star.fill(0.0);
-                    let (mut m_star, mut s_star) = (f32::NEG_INFINITY, 0.0f32);
-                    for i in 0..s.visible_keys(causal, row) {
-                        let k = inputs.k.rows_f32(kv_off + i * d, d, ks);
-                        let s_i = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
-                        let m_i = m_star.max(s_i);
-                        let (old, new) = ((m_star - m_i).exp(), (s_i - m_i).exp());
-                        let v = inputs.v.rows_f32(kv_off + i * d, d, vs);
-                        for (acc, x) in v_star.iter_mut().zip(v) {
-                            *acc = *acc * old + x * new;
+    out.par_chunks_mut(nq * d)
+        .enumerate()
+        .for_each(|(head, out_h)| {
+            let (b, h) = (head / s.heads, head % s.heads);
+            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+            out_h
+                .par_chunks_mut(SEQ_ROW_BLOCK * d)
+                .enumerate()
+                .for_each(|(blk, o)| {
+                    let mut guard = ws.acquire();
+                    let [v_star, qs, ks, vs] = carve(&mut guard, [d; 4]);
+                    for (r, o_r) in o.chunks_mut(d).enumerate() {
+                        let row = blk * SEQ_ROW_BLOCK + r;
+                        let q = inputs.q.rows_f32(q_off + row * d, d, qs);
+                        v_star.fill(0.0);
+                        let (mut m_star, mut s_star) = (f32::NEG_INFINITY, 0.0f32);
+                        for i in 0..s.visible_keys(causal, row) {
+                            let k = inputs.k.rows_f32(kv_off + i * d, d, ks);
+                            let s_i = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
+                            let m_i = m_star.max(s_i);
+                            let (old, new) = ((m_star - m_i).exp(), (s_i - m_i).exp());
+                            let v = inputs.v.rows_f32(kv_off + i * d, d, vs);
+                            for (acc, x) in v_star.iter_mut().zip(v) {
+                                *acc = *acc * old + x * new;
+                            }
+                            s_star = s_star * old + new;
+                            m_star = m_i;
                         }
-                        s_star = s_star * old + new;
-                        m_star = m_i;
+                        for (y, x) in o_r.iter_mut().zip(v_star.iter()) {
+                            *y = if s_star > 0.0 { x / s_star } else { 0.0 };
+                        }
                     }
-                    for (y, x) in o_r.iter_mut().zip(v_star.iter()) {
-                        *y = if s_star > 0.0 { x / s_star } else { 0.0 };
-                    }
-                }
-            });
-    });
+                });
+        });
 }

@@ -4,6 +4,12 @@
 //! this is what keeps the attention error at the level Rabe–Staats report (REPRODUCTION.md 1.1).
 //! Cost: 2*m*n*k FLOPs, no heap allocation beyond matrixmultiply's packing buffers.
 
+/// Upper bound of the packing buffers one `sgemm` call allocates (matrixmultiply packs at
+/// most KC x MC of A and KC x NC of B, KC = 256, MC = 64, NC = 1024 for f32, rounded up to
+/// its microkernel's 16-wide panels, plus alignment). Variants' memory predictions leave
+/// this out; the measured overhead may exceed the prediction by this much per worker.
+pub const PACK_BYTES_MAX: u64 = 4 * 256 * (64 + 16 + 1024 + 16) + 64;
+
 /// A row-major matrix view: element (i, j) at `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub struct MatRef<'a> {
@@ -97,11 +103,22 @@ mod tests {
             let mut c = vec![1.0f32; m * n];
             // B given transposed in memory (n x k), read through a transposed view.
             let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-            sgemm(2.0, MatRef::new(&a, m, k), MatRef::new(&bt, n, k).t(), 1.0, &mut c, n);
+            sgemm(
+                2.0,
+                MatRef::new(&a, m, k),
+                MatRef::new(&bt, n, k).t(),
+                1.0,
+                &mut c,
+                n,
+            );
             for i in 0..m {
                 for j in 0..n {
-                    let want: f32 = 1.0 + 2.0 * (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
-                    assert!((c[i * n + j] - want).abs() < 1e-4, "({m},{k},{n}) at ({i},{j})");
+                    let want: f32 =
+                        1.0 + 2.0 * (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
+                    assert!(
+                        (c[i * n + j] - want).abs() < 1e-4,
+                        "({m},{k},{n}) at ({i},{j})"
+                    );
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! Standard (materialized) attention: S = QK^T/sqrt(d) for all heads at once (a
 //! `[batch, heads, seq_q, seq_kv]` f32 tensor, as a framework materializes it), softmax of
-//! each row (max subtracted unless `safe` is false, which shows the exp overflow at scores
-//! >= 89), then O = PV. Time O(b*h*n_q*n_kv*d); extra memory 4*b*h*n_q*n_kv bytes plus, for
+//! each row (max subtracted unless `safe` is false, which shows the exp overflow once scores
+//! reach 89), then O = PV. Time O(b*h*n_q*n_kv*d); extra memory 4*b*h*n_q*n_kv bytes plus, for
 //! bf16/f16 inputs, per-worker f32 copies of one head's K and V and a query row block.
 
 use rayon::prelude::*;
@@ -85,7 +85,14 @@ pub fn forward(
                         // A row with no visible key has sum 0: its output is 0, not 0/0.
                         scale_row(row, if sum > 0.0 { 1.0 / sum } else { 0.0 });
                     }
-                    sgemm(1.0, MatRef::new(p, rows, nkv), MatRef::new(v, nkv, d), 0.0, o, d);
+                    sgemm(
+                        1.0,
+                        MatRef::new(p, rows, nkv),
+                        MatRef::new(v, nkv, d),
+                        0.0,
+                        o,
+                        d,
+                    );
                 });
         });
 }

@@ -15,7 +15,12 @@ pub fn try_zeroed(len: usize, what: &str) -> Result<Vec<f32>> {
     if len == 0 {
         return Ok(Vec::new());
     }
-    let oom = || Error::OutOfMemory(format!("{what}: {} bytes could not be allocated", len as u64 * 4));
+    let oom = || {
+        Error::OutOfMemory(format!(
+            "{what}: {} bytes could not be allocated",
+            len as u64 * 4
+        ))
+    };
     let layout = Layout::array::<f32>(len).map_err(|_| oom())?;
     // SAFETY: the layout has non-zero size; a non-null result is a zeroed block of `len`
     // f32s (all-zero bits are 0.0) from the global allocator with exactly the layout `Vec`

@@ -1,0 +1,147 @@
+//! The resolved grid: `[axes]` (defaults filled, pow2 expanded) and the `[[zip]]` groups,
+//! and the checks that make them a well-formed grid (required axes, no axis twice, zip
+//! lists of equal length).
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use super::axis::{parse_axis, Axis, AxisDefault, AxisValue};
+use super::schema::RawAxes;
+use super::source::{Section, Source};
+use crate::error::Result;
+
+/// The independent axes, each with its non-empty list of values. An axis absent here is
+/// either in a zip group or derived per case (see `Axis` defaults: kv_heads = heads,
+/// seq_kv = seq_len, chunks = the variant's default, window = none).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Axes {
+    values: BTreeMap<Axis, Vec<AxisValue>>,
+}
+
+impl Axes {
+    pub fn get(&self, axis: Axis) -> Option<&[AxisValue]> {
+        self.values.get(&axis).map(Vec::as_slice)
+    }
+
+    /// In expansion order.
+    pub fn iter(&self) -> impl Iterator<Item = (Axis, &[AxisValue])> {
+        self.values.iter().map(|(a, v)| (*a, v.as_slice()))
+    }
+}
+
+/// Axes that vary together: the i-th values of every member form one grid point.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ZipGroup {
+    values: BTreeMap<Axis, Vec<AxisValue>>,
+}
+
+impl ZipGroup {
+    pub fn get(&self, axis: Axis) -> Option<&[AxisValue]> {
+        self.values.get(&axis).map(Vec::as_slice)
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = Axis> + '_ {
+        self.values.keys().copied()
+    }
+
+    /// Number of points (every member's list has this length).
+    pub fn len(&self) -> usize {
+        self.values.values().next().map_or(0, Vec::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The group's points, each assigning one value to every member.
+    pub fn points(&self) -> Vec<Vec<(Axis, AxisValue)>> {
+        (0..self.len())
+            .map(|i| self.values.iter().map(|(a, v)| (*a, v[i])).collect())
+            .collect()
+    }
+
+    /// The member deepest in the expansion order: the group takes that position.
+    pub fn innermost(&self) -> Option<Axis> {
+        self.values.keys().next_back().copied()
+    }
+}
+
+/// Check and resolve `[axes]` and the zip groups; `threads` is `run.threads`.
+pub(super) fn resolve_axes(
+    axes: Option<RawAxes>,
+    zips: Vec<RawAxes>,
+    threads: usize,
+    src: &Source,
+) -> Result<(Axes, Vec<ZipGroup>)> {
+    let mut owner: BTreeMap<Axis, Section> = BTreeMap::new();
+    let mut resolved = Axes::default();
+    for (axis, value) in axes.unwrap_or_default().into_entries() {
+        let values =
+            parse_axis(axis, &value).map_err(|m| src.err(Section::Axes, axis.name(), m))?;
+        owner.insert(axis, Section::Axes);
+        resolved.values.insert(axis, values);
+    }
+
+    let mut groups = Vec::new();
+    for (i, raw) in zips.into_iter().enumerate() {
+        let section = Section::Zip(i);
+        let mut values = BTreeMap::new();
+        for (axis, value) in raw.into_entries() {
+            if let Some(prev) = owner.get(&axis) {
+                let prev = match prev {
+                    Section::Axes => "[axes]".to_string(),
+                    other => other.to_string(),
+                };
+                return Err(src.err(
+                    section,
+                    axis.name(),
+                    format!("axis also set in {prev}; an axis belongs to [axes] or to one [[zip]] group"),
+                ));
+            }
+            let v = parse_axis(axis, &value).map_err(|m| src.err(section, axis.name(), m))?;
+            owner.insert(axis, section);
+            values.insert(axis, v);
+        }
+        let group = ZipGroup { values };
+        if group.values.values().any(|v| v.len() != group.len()) {
+            let lens: Vec<String> = group
+                .values
+                .iter()
+                .map(|(a, v)| format!("{a}: {}", v.len()))
+                .collect();
+            return Err(src.section_err(
+                section,
+                format!(
+                    "zipped lists must have equal lengths, got {}",
+                    lens.join(", ")
+                ),
+            ));
+        }
+        // An empty group (possible after `--set` moved its last member out) adds nothing.
+        if !group.is_empty() {
+            groups.push(group);
+        }
+    }
+
+    for axis in Axis::ALL {
+        if owner.contains_key(&axis) {
+            continue;
+        }
+        match axis.default(threads) {
+            AxisDefault::Required => {
+                return Err(src.err(
+                    Section::Axes,
+                    axis.name(),
+                    "required (in [axes] or in a [[zip]] group)",
+                ))
+            }
+            AxisDefault::Fixed(v) => {
+                resolved.values.insert(axis, vec![v]);
+            }
+            AxisDefault::Derived(_) => {}
+        }
+    }
+    Ok((resolved, groups))
+}

@@ -1,0 +1,171 @@
+//! Axis expansion: the cartesian product of the independent axes and the zip groups (each
+//! group one axis, placed at its innermost member), normalized into `Case`s and deduplicated.
+
+use std::collections::HashSet;
+
+use super::axes::{Axes, ZipGroup};
+use super::axis::{self, Axis, AxisDefault, AxisValue};
+use crate::problem::{Case, Shape};
+
+/// One factor of the product: its points, each assigning values to one or more axes.
+type Dim = Vec<Vec<(Axis, AxisValue)>>;
+
+/// The factors in expansion order (outermost first).
+fn dims(axes: &Axes, zip: &[ZipGroup]) -> Vec<Dim> {
+    let mut dims = Vec::new();
+    for a in Axis::ALL {
+        if let Some(values) = axes.get(a) {
+            dims.push(values.iter().map(|v| vec![(a, *v)]).collect());
+        }
+        for g in zip.iter().filter(|g| g.innermost() == Some(a)) {
+            dims.push(g.points());
+        }
+    }
+    dims
+}
+
+/// Every case of the grid, in expansion order, without duplicates (first kept).
+pub(super) fn expand(axes: &Axes, zip: &[ZipGroup], seed: u64, threads: usize) -> Vec<Case> {
+    let dims = dims(axes, zip);
+    if dims.iter().any(Vec::is_empty) {
+        return Vec::new();
+    }
+    let mut seen = HashSet::new();
+    let mut cases = Vec::new();
+    let mut idx = vec![0; dims.len()];
+    loop {
+        let point = dims
+            .iter()
+            .zip(&idx)
+            .flat_map(|(d, &i)| d[i].iter().copied());
+        if let Some(case) = build(point, seed, threads) {
+            if seen.insert(case.id()) {
+                cases.push(case);
+            }
+        }
+        // Odometer: the last factor turns fastest.
+        let mut k = dims.len();
+        loop {
+            if k == 0 {
+                return cases;
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < dims[k].len() {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+/// One case from one grid point; None if a required axis is missing (validation prevents it).
+fn build(
+    point: impl Iterator<Item = (Axis, AxisValue)>,
+    seed: u64,
+    threads: usize,
+) -> Option<Case> {
+    let (mut variant, mut seq_q) = (None, None);
+    let (mut mode, mut device, mut dtype) = (
+        axis::DEFAULT_MODE,
+        axis::DEFAULT_DEVICE,
+        axis::DEFAULT_DTYPE,
+    );
+    let (mut input_dist, mut input_scale, mut causal, mut threads) = (
+        axis::DEFAULT_INPUT_DIST,
+        axis::DEFAULT_INPUT_SCALE,
+        false,
+        threads,
+    );
+    let (mut batch, mut heads, mut head_dim) = (
+        axis::DEFAULT_BATCH,
+        axis::DEFAULT_HEADS,
+        axis::DEFAULT_HEAD_DIM,
+    );
+    let (mut kv_heads, mut seq_kv, mut q_chunk, mut kv_chunk, mut window) =
+        (None, None, None, None, None);
+    for (a, v) in point {
+        match (a, v) {
+            (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
+            (Axis::Mode, AxisValue::Mode(x)) => mode = x,
+            (Axis::Device, AxisValue::Device(x)) => device = x,
+            (Axis::DType, AxisValue::DType(x)) => dtype = x,
+            (Axis::InputDist, AxisValue::InputDist(x)) => input_dist = x,
+            (Axis::InputScale, AxisValue::Scale(x)) => input_scale = x,
+            (Axis::Causal, AxisValue::Bool(x)) => causal = x,
+            (Axis::Threads, AxisValue::Size(x)) => threads = x,
+            (Axis::Batch, AxisValue::Size(x)) => batch = x,
+            (Axis::Heads, AxisValue::Size(x)) => heads = x,
+            (Axis::KvHeads, AxisValue::Size(x)) => kv_heads = Some(x),
+            (Axis::HeadDim, AxisValue::Size(x)) => head_dim = x,
+            (Axis::QChunk, AxisValue::Size(x)) => q_chunk = Some(x),
+            (Axis::KvChunk, AxisValue::Size(x)) => kv_chunk = Some(x),
+            (Axis::Window, AxisValue::Size(x)) => window = Some(x),
+            (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
+            (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
+            _ => {}
+        }
+    }
+    let (variant, seq_q) = (variant?, seq_q?);
+    let seq_kv = seq_kv.unwrap_or(seq_q);
+    let info = variant.info();
+    // A variant that does not cut a loop has no chunk there, whatever the axis says; the
+    // others use the axis or their default, as `min(chunk, n)` in the paper.
+    let chunk = |default: Option<usize>, given: Option<usize>, n: usize| {
+        default.map(|d| given.unwrap_or(d).min(n))
+    };
+    Some(Case {
+        variant,
+        mode,
+        device,
+        dtype,
+        shape: Shape {
+            batch,
+            heads,
+            kv_heads: kv_heads.unwrap_or(heads),
+            seq_q,
+            seq_kv,
+            head_dim,
+        },
+        q_chunk: chunk(info.default_q_chunk, q_chunk, seq_q),
+        kv_chunk: chunk(info.default_kv_chunk, kv_chunk, seq_kv),
+        causal,
+        window,
+        devices: 1,
+        threads,
+        input_dist,
+        input_scale,
+        seed,
+    })
+}
+
+/// (axis, values as shown) in expansion order; a zip group is one row named `zip(a, b)`
+/// whose values are the tuples; derived axes show their rule.
+pub(super) fn grid_summary(axes: &Axes, zip: &[ZipGroup], threads: usize) -> Vec<(String, String)> {
+    let join = |v: &[AxisValue]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut rows = Vec::new();
+    for a in Axis::ALL {
+        if let Some(values) = axes.get(a) {
+            rows.push((a.name().to_string(), join(values)));
+        } else if let (false, AxisDefault::Derived(rule)) =
+            (zip.iter().any(|g| g.get(a).is_some()), a.default(threads))
+        {
+            rows.push((a.name().to_string(), rule.to_string()));
+        }
+        for g in zip.iter().filter(|g| g.innermost() == Some(a)) {
+            let names: Vec<&str> = g.members().map(Axis::name).collect();
+            let tuples: Vec<String> = g
+                .points()
+                .iter()
+                .map(|p| format!("({})", join(&p.iter().map(|(_, v)| *v).collect::<Vec<_>>())))
+                .collect();
+            rows.push((format!("zip({})", names.join(", ")), tuples.join(", ")));
+        }
+    }
+    rows
+}

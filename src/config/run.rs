@@ -1,0 +1,217 @@
+//! `[run]`: sweep-wide settings (name, seed, the stopping rule, memory budget, threads),
+//! their defaults and their checks.
+
+use serde::Serialize;
+use toml::Value;
+
+use super::schema::RawRun;
+use super::size::ByteSize;
+use super::source::{Section, Source};
+use crate::error::Result;
+
+/// Resolved `[run]` table. Times are seconds; see DESIGN.md "Definitions" for the stopping
+/// rule these parameters drive.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunConfig {
+    /// Run name; the default output directory is `results/<name>`.
+    pub name: String,
+    pub seed: u64,
+    /// Untimed repetitions before the timed ones.
+    pub warmup: usize,
+    pub min_reps: usize,
+    pub max_reps: usize,
+    /// Keep repeating at least this long.
+    pub min_time_s: f64,
+    /// Per-case cap on the time spent in timed repetitions.
+    pub max_time_s: f64,
+    /// Stop once MAD/median is under this (after `min_reps`).
+    pub rel_spread: f64,
+    /// Emulated device memory: cases predicted above it are `oom` rows.
+    pub memory_budget: Option<ByteSize>,
+    /// Query rows sampled for the error when checking all rows is too costly.
+    pub error_rows: usize,
+    /// Default of the `threads` axis.
+    pub threads: usize,
+    /// Measure SGEMM GFLOP/s and copy bandwidth at sweep start.
+    pub calibrate: bool,
+}
+
+pub const DEFAULT_SEED: u64 = 0;
+pub const DEFAULT_WARMUP: usize = 1;
+pub const DEFAULT_MIN_REPS: usize = 3;
+pub const DEFAULT_MAX_REPS: usize = 50;
+pub const DEFAULT_MIN_TIME_S: f64 = 0.0;
+pub const DEFAULT_MAX_TIME_S: f64 = 5.0;
+pub const DEFAULT_REL_SPREAD: f64 = 0.02;
+pub const DEFAULT_ERROR_ROWS: usize = 256;
+
+/// The machine's available parallelism (1 if it cannot be read).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl RunConfig {
+    /// All defaults, with this name (for single-case runs that have no config file).
+    pub fn new(name: impl Into<String>) -> RunConfig {
+        RunConfig {
+            name: name.into(),
+            seed: DEFAULT_SEED,
+            warmup: DEFAULT_WARMUP,
+            min_reps: DEFAULT_MIN_REPS,
+            max_reps: DEFAULT_MAX_REPS,
+            min_time_s: DEFAULT_MIN_TIME_S,
+            max_time_s: DEFAULT_MAX_TIME_S,
+            rel_spread: DEFAULT_REL_SPREAD,
+            memory_budget: None,
+            error_rows: DEFAULT_ERROR_ROWS,
+            threads: default_threads(),
+            calibrate: true,
+        }
+    }
+}
+
+/// Check `[run]` and fill its defaults.
+pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig> {
+    let raw = raw.unwrap_or_default();
+    let f = Fields(src);
+    let name = match &raw.name {
+        None => return Err(f.err("name", "required: the run name, e.g. name = \"quick\"")),
+        Some(Value::String(s)) if !s.trim().is_empty() && !s.contains(['/', '\\']) => s.clone(),
+        Some(v) => {
+            return Err(f.err(
+                "name",
+                format!(
+                    "expected a non-empty string without path separators, got {}",
+                    show(v)
+                ),
+            ))
+        }
+    };
+    let seed = f.int("seed", &raw.seed, DEFAULT_SEED)?;
+    let warmup = f.count("warmup", &raw.warmup, DEFAULT_WARMUP)?;
+    let min_reps = f.count("min_reps", &raw.min_reps, DEFAULT_MIN_REPS)?;
+    let max_reps = f.count("max_reps", &raw.max_reps, DEFAULT_MAX_REPS)?;
+    let error_rows = f.count("error_rows", &raw.error_rows, DEFAULT_ERROR_ROWS)?;
+    let threads = f.count("threads", &raw.threads, default_threads())?;
+    let min_time_s = f.number("min_time_s", &raw.min_time_s, DEFAULT_MIN_TIME_S)?;
+    let max_time_s = f.number("max_time_s", &raw.max_time_s, DEFAULT_MAX_TIME_S)?;
+    let rel_spread = f.number("rel_spread", &raw.rel_spread, DEFAULT_REL_SPREAD)?;
+    let calibrate = match &raw.calibrate {
+        None => true,
+        Some(Value::Boolean(b)) => *b,
+        Some(v) => {
+            return Err(f.err(
+                "calibrate",
+                format!("expected true or false, got {}", show(v)),
+            ))
+        }
+    };
+    let memory_budget = raw
+        .memory_budget
+        .as_ref()
+        .map(|v| byte_size(v).map_err(|m| f.err("memory_budget", m)))
+        .transpose()?;
+
+    if min_reps == 0 {
+        return Err(f.err("min_reps", "must be at least 1"));
+    }
+    if min_reps > max_reps {
+        return Err(f.err(
+            "min_reps",
+            format!("{min_reps} is greater than run.max_reps = {max_reps}"),
+        ));
+    }
+    if max_time_s <= 0.0 {
+        return Err(f.err(
+            "max_time_s",
+            format!("must be greater than 0, got {max_time_s}"),
+        ));
+    }
+    if min_time_s > max_time_s {
+        return Err(f.err(
+            "min_time_s",
+            format!("{min_time_s} is greater than run.max_time_s = {max_time_s}"),
+        ));
+    }
+    if error_rows == 0 {
+        return Err(f.err("error_rows", "must be at least 1"));
+    }
+    if threads == 0 {
+        return Err(f.err("threads", "must be at least 1"));
+    }
+    Ok(RunConfig {
+        name,
+        seed,
+        warmup,
+        min_reps,
+        max_reps,
+        min_time_s,
+        max_time_s,
+        rel_spread,
+        memory_budget,
+        error_rows,
+        threads,
+        calibrate,
+    })
+}
+
+/// Typed reads of `[run]` leaves, errors naming `run.KEY`.
+struct Fields<'a>(&'a Source<'a>);
+
+impl Fields<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> crate::error::Error {
+        self.0.err(Section::Run, key, msg)
+    }
+
+    fn int(&self, key: &str, v: &Option<Value>, default: u64) -> Result<u64> {
+        match v {
+            None => Ok(default),
+            Some(Value::Integer(n)) if *n >= 0 => Ok(*n as u64),
+            Some(v) => Err(self.err(
+                key,
+                format!("expected a non-negative integer, got {}", show(v)),
+            )),
+        }
+    }
+
+    fn count(&self, key: &str, v: &Option<Value>, default: usize) -> Result<usize> {
+        let n = self.int(key, v, default as u64)?;
+        usize::try_from(n).map_err(|_| self.err(key, format!("{n} is too large")))
+    }
+
+    /// A finite number >= 0 (an integer is accepted).
+    fn number(&self, key: &str, v: &Option<Value>, default: f64) -> Result<f64> {
+        let x = match v {
+            None => return Ok(default),
+            Some(Value::Integer(n)) => *n as f64,
+            Some(Value::Float(x)) => *x,
+            Some(v) => return Err(self.err(key, format!("expected a number, got {}", show(v)))),
+        };
+        if x.is_finite() && x >= 0.0 {
+            Ok(x)
+        } else {
+            Err(self.err(key, format!("expected a finite number >= 0, got {x}")))
+        }
+    }
+}
+
+fn byte_size(v: &Value) -> Result<ByteSize, String> {
+    let b = match v {
+        Value::String(s) => s.parse::<ByteSize>()?,
+        Value::Integer(n) if *n >= 0 => ByteSize(*n as u64),
+        _ => {
+            return Err(format!(
+                "expected a size string like \"8GiB\" or an integer number of bytes, got {}",
+                show(v)
+            ))
+        }
+    };
+    if b.0 == 0 {
+        return Err("must be greater than 0".into());
+    }
+    Ok(b)
+}
+
+fn show(v: &Value) -> String {
+    format!("{} {v}", v.type_str())
+}

@@ -1,0 +1,122 @@
+//! The config file's serde shape: tables and their known keys (`deny_unknown_fields`, so
+//! toml reports an unknown key with its line and the known ones). Leaves stay raw
+//! `toml::Value`s; `run.rs` and `axes.rs` check them and name the key in their errors.
+
+use serde::Deserialize;
+use toml::Value;
+
+use super::axis::Axis;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub run: Option<RawRun>,
+    pub axes: Option<RawAxes>,
+    #[serde(default)]
+    pub zip: Vec<RawAxes>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRun {
+    pub name: Option<Value>,
+    pub seed: Option<Value>,
+    pub warmup: Option<Value>,
+    pub min_reps: Option<Value>,
+    pub max_reps: Option<Value>,
+    pub min_time_s: Option<Value>,
+    pub max_time_s: Option<Value>,
+    pub rel_spread: Option<Value>,
+    pub memory_budget: Option<Value>,
+    pub error_rows: Option<Value>,
+    pub threads: Option<Value>,
+    pub calibrate: Option<Value>,
+}
+
+/// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
+pub(super) const RUN_KEYS: [&str; 12] = [
+    "name",
+    "seed",
+    "warmup",
+    "min_reps",
+    "max_reps",
+    "min_time_s",
+    "max_time_s",
+    "rel_spread",
+    "memory_budget",
+    "error_rows",
+    "threads",
+    "calibrate",
+];
+
+/// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and
+/// defaults are decided in `axes.rs`, after `--set`s and across zip groups.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAxes {
+    pub variant: Option<Value>,
+    pub mode: Option<Value>,
+    pub device: Option<Value>,
+    pub dtype: Option<Value>,
+    pub batch: Option<Value>,
+    pub heads: Option<Value>,
+    pub kv_heads: Option<Value>,
+    pub seq_len: Option<Value>,
+    pub seq_kv: Option<Value>,
+    pub head_dim: Option<Value>,
+    pub q_chunk: Option<Value>,
+    pub kv_chunk: Option<Value>,
+    pub causal: Option<Value>,
+    pub window: Option<Value>,
+    pub input_dist: Option<Value>,
+    pub input_scale: Option<Value>,
+    pub threads: Option<Value>,
+}
+
+impl RawAxes {
+    /// The keys present, in file-schema order.
+    pub fn into_entries(self) -> Vec<(Axis, Value)> {
+        [
+            (Axis::Variant, self.variant),
+            (Axis::Mode, self.mode),
+            (Axis::Device, self.device),
+            (Axis::DType, self.dtype),
+            (Axis::Batch, self.batch),
+            (Axis::Heads, self.heads),
+            (Axis::KvHeads, self.kv_heads),
+            (Axis::SeqLen, self.seq_len),
+            (Axis::SeqKv, self.seq_kv),
+            (Axis::HeadDim, self.head_dim),
+            (Axis::QChunk, self.q_chunk),
+            (Axis::KvChunk, self.kv_chunk),
+            (Axis::Causal, self.causal),
+            (Axis::Window, self.window),
+            (Axis::InputDist, self.input_dist),
+            (Axis::InputScale, self.input_scale),
+            (Axis::Threads, self.threads),
+        ]
+        .into_iter()
+        .filter_map(|(a, v)| v.map(|v| (a, v)))
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_of(keys: &[&str]) -> String {
+        keys.iter().map(|k| format!("{k} = 1\n")).collect()
+    }
+
+    #[test]
+    fn key_lists_match_the_schema() {
+        let run: RawRun = toml::from_str(&table_of(&RUN_KEYS)).unwrap();
+        assert!(run.name.is_some() && run.calibrate.is_some());
+        let axes: RawAxes = toml::from_str(&table_of(&Axis::names())).unwrap();
+        let mut got: Vec<Axis> = axes.into_entries().into_iter().map(|(a, _)| a).collect();
+        got.sort();
+        assert_eq!(got, Axis::ALL);
+        assert!(toml::from_str::<RawAxes>("sequence = 1").is_err());
+    }
+}

@@ -1,0 +1,422 @@
+//! End-to-end tests of loading, validation and expansion through the public `Config` API.
+
+use super::*;
+use crate::problem::{DType, InputDist, Mode};
+use crate::variant::VariantId;
+
+fn load(text: &str, sets: &[&str]) -> Result<Config> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    Config::from_str(text, Path::new("test.toml"), &sets)
+}
+
+fn cfg(text: &str) -> Config {
+    load(text, &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The config error message, asserting the error is `Error::Config`.
+fn config_err(text: &str, sets: &[&str]) -> String {
+    match load(text, sets) {
+        Err(Error::Config { msg, .. }) => msg,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+const MIN: &str = "[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nseq_len = 128\n";
+
+fn with_axes(extra: &str) -> String {
+    format!("{MIN}{extra}\n")
+}
+
+#[test]
+fn defaults_are_filled() {
+    let c = cfg(MIN);
+    let r = &c.run;
+    assert_eq!((r.seed, r.warmup, r.min_reps, r.max_reps), (0, 1, 3, 50));
+    assert_eq!((r.min_time_s, r.max_time_s, r.rel_spread), (0.0, 5.0, 0.02));
+    assert_eq!(
+        (r.memory_budget, r.error_rows, r.calibrate),
+        (None, 256, true)
+    );
+    assert_eq!(r.threads, default_threads());
+    assert_eq!(
+        c.axes.get(Axis::Mode),
+        Some(&[AxisValue::Mode(Mode::Fwd)][..])
+    );
+    assert_eq!(c.axes.get(Axis::HeadDim), Some(&[AxisValue::Size(64)][..]));
+    assert_eq!(
+        c.axes.get(Axis::Threads),
+        Some(&[AxisValue::Size(r.threads)][..])
+    );
+    assert_eq!(c.axes.get(Axis::KvHeads), None);
+    let cases = c.expand();
+    assert_eq!(cases.len(), 1);
+    let k = &cases[0];
+    assert_eq!(
+        (k.mode, k.device, k.dtype, k.input_dist),
+        (
+            Mode::Fwd,
+            crate::problem::Device::Cpu,
+            DType::F32,
+            InputDist::Normal
+        )
+    );
+    assert_eq!(
+        (
+            k.shape.batch,
+            k.shape.heads,
+            k.shape.kv_heads,
+            k.shape.head_dim
+        ),
+        (1, 1, 1, 64)
+    );
+    assert_eq!((k.shape.seq_q, k.shape.seq_kv), (128, 128));
+    assert_eq!(
+        (k.causal, k.window, k.devices, k.input_scale, k.seed),
+        (false, None, 1, 1.0, 0)
+    );
+}
+
+#[test]
+fn run_fields_are_read() {
+    let c = cfg("[run]\nname = \"q\"\nseed = 7\nmax_time_s = 1\nmemory_budget = \"1.5GiB\"\nthreads = 3\ncalibrate = false\n[axes]\nvariant = \"flash\"\nseq_len = 64\n");
+    assert_eq!(
+        (c.run.seed, c.run.max_time_s, c.run.threads, c.run.calibrate),
+        (7, 1.0, 3, false)
+    );
+    assert_eq!(c.run.memory_budget, Some(ByteSize(3 << 29)));
+    assert!(c.expand().iter().all(|k| k.threads == 3 && k.seed == 7));
+}
+
+#[test]
+fn pow2_axis_expands_in_order() {
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nseq_len = { pow2 = [8, 11] }\n");
+    let n: Vec<usize> = c.expand().iter().map(|k| k.shape.seq_q).collect();
+    assert_eq!(n, [256, 512, 1024, 2048]);
+}
+
+#[test]
+fn unknown_key_names_key_line_and_known_keys() {
+    let msg = config_err(&with_axes("sequence = 4"), &[]);
+    assert!(
+        msg.contains("in [axes]") && msg.contains("sequence"),
+        "{msg}"
+    );
+    assert!(msg.contains("line 6"), "{msg}");
+    assert!(msg.contains("seq_len") && msg.contains("head_dim"), "{msg}");
+    let msg = config_err("[run]\nname = \"t\"\nspeed = 1\n", &[]);
+    assert!(
+        msg.contains("in [run]") && msg.contains("line 3") && msg.contains("max_time_s"),
+        "{msg}"
+    );
+    let msg = config_err("[sweep]\n", &[]);
+    assert!(msg.contains("sweep") && msg.contains("line 1"), "{msg}");
+}
+
+#[test]
+fn empty_and_zero_axis_values_name_the_key() {
+    let msg = config_err(&with_axes("heads = []"), &[]);
+    assert!(
+        msg.starts_with("axes.heads (line 6):") && msg.contains("empty list"),
+        "{msg}"
+    );
+    for key in [
+        "batch", "heads", "kv_heads", "seq_kv", "head_dim", "q_chunk", "kv_chunk", "window",
+        "threads",
+    ] {
+        let msg = config_err(&with_axes(&format!("{key} = [4, 0]")), &[]);
+        assert!(
+            msg.starts_with(&format!("axes.{key} (line 6):")) && msg.contains("positive"),
+            "{msg}"
+        );
+    }
+    let msg = config_err(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nseq_len = 0\n",
+        &[],
+    );
+    assert!(msg.starts_with("axes.seq_len (line 5)"), "{msg}");
+    let msg = config_err(&with_axes("input_scale = -2.0"), &[]);
+    assert!(msg.starts_with("axes.input_scale"), "{msg}");
+    let msg = config_err(&with_axes("dtype = [\"f32\", \"fp8\"]"), &[]);
+    assert!(
+        msg.starts_with("axes.dtype") && msg.contains("bf16"),
+        "{msg}"
+    );
+    let msg = config_err(
+        "[run]\nname = \"t\"\n[axes]\nvariant = [\"naive\", \"nave\"]\nseq_len = 8\n",
+        &[],
+    );
+    assert!(
+        msg.starts_with("axes.variant (line 4)") && msg.contains("rabe-staats"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn required_keys_and_run_checks() {
+    let msg = config_err("[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\n", &[]);
+    assert!(
+        msg.starts_with("axes.seq_len") && msg.contains("required"),
+        "{msg}"
+    );
+    let msg = config_err("[axes]\nvariant = \"naive\"\nseq_len = 8\n", &[]);
+    assert!(
+        msg.starts_with("run.name") && msg.contains("required"),
+        "{msg}"
+    );
+    for (run, key) in [
+        ("min_reps = 0", "run.min_reps"),
+        ("min_reps = 9\nmax_reps = 4", "run.min_reps"),
+        ("max_time_s = 0", "run.max_time_s"),
+        ("max_time_s = -1.0", "run.max_time_s"),
+        ("memory_budget = \"8 gigs\"", "run.memory_budget"),
+        ("memory_budget = 0", "run.memory_budget"),
+        ("threads = 0", "run.threads"),
+        ("seed = -1", "run.seed"),
+        ("calibrate = 1", "run.calibrate"),
+    ] {
+        let text =
+            format!("[run]\nname = \"t\"\n{run}\n[axes]\nvariant = \"naive\"\nseq_len = 8\n");
+        let msg = config_err(&text, &[]);
+        assert!(
+            msg.starts_with(key) && msg.contains("(line "),
+            "{run}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn zip_pairs_values_and_checks_lengths() {
+    let c = cfg(
+        &format!("{MIN}[[zip]]\nbatch = [16, 8, 4]\nhead_dim = [32, 64, 128]\n")
+            .replace("seq_len = 128", "seq_len = [128, 256]"),
+    );
+    let got: Vec<(usize, usize, usize)> = c
+        .expand()
+        .iter()
+        .map(|k| (k.shape.batch, k.shape.head_dim, k.shape.seq_q))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (16, 32, 128),
+            (16, 32, 256),
+            (8, 64, 128),
+            (8, 64, 256),
+            (4, 128, 128),
+            (4, 128, 256)
+        ]
+    );
+
+    let msg = config_err(
+        &format!("{MIN}[[zip]]\nbatch = [16, 8, 4]\nheads = [1, 2]\n"),
+        &[],
+    );
+    assert!(
+        msg.starts_with("zip[0] (line 6)") && msg.contains("batch: 3, heads: 2"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn zip_may_hold_seq_len_and_sits_at_its_innermost_member() {
+    let text = "[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nhead_dim = [32, 64]\n[[zip]]\nbatch = [4, 2]\nseq_len = [8, 16]\n";
+    let got: Vec<(usize, usize, usize)> = cfg(text)
+        .expand()
+        .iter()
+        .map(|k| (k.shape.head_dim, k.shape.batch, k.shape.seq_q))
+        .collect();
+    assert_eq!(got, [(32, 4, 8), (32, 2, 16), (64, 4, 8), (64, 2, 16)]);
+}
+
+#[test]
+fn axis_in_axes_and_zip_or_two_zips_is_an_error() {
+    let msg = config_err(&format!("{MIN}[[zip]]\nseq_len = [1, 2]\n"), &[]);
+    assert!(
+        msg.starts_with("zip[0].seq_len (line 7)") && msg.contains("[axes]"),
+        "{msg}"
+    );
+    let msg = config_err(
+        &format!("{MIN}[[zip]]\nbatch = [1, 2]\n[[zip]]\nbatch = [3]\n"),
+        &[],
+    );
+    assert!(
+        msg.starts_with("zip[1].batch (line 9)") && msg.contains("zip[0]"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn chunks_are_clamped_and_none_for_variants_that_do_not_chunk() {
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = [\"naive\", \"rabe-staats\", \"flash\"]\nseq_len = [100, 8192]\nseq_kv = 200\n");
+    for k in c.expand() {
+        let info = k.variant.info();
+        assert_eq!(
+            k.q_chunk,
+            info.default_q_chunk.map(|d| d.min(k.shape.seq_q)),
+            "{}",
+            k.id()
+        );
+        assert_eq!(
+            k.kv_chunk,
+            info.default_kv_chunk.map(|d| d.min(200)),
+            "{}",
+            k.id()
+        );
+    }
+    let rs = VariantId::RabeStaats.info();
+    let k = &c.expand()[2];
+    assert_eq!(
+        (k.variant, k.q_chunk, k.kv_chunk),
+        (
+            VariantId::RabeStaats,
+            rs.default_q_chunk.map(|d| d.min(100)),
+            Some(200)
+        )
+    );
+
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = [\"naive\", \"flash\"]\nseq_len = 1000\nq_chunk = [16, 4096]\n");
+    let got: Vec<(VariantId, Option<usize>)> =
+        c.expand().iter().map(|k| (k.variant, k.q_chunk)).collect();
+    // naive ignores the axis, so its two chunk values collapse into one case.
+    assert_eq!(
+        got,
+        [
+            (VariantId::Naive, None),
+            (VariantId::Flash, Some(16)),
+            (VariantId::Flash, Some(1000))
+        ]
+    );
+}
+
+#[test]
+fn identical_cases_are_deduplicated_keeping_the_first() {
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"flash\"\nseq_len = [64, 128, 64]\nkv_chunk = [256, 512]\n");
+    let got: Vec<(usize, Option<usize>)> = c
+        .expand()
+        .iter()
+        .map(|k| (k.shape.seq_q, k.kv_chunk))
+        .collect();
+    assert_eq!(got, [(64, Some(64)), (128, Some(128))]);
+}
+
+#[test]
+fn expansion_order_and_kv_heads_default() {
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = [\"naive\", \"flash\"]\ndtype = [\"f32\", \"bf16\"]\nheads = [4, 8]\nseq_len = [16, 32]\n");
+    let cases = c.expand();
+    assert_eq!(cases.len(), 16);
+    assert!(cases[..8].iter().all(|k| k.variant == VariantId::Naive));
+    assert_eq!(cases[0].shape.seq_q, 16);
+    assert_eq!(cases[1].shape.seq_q, 32);
+    assert_eq!((cases[1].shape.heads, cases[2].shape.heads), (4, 8));
+    assert_eq!((cases[3].dtype, cases[4].dtype), (DType::F32, DType::Bf16));
+    assert!(cases.iter().all(|k| k.shape.kv_heads == k.shape.heads));
+    // Invalid GQA combinations stay as cases: the runner skips them with a reason.
+    let c = cfg(&with_axes("heads = 4\nkv_heads = [3, 8]"));
+    assert_eq!(
+        c.expand()
+            .iter()
+            .map(|k| k.shape.kv_heads)
+            .collect::<Vec<_>>(),
+        [3, 8]
+    );
+}
+
+#[test]
+fn set_overrides_axes_and_run_and_are_validated_alike() {
+    let c = load(
+        MIN,
+        &[
+            "seq_len=pow2:4:5",
+            "dtype=bf16,f16",
+            "causal=true,false",
+            "run.max_time_s=0.5",
+            "run.memory_budget=8GiB",
+        ],
+    )
+    .unwrap();
+    let cases = c.expand();
+    assert_eq!(cases.len(), 8);
+    assert_eq!(cases[0].shape.seq_q, 16);
+    assert_eq!(cases[0].dtype, DType::Bf16);
+    assert!(cases[0].causal && !cases[2].causal);
+    assert_eq!(
+        (c.run.max_time_s, c.run.memory_budget),
+        (0.5, Some(ByteSize(8 << 30)))
+    );
+
+    let msg = config_err(MIN, &["heads=0"]);
+    assert!(msg.starts_with("axes.heads (from --set)"), "{msg}");
+    let msg = config_err(MIN, &["run.max_reps=1"]);
+    assert!(
+        msg.starts_with("run.min_reps") && msg.contains("max_reps"),
+        "{msg}"
+    );
+    assert!(matches!(load(MIN, &["seq_len"]), Err(Error::Usage(m)) if m.contains("`seq_len`")));
+    assert!(matches!(load(MIN, &["speed=3"]), Err(Error::Usage(m)) if m.contains("speed")));
+    // A required axis may come from --set alone.
+    let c = load("[run]\nname = \"t\"\n", &["variant=flash", "seq_len=8"]).unwrap();
+    assert_eq!(c.expand().len(), 1);
+}
+
+#[test]
+fn set_on_zipped_axis_keeps_or_breaks_the_pairing() {
+    let text = "[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\n[[zip]]\nbatch = [4, 2]\nseq_len = [8, 16]\n";
+    let pairs = |sets: &[&str]| -> Vec<(usize, usize)> {
+        load(text, sets)
+            .unwrap()
+            .expand()
+            .iter()
+            .map(|k| (k.shape.batch, k.shape.seq_q))
+            .collect()
+    };
+    assert_eq!(pairs(&["seq_len=32,64"]), [(4, 32), (2, 64)]);
+    assert_eq!(pairs(&["seq_len=32"]), [(4, 32), (2, 32)]);
+    assert_eq!(pairs(&["batch=1", "seq_len=32"]), [(1, 32)]);
+}
+
+#[test]
+fn serialized_config_shows_resolved_axes() {
+    let c = cfg(
+        &format!("{MIN}[[zip]]\nbatch = [2, 1]\nhead_dim = [32, 64]\n")
+            .replace("seq_len = 128", "seq_len = { pow2 = [3, 4] }\nwindow = 4"),
+    );
+    let j = serde_json::to_value(&c).unwrap();
+    assert_eq!(j["axes"]["seq_len"], serde_json::json!([8, 16]));
+    assert_eq!(j["axes"]["variant"], serde_json::json!(["naive"]));
+    assert_eq!(j["axes"]["dtype"], serde_json::json!(["f32"]));
+    assert_eq!(j["axes"]["input_scale"], serde_json::json!([1.0]));
+    assert_eq!(j["axes"]["window"], serde_json::json!([4]));
+    assert_eq!(j["zip"][0]["batch"], serde_json::json!([2, 1]));
+    assert_eq!(j["run"]["name"], "t");
+    assert!(j["run"]["memory_budget"].is_null() && j.get("path").is_none());
+}
+
+#[test]
+fn grid_summary_shows_values_rules_and_zips() {
+    let c = cfg(&format!(
+        "{MIN}[[zip]]\nbatch = [2, 1]\nhead_dim = [32, 64]\n"
+    ));
+    let rows = c.grid_summary();
+    let get = |k: &str| rows.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("variant"), Some("naive"));
+    assert_eq!(get("kv_heads"), Some("= heads"));
+    assert_eq!(get("seq_kv"), Some("= seq_len"));
+    assert_eq!(get("window"), Some("none"));
+    assert_eq!(get("zip(batch, head_dim)"), Some("(2, 32), (1, 64)"));
+    assert_eq!(get("batch"), None);
+    assert_eq!(rows.last().map(|(n, _)| n.as_str()), Some("seq_len"));
+}
+
+#[test]
+fn load_reads_a_file_and_reports_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, MIN).unwrap();
+    let c = Config::load(&p, &[]).unwrap();
+    assert_eq!(c.path, p);
+    let e = Config::load(&dir.path().join("nope.toml"), &[]).unwrap_err();
+    assert!(
+        matches!(e, Error::Config { .. }) && e.exit_code() == 2,
+        "{e}"
+    );
+}

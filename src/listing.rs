@@ -1,0 +1,58 @@
+//! `attnbench list`: the variant registry, the devices found on this machine, the dtypes.
+
+use crate::problem::{DType, Mode};
+use crate::runner::cuda_unavailable_reason;
+use crate::variant::VariantId;
+
+pub fn list() -> String {
+    let mut s = String::from("variants:\n");
+    let width = VariantId::ALL
+        .iter()
+        .map(|v| v.name().len())
+        .max()
+        .unwrap_or(0);
+    for v in VariantId::ALL {
+        let i = v.info();
+        let chunk = |c: Option<usize>| c.map_or("-".to_string(), |c| c.to_string());
+        let modes: Vec<&str> = i.modes.iter().map(|m| m.name()).collect();
+        s += &format!(
+            "  {:<width$}  {}\n  {:<width$}  modes: {}; default q_chunk {}, kv_chunk {}; source: {}\n",
+            i.name,
+            i.description,
+            "",
+            modes.join(", "),
+            chunk(i.default_q_chunk),
+            chunk(i.default_kv_chunk),
+            i.source
+        );
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    s += &format!(
+        "\ndevices:\n  cpu   available: {model}, {cpus} logical CPUs\n  cuda  unavailable: {}\n",
+        cuda_unavailable_reason()
+    );
+    s += "\ndtypes (storage of Q, K, V; compute accumulates in f32, output f32):\n";
+    for d in DType::ALL {
+        s += &format!(
+            "  {:<5} {} bytes, error tolerance {:.0e}\n",
+            d.name(),
+            d.size_bytes(),
+            d.tolerance()
+        );
+    }
+    let modes: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+    s += &format!(
+        "\nmodes: {} (only fwd has kernels yet; other modes give skipped rows)\n",
+        modes.join(", ")
+    );
+    s
+}

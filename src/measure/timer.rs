@@ -1,0 +1,350 @@
+//! Warm-up, timed repetitions and the stopping rule (wall clock, `std::time::Instant`); costs
+//! the repetitions themselves plus O(reps log reps) bookkeeping between them, untimed.
+//!
+//! # Semantics of [`time_repetitions`]
+//!
+//! 1. **Warm-up**: `warmup` untimed calls. Warm-up stops early once its own elapsed time
+//!    exceeds `max_time_s`, or when the interrupt flag is set.
+//! 2. **Timed repetitions**: at least one, each timed alone with `Instant` (the closure call
+//!    only; the bookkeeping between calls is not timed). After each one, in this order:
+//!    - the interrupt flag is set: stop with [`StopReason::Interrupted`] and return what was
+//!      measured (at least one sample);
+//!    - `reps == max_reps`: stop with [`StopReason::MaxReps`];
+//!    - the total timed time `>= max_time_s`: stop with [`StopReason::TimeCap`]. This cap
+//!      wins even over `min_reps`, so a slow case never runs for `min_reps` times its
+//!      duration;
+//!    - `reps >= min_reps`, total timed time `>= min_time_s` and the relative spread
+//!      (MAD / median) `< rel_spread`: stop with [`StopReason::Converged`].
+//! 3. An error from the closure (warm-up or timed) is returned at once.
+//!
+//! `max_reps == 0` is treated as 1. A case is thus bounded by about
+//! `2 * max_time_s` plus one call of overshoot.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::stats::Summary;
+use crate::error::{Error, Result};
+
+/// When to stop repeating a measurement (see the module doc for the exact rule).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StopRule {
+    /// Untimed calls before the first timed one.
+    pub warmup: usize,
+    /// Timed calls required before convergence may stop the loop (the time cap may stop
+    /// it earlier).
+    pub min_reps: usize,
+    /// Hard cap on timed calls.
+    pub max_reps: usize,
+    /// Timed seconds required before convergence may stop the loop.
+    pub min_time_s: f64,
+    /// Cap on timed seconds per case (and, separately, on warm-up seconds).
+    pub max_time_s: f64,
+    /// Target relative spread (MAD / median), e.g. 0.02 for 2 %.
+    pub rel_spread: f64,
+}
+
+impl Default for StopRule {
+    /// 1 warm-up call; 5..=100 repetitions; stop after at least 0.1 s once MAD/median is
+    /// under 2 %, or after 10 s.
+    fn default() -> Self {
+        StopRule {
+            warmup: 1,
+            min_reps: 5,
+            max_reps: 100,
+            min_time_s: 0.1,
+            max_time_s: 10.0,
+            rel_spread: 0.02,
+        }
+    }
+}
+
+/// Why the timed loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// Enough repetitions and time, and the spread is under the target.
+    Converged,
+    /// `max_reps` timed calls were made.
+    MaxReps,
+    /// `max_time_s` of timed calls was spent.
+    TimeCap,
+    /// The interrupt flag was set (Ctrl-C); the samples so far are returned.
+    Interrupted,
+}
+
+impl StopReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::Converged => "converged",
+            StopReason::MaxReps => "max_reps",
+            StopReason::TimeCap => "time_cap",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The timed samples of one case and their summary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    /// Seconds per timed call, in call order.
+    pub samples: Vec<f64>,
+    pub summary: Summary,
+    pub stopped_by: StopReason,
+}
+
+/// Runs `f` under `rule`: warm-up, then timed repetitions until the stopping rule (see the
+/// module doc). Errors from `f` propagate immediately.
+pub fn time_repetitions<F>(rule: &StopRule, interrupted: &AtomicBool, mut f: F) -> Result<Timing>
+where
+    F: FnMut() -> Result<()>,
+{
+    let is_interrupted = || interrupted.load(Ordering::Relaxed);
+
+    let warm_start = Instant::now();
+    for _ in 0..rule.warmup {
+        if is_interrupted() {
+            break;
+        }
+        f()?;
+        if warm_start.elapsed().as_secs_f64() > rule.max_time_s {
+            break;
+        }
+    }
+
+    let max_reps = rule.max_reps.max(1);
+    let mut samples = Vec::with_capacity(max_reps.min(1024));
+    let mut total = 0.0f64;
+    loop {
+        let t0 = Instant::now();
+        f()?;
+        let dt = t0.elapsed().as_secs_f64();
+        samples.push(dt);
+        total += dt;
+
+        let reps = samples.len();
+        let stop = if is_interrupted() {
+            Some(StopReason::Interrupted)
+        } else if reps >= max_reps {
+            Some(StopReason::MaxReps)
+        } else if total >= rule.max_time_s {
+            Some(StopReason::TimeCap)
+        } else if reps >= rule.min_reps
+            && total >= rule.min_time_s
+            && Summary::of(&samples).is_some_and(|s| s.relative_spread() < rule.rel_spread)
+        {
+            Some(StopReason::Converged)
+        } else {
+            None
+        };
+        if let Some(stopped_by) = stop {
+            let summary = Summary::of(&samples)
+                .ok_or_else(|| Error::Runtime("timer: no samples recorded".into()))?;
+            return Ok(Timing {
+                samples,
+                summary,
+                stopped_by,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Busy-waits, so the duration is steady even on a loaded machine's scheduler.
+    fn spin(d: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    fn rule() -> StopRule {
+        StopRule {
+            warmup: 2,
+            min_reps: 5,
+            max_reps: 50,
+            min_time_s: 0.0,
+            max_time_s: 10.0,
+            rel_spread: 1e9,
+        }
+    }
+
+    #[test]
+    fn converges_after_min_reps_with_warmup_untimed() {
+        let flag = AtomicBool::new(false);
+        let mut calls = 0;
+        let t = time_repetitions(&rule(), &flag, || {
+            calls += 1;
+            spin(Duration::from_micros(200));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::Converged);
+        assert_eq!(t.samples.len(), 5);
+        assert_eq!(t.summary.reps, 5);
+        assert_eq!(calls, 2 + 5);
+        assert!(t.samples.iter().all(|&s| s >= 200e-6));
+        assert!(t.summary.min >= 200e-6);
+    }
+
+    #[test]
+    fn min_time_keeps_it_running_past_min_reps() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            min_time_s: 0.02,
+            ..rule()
+        };
+        let t = time_repetitions(&r, &flag, || {
+            spin(Duration::from_micros(500));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::Converged);
+        assert!(t.samples.iter().sum::<f64>() >= 0.02);
+        assert!(t.samples.len() > 5);
+    }
+
+    #[test]
+    fn max_reps_is_respected_when_spread_never_converges() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            rel_spread: 0.0, // never reached
+            max_reps: 12,
+            ..rule()
+        };
+        let mut calls = 0;
+        let t = time_repetitions(&r, &flag, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::MaxReps);
+        assert_eq!(t.samples.len(), 12);
+        assert_eq!(calls, 2 + 12);
+    }
+
+    #[test]
+    fn zero_max_reps_still_times_once() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            warmup: 0,
+            max_reps: 0,
+            ..rule()
+        };
+        let t = time_repetitions(&r, &flag, || Ok(())).unwrap();
+        assert_eq!(t.samples.len(), 1);
+        assert_eq!(t.stopped_by, StopReason::MaxReps);
+    }
+
+    #[test]
+    fn time_cap_beats_min_reps() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            warmup: 1,
+            min_reps: 1000,
+            max_reps: 1000,
+            max_time_s: 0.01,
+            ..rule()
+        };
+        let t = time_repetitions(&r, &flag, || {
+            spin(Duration::from_millis(3));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::TimeCap);
+        // 3 ms calls against a 10 ms cap: the 4th call crosses it.
+        assert!((1..=4).contains(&t.samples.len()), "{}", t.samples.len());
+        assert!(t.samples.iter().sum::<f64>() >= 0.01);
+    }
+
+    #[test]
+    fn warmup_stops_at_the_time_cap() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            warmup: 1000,
+            max_time_s: 0.005,
+            ..rule()
+        };
+        let mut calls = 0;
+        let t = time_repetitions(&r, &flag, || {
+            calls += 1;
+            spin(Duration::from_millis(2));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::TimeCap);
+        assert!(calls < 10, "{calls}");
+    }
+
+    #[test]
+    fn interruption_returns_what_was_measured() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            rel_spread: 0.0,
+            max_reps: 1000,
+            ..rule()
+        };
+        let mut calls = 0;
+        let t = time_repetitions(&r, &flag, || {
+            calls += 1;
+            if calls == 5 {
+                flag.store(true, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::Interrupted);
+        // 2 warm-up calls, then timed calls 3, 4 and 5 (the flag is seen after the 5th).
+        assert_eq!(t.samples.len(), 3);
+        assert_eq!(t.stopped_by.name(), "interrupted");
+    }
+
+    #[test]
+    fn interrupted_before_start_still_gives_one_sample() {
+        let flag = AtomicBool::new(true);
+        let mut calls = 0;
+        let t = time_repetitions(&rule(), &flag, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.stopped_by, StopReason::Interrupted);
+        assert_eq!(t.samples.len(), 1);
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn errors_propagate_immediately() {
+        let flag = AtomicBool::new(false);
+        let mut calls = 0;
+        let r = time_repetitions(&rule(), &flag, || {
+            calls += 1;
+            if calls == 4 {
+                Err(Error::OutOfMemory("workspace".into()))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(matches!(r, Err(Error::OutOfMemory(_))));
+        assert_eq!(calls, 4);
+        let mut calls = 0;
+        let r = time_repetitions(&rule(), &flag, || {
+            calls += 1;
+            Err(Error::Runtime("first warm-up".into()))
+        });
+        assert!(matches!(r, Err(Error::Runtime(_))));
+        assert_eq!(calls, 1);
+    }
+}

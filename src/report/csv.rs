@@ -1,0 +1,87 @@
+//! `runs.csv`: one row per case, appended and flushed after every row so an interrupted or
+//! crashed sweep loses nothing; reading it back for `--resume` and reports.
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use super::record::{header, Record};
+use crate::error::{Error, Result};
+
+/// Appends records to a CSV file, writing the header first when the file is new or empty.
+pub struct CsvSink {
+    writer: ::csv::Writer<File>,
+    path: PathBuf,
+}
+
+impl CsvSink {
+    pub fn open(path: &Path) -> Result<CsvSink> {
+        let exists = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
+        if exists {
+            check_header(path)?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let writer = ::csv::WriterBuilder::new()
+            .has_headers(!exists)
+            .from_writer(file);
+        Ok(CsvSink {
+            writer,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Writes one row and flushes it to the file.
+    pub fn append(&mut self, record: &Record) -> Result<()> {
+        let err = |e: String| Error::Runtime(format!("writing {}: {e}", self.path.display()));
+        self.writer
+            .serialize(record)
+            .map_err(|e| err(e.to_string()))?;
+        self.writer.flush().map_err(|e| err(e.to_string()))
+    }
+}
+
+fn check_header(path: &Path) -> Result<()> {
+    let mut r = ::csv::Reader::from_path(path)
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
+    let found: Vec<String> = r
+        .headers()
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let want = header();
+    if found != want {
+        return Err(Error::Runtime(format!(
+            "{} has a different CSV header than this version of attnbench writes; \
+             use a new --out directory (found {} columns, expected {})",
+            path.display(),
+            found.len(),
+            want.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads every record of a CSV file.
+pub fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let mut r = ::csv::Reader::from_path(path)
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
+    r.deserialize()
+        .enumerate()
+        .map(|(i, rec)| {
+            rec.map_err(|e| Error::Runtime(format!("{} row {}: {e}", path.display(), i + 2)))
+        })
+        .collect()
+}
+
+/// The case ids already in a CSV file (for `--resume`); empty when the file does not exist.
+pub fn done_case_ids(path: &Path) -> Result<HashSet<String>> {
+    if !path.exists() {
+        return Ok(HashSet::new());
+    }
+    Ok(read_records(path)?.into_iter().map(|r| r.case_id).collect())
+}

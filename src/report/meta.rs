@@ -1,0 +1,98 @@
+//! `meta.json` beside `runs.csv`: what produced the numbers (resolved config, git revision
+//! and dirty flag, command line, compiler, CPU, threads) and the machine calibration that
+//! reports use as the roofline.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::process::Command;
+
+use crate::error::{Error, Result};
+use crate::measure::calibrate::Calibration;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Meta {
+    pub attnbench_version: String,
+    pub command_line: Vec<String>,
+    pub git_revision: Option<String>,
+    pub git_dirty: Option<bool>,
+    pub rustc: String,
+    pub profile: String,
+    pub os: String,
+    pub cpu_model: Option<String>,
+    pub logical_cpus: usize,
+    pub threads: Vec<usize>,
+    pub started_unix_s: u64,
+    pub calibration: Vec<Calibration>,
+    pub config: serde_json::Value,
+}
+
+impl Meta {
+    pub fn collect(
+        config: serde_json::Value,
+        threads: Vec<usize>,
+        calibration: Vec<Calibration>,
+    ) -> Meta {
+        let (git_revision, git_dirty) = git_state();
+        Meta {
+            attnbench_version: env!("CARGO_PKG_VERSION").to_string(),
+            command_line: std::env::args().collect(),
+            git_revision,
+            git_dirty,
+            rustc: env!("ATTNBENCH_RUSTC_VERSION").to_string(),
+            profile: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+            .to_string(),
+            os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+            cpu_model: cpu_model(),
+            logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads,
+            started_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            calibration,
+            config,
+        }
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| Error::Runtime(format!("serializing meta.json: {e}")))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+    }
+
+    pub fn read(path: &Path) -> Result<Meta> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+        serde_json::from_str(&text).map_err(|e| Error::Runtime(format!("{}: {e}", path.display())))
+    }
+}
+
+/// The current git revision and whether the work tree has changes (None outside a repo).
+fn git_state() -> (Option<String>, Option<bool>) {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+    };
+    let rev = run(&["rev-parse", "HEAD"]).map(|s| s.trim().to_string());
+    let dirty = rev
+        .as_ref()
+        .and_then(|_| run(&["status", "--porcelain", "--untracked-files=no"]))
+        .map(|s| !s.trim().is_empty());
+    (rev, dirty)
+}
+
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+}

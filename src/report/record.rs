@@ -1,0 +1,188 @@
+//! One measured case as one tidy CSV row. The column order is the CSV header: keep it
+//! stable and add new columns at the end (README documents every column and its unit).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::problem::Case;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Measured.
+    Ok,
+    /// Did not fit the memory budget: predicted (not run) or refused at allocation.
+    Oom,
+    /// Not applicable (unsupported combination, device not available); reason says why.
+    Skipped,
+    /// Exceeded a time limit.
+    Timeout,
+    /// Ran but failed (e.g. non-finite output), or a runtime failure.
+    Error,
+}
+
+impl Status {
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Oom => "oom",
+            Status::Skipped => "skipped",
+            Status::Timeout => "timeout",
+            Status::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub run: String,
+    pub case_id: String,
+    pub variant: String,
+    pub device: String,
+    pub dtype: String,
+    pub mode: String,
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub head_dim: usize,
+    pub q_chunk: Option<usize>,
+    pub kv_chunk: Option<usize>,
+    pub causal: bool,
+    pub window: Option<usize>,
+    pub devices: usize,
+    pub threads: usize,
+    pub status: Status,
+    pub reason: String,
+    pub reps: usize,
+    pub time_median_s: Option<f64>,
+    pub time_min_s: Option<f64>,
+    pub time_max_s: Option<f64>,
+    pub time_mad_s: Option<f64>,
+    pub mem_overhead_bytes: Option<u64>,
+    pub mem_predicted_bytes: Option<u64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub io_bytes: u64,
+    pub max_abs_err: Option<f64>,
+    pub max_rel_err: Option<f64>,
+    pub err_rows: Option<usize>,
+    pub flops: f64,
+    pub gflops: Option<f64>,
+    pub comm_bytes: Option<u64>,
+    pub comm_steps: Option<u64>,
+    pub seed: u64,
+    // Added after the design's minimum set (append only).
+    pub input_dist: String,
+    pub input_scale: f64,
+    /// Why the timed repetitions stopped: converged, max_reps, time_cap, interrupted.
+    pub stopped_by: String,
+}
+
+impl Record {
+    /// A row with the case's identity filled and nothing measured yet.
+    pub fn for_case(run: &str, case: &Case, status: Status, reason: impl Into<String>) -> Record {
+        let s = &case.shape;
+        Record {
+            run: run.to_string(),
+            case_id: case.id(),
+            variant: case.variant.name().to_string(),
+            device: case.device.name().to_string(),
+            dtype: case.dtype.name().to_string(),
+            mode: case.mode.name().to_string(),
+            batch: s.batch,
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            seq_q: s.seq_q,
+            seq_kv: s.seq_kv,
+            head_dim: s.head_dim,
+            q_chunk: case.q_chunk,
+            kv_chunk: case.kv_chunk,
+            causal: case.causal,
+            window: case.window,
+            devices: case.devices,
+            threads: case.threads,
+            status,
+            reason: reason.into(),
+            reps: 0,
+            time_median_s: None,
+            time_min_s: None,
+            time_max_s: None,
+            time_mad_s: None,
+            mem_overhead_bytes: None,
+            mem_predicted_bytes: None,
+            peak_rss_bytes: None,
+            io_bytes: case.io_bytes(),
+            max_abs_err: None,
+            max_rel_err: None,
+            err_rows: None,
+            flops: case.flops(),
+            gflops: None,
+            comm_bytes: None,
+            comm_steps: None,
+            seed: case.seed,
+            input_dist: case.input_dist.name().to_string(),
+            input_scale: case.input_scale,
+            stopped_by: String::new(),
+        }
+    }
+
+    /// Every column name with this record's value as text, in CSV order (for printing one
+    /// case as a table with exactly the CSV's fields).
+    pub fn fields(&self) -> Vec<(String, String)> {
+        let mut w = ::csv::WriterBuilder::new().from_writer(Vec::new());
+        // Serializing a plain struct to memory cannot fail.
+        let _ = w.serialize(self);
+        let bytes = w.into_inner().unwrap_or_default();
+        let mut r = ::csv::ReaderBuilder::new().from_reader(bytes.as_slice());
+        let header: Vec<String> = r
+            .headers()
+            .map(|h| h.iter().map(str::to_string).collect())
+            .unwrap_or_default();
+        let values: Vec<String> = r
+            .records()
+            .next()
+            .and_then(|x| x.ok())
+            .map(|x| x.iter().map(str::to_string).collect())
+            .unwrap_or_default();
+        header.into_iter().zip(values).collect()
+    }
+}
+
+/// The CSV header, in order.
+pub fn header() -> Vec<String> {
+    let case = crate::problem::Case {
+        variant: crate::variant::VariantId::Naive,
+        mode: crate::problem::Mode::Fwd,
+        device: crate::problem::Device::Cpu,
+        dtype: crate::problem::DType::F32,
+        shape: crate::problem::Shape {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seq_q: 1,
+            seq_kv: 1,
+            head_dim: 1,
+        },
+        q_chunk: None,
+        kv_chunk: None,
+        causal: false,
+        window: None,
+        devices: 1,
+        threads: 1,
+        input_dist: crate::problem::InputDist::Normal,
+        input_scale: 1.0,
+        seed: 0,
+    };
+    Record::for_case("", &case, Status::Ok, "")
+        .fields()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}

@@ -1,0 +1,145 @@
+//! `attnbench run`: one case from flags, measured like a sweep case and printed as a table
+//! with the CSV's fields; NumPy interop (`--inputs`, `--save-inputs`, `--save-output`).
+
+use crate::cli::RunArgs;
+use crate::config::ByteSize;
+use crate::error::{Error, Result};
+use crate::measure::timer::StopRule;
+use crate::npy;
+use crate::problem::{Case, DType, Mode, Shape};
+use crate::report::table::record_table;
+use crate::runner::{run_case, Settings};
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let usage = |m: String| Error::Usage(m);
+    for (flag, v) in [
+        ("--seq-len", args.seq_len),
+        ("--batch", args.batch),
+        ("--heads", args.heads),
+        ("--head-dim", args.head_dim),
+        ("--min-reps", args.min_reps),
+        ("--max-reps", args.max_reps),
+    ] {
+        if v == 0 {
+            return Err(usage(format!("{flag} must be at least 1")));
+        }
+    }
+    for (flag, v) in [
+        ("--seq-kv", args.seq_kv),
+        ("--kv-heads", args.kv_heads),
+        ("--q-chunk", args.q_chunk),
+        ("--kv-chunk", args.kv_chunk),
+        ("--threads", args.threads),
+    ] {
+        if v == Some(0) {
+            return Err(usage(format!("{flag} must be at least 1")));
+        }
+    }
+    if args.min_reps > args.max_reps {
+        return Err(usage(format!(
+            "--min-reps ({}) is larger than --max-reps ({})",
+            args.min_reps, args.max_reps
+        )));
+    }
+    if !(args.max_time_s > 0.0 && args.max_time_s.is_finite()) {
+        return Err(usage(
+            "--max-time-s must be a positive number of seconds".into(),
+        ));
+    }
+    if !(args.input_scale.is_finite() && args.input_scale >= 0.0) {
+        return Err(usage("--input-scale must be a finite number >= 0".into()));
+    }
+    let memory_budget = args
+        .memory_budget
+        .as_deref()
+        .map(|s| {
+            s.parse::<ByteSize>()
+                .map(|b| b.bytes())
+                .map_err(|e| usage(format!("--memory-budget: {e}")))
+        })
+        .transpose()?;
+
+    let shape = Shape {
+        batch: args.batch,
+        heads: args.heads,
+        kv_heads: args.kv_heads.unwrap_or(args.heads),
+        seq_q: args.seq_len,
+        seq_kv: args.seq_kv.unwrap_or(args.seq_len),
+        head_dim: args.head_dim,
+    };
+    let given = match &args.inputs {
+        Some(dir) => {
+            let inputs = npy::load_inputs(dir, &shape)?;
+            if let Some(d) = args.dtype {
+                if d != inputs.dtype() {
+                    return Err(usage(format!(
+                        "--dtype {d} disagrees with the files in {} (they hold {}); drop --dtype or convert the files",
+                        dir.display(),
+                        inputs.dtype()
+                    )));
+                }
+            }
+            Some(inputs)
+        }
+        None => None,
+    };
+    let dtype = given
+        .as_ref()
+        .map(|i| i.dtype())
+        .or(args.dtype)
+        .unwrap_or(DType::F32);
+    let info = args.variant.info();
+    let clamp =
+        |c: Option<usize>, default: Option<usize>, n: usize| default.map(|d| c.unwrap_or(d).min(n));
+    let case = Case {
+        variant: args.variant,
+        mode: Mode::Fwd,
+        device: args.device,
+        dtype,
+        shape,
+        q_chunk: clamp(args.q_chunk, info.default_q_chunk, shape.seq_q),
+        kv_chunk: clamp(args.kv_chunk, info.default_kv_chunk, shape.seq_kv),
+        causal: args.causal,
+        window: None,
+        devices: 1,
+        threads: args
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        input_dist: args.input_dist,
+        input_scale: args.input_scale,
+        seed: args.seed,
+    };
+    let settings = Settings {
+        run_name: "run".into(),
+        stop: StopRule {
+            warmup: args.warmup,
+            min_reps: args.min_reps,
+            max_reps: args.max_reps,
+            min_time_s: 0.0,
+            max_time_s: args.max_time_s,
+            rel_spread: 0.02,
+        },
+        memory_budget,
+        error_rows: args.error_rows,
+    };
+    let outcome = run_case(&case, &settings, given)?;
+    print!("{}", record_table(&outcome.record));
+    if let (Some(dir), Some(inputs)) = (&args.save_inputs, &outcome.inputs) {
+        npy::save_inputs(dir, inputs)?;
+        eprintln!("inputs written to {}", dir.display());
+    }
+    if let Some(path) = &args.save_output {
+        let out = outcome.output.as_ref().ok_or_else(|| {
+            Error::Runtime(format!(
+                "no output to write to {}: the case did not run ({}: {})",
+                path.display(),
+                outcome.record.status,
+                outcome.record.reason
+            ))
+        })?;
+        let s = &case.shape;
+        npy::save_f32(path, out, &[s.batch, s.heads, s.seq_q, s.head_dim])?;
+        eprintln!("output written to {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! `attnbench sweep`: config -> cases -> one row per case appended (and flushed) to
+//! `DIR/runs.csv`, `DIR/meta.json` beside it, progress on stderr, a summary on stdout.
+//! Interrupting (Ctrl-C) keeps every row already written; `--resume` continues.
+
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::SweepArgs;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::measure::calibrate::calibrate;
+use crate::measure::timer::StopRule;
+use crate::problem::Case;
+use crate::report::csv::{done_case_ids, CsvSink};
+use crate::report::meta::Meta;
+use crate::report::record::Record;
+use crate::report::table::{human_seconds, summary_table};
+use crate::runner::{run_case, Settings, INTERRUPTED};
+
+pub const CSV_NAME: &str = "runs.csv";
+pub const META_NAME: &str = "meta.json";
+
+pub fn sweep(args: &SweepArgs) -> Result<()> {
+    let config = Config::load(&args.config, &args.sets)?;
+    let cases = config.expand();
+    if args.dry_run {
+        print_plan(&config, &cases);
+        return Ok(());
+    }
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(&config.run.name));
+    prepare_dir(&dir, args.resume, args.force)?;
+    let csv_path = dir.join(CSV_NAME);
+    let done = if args.resume {
+        done_case_ids(&csv_path)?
+    } else {
+        Default::default()
+    };
+    let todo: Vec<&Case> = cases.iter().filter(|c| !done.contains(&c.id())).collect();
+    if args.resume {
+        eprintln!(
+            "resume: {} of {} cases already in {}, {} to run",
+            cases.len() - todo.len(),
+            cases.len(),
+            csv_path.display(),
+            todo.len()
+        );
+    }
+
+    let threads: Vec<usize> = cases
+        .iter()
+        .map(|c| c.threads)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let meta_path = dir.join(META_NAME);
+    if !(args.resume && meta_path.exists()) {
+        let calibration = if config.run.calibrate && !todo.is_empty() {
+            eprintln!("calibrating SGEMM and copy bandwidth on {threads:?} threads ...");
+            threads.iter().map(|&t| calibrate(t)).collect()
+        } else {
+            Vec::new()
+        };
+        let resolved = serde_json::to_value(&config)
+            .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
+        Meta::collect(resolved, threads, calibration).write(&meta_path)?;
+    }
+
+    install_interrupt_handler();
+    let settings = Settings {
+        run_name: config.run.name.clone(),
+        stop: StopRule {
+            warmup: config.run.warmup,
+            min_reps: config.run.min_reps,
+            max_reps: config.run.max_reps,
+            min_time_s: config.run.min_time_s,
+            max_time_s: config.run.max_time_s,
+            rel_spread: config.run.rel_spread,
+        },
+        memory_budget: config.run.memory_budget.map(|b| b.bytes()),
+        error_rows: config.run.error_rows,
+    };
+    let mut sink = CsvSink::open(&csv_path)?;
+    let mut progress = Progress::new(todo.len());
+    let mut records = Vec::new();
+    let started = Instant::now();
+    for (i, case) in todo.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
+        progress.start(i, case);
+        let outcome = run_case(case, &settings, None)?;
+        // A case cut short by Ctrl-C is not written: its numbers would be partial.
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
+        sink.append(&outcome.record)?;
+        progress.finish(i, &outcome.record);
+        records.push(outcome.record);
+    }
+    progress.done();
+    println!("{}", summary_table(&records));
+    println!(
+        "{} rows written to {} in {}",
+        records.len(),
+        csv_path.display(),
+        human_seconds(started.elapsed().as_secs_f64())
+    );
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        return Err(Error::Interrupted(format!(
+            "interrupted: {} rows kept in {}; continue with `attnbench sweep --config {} --out {} --resume`",
+            records.len() + done.len(),
+            csv_path.display(),
+            args.config.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn print_plan(config: &Config, cases: &[Case]) {
+    println!("run {}: {} cases", config.run.name, cases.len());
+    for (axis, values) in config.grid_summary() {
+        println!("  {axis:<12} {values}");
+    }
+}
+
+/// An existing non-empty directory is never overwritten silently.
+fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
+    let non_empty = std::fs::read_dir(dir)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if non_empty && !resume {
+        if !force {
+            return Err(Error::Usage(format!(
+                "output directory {} exists and is not empty: pass --resume to continue it, \
+                 --force to replace its results, or --out for another directory",
+                dir.display()
+            )));
+        }
+        for name in [CSV_NAME, META_NAME] {
+            let p = dir.join(name);
+            if p.exists() {
+                std::fs::remove_file(&p)
+                    .map_err(|e| Error::io(format!("cannot remove {}", p.display()), e))?;
+            }
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))
+}
+
+/// First Ctrl-C: finish cleanly after the current repetition. Second: exit at once (rows
+/// already written are on disk either way, since every row is flushed).
+fn install_interrupt_handler() {
+    let _ = ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted again: exiting now");
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\ninterrupt: stopping after the current repetition (press Ctrl-C again to quit now)"
+        );
+    });
+}
+
+/// Progress on stderr: an indicatif bar (case i/N, current case, ETA) on a terminal, plain
+/// lines otherwise (CI logs, pipes).
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: usize,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total as u64);
+            let style = ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Progress { bar, total }
+    }
+
+    fn start(&mut self, _i: usize, case: &Case) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(case.id());
+        }
+    }
+
+    fn finish(&mut self, i: usize, r: &Record) {
+        let time = r.time_median_s.map_or(String::new(), human_seconds);
+        match &self.bar {
+            Some(bar) => {
+                bar.inc(1);
+                if r.status.name() != "ok" {
+                    bar.println(format!("{}: {} ({})", r.case_id, r.status, r.reason));
+                }
+            }
+            None => eprintln!(
+                "[{}/{}] {} {} {}{}",
+                i + 1,
+                self.total,
+                r.case_id,
+                r.status,
+                time,
+                if r.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", r.reason)
+                }
+            ),
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}

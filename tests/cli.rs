@@ -1,0 +1,369 @@
+//! The command line end to end: sweeps write the documented CSV, `--resume` and refusal to
+//! overwrite, config and flag errors (exit code 2, message naming the key), NumPy interop.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::fs;
+use std::path::Path;
+
+/// The CSV header as the README documents it (the contract scripts depend on).
+const DOCUMENTED_HEADER: &str = "run,case_id,variant,device,dtype,mode,batch,heads,kv_heads,\
+seq_q,seq_kv,head_dim,q_chunk,kv_chunk,causal,window,devices,threads,status,reason,reps,\
+time_median_s,time_min_s,time_max_s,time_mad_s,mem_overhead_bytes,mem_predicted_bytes,\
+peak_rss_bytes,io_bytes,max_abs_err,max_rel_err,err_rows,flops,gflops,comm_bytes,comm_steps,\
+seed,input_dist,input_scale,stopped_by";
+
+fn attnbench() -> Command {
+    Command::cargo_bin("attnbench").expect("binary built")
+}
+
+const TINY: &str = r#"
+[run]
+name = "tiny"
+warmup = 0
+min_reps = 1
+max_reps = 2
+max_time_s = 0.05
+calibrate = false
+
+[axes]
+variant = ["naive", "flash", "rabe-staats"]
+seq_len = [16, 33]
+heads = [2]
+kv_heads = [2, 3]
+head_dim = [8]
+"#;
+
+fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+    let p = dir.join("c.toml");
+    fs::write(&p, text).unwrap();
+    p
+}
+
+fn csv_lines(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn tiny_sweep_writes_documented_csv_one_row_per_case_and_resume_adds_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("12 rows written"));
+    let lines = csv_lines(&out.join("runs.csv"));
+    assert_eq!(lines[0], DOCUMENTED_HEADER);
+    // 3 variants x 2 lengths x kv_heads {2, 3}: the kv_heads = 3 half is skipped (3 > 2).
+    assert_eq!(lines.len(), 1 + 12);
+    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+    let status_col = r
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "status")
+        .unwrap();
+    let statuses: Vec<String> = r
+        .records()
+        .map(|x| x.unwrap()[status_col].to_string())
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| *s == "ok").count(), 6);
+    assert_eq!(statuses.iter().filter(|s| *s == "skipped").count(), 6);
+    let meta: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["config"]["run"]["name"], "tiny");
+    assert!(meta["rustc"].as_str().unwrap().starts_with("rustc"));
+
+    attnbench()
+        .args(["sweep", "--resume", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("12 of 12 cases already"));
+    assert_eq!(csv_lines(&out.join("runs.csv")).len(), 13);
+}
+
+#[test]
+fn readme_documents_every_csv_column() {
+    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    for col in DOCUMENTED_HEADER.split(',') {
+        assert!(
+            readme.contains(&format!("`{col}`")),
+            "README lacks column `{col}`"
+        );
+    }
+}
+
+#[test]
+fn existing_results_are_never_overwritten_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("res");
+    fs::create_dir_all(&out).unwrap();
+    fs::write(out.join("runs.csv"), "precious").unwrap();
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--resume").and(predicate::str::contains("--force")));
+    assert_eq!(
+        fs::read_to_string(out.join("runs.csv")).unwrap(),
+        "precious"
+    );
+    attnbench()
+        .args(["sweep", "--force", "--set", "variant=flash", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    assert_eq!(csv_lines(&out.join("runs.csv")).len(), 1 + 4);
+}
+
+#[test]
+fn dry_run_counts_cases_and_runs_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args([
+            "sweep",
+            "--dry-run",
+            "--set",
+            "seq_len=pow2:4:7",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("24 cases").and(predicate::str::contains("seq_len")));
+    assert!(!out.exists());
+}
+
+#[test]
+fn config_errors_exit_2_and_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (text, key) in [
+        (
+            TINY.replace("warmup = 0", "warmup = 0\nwarmpu = 1"),
+            "warmpu",
+        ),
+        (TINY.replace("head_dim = [8]", "head_dim = []"), "head_dim"),
+        (
+            TINY.replace("head_dim = [8]", "head_dim = [\"big\"]"),
+            "head_dim",
+        ),
+        (TINY.replace("\"naive\", ", "\"naiv\", "), "naiv"),
+        (
+            TINY.replace("max_time_s = 0.05", "max_time_s = -1.0"),
+            "max_time_s",
+        ),
+    ] {
+        let cfg = write_config(tmp.path(), &text);
+        attnbench()
+            .args(["sweep", "--dry-run", "--config"])
+            .arg(&cfg)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(key).and(predicate::str::contains("c.toml")));
+    }
+    attnbench()
+        .args(["sweep", "--dry-run", "--config"])
+        .arg(tmp.path().join("missing.toml"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("missing.toml"));
+    let cfg = write_config(tmp.path(), TINY);
+    attnbench()
+        .args(["sweep", "--dry-run", "--set", "sequence=5", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("sequence"));
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    attnbench()
+        .args(["run", "--variant", "nope", "--seq-len", "8"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("nope"));
+    attnbench()
+        .args(["run", "--variant", "flash", "--seq-len", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--seq-len"));
+    attnbench()
+        .args([
+            "run",
+            "--variant",
+            "flash",
+            "--seq-len",
+            "8",
+            "--memory-budget",
+            "lots",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--memory-budget"));
+    attnbench().args(["frobnicate"]).assert().code(2);
+}
+
+#[test]
+fn list_shows_every_variant_and_the_devices() {
+    let a = attnbench().arg("list").assert().success();
+    let out = String::from_utf8(a.get_output().stdout.clone()).unwrap();
+    for v in [
+        "naive",
+        "naive-unsafe",
+        "rabe-staats",
+        "rabe-staats-seq",
+        "flash",
+    ] {
+        assert!(out.contains(v), "list lacks {v}");
+    }
+    assert!(out.contains("cpu") && out.contains("cuda"));
+}
+
+#[test]
+fn unsafe_softmax_failure_is_reported_honestly() {
+    attnbench()
+        .args([
+            "run",
+            "-v",
+            "naive-unsafe",
+            "-n",
+            "32",
+            "-d",
+            "16",
+            "--input-scale",
+            "12",
+        ])
+        .args(["--warmup", "0", "--min-reps", "1", "--max-time-s", "0.1"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("status")
+                .and(predicate::str::contains("error"))
+                .and(predicate::str::contains("NaN or infinite")),
+        );
+}
+
+fn run_args(extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "-v",
+        "flash",
+        "-n",
+        "40",
+        "--seq-kv",
+        "56",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "-d",
+        "24",
+        "--causal",
+        "--warmup",
+        "0",
+        "--min-reps",
+        "1",
+        "--max-time-s",
+        "0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+#[test]
+fn saved_inputs_reproduce_the_output_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |s: &str| tmp.path().join(s).to_string_lossy().into_owned();
+    for dtype in ["f32", "bf16", "f16"] {
+        attnbench()
+            .args(run_args(&[
+                "--dtype",
+                dtype,
+                "--seed",
+                "9",
+                "--save-inputs",
+                &p(&format!("in-{dtype}")),
+                "--save-output",
+                &p(&format!("a-{dtype}.npy")),
+            ]))
+            .assert()
+            .success();
+        attnbench()
+            .args(run_args(&[
+                "--inputs",
+                &p(&format!("in-{dtype}")),
+                "--save-output",
+                &p(&format!("b-{dtype}.npy")),
+            ]))
+            .assert()
+            .success()
+            .stdout(predicate::str::contains(dtype));
+        let a = fs::read(p(&format!("a-{dtype}.npy"))).unwrap();
+        let b = fs::read(p(&format!("b-{dtype}.npy"))).unwrap();
+        assert!(a.len() > 128 && a == b, "{dtype}: outputs differ");
+    }
+}
+
+#[test]
+fn malformed_or_misshaped_inputs_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("in");
+    let d = dir.to_string_lossy().into_owned();
+    attnbench()
+        .args(run_args(&["--save-inputs", &d]))
+        .assert()
+        .success();
+    // Flags that disagree with the files' shapes.
+    attnbench()
+        .args(
+            run_args(&["--inputs", &d])
+                .into_iter()
+                .map(|a| if a == "40" { "41".into() } else { a }),
+        )
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("q.npy").and(predicate::str::contains("41")));
+    // A truncated file.
+    let k = dir.join("k.npy");
+    let bytes = fs::read(&k).unwrap();
+    fs::write(&k, &bytes[..bytes.len() / 2]).unwrap();
+    attnbench()
+        .args(run_args(&["--inputs", &d]))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("k.npy"));
+    // Not a .npy at all.
+    fs::write(&k, b"hello").unwrap();
+    attnbench()
+        .args(run_args(&["--inputs", &d]))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("k.npy"));
+}

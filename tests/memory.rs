@@ -1,0 +1,143 @@
+//! Memory overhead from the counting allocator: deterministic, so asserted exactly against
+//! the papers' claims and against each variant's own prediction.
+
+use std::sync::Mutex;
+
+use attnbench::backend::cpu::gemm::PACK_BYTES_MAX;
+use attnbench::error::Error;
+use attnbench::measure::alloc;
+use attnbench::measure::timer::StopRule;
+use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape};
+use attnbench::report::record::{Record, Status};
+use attnbench::runner::{forward, run_case, Settings};
+use attnbench::variant::VariantId;
+
+/// Tests of one binary run on parallel threads and share the allocator: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
+    let info = variant.info();
+    Case {
+        variant,
+        mode: Mode::Fwd,
+        device: Device::Cpu,
+        dtype,
+        shape: Shape {
+            batch: 1,
+            heads,
+            kv_heads: heads,
+            seq_q: n,
+            seq_kv: n,
+            head_dim: 64,
+        },
+        q_chunk: info.default_q_chunk.map(|c| c.min(n)),
+        kv_chunk: info.default_kv_chunk.map(|c| c.min(n)),
+        causal: false,
+        window: None,
+        devices: 1,
+        threads,
+        input_dist: InputDist::Normal,
+        input_scale: 1.0,
+        seed: 1,
+    }
+}
+
+fn measure(c: &Case, budget: Option<u64>) -> Record {
+    let settings = Settings {
+        run_name: "test".into(),
+        stop: StopRule {
+            warmup: 0,
+            min_reps: 1,
+            max_reps: 1,
+            min_time_s: 0.0,
+            max_time_s: 60.0,
+            rel_spread: 1.0,
+        },
+        memory_budget: budget,
+        error_rows: 16,
+    };
+    run_case(c, &settings, None).expect("harness runs").record
+}
+
+#[test]
+fn naive_overhead_holds_the_full_score_matrix() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 2048;
+    let r = measure(&case(VariantId::Naive, n, 1, DType::F32, 2), None);
+    assert_eq!(r.status, Status::Ok, "{}", r.reason);
+    assert!(r.mem_overhead_bytes.unwrap() >= (n * n * 4) as u64);
+}
+
+#[test]
+fn rabe_staats_overhead_is_over_30x_below_naive_at_16k() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One head, d = 64, one stream of work: the paper's setting (Table 2).
+    let naive = measure(&case(VariantId::Naive, 16384, 1, DType::F32, 1), None);
+    let rs = measure(&case(VariantId::RabeStaats, 16384, 1, DType::F32, 1), None);
+    assert_eq!(naive.status, Status::Ok, "{}", naive.reason);
+    assert_eq!(rs.status, Status::Ok, "{}", rs.reason);
+    let (a, b) = (
+        naive.mem_overhead_bytes.unwrap(),
+        rs.mem_overhead_bytes.unwrap(),
+    );
+    assert!(a >= 1 << 30, "naive overhead {a} below 1 GiB");
+    assert!(b < 100_000_000, "rabe-staats overhead {b} not under 100 MB");
+    assert!(a > 30 * b, "ratio {} not above 30", a as f64 / b as f64);
+}
+
+/// The measured overhead is the variant's prediction plus at most the GEMM packing buffers
+/// of each worker and 64 KiB of bookkeeping (rayon jobs, locks): the stated tolerance.
+#[test]
+fn measured_overhead_matches_the_prediction() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for v in VariantId::ALL {
+        for (n, heads, dtype, threads) in [
+            (1000, 2, DType::F32, 2),
+            (1536, 1, DType::Bf16, 1),
+            (300, 3, DType::F16, 2),
+        ] {
+            let c = case(v, n, heads, dtype, threads);
+            let r = measure(&c, None);
+            assert_eq!(r.status, Status::Ok, "{}: {}", v.name(), r.reason);
+            let (got, want) = (
+                r.mem_overhead_bytes.unwrap(),
+                r.mem_predicted_bytes.unwrap(),
+            );
+            let slack = threads as u64 * PACK_BYTES_MAX + 64 * 1024;
+            assert!(
+                got >= want && got <= want + slack,
+                "{} n={n} {dtype} t={threads}: measured {got}, predicted {want} (+{slack} allowed)",
+                v.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn budget_makes_naive_oom_by_prediction_without_running_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let budget = Some(8u64 << 30);
+    let naive = measure(&case(VariantId::Naive, 65536, 1, DType::Bf16, 2), budget);
+    assert_eq!(naive.status, Status::Oom);
+    assert!(
+        naive.reason.contains("exceeds the memory budget"),
+        "{}",
+        naive.reason
+    );
+    assert!(naive.time_median_s.is_none(), "an oom case must not run");
+}
+
+#[test]
+fn an_allocation_over_the_budget_is_an_oom_error_not_an_abort() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = case(VariantId::Naive, 1024, 1, DType::F32, 1);
+    let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, 1.0, 1);
+    let mut out = vec![0.0f32; c.shape.out_len()];
+    // Leave 1 MiB of room: the 4 MiB score matrix must be refused, fallibly.
+    alloc::set_limit(Some(alloc::current_bytes() + (1 << 20)));
+    let result = forward(&c, &inputs, &mut out);
+    alloc::set_limit(None);
+    assert!(matches!(result, Err(Error::OutOfMemory(_))), "{result:?}");
+    // And with room, the same call succeeds.
+    assert!(forward(&c, &inputs, &mut out).is_ok());
+}
