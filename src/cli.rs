@@ -4,6 +4,7 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+use crate::config;
 use crate::problem::{DType, Device, InputDist};
 use crate::variant::VariantId;
 
@@ -98,22 +99,23 @@ pub struct RunArgs {
     /// Multiplies generated Q and K (scores scale by its square).
     #[arg(long, default_value_t = 1.0)]
     pub input_scale: f64,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = config::DEFAULT_SEED)]
     pub seed: u64,
-    #[arg(long, default_value_t = 1)]
+    /// Untimed calls before timing.
+    #[arg(long, default_value_t = config::DEFAULT_WARMUP)]
     pub warmup: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = config::DEFAULT_MIN_REPS)]
     pub min_reps: usize,
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = config::DEFAULT_MAX_REPS)]
     pub max_reps: usize,
     /// Time cap for the timed repetitions, in seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = config::DEFAULT_MAX_TIME_S)]
     pub max_time_s: f64,
     /// Emulated device memory, e.g. 8GiB: larger cases are `oom`.
     #[arg(long)]
     pub memory_budget: Option<String>,
     /// Query rows sampled for the error when checking all rows is too costly.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = config::DEFAULT_ERROR_ROWS)]
     pub error_rows: usize,
     /// Load q.npy, k.npy, v.npy from DIR ([batch, heads, seq, head_dim]; f32, f16,
     /// bf16 as u16 bits, or f64) instead of generating inputs.

@@ -2,7 +2,7 @@
 //! with the CSV's fields; NumPy interop (`--inputs`, `--save-inputs`, `--save-output`).
 
 use crate::cli::RunArgs;
-use crate::config::ByteSize;
+use crate::config::{self, ByteSize};
 use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::npy;
@@ -117,7 +117,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             max_reps: args.max_reps,
             min_time_s: 0.0,
             max_time_s: args.max_time_s,
-            rel_spread: 0.02,
+            rel_spread: config::DEFAULT_REL_SPREAD,
         },
         memory_budget,
         error_rows: args.error_rows,

@@ -367,3 +367,76 @@ fn malformed_or_misshaped_inputs_are_clear_errors() {
         .code(2)
         .stderr(predicate::str::contains("k.npy"));
 }
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    // 8 cases of ~0.3 s each (time cap per case), so the interrupt lands mid-sweep.
+    let cfg = write_config(
+        tmp.path(),
+        r#"
+[run]
+name = "slow"
+warmup = 0
+min_reps = 1000
+max_reps = 1000
+max_time_s = 0.3
+calibrate = false
+
+[axes]
+variant = ["flash", "naive"]
+seq_len = [64, 96, 128, 160]
+head_dim = [16]
+"#,
+    );
+    let out = tmp.path().join("res");
+    let bin = assert_cmd::cargo::cargo_bin("attnbench");
+    let mut child = std::process::Command::new(&bin)
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let csv = out.join("runs.csv");
+    let start = Instant::now();
+    while csv_lines_if_any(&csv) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "sweep never wrote 2 rows"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let code = child.wait().unwrap().code();
+    assert_eq!(code, Some(130), "interrupted sweep exit code");
+    let kept = csv_lines_if_any(&csv);
+    assert!((3..1 + 8).contains(&kept), "{kept} lines kept");
+    // Every kept line is a whole row.
+    let n_cols = DOCUMENTED_HEADER.split(',').count();
+    let mut r = csv::Reader::from_path(&csv).unwrap();
+    for rec in r.records() {
+        assert_eq!(rec.unwrap().len(), n_cols);
+    }
+    attnbench()
+        .args(["sweep", "--resume", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    assert_eq!(csv_lines(&csv).len(), 1 + 8);
+}
+
+fn csv_lines_if_any(path: &Path) -> usize {
+    fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}

@@ -22,7 +22,10 @@ use std::path::{Path, PathBuf};
 pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
 pub use overrides::apply_set;
-pub use run::{default_threads, RunConfig};
+pub use run::{
+    default_threads, RunConfig, DEFAULT_ERROR_ROWS, DEFAULT_MAX_REPS, DEFAULT_MAX_TIME_S,
+    DEFAULT_MIN_REPS, DEFAULT_REL_SPREAD, DEFAULT_SEED, DEFAULT_WARMUP,
+};
 pub use size::ByteSize;
 
 use crate::error::{Error, Result};

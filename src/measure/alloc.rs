@@ -305,7 +305,7 @@ mod tests {
         // black_box: in release builds unused allocations may be elided.
         let mut v: Vec<u8> = std::hint::black_box(Vec::with_capacity(8 * MIB as usize));
         v.reserve_exact(40 * MIB as usize);
-        let mut v = std::hint::black_box(v);
+        let v = std::hint::black_box(v);
         let cap = v.capacity() as u64;
         drop(v);
         assert!(probe.finish() >= cap);
