@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 use crate::config;
-use crate::problem::{DType, Device, InputDist};
+use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::variant::VariantId;
 
 #[derive(Debug, Parser)]
@@ -82,6 +82,12 @@ pub struct RunArgs {
     pub dtype: Option<DType>,
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+    /// What to measure: fwd, or fwd+bwd (forward and backward, gradients checked too).
+    #[arg(long, default_value = "fwd")]
+    pub mode: Mode,
+    /// Upstream gradient dO of fwd+bwd: random (seeded N(0,1)) or ones (grad of sum(out)).
+    #[arg(long, default_value = "random")]
+    pub d_out: UpstreamGrad,
     /// Causal mask, bottom-right aligned when seq_q != seq_kv.
     #[arg(long)]
     pub causal: bool,

@@ -51,7 +51,7 @@ pub fn list() -> String {
     }
     let modes: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
     s += &format!(
-        "\nmodes: {} (only fwd has kernels yet; other modes give skipped rows)\n",
+        "\nmodes: {} (a variant lacking a mode gives skipped rows; see each variant's modes)\n",
         modes.join(", ")
     );
     s

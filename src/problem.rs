@@ -197,6 +197,57 @@ impl FromStr for InputDist {
     }
 }
 
+/// The upstream gradient dO of a `fwd+bwd` case: seeded N(0, 1), or all ones, which is
+/// `jax.grad` of `sum(out)` as Rabe–Staats measure it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamGrad {
+    Random,
+    Ones,
+}
+
+impl UpstreamGrad {
+    pub fn name(self) -> &'static str {
+        match self {
+            UpstreamGrad::Random => "random",
+            UpstreamGrad::Ones => "ones",
+        }
+    }
+
+    /// dO for `shape` (f32, like the output). The random stream is seeded apart from the
+    /// inputs' (`seed` with its bits flipped), so Q, K, V do not change with it.
+    pub fn make(self, shape: &Shape, seed: u64) -> Vec<f32> {
+        match self {
+            UpstreamGrad::Ones => vec![1.0; shape.out_len()],
+            UpstreamGrad::Random => {
+                let mut rng = ChaCha8Rng::seed_from_u64(!seed);
+                (0..shape.out_len())
+                    .map(|_| StandardNormal.sample(&mut rng))
+                    .collect()
+            }
+        }
+    }
+}
+
+impl fmt::Display for UpstreamGrad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for UpstreamGrad {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "random" => Ok(UpstreamGrad::Random),
+            "ones" => Ok(UpstreamGrad::Ones),
+            _ => Err(format!(
+                "unknown d_out `{s}` (expected one of: random, ones)"
+            )),
+        }
+    }
+}
+
 /// Tensor dimensions of one attention problem. Q is `[batch, heads, seq_q, head_dim]`,
 /// K and V are `[batch, kv_heads, seq_kv, head_dim]`, O is like Q.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -287,6 +338,8 @@ pub struct Case {
     /// the overflow that max subtraction prevents.
     pub input_scale: f64,
     pub seed: u64,
+    /// Upstream gradient of `fwd+bwd` cases (ignored by other modes).
+    pub d_out: UpstreamGrad,
 }
 
 impl Case {
@@ -316,17 +369,32 @@ impl Case {
             self.input_dist,
             self.input_scale,
             self.seed
-        )
+        ) + &match self.mode {
+            Mode::FwdBwd => format!("|dO{}", self.d_out),
+            _ => String::new(),
+        }
     }
 
+    /// FLOPs by the FlashAttention convention: the forward's, and 3.5x that for forward +
+    /// backward (the backward counted as 2.5 forwards).
     pub fn flops(&self) -> f64 {
-        self.shape.fwd_flops(self.causal)
+        let fwd = self.shape.fwd_flops(self.causal);
+        match self.mode {
+            Mode::FwdBwd => 3.5 * fwd,
+            _ => fwd,
+        }
     }
 
-    /// Bytes of Q, K, V (storage dtype) and O (f32).
+    /// Bytes of Q, K, V (storage dtype) and O (f32); for `fwd+bwd` also dO, dQ, dK and dV
+    /// (f32). These are live before the call and excluded from the memory overhead.
     pub fn io_bytes(&self) -> u64 {
         let s = &self.shape;
-        ((s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4) as u64
+        let fwd = (s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4;
+        let train = match self.mode {
+            Mode::FwdBwd => (s.out_len() + s.q_len() + 2 * s.kv_len()) * 4,
+            _ => 0,
+        };
+        (fwd + train) as u64
     }
 }
 
@@ -418,6 +486,15 @@ impl Tensor {
             }
         }
     }
+}
+
+/// Gradients of the attention inputs, f32 whatever the storage dtype: dQ like Q,
+/// dK and dV like K and V (summed over the query heads that share a key/value head).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
 }
 
 /// Q, K, V of one case.

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -14,8 +15,9 @@ use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::measure::alloc::{self, MemoryProbe};
 use crate::measure::rss;
-use crate::measure::timer::{time_repetitions, StopRule};
-use crate::problem::{Case, Device, Inputs};
+use crate::measure::stats::Summary;
+use crate::measure::timer::{time_repetitions, StopRule, Timing};
+use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
 use crate::report::record::{Record, Status};
 
@@ -133,7 +135,11 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             inputs: None,
         });
     }
-    let predicted = case.variant.get().predict_workspace_bytes(case);
+    let variant = case.variant.get();
+    let predicted = match case.mode {
+        Mode::FwdBwd => variant.predict_train_workspace_bytes(case),
+        _ => variant.predict_workspace_bytes(case),
+    };
     if let Some(budget) = settings.memory_budget {
         // The GEMM's packing buffers are allocated infallibly (an allocation over the limit
         // there would abort), so they must fit too: one per thread at most.
@@ -160,7 +166,10 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         }
     }
     alloc::set_limit(settings.memory_budget);
-    let result = measure(case, settings, given, predicted);
+    let result = match case.mode {
+        Mode::FwdBwd => measure_train(case, settings, given, predicted),
+        _ => measure(case, settings, given, predicted),
+    };
     alloc::set_limit(None);
     result
 }
@@ -198,14 +207,7 @@ fn measure(
             return Ok(failed(record, status, e, Some(inputs)));
         }
     };
-    let sm = &timing.summary;
-    record.reps = sm.reps;
-    record.time_median_s = Some(sm.median);
-    record.time_min_s = Some(sm.min);
-    record.time_max_s = Some(sm.max);
-    record.time_mad_s = Some(sm.mad);
-    record.gflops = (sm.median > 0.0).then(|| case.flops() / sm.median / 1e9);
-    record.stopped_by = timing.stopped_by.name().to_string();
+    record_timing(&mut record, case, &timing);
 
     // The probe pass: poisoned output (a row the kernel forgets to write stays NaN and shows
     // as an error), peak reset just before the call, so the overhead excludes inputs and
@@ -222,8 +224,141 @@ fn measure(
     record.mem_overhead_bytes = Some(overhead);
     record.peak_rss_bytes = rss::peak_rss_bytes();
 
-    let rows = reference::rows_to_check(&case.shape, settings.error_rows);
-    let err = reference::check(&inputs, case.causal, &out, &rows);
+    record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
+    Ok(Outcome {
+        record,
+        output: Some(out),
+        inputs: Some(inputs),
+    })
+}
+
+/// Forward + backward: times the pair (and the backward alone within the same calls),
+/// probes the memory of the whole differentiation (inputs, dO, output and gradients are
+/// live before it, so they are excluded), checks output and gradients against the oracle.
+fn measure_train(
+    case: &Case,
+    settings: &Settings,
+    given: Option<Inputs>,
+    predicted: u64,
+) -> Result<Outcome> {
+    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    record.mem_predicted_bytes = Some(predicted);
+    let inputs = given.unwrap_or_else(|| {
+        Inputs::generate(
+            case.shape,
+            case.dtype,
+            case.input_dist,
+            case.input_scale,
+            case.seed,
+        )
+    });
+    let d_out = case.d_out.make(&case.shape, case.seed);
+    let s = &case.shape;
+    let buffers = (|| -> Result<_> {
+        let out = try_zeroed(s.out_len(), "output")?;
+        let grads = Grads {
+            dq: try_zeroed(s.q_len(), "dQ")?,
+            dk: try_zeroed(s.kv_len(), "dK")?,
+            dv: try_zeroed(s.kv_len(), "dV")?,
+        };
+        Ok((out, grads))
+    })();
+    let (mut out, mut grads) = match buffers {
+        Ok(b) => b,
+        Err(e) => return Ok(failed(record, Status::Oom, e, Some(inputs))),
+    };
+
+    let mut bwd_times = Vec::new();
+    let timing = time_repetitions(&settings.stop, &INTERRUPTED, || {
+        bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
+        Ok(())
+    });
+    let timing = match timing {
+        Ok(t) => t,
+        Err(e) => {
+            let status = oom_or_error(&e);
+            return Ok(failed(record, status, e, Some(inputs)));
+        }
+    };
+    record_timing(&mut record, case, &timing);
+    // Warm-up calls come first: the timed ones are the last `reps`.
+    let timed = &bwd_times[bwd_times.len().saturating_sub(timing.samples.len())..];
+    record.time_bwd_median_s = Summary::of(timed).map(|s| s.median);
+
+    out.fill(f32::NAN);
+    for g in [&mut grads.dq, &mut grads.dk, &mut grads.dv] {
+        g.fill(f32::NAN);
+    }
+    rss::reset_peak_rss();
+    let probe = MemoryProbe::start();
+    let pass = train_step(case, &inputs, &d_out, &mut out, &mut grads);
+    let overhead = probe.finish();
+    if let Err(e) = pass {
+        let status = oom_or_error(&e);
+        return Ok(failed(record, status, e, Some(inputs)));
+    }
+    record.mem_overhead_bytes = Some(overhead);
+    record.peak_rss_bytes = rss::peak_rss_bytes();
+
+    record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
+    let g = reference::grad::check(&inputs, case.causal, &d_out, &grads, settings.error_rows);
+    record.grad_max_abs_err = Some(g.max_abs);
+    record.grad_max_rel_err = Some(g.max_rel);
+    record.grad_err_rows = Some(g.rows);
+    record.grad_err_scope = g.scope().to_string();
+    if g.non_finite > 0 && record.status == Status::Ok {
+        record.status = Status::Error;
+        record.reason = format!(
+            "{} of the checked gradient values are NaN or infinite",
+            g.non_finite
+        );
+    }
+    Ok(Outcome {
+        record,
+        output: Some(out),
+        inputs: Some(inputs),
+    })
+}
+
+/// One training step of the case's variant inside its pool: the forward that keeps what
+/// its backward needs, then the backward. Returns the backward's own time in seconds.
+pub fn train_step(
+    case: &Case,
+    inputs: &Inputs,
+    d_out: &[f32],
+    out: &mut [f32],
+    grads: &mut Grads,
+) -> Result<f64> {
+    let variant = case.variant.get();
+    pool(case.threads)?.install(|| {
+        let saved = variant.forward_train_cpu(case, inputs, out)?;
+        let start = Instant::now();
+        variant.backward_cpu(case, inputs, out, &saved, d_out, grads)?;
+        Ok(start.elapsed().as_secs_f64())
+    })
+}
+
+fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
+    let sm = &timing.summary;
+    record.reps = sm.reps;
+    record.time_median_s = Some(sm.median);
+    record.time_min_s = Some(sm.min);
+    record.time_max_s = Some(sm.max);
+    record.time_mad_s = Some(sm.mad);
+    record.gflops = (sm.median > 0.0).then(|| case.flops() / sm.median / 1e9);
+    record.stopped_by = timing.stopped_by.name().to_string();
+}
+
+/// The output's error against the oracle; a non-finite value makes the row `error`.
+fn record_output_error(
+    record: &mut Record,
+    case: &Case,
+    inputs: &Inputs,
+    out: &[f32],
+    sample: usize,
+) {
+    let rows = reference::rows_to_check(&case.shape, sample);
+    let err = reference::check(inputs, case.causal, out, &rows);
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);
@@ -239,11 +374,6 @@ fn measure(
             }
         );
     }
-    Ok(Outcome {
-        record,
-        output: Some(out),
-        inputs: Some(inputs),
-    })
 }
 
 fn oom_or_error(e: &Error) -> Status {

@@ -6,7 +6,7 @@ use crate::config::{self, ByteSize};
 use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::npy;
-use crate::problem::{Case, DType, Mode, Shape};
+use crate::problem::{Case, DType, Shape};
 use crate::report::table::record_table;
 use crate::runner::{run_case, Settings};
 
@@ -93,7 +93,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         |c: Option<usize>, default: Option<usize>, n: usize| default.map(|d| c.unwrap_or(d).min(n));
     let case = Case {
         variant: args.variant,
-        mode: Mode::Fwd,
+        mode: args.mode,
         device: args.device,
         dtype,
         shape,
@@ -108,6 +108,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         input_dist: args.input_dist,
         input_scale: args.input_scale,
         seed: args.seed,
+        d_out: args.d_out,
     };
     let settings = Settings {
         run_name: "run".into(),

@@ -7,7 +7,7 @@ use attnbench::backend::cpu::gemm::PACK_BYTES_MAX;
 use attnbench::error::Error;
 use attnbench::measure::alloc;
 use attnbench::measure::timer::StopRule;
-use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape};
+use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use attnbench::report::record::{Record, Status};
 use attnbench::runner::{forward, run_case, Settings};
 use attnbench::variant::VariantId;
@@ -39,6 +39,14 @@ fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize
         input_dist: InputDist::Normal,
         input_scale: 1.0,
         seed: 1,
+        d_out: UpstreamGrad::Random,
+    }
+}
+
+fn train(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
+    Case {
+        mode: Mode::FwdBwd,
+        ..case(variant, n, heads, dtype, threads)
     }
 }
 
@@ -85,6 +93,29 @@ fn rabe_staats_overhead_is_over_30x_below_naive_at_16k() {
     assert!(a > 30 * b, "ratio {} not above 30", a as f64 / b as f64);
 }
 
+#[test]
+fn memory_efficient_backwards_hold_no_quadratic_buffer_at_8k() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One stream of work, as the paper measures (each worker holds its own chunk slabs).
+    let n = 8192;
+    let naive = measure(&train(VariantId::Naive, n, 1, DType::F32, 1), None);
+    assert_eq!(naive.status, Status::Ok, "{}", naive.reason);
+    let quadratic = 2 * (n * n * 4) as u64; // P and dS
+    assert!(naive.mem_overhead_bytes.unwrap() >= quadratic);
+    for v in [VariantId::RabeStaats, VariantId::Flash] {
+        let r = measure(&train(v, n, 1, DType::F32, 1), None);
+        assert_eq!(r.status, Status::Ok, "{}: {}", v.name(), r.reason);
+        let got = r.mem_overhead_bytes.unwrap();
+        // Far below: under a tenth of naive's, and under one n x n f32 matrix.
+        assert!(
+            got * 10 < naive.mem_overhead_bytes.unwrap(),
+            "{}: {got}",
+            v.name()
+        );
+        assert!(got < (n * n * 4) as u64, "{}: {got}", v.name());
+    }
+}
+
 /// The measured overhead is the variant's prediction plus at most the GEMM packing buffers
 /// of each worker and 64 KiB of bookkeeping (rayon jobs, locks): the stated tolerance.
 #[test]
@@ -97,7 +128,25 @@ fn measured_overhead_matches_the_prediction() {
             (300, 3, DType::F16, 2),
         ] {
             let c = case(v, n, heads, dtype, threads);
-            let r = measure(&c, None);
+            check_prediction(&c, threads);
+            if v.info().modes.contains(&Mode::FwdBwd) {
+                check_prediction(
+                    &Case {
+                        mode: Mode::FwdBwd,
+                        ..c
+                    },
+                    threads,
+                );
+            }
+        }
+    }
+}
+
+fn check_prediction(c: &Case, threads: usize) {
+    let (v, n, dtype) = (c.variant, c.shape.seq_q, c.dtype);
+    {
+        {
+            let r = measure(c, None);
             assert_eq!(r.status, Status::Ok, "{}: {}", v.name(), r.reason);
             let (got, want) = (
                 r.mem_overhead_bytes.unwrap(),
@@ -106,8 +155,9 @@ fn measured_overhead_matches_the_prediction() {
             let slack = threads as u64 * PACK_BYTES_MAX + 64 * 1024;
             assert!(
                 got >= want && got <= want + slack,
-                "{} n={n} {dtype} t={threads}: measured {got}, predicted {want} (+{slack} allowed)",
-                v.name()
+                "{} {} n={n} {dtype} t={threads}: measured {got}, predicted {want} (+{slack} allowed)",
+                v.name(),
+                c.mode
             );
         }
     }

@@ -5,7 +5,7 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
-use crate::problem::{DType, Device, InputDist, Mode};
+use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::variant::VariantId;
 
 /// One sweep axis. Declaration order is the expansion order, outermost first: a sweep over
@@ -18,6 +18,7 @@ pub enum Axis {
     DType,
     InputDist,
     InputScale,
+    DOut,
     Causal,
     Threads,
     Batch,
@@ -39,6 +40,7 @@ enum Kind {
     Device,
     DType,
     InputDist,
+    DOut,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -60,6 +62,7 @@ pub const DEFAULT_DEVICE: Device = Device::Cpu;
 pub const DEFAULT_DTYPE: DType = DType::F32;
 pub const DEFAULT_INPUT_DIST: InputDist = InputDist::Normal;
 pub const DEFAULT_INPUT_SCALE: f64 = 1.0;
+pub const DEFAULT_D_OUT: UpstreamGrad = UpstreamGrad::Random;
 pub const DEFAULT_BATCH: usize = 1;
 pub const DEFAULT_HEADS: usize = 1;
 pub const DEFAULT_HEAD_DIM: usize = 64;
@@ -67,13 +70,14 @@ pub const DEFAULT_HEAD_DIM: usize = 64;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 17] = [
+    pub const ALL: [Axis; 18] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
         Axis::DType,
         Axis::InputDist,
         Axis::InputScale,
+        Axis::DOut,
         Axis::Causal,
         Axis::Threads,
         Axis::Batch,
@@ -96,6 +100,7 @@ impl Axis {
             Axis::DType => "dtype",
             Axis::InputDist => "input_dist",
             Axis::InputScale => "input_scale",
+            Axis::DOut => "d_out",
             Axis::Causal => "causal",
             Axis::Threads => "threads",
             Axis::Batch => "batch",
@@ -126,6 +131,7 @@ impl Axis {
             Axis::DType => Kind::DType,
             Axis::InputDist => Kind::InputDist,
             Axis::InputScale => Kind::Scale,
+            Axis::DOut => Kind::DOut,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Batch
@@ -144,7 +150,7 @@ impl Axis {
     pub(super) fn takes_names(self) -> bool {
         matches!(
             self.kind(),
-            Kind::Variant | Kind::Mode | Kind::Device | Kind::DType | Kind::InputDist
+            Kind::Variant | Kind::Mode | Kind::Device | Kind::DType | Kind::InputDist | Kind::DOut
         )
     }
 
@@ -158,6 +164,7 @@ impl Axis {
             Axis::DType => Fixed(AxisValue::DType(DEFAULT_DTYPE)),
             Axis::InputDist => Fixed(AxisValue::InputDist(DEFAULT_INPUT_DIST)),
             Axis::InputScale => Fixed(AxisValue::Scale(DEFAULT_INPUT_SCALE)),
+            Axis::DOut => Fixed(AxisValue::DOut(DEFAULT_D_OUT)),
             Axis::Causal => Fixed(AxisValue::Bool(false)),
             Axis::Threads => Fixed(AxisValue::Size(threads)),
             Axis::Batch => Fixed(AxisValue::Size(DEFAULT_BATCH)),
@@ -187,6 +194,7 @@ impl Axis {
                 names(DType::ALL.iter().map(|d| d.to_string()).collect())
             ),
             Kind::InputDist => "an input distribution name (normal, uniform)".into(),
+            Kind::DOut => "an upstream gradient kind (random, ones)".into(),
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -216,6 +224,7 @@ pub enum AxisValue {
     Device(Device),
     DType(DType),
     InputDist(InputDist),
+    DOut(UpstreamGrad),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -229,6 +238,7 @@ impl fmt::Display for AxisValue {
             AxisValue::Device(v) => v.fmt(f),
             AxisValue::DType(v) => v.fmt(f),
             AxisValue::InputDist(v) => v.fmt(f),
+            AxisValue::DOut(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -304,6 +314,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::Device => AxisValue::Device(name()?.parse()?),
         Kind::DType => AxisValue::DType(name()?.parse()?),
         Kind::InputDist => AxisValue::InputDist(name()?.parse()?),
+        Kind::DOut => AxisValue::DOut(name()?.parse()?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

@@ -82,6 +82,7 @@ fn build(
         axis::DEFAULT_HEADS,
         axis::DEFAULT_HEAD_DIM,
     );
+    let mut d_out = axis::DEFAULT_D_OUT;
     let (mut kv_heads, mut seq_kv, mut q_chunk, mut kv_chunk, mut window) =
         (None, None, None, None, None);
     for (a, v) in point {
@@ -92,6 +93,7 @@ fn build(
             (Axis::DType, AxisValue::DType(x)) => dtype = x,
             (Axis::InputDist, AxisValue::InputDist(x)) => input_dist = x,
             (Axis::InputScale, AxisValue::Scale(x)) => input_scale = x,
+            (Axis::DOut, AxisValue::DOut(x)) => d_out = x,
             (Axis::Causal, AxisValue::Bool(x)) => causal = x,
             (Axis::Threads, AxisValue::Size(x)) => threads = x,
             (Axis::Batch, AxisValue::Size(x)) => batch = x,
@@ -136,6 +138,7 @@ fn build(
         input_dist,
         input_scale,
         seed,
+        d_out,
     })
 }
 

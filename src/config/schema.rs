@@ -70,6 +70,7 @@ pub(super) struct RawAxes {
     pub window: Option<Value>,
     pub input_dist: Option<Value>,
     pub input_scale: Option<Value>,
+    pub d_out: Option<Value>,
     pub threads: Option<Value>,
 }
 
@@ -93,6 +94,7 @@ impl RawAxes {
             (Axis::Window, self.window),
             (Axis::InputDist, self.input_dist),
             (Axis::InputScale, self.input_scale),
+            (Axis::DOut, self.d_out),
             (Axis::Threads, self.threads),
         ]
         .into_iter()

@@ -83,6 +83,18 @@ pub struct Record {
     pub input_scale: f64,
     /// Why the timed repetitions stopped: converged, max_reps, time_cap, interrupted.
     pub stopped_by: String,
+    /// fwd+bwd: median time of the backward alone (within the same repetitions).
+    pub time_bwd_median_s: Option<f64>,
+    /// fwd+bwd: max abs error of the gradients against the f64 oracle.
+    pub grad_max_abs_err: Option<f64>,
+    /// fwd+bwd: `grad_max_abs_err` / the largest |exact gradient| entry (normwise).
+    pub grad_max_rel_err: Option<f64>,
+    /// fwd+bwd: query rows of dQ checked.
+    pub grad_err_rows: Option<usize>,
+    /// fwd+bwd: gradients checked, `dq,dk,dv` (all, exact) or `dq` (sampled rows).
+    pub grad_err_scope: String,
+    /// fwd+bwd: upstream gradient, `random` or `ones`.
+    pub d_out: String,
 }
 
 impl Record {
@@ -130,6 +142,15 @@ impl Record {
             input_dist: case.input_dist.name().to_string(),
             input_scale: case.input_scale,
             stopped_by: String::new(),
+            time_bwd_median_s: None,
+            grad_max_abs_err: None,
+            grad_max_rel_err: None,
+            grad_err_rows: None,
+            grad_err_scope: String::new(),
+            d_out: match case.mode {
+                crate::problem::Mode::FwdBwd => case.d_out.name().to_string(),
+                _ => String::new(),
+            },
         }
     }
 
@@ -179,6 +200,7 @@ pub fn header() -> Vec<String> {
         input_dist: crate::problem::InputDist::Normal,
         input_scale: 1.0,
         seed: 0,
+        d_out: crate::problem::UpstreamGrad::Random,
     };
     Record::for_case("", &case, Status::Ok, "")
         .fields()

@@ -1,11 +1,12 @@
 //! `flash`: FlashAttention-2 loop order with online softmax (kernel: `backend::cpu::flash`).
 //! Extra memory O(B_r*B_c + B_r*d) per worker, independent of n.
 
-use super::{Variant, VariantInfo};
+use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::flash as kernel;
-use crate::backend::cpu::workspace::Workspace;
+use crate::backend::cpu::flash_bwd as bwd;
+use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::Result;
-use crate::problem::{Case, Inputs, Mode};
+use crate::problem::{Case, Grads, Inputs, Mode};
 
 pub struct Flash;
 
@@ -15,7 +16,7 @@ static INFO: VariantInfo = VariantInfo {
     name: "flash",
     description: "FlashAttention-2 order: per query block, stream key/value blocks with running max, sum and output; one division",
     source: "seed 003 FlashAttention (FA2 forward); REPRODUCTION.md 2.4",
-    modes: &[Mode::Fwd],
+    modes: &[Mode::Fwd, Mode::FwdBwd],
     default_q_chunk: Some(kernel::DEFAULT_Q_CHUNK),
     default_kv_chunk: Some(kernel::DEFAULT_KV_CHUNK),
     numerically_safe: true,
@@ -54,7 +55,63 @@ impl Variant for Flash {
     fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let (bq, bk, workers, floats) = layout(case);
         let ws = Workspace::new(workers, floats, "flash tile workspace")?;
-        kernel::forward(inputs, case.causal, bq, bk, &ws, out);
+        kernel::forward(inputs, case.causal, bq, bk, &ws, out, None);
         Ok(())
     }
+
+    /// L is kept (4 bytes per query row); the backward adds D (as many) and its tiles.
+    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
+        let (bq, bk, workers, floats) = layout(case);
+        let rows = 4 * bwd::d_len(&case.shape) as u64;
+        let (bwd_workers, bwd_floats) = bwd_layout(case, bq, bk);
+        rows + Workspace::bytes(workers, floats)
+            .max(rows + Workspace::bytes(bwd_workers, bwd_floats))
+    }
+
+    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
+        let (bq, bk, workers, floats) = layout(case);
+        let mut lse = try_zeroed(bwd::d_len(&case.shape), "flash logsumexp L")?;
+        let ws = Workspace::new(workers, floats, "flash tile workspace")?;
+        kernel::forward(inputs, case.causal, bq, bk, &ws, out, Some(&mut lse));
+        Ok(Saved::LogSumExp(lse))
+    }
+
+    fn backward_cpu(
+        &self,
+        case: &Case,
+        inputs: &Inputs,
+        out: &[f32],
+        saved: &Saved,
+        d_out: &[f32],
+        grads: &mut Grads,
+    ) -> Result<()> {
+        let Saved::LogSumExp(lse) = saved else {
+            return Err(wrong_saved(self.info()));
+        };
+        let (bq, bk, _, _) = layout(case);
+        let (workers, floats) = bwd_layout(case, bq, bk);
+        let mut dd = try_zeroed(bwd::d_len(&case.shape), "flash D = rowsum(dO * O)")?;
+        let ws = Workspace::new(workers, floats, "flash backward tiles")?;
+        bwd::backward(
+            inputs,
+            case.causal,
+            (bq, bk),
+            out,
+            d_out,
+            lse,
+            &mut dd,
+            &ws,
+            grads,
+        );
+        Ok(())
+    }
+}
+
+/// (workers, floats per worker) of the backward's tiles.
+fn bwd_layout(case: &Case, bq: usize, bk: usize) -> (usize, usize) {
+    let workers = case.threads.min(bwd::items(&case.shape, bk)).max(1);
+    let floats = bwd::worker_lens(&case.shape, bq, bk, case.dtype.size_bytes() != 4)
+        .iter()
+        .sum();
+    (workers, floats)
 }

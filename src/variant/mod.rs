@@ -10,8 +10,8 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::Result;
-use crate::problem::{Case, Inputs, Mode};
+use crate::error::{Error, Result};
+use crate::problem::{Case, Grads, Inputs, Mode};
 
 /// Static description of a variant, shown by `attnbench list`.
 pub struct VariantInfo {
@@ -40,6 +40,53 @@ pub trait Variant: Sync {
     /// workspace is allocated fallibly up front: an allocation that fails or exceeds the
     /// memory budget is `Error::OutOfMemory`, never an abort.
     fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
+
+    /// Bytes a forward + backward allocates beyond inputs, dO, output and gradients: what
+    /// the forward keeps for the backward plus the larger of the two passes' scratch.
+    /// Only called for variants whose `modes` contain `fwd+bwd`.
+    fn predict_train_workspace_bytes(&self, _case: &Case) -> u64 {
+        0
+    }
+
+    /// The forward of a training step: writes `out` and returns what the backward needs.
+    fn forward_train_cpu(&self, _case: &Case, _inputs: &Inputs, _out: &mut [f32]) -> Result<Saved> {
+        Err(no_backward(self.info()))
+    }
+
+    /// dQ, dK, dV for the upstream gradient `d_out`, overwriting `grads`.
+    fn backward_cpu(
+        &self,
+        _case: &Case,
+        _inputs: &Inputs,
+        _out: &[f32],
+        _saved: &Saved,
+        _d_out: &[f32],
+        _grads: &mut Grads,
+    ) -> Result<()> {
+        Err(no_backward(self.info()))
+    }
+}
+
+/// What a forward keeps for its backward (beyond Q, K, V and O).
+pub enum Saved {
+    /// Nothing: the backward recomputes (Rabe–Staats checkpointing).
+    Nothing,
+    /// The softmax probabilities P, `[b, h, n_q, n_kv]` (standard attention).
+    Probabilities(Vec<f32>),
+    /// The row logsumexp L, `[b, h, n_q]` (FlashAttention).
+    LogSumExp(Vec<f32>),
+}
+
+fn no_backward(info: &VariantInfo) -> Error {
+    Error::Runtime(format!("variant {} has no backward pass", info.name))
+}
+
+/// The saved state a backward expects but was not given: a harness bug, reported as such.
+pub fn wrong_saved(info: &VariantInfo) -> Error {
+    Error::Runtime(format!(
+        "variant {}: backward called with another variant's saved state",
+        info.name
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

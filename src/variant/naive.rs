@@ -2,11 +2,12 @@
 //! (kernel: `backend::cpu::naive`). Extra memory 4*b*h*n_q*n_kv bytes: the O(n^2) baseline
 //! of every paper.
 
-use super::{Variant, VariantInfo};
+use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::naive as kernel;
+use crate::backend::cpu::naive_bwd as bwd;
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::Result;
-use crate::problem::{Case, Inputs, Mode};
+use crate::problem::{Case, Grads, Inputs, Mode};
 
 pub struct Naive {
     info: VariantInfo,
@@ -18,7 +19,7 @@ pub static NAIVE: Naive = Naive {
         name: "naive",
         description: "materialized S = QK^T/sqrt(d), safe softmax (row max subtracted), then PV",
         source: "seed 001 Sec. 1 (standard attention); REPRODUCTION.md 2.1",
-        modes: &[Mode::Fwd],
+        modes: &[Mode::Fwd, Mode::FwdBwd],
         default_q_chunk: None,
         default_kv_chunk: None,
         numerically_safe: true,
@@ -74,6 +75,51 @@ impl Variant for Naive {
             "naive workspace",
         )?;
         kernel::forward(inputs, case.causal, self.safe, &mut scores, &ws, out);
+        Ok(())
+    }
+
+    /// P is kept (4 n_q n_kv bytes per head) and the backward adds dS of the same size:
+    /// the 8 n^2 bytes of Rabe–Staats Table 3's standard differentiation.
+    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
+        let s = &case.shape;
+        let scores = 4 * kernel::scores_len(s) as u64;
+        let fwd = Workspace::bytes(workers(case), kernel::worker_floats(s, widen(case)));
+        let bwd_workers = case.threads.min(bwd::items(s)).max(1);
+        let bwd = scores + Workspace::bytes(bwd_workers, bwd::worker_floats(s, widen(case)));
+        scores + fwd.max(bwd)
+    }
+
+    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
+        let mut probs = try_zeroed(kernel::scores_len(&case.shape), "naive probabilities P")?;
+        let ws = Workspace::new(
+            workers(case),
+            kernel::worker_floats(&case.shape, widen(case)),
+            "naive workspace",
+        )?;
+        kernel::forward(inputs, case.causal, self.safe, &mut probs, &ws, out);
+        Ok(Saved::Probabilities(probs))
+    }
+
+    fn backward_cpu(
+        &self,
+        case: &Case,
+        inputs: &Inputs,
+        out: &[f32],
+        saved: &Saved,
+        d_out: &[f32],
+        grads: &mut Grads,
+    ) -> Result<()> {
+        let Saved::Probabilities(probs) = saved else {
+            return Err(wrong_saved(self.info()));
+        };
+        let s = &case.shape;
+        let mut ds = try_zeroed(kernel::scores_len(s), "naive score gradient dS")?;
+        let ws = Workspace::new(
+            case.threads.min(bwd::items(s)).max(1),
+            bwd::worker_floats(s, widen(case)),
+            "naive backward workspace",
+        )?;
+        bwd::backward(inputs, out, d_out, probs, &mut ds, &ws, grads);
         Ok(())
     }
 }

@@ -1,11 +1,12 @@
 //! `rabe-staats` (Figure 1: chunked, per-chunk summaries) and `rabe-staats-seq` (the O(1)
 //! single-query loop), seed 001 (kernels: `backend::cpu::chunked`).
 
-use super::{Variant, VariantInfo};
+use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::chunked as kernel;
+use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::workspace::Workspace;
 use crate::error::Result;
-use crate::problem::{Case, Inputs, Mode};
+use crate::problem::{Case, Grads, Inputs, Mode};
 
 pub struct RabeStaats;
 pub struct RabeStaatsSeq;
@@ -16,8 +17,8 @@ pub static RABE_STAATS_SEQ: RabeStaatsSeq = RabeStaatsSeq;
 static CHUNKED_INFO: VariantInfo = VariantInfo {
     name: "rabe-staats",
     description: "query chunks x key chunks, each key chunk summarized (exp-values, exp-sums, max), rescaled by the global max",
-    source: "seed 001 Figure 1 (query_chunk 1024, key_chunk 4096)",
-    modes: &[Mode::Fwd],
+    source: "seed 001 Figure 1 (query_chunk 1024, key_chunk 4096); backward Sec. 5.2",
+    modes: &[Mode::Fwd, Mode::FwdBwd],
     default_q_chunk: Some(kernel::DEFAULT_Q_CHUNK),
     default_kv_chunk: Some(kernel::DEFAULT_KV_CHUNK),
     numerically_safe: true,
@@ -80,6 +81,47 @@ impl Variant for RabeStaats {
         kernel::forward_chunked(inputs, case.causal, qc, kc, &ws, out);
         Ok(())
     }
+
+    /// Nothing is kept between the passes; the backward's chunk slabs and summaries are
+    /// allocated per worker.
+    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
+        let (workers, floats) = chunked_layout(case);
+        let (bwd_workers, bwd_floats) = bwd_layout(case);
+        Workspace::bytes(workers, floats).max(Workspace::bytes(bwd_workers, bwd_floats))
+    }
+
+    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
+        self.forward_cpu(case, inputs, out)?;
+        Ok(Saved::Nothing)
+    }
+
+    fn backward_cpu(
+        &self,
+        case: &Case,
+        inputs: &Inputs,
+        out: &[f32],
+        saved: &Saved,
+        d_out: &[f32],
+        grads: &mut Grads,
+    ) -> Result<()> {
+        let Saved::Nothing = saved else {
+            return Err(wrong_saved(self.info()));
+        };
+        let (workers, floats) = bwd_layout(case);
+        let ws = Workspace::new(workers, floats, "rabe-staats backward chunk workspace")?;
+        bwd::backward(inputs, case.causal, chunks(case), out, d_out, &ws, grads);
+        Ok(())
+    }
+}
+
+/// (workers, floats per worker) of the checkpointed backward.
+fn bwd_layout(case: &Case) -> (usize, usize) {
+    let (qc, kc) = chunks(case);
+    let workers = case.threads.min(bwd::items(&case.shape, qc)).max(1);
+    let floats = bwd::worker_lens(&case.shape, qc, kc, case.dtype.size_bytes() != 4)
+        .iter()
+        .sum();
+    (workers, floats)
 }
 
 fn seq_workers(case: &Case) -> usize {

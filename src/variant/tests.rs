@@ -4,9 +4,10 @@
 use proptest::prelude::*;
 
 use super::VariantId;
-use crate::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape};
+use crate::problem::{Case, DType, Device, Grads, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
-use crate::runner::output;
+use crate::runner::{output, train_step};
 
 #[derive(Clone, Copy)]
 struct Setup {
@@ -56,6 +57,7 @@ fn case(v: VariantId, s: &Setup) -> Case {
         input_dist: InputDist::Normal,
         input_scale: s.scale,
         seed: 42,
+        d_out: UpstreamGrad::Random,
     }
 }
 
@@ -187,6 +189,99 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
     }
 }
 
+/// Gradient error relative to the largest exact gradient entry, of one variant.
+fn grad_error_of(v: VariantId, s: &Setup, d_out_kind: UpstreamGrad) -> grad::GradErrorStats {
+    let mut c = case(v, s);
+    c.mode = Mode::FwdBwd;
+    c.d_out = d_out_kind;
+    let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, c.input_scale, c.seed);
+    let d_out = c.d_out.make(&c.shape, c.seed);
+    let mut out = vec![f32::NAN; c.shape.out_len()];
+    let mut g = Grads {
+        dq: vec![f32::NAN; c.shape.q_len()],
+        dk: vec![f32::NAN; c.shape.kv_len()],
+        dv: vec![f32::NAN; c.shape.kv_len()],
+    };
+    train_step(&c, &inputs, &d_out, &mut out, &mut g).expect("training step runs");
+    let fwd = check(
+        &inputs,
+        c.causal,
+        &out,
+        &rows_to_check(&c.shape, usize::MAX),
+    );
+    assert!(
+        fwd.max_abs <= s.dtype.tolerance(),
+        "{}: forward error {:e}",
+        v.name(),
+        fwd.max_abs
+    );
+    grad::check(&inputs, c.causal, &d_out, &g, usize::MAX)
+}
+
+/// The bound: gradients within 1e-4 of the largest gradient entry. Compute is f32
+/// whatever the storage dtype, so the bound holds for bf16 and f16 inputs too.
+const GRAD_REL_TOL: f64 = 1e-4;
+
+fn assert_all_gradients(s: &Setup) {
+    for v in VariantId::ALL
+        .into_iter()
+        .filter(|v| v.info().modes.contains(&Mode::FwdBwd))
+    {
+        for kind in [UpstreamGrad::Random, UpstreamGrad::Ones] {
+            let e = grad_error_of(v, s, kind);
+            assert!(
+                e.full && e.non_finite == 0 && e.max_rel <= GRAD_REL_TOL,
+                "{} {:?} {} causal {} chunks {:?} dO {}: grad rel err {:e} (abs {:e})",
+                v.name(),
+                s.shape,
+                s.dtype,
+                s.causal,
+                s.chunks,
+                kind.name(),
+                e.max_rel,
+                e.max_abs
+            );
+        }
+    }
+}
+
+#[test]
+fn gradients_on_ragged_shapes() {
+    for (nq, nkv, d, chunks) in [
+        (1, 1, 64, None),
+        (77, 77, 64, Some((16, 24))),
+        (77, 77, 3, Some((7, 5))),
+        (33, 45, 80, Some((8, 16))),
+        (20, 20, 128, None),
+    ] {
+        for causal in [false, true] {
+            let mut s = setup(nq, nkv, d);
+            s.chunks = chunks;
+            s.causal = causal;
+            assert_all_gradients(&s);
+        }
+    }
+}
+
+#[test]
+fn gradients_with_grouped_heads_causal_and_every_dtype() {
+    for (heads, kv_heads) in [(3, 1), (4, 2)] {
+        for dtype in DType::ALL {
+            for (nq, nkv) in [(29, 41), (41, 29), (5, 17)] {
+                let mut s = setup(nq, nkv, 16);
+                s.shape.heads = heads;
+                s.shape.kv_heads = kv_heads;
+                s.shape.batch = 2;
+                s.dtype = dtype;
+                s.chunks = Some((8, 16));
+                s.causal = true;
+                s.threads = 3;
+                assert_all_gradients(&s);
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -212,5 +307,27 @@ proptest! {
             scale: 1.0,
         };
         assert_all_variants(&s);
+    }
+
+    #[test]
+    fn random_shapes_gradients_match_the_oracle(
+        (heads, kv_heads) in prop_oneof![Just((1, 1)), Just((2, 1)), Just((4, 2))],
+        seq_q in 1usize..40,
+        seq_kv in 1usize..40,
+        head_dim in 1usize..12,
+        qc in 1usize..20,
+        kc in 1usize..20,
+        causal in any::<bool>(),
+        threads in 1usize..4,
+    ) {
+        let s = Setup {
+            shape: Shape { batch: 1, heads, kv_heads, seq_q, seq_kv, head_dim },
+            dtype: DType::F32,
+            causal,
+            chunks: Some((qc, kc)),
+            threads,
+            scale: 1.0,
+        };
+        assert_all_gradients(&s);
     }
 }

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use super::blocks::{blocks_per_head, head_row_blocks};
 use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, mask_from, row_max, scale_row};
 use super::workspace::{carve, Workspace};
@@ -29,6 +30,8 @@ pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 
     [q, kv, kv, bq * bk, bq * d, bq, bq]
 }
 
+/// Forward into `out`; with `lse`, also the row logsumexp L = m + ln(l) of the scaled
+/// scores (`[b, h, n_q]`, -inf for a row that sees no key), which the backward needs.
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
@@ -36,77 +39,92 @@ pub fn forward(
     bk: usize,
     ws: &Workspace,
     out: &mut [f32],
+    lse: Option<&mut [f32]>,
 ) {
     let s = inputs.shape;
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
     let widen = inputs.dtype().size_bytes() != 4;
     let scale = s.scale();
-    out.par_chunks_mut(nq * d)
+    let nqb = blocks_per_head(nq, bq);
+    let outs = head_row_blocks(out, nq, d, bq);
+    let lses: Vec<Option<&mut [f32]>> = match lse {
+        Some(l) => head_row_blocks(l, nq, 1, bq)
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => (0..outs.len()).map(|_| None).collect(),
+    };
+    outs.into_par_iter()
+        .zip(lses)
         .enumerate()
-        .for_each(|(head, out_h)| {
+        .for_each(|(item, (o, lse_i))| {
+            let (head, qi) = (item / nqb, item % nqb);
             let (b, h) = (head / s.heads, head % s.heads);
             let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-            out_h
-                .par_chunks_mut(bq * d)
-                .enumerate()
-                .for_each(|(qi, o)| {
-                    let row0 = qi * bq;
-                    let rows = o.len() / d;
-                    let mut guard = ws.acquire();
-                    let [qs, ks, vs, sc, acc, m, l] =
-                        carve(&mut guard, worker_lens(&s, bq, bk, widen));
-                    let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
-                    let acc = &mut acc[..rows * d];
-                    acc.fill(0.0);
-                    m.fill(f32::NEG_INFINITY);
-                    l.fill(0.0);
-                    // Keys past the last row's visible range are masked for the whole block.
-                    let kv_end = s.visible_keys(causal, row0 + rows - 1);
-                    for k0 in (0..kv_end).step_by(bk) {
-                        let kn = bk.min(nkv - k0);
-                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                        let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
-                        let p = &mut sc[..rows * kn];
-                        sgemm(
-                            scale,
-                            MatRef::new(q, rows, d),
-                            MatRef::new(k, kn, d).t(),
-                            0.0,
-                            p,
-                            kn,
-                        );
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
-                            if causal {
-                                mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
-                            }
-                            let m_new = m[r].max(row_max(row));
-                            if m_new == f32::NEG_INFINITY {
-                                row.fill(0.0); // nothing visible yet for this row
-                                continue;
-                            }
-                            let correction = (m[r] - m_new).exp();
-                            l[r] = l[r] * correction + exp_sub_sum(row, m_new);
-                            scale_row(&mut acc[r * d..(r + 1) * d], correction);
-                            m[r] = m_new;
-                        }
-                        sgemm(
-                            1.0,
-                            MatRef::new(p, rows, kn),
-                            MatRef::new(v, kn, d),
-                            1.0,
-                            acc,
-                            d,
-                        );
+            let row0 = qi * bq;
+            let rows = o.len() / d;
+            let mut guard = ws.acquire();
+            let [qs, ks, vs, sc, acc, m, l] = carve(&mut guard, worker_lens(&s, bq, bk, widen));
+            let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
+            let acc = &mut acc[..rows * d];
+            acc.fill(0.0);
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            // Keys past the last row's visible range are masked for the whole block.
+            let kv_end = s.visible_keys(causal, row0 + rows - 1);
+            for k0 in (0..kv_end).step_by(bk) {
+                let kn = bk.min(nkv - k0);
+                let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+                let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+                let p = &mut sc[..rows * kn];
+                sgemm(
+                    scale,
+                    MatRef::new(q, rows, d),
+                    MatRef::new(k, kn, d).t(),
+                    0.0,
+                    p,
+                    kn,
+                );
+                for (r, row) in p.chunks_mut(kn).enumerate() {
+                    if causal {
+                        mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
                     }
-                    for r in 0..rows {
-                        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-                        for (y, x) in o[r * d..(r + 1) * d]
-                            .iter_mut()
-                            .zip(&acc[r * d..(r + 1) * d])
-                        {
-                            *y = x * inv;
-                        }
+                    let m_new = m[r].max(row_max(row));
+                    if m_new == f32::NEG_INFINITY {
+                        row.fill(0.0); // nothing visible yet for this row
+                        continue;
                     }
-                });
+                    let correction = (m[r] - m_new).exp();
+                    l[r] = l[r] * correction + exp_sub_sum(row, m_new);
+                    scale_row(&mut acc[r * d..(r + 1) * d], correction);
+                    m[r] = m_new;
+                }
+                sgemm(
+                    1.0,
+                    MatRef::new(p, rows, kn),
+                    MatRef::new(v, kn, d),
+                    1.0,
+                    acc,
+                    d,
+                );
+            }
+            for r in 0..rows {
+                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+                for (y, x) in o[r * d..(r + 1) * d]
+                    .iter_mut()
+                    .zip(&acc[r * d..(r + 1) * d])
+                {
+                    *y = x * inv;
+                }
+            }
+            if let Some(lse_i) = lse_i {
+                for (r, x) in lse_i.iter_mut().enumerate() {
+                    *x = if l[r] > 0.0 {
+                        m[r] + l[r].ln()
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+            }
         });
 }

@@ -3,6 +3,8 @@
 //! convention (bottom-right aligned; a row with no visible key is 0). Time O(n_kv*d) per
 //! row checked; rows are all rows when that is cheap, else a deterministic sample.
 
+pub mod grad;
+
 use crate::problem::{Inputs, Shape};
 
 /// Check every row when the oracle costs at most this many multiply-adds (about a second

@@ -1,0 +1,158 @@
+//! FlashAttention-2 backward from the stored row logsumexp L (Dao 2023; REPRODUCTION.md
+//! 2.4): D = rowsum(dO * O); outer loop over key/value blocks j (the parallel work items,
+//! each owning dK_j and dV_j), inner loop over the query blocks i of every query head that
+//! shares the key/value head: P = exp(Q_i K_j^T / sqrt(d) - L_i), dV_j += P^T dO_i,
+//! dS = P * (dO_i V_j^T - D_i), dK_j += dS^T Q_i / sqrt(d), dQ_i += dS K_j / sqrt(d) (added
+//! under dQ_i's lock, the CPU stand-in for the GPU's atomic adds). Causal: query blocks that
+//! see nothing of block j are skipped. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
+//! recomputed S); extra memory D (4*b*h*n_q bytes) and per-worker tiles, O(1) in n.
+
+use rayon::prelude::*;
+
+use super::blocks::{head_row_blocks, LockedBlocks};
+use super::gemm::{sgemm, MatRef};
+use super::naive_bwd::dot;
+use super::softmax::mask_from;
+use super::workspace::{carve, Workspace};
+use crate::problem::{Grads, Inputs, Shape};
+
+pub fn items(shape: &Shape, bk: usize) -> usize {
+    shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(bk)
+}
+
+/// Per-worker scratch floats, in the order they are carved.
+pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 8] {
+    let d = shape.head_dim;
+    let (q, kv) = if widen { (bq * d, bk * d) } else { (0, 0) };
+    [q, kv, kv, bq * bk, bq * bk, bk * d, bk * d, bq * d]
+}
+
+/// Floats of D = rowsum(dO * O), one per query row.
+pub fn d_len(shape: &Shape) -> usize {
+    shape.batch * shape.heads * shape.seq_q
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    inputs: &Inputs,
+    causal: bool,
+    (bq, bk): (usize, usize),
+    out: &[f32],
+    d_out: &[f32],
+    lse: &[f32],
+    dd: &mut [f32],
+    ws: &Workspace,
+    grads: &mut Grads,
+) {
+    let s = inputs.shape;
+    let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
+    let scale = s.scale();
+    let widen = inputs.dtype().size_bytes() != 4;
+    dd.par_iter_mut().enumerate().for_each(|(row, x)| {
+        *x = dot(&d_out[row * d..(row + 1) * d], &out[row * d..(row + 1) * d]);
+    });
+    let dd: &[f32] = dd;
+    grads.dq.fill(0.0);
+    let dq = LockedBlocks::new(vec![&mut grads.dq], nq, d, bq);
+    let nqb = nq.div_ceil(bq);
+    let nkb = nkv.div_ceil(bk);
+    let dk_blocks = head_row_blocks(&mut grads.dk, nkv, d, bk);
+    let dv_blocks = head_row_blocks(&mut grads.dv, nkv, d, bk);
+    dk_blocks
+        .into_par_iter()
+        .zip(dv_blocks)
+        .enumerate()
+        .for_each(|(item, (dk_j, dv_j))| {
+            let (kv_head, kj) = (item / nkb, item % nkb);
+            let (b, g) = (kv_head / s.kv_heads, kv_head % s.kv_heads);
+            let k0 = kj * bk;
+            let kn = dk_j.len() / d;
+            let mut guard = ws.acquire();
+            let [qs, ks, vs, p, dp, dk_acc, dv_acc, dq_tmp] =
+                carve(&mut guard, worker_lens(&s, bq, bk, widen));
+            let kv_off = (b * s.kv_heads + g) * nkv * d;
+            let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+            let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+            let (dk_acc, dv_acc) = (&mut dk_acc[..kn * d], &mut dv_acc[..kn * d]);
+            dk_acc.fill(0.0);
+            dv_acc.fill(0.0);
+            for h in g * s.group()..(g + 1) * s.group() {
+                let head = b * s.heads + h;
+                let q_off = s.q_head_offset(b, h);
+                for qi in 0..nqb {
+                    let row0 = qi * bq;
+                    let rows = bq.min(nq - row0);
+                    if s.visible_keys(causal, row0 + rows - 1) <= k0 {
+                        continue; // every row of this block is masked for block j
+                    }
+                    let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
+                    let go = &d_out[q_off + row0 * d..][..rows * d];
+                    let l_i = &lse[head * nq + row0..][..rows];
+                    let d_i = &dd[head * nq + row0..][..rows];
+                    let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
+                    sgemm(
+                        scale,
+                        MatRef::new(q, rows, d),
+                        MatRef::new(k, kn, d).t(),
+                        0.0,
+                        p,
+                        kn,
+                    );
+                    for (r, row) in p.chunks_mut(kn).enumerate() {
+                        if causal {
+                            mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
+                        }
+                        let l = l_i[r];
+                        for x in row.iter_mut() {
+                            *x = if l == f32::NEG_INFINITY {
+                                0.0
+                            } else {
+                                (*x - l).exp()
+                            };
+                        }
+                    }
+                    sgemm(
+                        1.0,
+                        MatRef::new(p, rows, kn).t(),
+                        MatRef::new(go, rows, d),
+                        1.0,
+                        dv_acc,
+                        d,
+                    );
+                    sgemm(
+                        1.0,
+                        MatRef::new(go, rows, d),
+                        MatRef::new(v, kn, d).t(),
+                        0.0,
+                        dp,
+                        kn,
+                    );
+                    for (r, (dp_r, p_r)) in dp.chunks_mut(kn).zip(p.chunks(kn)).enumerate() {
+                        for (x, pj) in dp_r.iter_mut().zip(p_r) {
+                            *x = pj * (*x - d_i[r]);
+                        }
+                    }
+                    sgemm(
+                        scale,
+                        MatRef::new(dp, rows, kn).t(),
+                        MatRef::new(q, rows, d),
+                        1.0,
+                        dk_acc,
+                        d,
+                    );
+                    let dq_t = &mut dq_tmp[..rows * d];
+                    sgemm(
+                        scale,
+                        MatRef::new(dp, rows, kn),
+                        MatRef::new(k, kn, d),
+                        0.0,
+                        dq_t,
+                        d,
+                    );
+                    dq.add(head * nqb + qi, &[dq_t]);
+                }
+            }
+            dk_j.copy_from_slice(dk_acc);
+            dv_j.copy_from_slice(dv_acc);
+        });
+}
