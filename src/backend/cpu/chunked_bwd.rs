@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::blocks::{head_row_blocks, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
-use super::softmax::{exp_sub_sum, mask_from, row_max};
+use super::softmax::{exp_sub_sum, mask_from, row_max, softmax_grad_rows};
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -166,11 +166,7 @@ pub fn backward(
                     dp,
                     kn,
                 );
-                for (r, (dp_r, p_r)) in dp.chunks_mut(kn).zip(p.chunks(kn)).enumerate() {
-                    for (x, pj) in dp_r.iter_mut().zip(p_r) {
-                        *x = pj * (*x - dd[r]);
-                    }
-                }
+                softmax_grad_rows(dp, p, dd, kn);
                 sgemm(
                     1.0,
                     MatRef::new(dp, rows, kn),

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::blocks::{head_row_blocks, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
-use super::softmax::mask_from;
+use super::softmax::{mask_from, softmax_grad_rows};
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -127,11 +127,7 @@ pub fn backward(
                         dp,
                         kn,
                     );
-                    for (r, (dp_r, p_r)) in dp.chunks_mut(kn).zip(p.chunks(kn)).enumerate() {
-                        for (x, pj) in dp_r.iter_mut().zip(p_r) {
-                            *x = pj * (*x - d_i[r]);
-                        }
-                    }
+                    softmax_grad_rows(dp, p, d_i, kn);
                     sgemm(
                         scale,
                         MatRef::new(dp, rows, kn).t(),

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::blocks::head_row_blocks;
 use super::gemm::{sgemm, MatRef};
 use super::naive::ROW_BLOCK;
+use super::softmax::softmax_grad_rows;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -78,12 +79,11 @@ pub fn backward(
                 ds_b,
                 nkv,
             );
-            for r in 0..rows {
-                let dd = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
-                for (x, pj) in ds_b[r * nkv..(r + 1) * nkv].iter_mut().zip(&p[r * nkv..]) {
-                    *x = pj * (*x - dd);
-                }
+            let mut dd = [0.0f32; ROW_BLOCK];
+            for (r, x) in dd[..rows].iter_mut().enumerate() {
+                *x = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
             }
+            softmax_grad_rows(ds_b, p, &dd[..rows], nkv);
             sgemm(
                 scale,
                 MatRef::new(ds_b, rows, nkv),
