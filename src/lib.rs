@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod listing;
 pub mod measure;
+pub mod model;
 pub mod npy;
 pub mod problem;
 pub mod reference;

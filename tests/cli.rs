@@ -441,3 +441,28 @@ head_dim = [16]
 fn csv_lines_if_any(path: &Path) -> usize {
     fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
+
+#[test]
+fn bpt_memory_model_prints_the_papers_layout_and_rejects_unknown_models() {
+    attnbench()
+        .args([
+            "model",
+            "bpt-memory",
+            "--model",
+            "gpt-3b",
+            "--seq-len",
+            "8192",
+        ])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("| 8192 | bpt |")
+                .and(predicate::str::contains("Largest context"))
+                .and(predicate::str::contains("65536")),
+        );
+    attnbench()
+        .args(["model", "bpt-memory", "--model", "gpt-2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("gpt-1b"));
+}
