@@ -134,6 +134,8 @@ pub fn layer_activation(
     c: f64,
     scale: f64,
 ) -> LayerActivation {
+    // A block is at most the whole sequence (`min(chunk, n)`).
+    let c = c.min(s);
     let (attention, ffn) = match design {
         // x 2bsh, Q and K 4bsh, QK^T 2bs^2a, mask bs^2a, scores 2bs^2a, V 2bsh,
         // out-projection input 2bsh, dropout mask bsh.
