@@ -281,8 +281,10 @@ mod tests {
     #[test]
     fn designs_are_ordered_at_every_length_and_in_max_context() {
         let one_a100 = 80e9;
+        // In the paper's regime s >> c (BPT's FFN block 19bch is below memory-efficient's
+        // 8bsh only while c < 8s/19), here s >= 4c.
         for m in &TABLE1 {
-            for k in 10..=20 {
+            for k in 13..=20 {
                 let s = (1u64 << k) as f64;
                 let t: Vec<f64> = Design::ALL
                     .iter()

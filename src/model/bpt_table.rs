@@ -64,6 +64,6 @@ pub fn render(q: &Query) -> String {
     out += "\nThe estimate leaves out framework buffers, fragmentation and the other temporaries of a real \
             step, so it predicts longer contexts than the paper measured, and at power-of-two resolution it can give \
             memory-efficient and BPT the same context (e.g. gpt-3b) where the paper measured 4x. What is exact: \
-            the per-layer formulas, the 4x per-layer saving, and BPT <= memory-efficient < vanilla at every length.\n";
+            the per-layer formulas, the 4x per-layer saving, and BPT <= memory-efficient < vanilla once s >> c (BPT's 19bch FFN block is below 8bsh only while c < 8s/19).\n";
     out
 }
