@@ -119,6 +119,9 @@ pub struct Outcome {
     pub output: Option<Vec<f32>>,
     /// The inputs it ran on (generated or given).
     pub inputs: Option<Inputs>,
+    /// Seconds of each timed repetition, in call order (`samples.csv`); empty when the case
+    /// did not run to its record.
+    pub samples: Vec<f64>,
 }
 
 /// Measures one case. `given` replaces the generated inputs (`run --inputs`). Failures of
@@ -131,6 +134,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             record: row(Status::Skipped, reason),
             output: None,
             inputs: None,
+            samples: Vec::new(),
         });
     }
     let predicted = case.variant.get().predict_workspace_bytes(case);
@@ -156,6 +160,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
                 record: r,
                 output: None,
                 inputs: None,
+                samples: Vec::new(),
             });
         }
     }
@@ -243,6 +248,7 @@ fn measure(
         record,
         output: Some(out),
         inputs: Some(inputs),
+        samples: timing.samples,
     })
 }
 
@@ -260,6 +266,7 @@ fn failed(mut record: Record, status: Status, e: Error, inputs: Option<Inputs>) 
         record,
         output: None,
         inputs,
+        samples: Vec::new(),
     }
 }
 
