@@ -120,7 +120,7 @@ pub struct Outcome {
     /// The inputs it ran on (generated or given).
     pub inputs: Option<Inputs>,
     /// Seconds of each timed repetition, in call order (`samples.csv`); empty when the case
-    /// did not run to its record.
+    /// was not run (skipped, oom by prediction) or failed.
     pub samples: Vec<f64>,
 }
 
