@@ -1,10 +1,12 @@
-//! The command line (clap derive): `sweep`, `run`, `list`. Parsing only; each command's
-//! work lives in its own module (`sweep`, `single`, `listing`).
+//! The command line (clap derive): `sweep`, `run`, `list`, `compare`. Parsing only; each
+//! command's work lives in its own module (`sweep`, `single`, `listing`, `compare`).
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+use crate::compare::normalize::Normalize;
 use crate::config;
+use crate::config::ByteSize;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::variant::VariantId;
 
@@ -17,7 +19,8 @@ use crate::variant::VariantId;
                   tiled online softmax, ...): runtime, memory overhead beyond inputs and outputs, and \
                   max-abs error against an f64 oracle, swept over sequence length, chunk sizes, heads \
                   and precision. Results go to CSV (one row per case) with a meta.json beside it.\n\n\
-                  Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted."
+                  Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted; \
+                  `compare`: 3 regression found, 4 only unclear verdicts with --fail-on-unclear."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,9 +35,50 @@ pub enum Command {
     Run(RunArgs),
     /// List variants, devices and dtypes, and what is available on this machine.
     List,
+    /// Compare two runs case by case (CI regression gate): time, memory and error. Exit code
+    /// 0 no regression, 3 regression found, 4 only unclear verdicts with --fail-on-unclear.
+    Compare(CompareArgs),
     /// Analytic models from the papers (no measurement).
     #[command(subcommand)]
     Model(ModelCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The reference run: a results directory or its runs.csv.
+    #[arg(value_name = "BASELINE")]
+    pub baseline: PathBuf,
+    /// The run to judge: a results directory or its runs.csv.
+    #[arg(value_name = "CURRENT")]
+    pub current: PathBuf,
+    /// Relative time change that counts: slower when the whole 95% interval of the ratio of
+    /// medians is above 1 + T, faster when it is below 1 / (1 + T).
+    #[arg(long, default_value_t = 0.10, value_name = "T")]
+    pub time_threshold: f64,
+    /// Memory overhead increase tolerated beyond the built-in allowance (2 KiB, plus one GEMM
+    /// packing buffer per extra thread), e.g. 0, 4096 or 1MiB.
+    #[arg(long, default_value = "0", value_name = "BYTES")]
+    pub mem_threshold: ByteSize,
+    /// Error regression: max_abs_err grew by more than this factor and is above the dtype's
+    /// tolerance.
+    #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+    pub err_threshold: f64,
+    /// Express times in units of each run's calibrated SGEMM seconds per GFLOP (meta.json)
+    /// before comparing [default: calibration when the two runs' machines differ, else none].
+    #[arg(long, value_enum)]
+    pub normalize: Option<Normalize>,
+    /// Exit 4 when some time verdicts are unclear (and nothing regressed).
+    #[arg(long)]
+    pub fail_on_unclear: bool,
+    /// Print the comparison as JSON instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// Bootstrap resamples per case for the interval.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub bootstrap: usize,
+    /// Seed of the bootstrap's random numbers (the verdicts are deterministic for a seed).
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -170,8 +214,8 @@ pub struct RunArgs {
     pub save_output: Option<PathBuf>,
 }
 
-/// Runs a parsed command line.
-pub fn dispatch(cli: &Cli) -> crate::error::Result<()> {
+/// Runs a parsed command line and returns the exit code: 0, or `compare`'s verdict (3, 4).
+pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
     match &cli.command {
         Command::Sweep(a) => crate::sweep::sweep(a),
         Command::Run(a) => crate::single::run(a),
@@ -180,7 +224,9 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<()> {
             Ok(())
         }
         Command::Model(ModelCommand::BptMemory(a)) => bpt_memory(a),
+        Command::Compare(a) => return crate::compare::command(a),
     }
+    .map(|()| 0)
 }
 
 fn bpt_memory(a: &BptMemoryArgs) -> crate::error::Result<()> {

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod error;
 pub mod listing;

@@ -121,6 +121,9 @@ pub struct Outcome {
     pub output: Option<Vec<f32>>,
     /// The inputs it ran on (generated or given).
     pub inputs: Option<Inputs>,
+    /// Seconds of each timed repetition, in call order (`samples.csv`); empty when the case
+    /// was not run (skipped, oom by prediction) or failed.
+    pub samples: Vec<f64>,
 }
 
 /// Measures one case. `given` replaces the generated inputs (`run --inputs`). Failures of
@@ -133,6 +136,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             record: row(Status::Skipped, reason),
             output: None,
             inputs: None,
+            samples: Vec::new(),
         });
     }
     let variant = case.variant.get();
@@ -162,6 +166,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
                 record: r,
                 output: None,
                 inputs: None,
+                samples: Vec::new(),
             });
         }
     }
@@ -229,6 +234,7 @@ fn measure(
         record,
         output: Some(out),
         inputs: Some(inputs),
+        samples: timing.samples,
     })
 }
 
@@ -317,6 +323,7 @@ fn measure_train(
         record,
         output: Some(out),
         inputs: Some(inputs),
+        samples: timing.samples,
     })
 }
 
@@ -390,6 +397,7 @@ fn failed(mut record: Record, status: Status, e: Error, inputs: Option<Inputs>) 
         record,
         output: None,
         inputs,
+        samples: Vec::new(),
     }
 }
 

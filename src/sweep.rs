@@ -1,5 +1,6 @@
 //! `attnbench sweep`: config -> cases -> one row per case appended (and flushed) to
-//! `DIR/runs.csv`, `DIR/meta.json` beside it, progress on stderr, a summary on stdout.
+//! `DIR/runs.csv`, `DIR/meta.json` and `DIR/samples.csv` beside it, progress on stderr, a
+//! summary on stdout.
 //! Interrupting (Ctrl-C) keeps every row already written; `--resume` continues.
 
 use std::collections::BTreeSet;
@@ -19,11 +20,14 @@ use crate::problem::Case;
 use crate::report::csv::{done_case_ids, CsvSink};
 use crate::report::meta::Meta;
 use crate::report::record::Record;
+use crate::report::samples::SamplesSink;
 use crate::report::table::{human_seconds, summary_table};
 use crate::runner::{run_case, Settings, INTERRUPTED};
 
 pub const CSV_NAME: &str = "runs.csv";
 pub const META_NAME: &str = "meta.json";
+/// Every timed repetition of every case (for `compare`), beside `runs.csv`.
+pub const SAMPLES_NAME: &str = "samples.csv";
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
@@ -88,6 +92,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         error_rows: config.run.error_rows,
     };
     let mut sink = CsvSink::open(&csv_path)?;
+    let mut samples_sink = SamplesSink::open(&dir.join(SAMPLES_NAME))?;
     let mut progress = Progress::new(todo.len());
     let mut records = Vec::new();
     let started = Instant::now();
@@ -101,6 +106,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;
         }
+        // Samples first: a case in runs.csv always has its samples (a crash in between
+        // leaves samples that the rerun of the case replaces).
+        samples_sink.append(&outcome.record.case_id, &outcome.samples)?;
         sink.append(&outcome.record)?;
         progress.finish(i, &outcome.record);
         records.push(outcome.record);
@@ -132,7 +140,8 @@ fn print_plan(config: &Config, cases: &[Case]) {
     }
 }
 
-/// An existing non-empty directory is never overwritten silently.
+/// An existing non-empty directory is never overwritten silently; `--force` deletes only the
+/// files a sweep writes.
 fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
     let non_empty = std::fs::read_dir(dir)
         .map(|mut d| d.next().is_some())
@@ -145,7 +154,7 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
                 dir.display()
             )));
         }
-        for name in [CSV_NAME, META_NAME] {
+        for name in [CSV_NAME, META_NAME, SAMPLES_NAME] {
             let p = dir.join(name);
             if p.exists() {
                 std::fs::remove_file(&p)

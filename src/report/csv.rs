@@ -85,3 +85,20 @@ pub fn done_case_ids(path: &Path) -> Result<HashSet<String>> {
     }
     Ok(read_records(path)?.into_iter().map(|r| r.case_id).collect())
 }
+
+/// A CSV read error in words, naming the column when it concerns one field (for messages
+/// such as "runs.csv: row 7: column `reps`: invalid digit found in string").
+pub fn describe(e: &::csv::Error, header: &::csv::StringRecord) -> String {
+    match e.kind() {
+        ::csv::ErrorKind::Deserialize { err, .. } => {
+            match err.field().and_then(|i| header.get(i as usize)) {
+                Some(col) => format!("column `{col}`: {}", err.kind()),
+                None => err.kind().to_string(),
+            }
+        }
+        ::csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => format!("{len} fields where the header has {expected_len}"),
+        _ => e.to_string(),
+    }
+}

@@ -3,4 +3,5 @@
 pub mod csv;
 pub mod meta;
 pub mod record;
+pub mod samples;
 pub mod table;

@@ -1,0 +1,146 @@
+//! Loading one side of a comparison: `runs.csv` (strictly: a malformed row is an error naming
+//! the file and the row), `samples.csv` and `meta.json` beside it when present. Reads the CSV
+//! files only, so runs made elsewhere compare the same way. Cost: O(rows + samples).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::report::record::Record;
+use crate::report::samples::read_samples;
+use crate::sweep::{CSV_NAME, META_NAME, SAMPLES_NAME};
+
+/// What `compare` needs from `meta.json`: the machine and its calibration. Parsed leniently
+/// (other keys ignored) so runs of other attnbench versions still compare.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RunMeta {
+    #[serde(default)]
+    pub cpu_model: Option<String>,
+    #[serde(default)]
+    pub logical_cpus: Option<usize>,
+    #[serde(default)]
+    pub git_revision: Option<String>,
+    #[serde(default)]
+    pub git_dirty: Option<bool>,
+    #[serde(default)]
+    pub calibration: Vec<CalibrationEntry>,
+}
+
+/// One calibration of `meta.json` (see `measure::calibrate::Calibration`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct CalibrationEntry {
+    pub threads: usize,
+    pub sgemm_gflops: f64,
+}
+
+/// One side of the comparison.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The path as the user gave it (for messages).
+    pub label: String,
+    pub csv_path: PathBuf,
+    /// Rows in file order; case ids are unique.
+    pub records: Vec<Record>,
+    /// Per case, the seconds of each timed repetition; `None` without `samples.csv`.
+    pub samples: Option<HashMap<String, Vec<f64>>>,
+    pub meta: Option<RunMeta>,
+    pub meta_path: PathBuf,
+}
+
+/// Loads a results directory, or a `runs.csv` file with its neighbours. `role` ("baseline",
+/// "current") names the argument in messages.
+pub fn load(path: &Path, role: &str) -> Result<Run> {
+    let (dir, csv_path) = if path.is_dir() {
+        (path.to_path_buf(), path.join(CSV_NAME))
+    } else if path.is_file() {
+        let dir = path
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        (dir, path.to_path_buf())
+    } else {
+        return Err(Error::Usage(format!(
+            "{role} {}: no such results directory or runs.csv file",
+            path.display()
+        )));
+    };
+    if !csv_path.is_file() {
+        return Err(Error::Usage(format!(
+            "{role} {}: no {CSV_NAME} in this directory (is it the output of `attnbench sweep`?)",
+            path.display()
+        )));
+    }
+    let records = read_runs(&csv_path)?;
+    let samples_path = dir.join(SAMPLES_NAME);
+    let samples = if samples_path.is_file() {
+        Some(read_samples(&samples_path)?)
+    } else {
+        None
+    };
+    let meta_path = dir.join(META_NAME);
+    let meta = if meta_path.is_file() {
+        Some(read_meta(&meta_path)?)
+    } else {
+        None
+    };
+    Ok(Run {
+        label: path.display().to_string(),
+        csv_path,
+        records,
+        samples,
+        meta,
+        meta_path,
+    })
+}
+
+/// Every row of a `runs.csv`, each checked; a case id may appear once.
+pub fn read_runs(path: &Path) -> Result<Vec<Record>> {
+    let bad = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut r = ::csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let header = r.headers().map_err(|e| bad(e.to_string()))?.clone();
+    if header.is_empty() || header.iter().all(str::is_empty) {
+        return Err(bad("empty file: expected the runs.csv header".into()));
+    }
+    for col in ["case_id", "status"] {
+        if !header.iter().any(|h| h == col) {
+            return Err(bad(format!(
+                "the header has no `{col}` column: not a runs.csv written by attnbench sweep"
+            )));
+        }
+    }
+    let mut records = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, rec) in r.deserialize::<Record>().enumerate() {
+        let row = i + 2;
+        let rec = rec.map_err(|e| {
+            bad(format!(
+                "row {row}: {}",
+                crate::report::csv::describe(&e, &header)
+            ))
+        })?;
+        if rec.case_id.is_empty() {
+            return Err(bad(format!("row {row}: empty case_id")));
+        }
+        if let Some(first) = seen.insert(rec.case_id.clone(), row) {
+            return Err(bad(format!(
+                "row {row}: case_id `{}` already appears in row {first}",
+                rec.case_id
+            )));
+        }
+        records.push(rec);
+    }
+    Ok(records)
+}
+
+fn read_meta(path: &Path) -> Result<RunMeta> {
+    let bad = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
+}

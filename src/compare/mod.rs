@@ -1,0 +1,496 @@
+//! `attnbench compare BASELINE CURRENT`: the CI regression gate. Loads both runs (CSV and
+//! `meta.json` only), matches cases by `case_id`, judges each on time (bootstrap interval of
+//! the ratio of medians), memory (exact overhead, small allowance) and error (growth beyond
+//! a factor and the dtype's tolerance, or losing `ok`), renders Markdown or JSON, and returns
+//! the exit code. Cost: O(cases · bootstrap · reps) time, O(rows + samples) memory.
+//!
+//! One job per file: `load` (files), `matching` (case pairs), `time`, `memory`, `accuracy`
+//! (the three gates), `normalize` (machine calibration), `render` (output).
+
+pub mod accuracy;
+pub mod load;
+pub mod matching;
+pub mod memory;
+pub mod normalize;
+pub mod render;
+pub mod time;
+
+use serde::Serialize;
+
+use crate::cli::CompareArgs;
+use crate::error::{Error, Result};
+use crate::problem::DType;
+use crate::report::record::{Record, Status};
+use accuracy::{ErrResult, ErrVerdict, StatusChange};
+use load::Run;
+use memory::{MemResult, MemVerdict};
+use normalize::{Decision, Normalize};
+use time::{Interval, TimeVerdict};
+
+/// Exit code: at least one regression (or a baseline case missing from the current run).
+pub const EXIT_REGRESSION: i32 = 3;
+/// Exit code with `--fail-on-unclear`: no regression, but some time verdicts are unclear.
+pub const EXIT_UNCLEAR: i32 = 4;
+
+/// Resamples below this give too coarse a 95% interval to be worth reporting.
+const MIN_BOOTSTRAP: usize = 100;
+
+/// What decides the verdicts (the command's flags, checked).
+#[derive(Clone, Debug, Serialize)]
+pub struct Options {
+    pub time_threshold: f64,
+    pub mem_threshold_bytes: u64,
+    pub err_factor: f64,
+    /// `None`: calibration when the machines differ, else none.
+    pub normalize: Option<Normalize>,
+    pub fail_on_unclear: bool,
+    pub bootstrap: usize,
+    pub seed: u64,
+}
+
+impl Options {
+    pub fn from_args(a: &CompareArgs) -> Result<Options> {
+        if !(a.time_threshold.is_finite() && a.time_threshold > 0.0) {
+            return Err(Error::Usage(format!(
+                "--time-threshold must be a positive fraction such as 0.10, got {}",
+                a.time_threshold
+            )));
+        }
+        if !(a.err_threshold.is_finite() && a.err_threshold >= 1.0) {
+            return Err(Error::Usage(format!(
+                "--err-threshold must be a growth factor >= 1 such as 2, got {}",
+                a.err_threshold
+            )));
+        }
+        if a.bootstrap < MIN_BOOTSTRAP {
+            return Err(Error::Usage(format!(
+                "--bootstrap must be at least {MIN_BOOTSTRAP} resamples, got {}",
+                a.bootstrap
+            )));
+        }
+        Ok(Options {
+            time_threshold: a.time_threshold,
+            mem_threshold_bytes: a.mem_threshold.bytes(),
+            err_factor: a.err_threshold,
+            normalize: a.normalize,
+            fail_on_unclear: a.fail_on_unclear,
+            bootstrap: a.bootstrap,
+            seed: a.seed,
+        })
+    }
+}
+
+/// The time comparison of one case.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimeResult {
+    pub verdict: TimeVerdict,
+    /// Ratio of medians current / baseline (normalized when the mode says so) and its
+    /// interval; absent when there is nothing to resample.
+    pub interval: Option<Interval>,
+    pub baseline_median_s: Option<f64>,
+    pub current_median_s: Option<f64>,
+    pub baseline_reps: usize,
+    pub current_reps: usize,
+    /// The normalization factor applied to the raw ratio (gflops_current / gflops_baseline).
+    pub factor: Option<f64>,
+    /// Why the verdict is unclear without an interval.
+    pub note: Option<String>,
+}
+
+/// Everything compared for one matched case.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseComparison {
+    pub case_id: String,
+    pub variant: String,
+    pub dtype: String,
+    pub threads: usize,
+    pub baseline_status: Status,
+    pub current_status: Status,
+    pub status: StatusChange,
+    pub time: Option<TimeResult>,
+    pub memory: Option<MemResult>,
+    pub error: Option<ErrResult>,
+    /// What regressed: any of "status", "error", "memory", "slower". Empty: none.
+    pub regressions: Vec<&'static str>,
+    /// The time verdict is unclear.
+    pub unclear: bool,
+}
+
+impl CaseComparison {
+    /// Ordering rank, worst first: regressions, unclear, improvements, unchanged.
+    fn rank(&self) -> u8 {
+        let improved = self.status == StatusChange::Fixed
+            || self
+                .time
+                .as_ref()
+                .is_some_and(|t| t.verdict == TimeVerdict::Faster)
+            || self.memory.is_some_and(|m| m.verdict == MemVerdict::Lower)
+            || self.error.is_some_and(|e| e.verdict == ErrVerdict::Better);
+        if !self.regressions.is_empty() {
+            0
+        } else if self.unclear {
+            1
+        } else if improved {
+            2
+        } else {
+            3
+        }
+    }
+
+    /// How bad, within a rank: losing `ok` first, then the largest growth of any figure.
+    fn badness(&self) -> f64 {
+        if self.status == StatusChange::Lost {
+            return f64::INFINITY;
+        }
+        let time = self
+            .time
+            .as_ref()
+            .and_then(|t| t.interval)
+            .map_or(0.0, |i| i.ratio);
+        let mem = self.memory.map_or(0.0, |m| {
+            m.current_bytes as f64 / (m.baseline_bytes.max(1)) as f64
+        });
+        let err = self
+            .error
+            .filter(|e| e.verdict == ErrVerdict::Worse)
+            .map_or(0.0, |e| {
+                if e.baseline > 0.0 {
+                    e.current / e.baseline
+                } else {
+                    f64::MAX
+                }
+            });
+        let b = time.max(mem).max(err);
+        if b.is_nan() {
+            f64::MAX
+        } else {
+            b
+        }
+    }
+}
+
+/// One side's identity, for the header of the output.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    pub path: String,
+    pub cases: usize,
+    pub has_samples: bool,
+    pub git_revision: Option<String>,
+    pub git_dirty: Option<bool>,
+    pub cpu_model: Option<String>,
+    pub logical_cpus: Option<usize>,
+}
+
+impl RunInfo {
+    fn of(run: &Run) -> RunInfo {
+        let meta = run.meta.clone().unwrap_or_default();
+        RunInfo {
+            path: run.label.clone(),
+            cases: run.records.len(),
+            has_samples: run.samples.is_some(),
+            git_revision: meta.git_revision,
+            git_dirty: meta.git_dirty,
+            cpu_model: meta.cpu_model,
+            logical_cpus: meta.logical_cpus,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    pub matched: usize,
+    /// Matched cases with at least one regression.
+    pub regressed: usize,
+    pub slower: usize,
+    pub faster: usize,
+    pub same_time: usize,
+    pub unclear: usize,
+    pub memory_regressions: usize,
+    pub error_regressions: usize,
+    pub status_regressions: usize,
+    /// Baseline cases missing from the current run (each a regression).
+    pub missing: usize,
+    /// Current cases without a baseline (reported only).
+    pub new: usize,
+}
+
+/// The whole comparison, worst case first.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    pub verdict: &'static str,
+    pub exit_code: i32,
+    pub baseline: RunInfo,
+    pub current: RunInfo,
+    pub normalize: Decision,
+    pub options: Options,
+    pub confidence: f64,
+    pub mem_allowance_bytes: u64,
+    pub counts: Counts,
+    pub cases: Vec<CaseComparison>,
+    pub only_in_baseline: Vec<String>,
+    pub only_in_current: Vec<String>,
+    /// What to do about unclear verdicts (empty when there are none).
+    pub advice: Vec<String>,
+}
+
+/// The `compare` command: load, compare, print, and return the exit code.
+pub fn command(args: &CompareArgs) -> Result<i32> {
+    let opts = Options::from_args(args)?;
+    let baseline = load::load(&args.baseline, "baseline")?;
+    let current = load::load(&args.current, "current")?;
+    let c = compare(&baseline, &current, &opts)?;
+    if args.json {
+        println!("{}", render::json(&c)?);
+    } else {
+        print!("{}", render::markdown(&c));
+    }
+    Ok(c.exit_code)
+}
+
+/// Compares two loaded runs.
+pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparison> {
+    let decision = normalize::decide(
+        opts.normalize,
+        (
+            baseline.meta.as_ref(),
+            &baseline.meta_path.display().to_string(),
+        ),
+        (
+            current.meta.as_ref(),
+            &current.meta_path.display().to_string(),
+        ),
+    )?;
+    let m = matching::match_cases(&baseline.records, &current.records);
+    let mut cases: Vec<CaseComparison> = m
+        .pairs
+        .iter()
+        .map(|(b, c)| compare_case(b, c, baseline, current, &decision, opts))
+        .collect();
+    cases.sort_by(|a, b| {
+        a.rank()
+            .cmp(&b.rank())
+            .then(b.badness().total_cmp(&a.badness()))
+            .then(a.case_id.cmp(&b.case_id))
+    });
+
+    let mut counts = Counts {
+        matched: cases.len(),
+        missing: m.only_in_baseline.len(),
+        new: m.only_in_current.len(),
+        ..Counts::default()
+    };
+    for c in &cases {
+        counts.regressed += usize::from(!c.regressions.is_empty());
+        counts.unclear += usize::from(c.unclear);
+        counts.memory_regressions += usize::from(c.regressions.contains(&"memory"));
+        counts.error_regressions += usize::from(c.regressions.contains(&"error"));
+        counts.status_regressions += usize::from(c.regressions.contains(&"status"));
+        match c.time.as_ref().map(|t| t.verdict) {
+            Some(TimeVerdict::Slower) => counts.slower += 1,
+            Some(TimeVerdict::Faster) => counts.faster += 1,
+            Some(TimeVerdict::Same) => counts.same_time += 1,
+            _ => {}
+        }
+    }
+    let (verdict, exit_code) = if counts.regressed > 0 || counts.missing > 0 {
+        ("regression", EXIT_REGRESSION)
+    } else if counts.unclear > 0 {
+        (
+            "unclear",
+            if opts.fail_on_unclear {
+                EXIT_UNCLEAR
+            } else {
+                0
+            },
+        )
+    } else {
+        ("ok", 0)
+    };
+    let advice = advice(&cases, &decision, opts);
+    Ok(Comparison {
+        verdict,
+        exit_code,
+        baseline: RunInfo::of(baseline),
+        current: RunInfo::of(current),
+        normalize: decision,
+        options: opts.clone(),
+        confidence: time::CONFIDENCE,
+        mem_allowance_bytes: memory::ALLOWANCE_BYTES,
+        counts,
+        cases,
+        only_in_baseline: m.only_in_baseline,
+        only_in_current: m.only_in_current,
+        advice,
+    })
+}
+
+fn compare_case(
+    b: &Record,
+    c: &Record,
+    baseline: &Run,
+    current: &Run,
+    decision: &Decision,
+    opts: &Options,
+) -> CaseComparison {
+    let status = accuracy::status_change(b.status, c.status);
+    let both_ok = b.status == Status::Ok && c.status == Status::Ok;
+    let time = both_ok.then(|| time_of(b, c, baseline, current, decision, opts));
+    let memory = match (b.mem_overhead_bytes, c.mem_overhead_bytes) {
+        (Some(x), Some(y)) if both_ok => {
+            Some(memory::gate(x, y, c.threads, opts.mem_threshold_bytes))
+        }
+        _ => None,
+    };
+    // An unknown dtype (a newer attnbench) gets no tolerance: only the growth factor gates it.
+    let tolerance = c.dtype.parse::<DType>().map_or(0.0, DType::tolerance);
+    let error = match (b.max_abs_err, c.max_abs_err) {
+        (Some(x), Some(y)) if both_ok => Some(accuracy::gate(x, y, tolerance, opts.err_factor)),
+        _ => None,
+    };
+    let mut regressions = Vec::new();
+    if status == StatusChange::Lost {
+        regressions.push("status");
+    }
+    if error.is_some_and(|e| e.verdict == ErrVerdict::Worse) {
+        regressions.push("error");
+    }
+    if memory.is_some_and(|m| m.verdict == MemVerdict::Higher) {
+        regressions.push("memory");
+    }
+    if time
+        .as_ref()
+        .is_some_and(|t| t.verdict == TimeVerdict::Slower)
+    {
+        regressions.push("slower");
+    }
+    let unclear = time
+        .as_ref()
+        .is_some_and(|t| t.verdict == TimeVerdict::Unclear);
+    CaseComparison {
+        case_id: b.case_id.clone(),
+        variant: c.variant.clone(),
+        dtype: c.dtype.clone(),
+        threads: c.threads,
+        baseline_status: b.status,
+        current_status: c.status,
+        status,
+        time,
+        memory,
+        error,
+        regressions,
+        unclear,
+    }
+}
+
+fn time_of(
+    b: &Record,
+    c: &Record,
+    baseline: &Run,
+    current: &Run,
+    decision: &Decision,
+    opts: &Options,
+) -> TimeResult {
+    let samples = |run: &Run, id: &str| -> Option<Vec<f64>> {
+        run.samples
+            .as_ref()?
+            .get(id)
+            .filter(|s| !s.is_empty())
+            .cloned()
+    };
+    let mut result = TimeResult {
+        verdict: TimeVerdict::Unclear,
+        interval: None,
+        baseline_median_s: b.time_median_s,
+        current_median_s: c.time_median_s,
+        baseline_reps: b.reps,
+        current_reps: c.reps,
+        factor: None,
+        note: None,
+    };
+    let factor = match decision.mode {
+        Normalize::None => Ok(1.0),
+        Normalize::Calibration => match (&baseline.meta, &current.meta) {
+            (Some(bm), Some(cm)) => normalize::factor(bm, cm, c.threads),
+            _ => Err("no meta.json".to_string()),
+        },
+    };
+    let factor = match factor {
+        Ok(k) => k,
+        Err(why) => {
+            result.note = Some(format!("cannot normalize: {why}"));
+            return result;
+        }
+    };
+    if decision.mode == Normalize::Calibration {
+        result.factor = Some(factor);
+    }
+    let (sb, sc) = match (samples(baseline, &b.case_id), samples(current, &c.case_id)) {
+        (Some(sb), Some(sc)) => (sb, sc),
+        (sb, _) => {
+            let side = if sb.is_none() { baseline } else { current };
+            result.note = Some(format!(
+                "no timing samples for this case in {} (samples.csv; rerun that sweep with this \
+                 attnbench)",
+                side.label
+            ));
+            return result;
+        }
+    };
+    let seed = time::case_seed(opts.seed, &b.case_id);
+    match time::bootstrap_ratio(&sb, &sc, opts.bootstrap, seed) {
+        Some(iv) => {
+            let iv = iv.scaled(factor);
+            result.verdict = time::classify(&iv, opts.time_threshold);
+            result.interval = Some(iv);
+        }
+        None => result.note = Some("a median time of zero: no ratio".into()),
+    }
+    result
+}
+
+fn advice(cases: &[CaseComparison], decision: &Decision, opts: &Options) -> Vec<String> {
+    let unclear: Vec<&CaseComparison> = cases.iter().filter(|c| c.unclear).collect();
+    if unclear.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![format!(
+        "{} time verdict(s) are unclear: the {:.0}% interval of the ratio straddles the \
+         ±{:.0}% threshold, so these runs cannot tell. To decide:",
+        unclear.len(),
+        time::CONFIDENCE * 100.0,
+        opts.time_threshold * 100.0
+    )];
+    let no_samples = unclear
+        .iter()
+        .any(|c| c.time.as_ref().is_some_and(|t| t.interval.is_none()));
+    if no_samples {
+        out.push(
+            "rerun the side without samples.csv (or without calibration) with this attnbench \
+             version, which records every repetition"
+                .into(),
+        );
+    }
+    out.push(
+        "take more repetitions in both runs: raise run.min_reps and run.min_time_s \
+         (e.g. --set run.min_reps=30 --set run.min_time_s=0.5); the interval narrows as \
+         1/sqrt(reps)"
+            .into(),
+    );
+    out.push(
+        "cut scheduling noise: pin the process (taskset -c 0 attnbench ...), use threads = 1, \
+         and run on a quiet machine"
+            .into(),
+    );
+    if decision.mode == Normalize::None {
+        out.push(
+            "if the runs come from different machines or different load, compare with \
+             --normalize calibration"
+                .into(),
+        );
+    }
+    out.push(format!(
+        "or accept a wider band with --time-threshold (now {})",
+        opts.time_threshold
+    ));
+    out
+}

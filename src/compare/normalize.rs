@@ -1,0 +1,162 @@
+//! Machine normalization of times for `compare`: each run's times are divided by its
+//! calibrated SGEMM seconds per GFLOP (`meta.json`, `calibration[].sgemm_gflops` for the
+//! case's thread count), i.e. expressed as "GFLOP of calibrated SGEMM the machine could have
+//! done meanwhile". A ratio of normalized times is the raw ratio times
+//! `gflops_current / gflops_baseline`. O(calibration entries) per case.
+//!
+//! SGEMM rather than copy bandwidth: attention at the head dims benchmarked here spends its
+//! time in GEMMs and the exp of the softmax, both compute-bound, so the SGEMM rate on the same
+//! thread count tracks them across machines better than DRAM bandwidth does.
+
+use serde::Serialize;
+
+use super::load::RunMeta;
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Normalize {
+    /// Compare raw seconds.
+    None,
+    /// Divide by each run's calibrated SGEMM seconds per GFLOP (meta.json).
+    Calibration,
+}
+
+/// The mode in effect and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    pub mode: Normalize,
+    pub why: String,
+}
+
+/// The machine a run names in `meta.json`: CPU model and logical CPUs.
+fn machine(m: &RunMeta) -> String {
+    format!(
+        "{}, {} logical CPUs",
+        m.cpu_model.as_deref().unwrap_or("unknown CPU"),
+        m.logical_cpus
+            .map_or_else(|| "?".to_string(), |n| n.to_string())
+    )
+}
+
+/// Picks the mode: the user's, else `calibration` when the machines differ. Calibration needs
+/// both runs' `meta.json` with calibration figures; without them it is a usage error that
+/// says how to proceed.
+pub fn decide(
+    requested: Option<Normalize>,
+    baseline: (Option<&RunMeta>, &str),
+    current: (Option<&RunMeta>, &str),
+) -> Result<Decision> {
+    let decision = match (requested, baseline.0, current.0) {
+        (Some(mode), _, _) => Decision {
+            mode,
+            why: "as requested".into(),
+        },
+        (None, Some(b), Some(c)) if machine(b) != machine(c) => Decision {
+            mode: Normalize::Calibration,
+            why: format!(
+                "the machines differ: baseline {}, current {}",
+                machine(b),
+                machine(c)
+            ),
+        },
+        (None, Some(b), Some(_)) => Decision {
+            mode: Normalize::None,
+            why: format!("the same machine on both sides ({})", machine(b)),
+        },
+        (None, _, _) => Decision {
+            mode: Normalize::None,
+            why: "a meta.json is missing, so the machines cannot be told apart".into(),
+        },
+    };
+    if decision.mode == Normalize::Calibration {
+        for (meta, path) in [baseline, current] {
+            if !meta.is_some_and(|m| !m.calibration.is_empty()) {
+                return Err(Error::Usage(format!(
+                    "normalizing by calibration ({}) needs calibration figures, and {path} {}; \
+                     rerun that sweep with run.calibrate = true, or pass --normalize none",
+                    decision.why,
+                    if meta.is_some() {
+                        "has none"
+                    } else {
+                        "does not exist"
+                    }
+                )));
+            }
+        }
+    }
+    Ok(decision)
+}
+
+/// The factor `k` that turns a raw time ratio into a normalized one for a case on `threads`
+/// threads: `gflops_current / gflops_baseline`. `Err` says why there is none.
+pub fn factor(
+    baseline: &RunMeta,
+    current: &RunMeta,
+    threads: usize,
+) -> std::result::Result<f64, String> {
+    let rate = |m: &RunMeta, side: &str| {
+        m.calibration
+            .iter()
+            .find(|c| c.threads == threads)
+            .map(|c| c.sgemm_gflops)
+            .filter(|g| g.is_finite() && *g > 0.0)
+            .ok_or_else(|| format!("no SGEMM calibration for {threads} threads in the {side}"))
+    };
+    Ok(rate(current, "current run")? / rate(baseline, "baseline")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::load::CalibrationEntry;
+
+    fn meta(cpu: &str, cpus: usize, cal: &[(usize, f64)]) -> RunMeta {
+        RunMeta {
+            cpu_model: Some(cpu.into()),
+            logical_cpus: Some(cpus),
+            calibration: cal
+                .iter()
+                .map(|&(threads, sgemm_gflops)| CalibrationEntry {
+                    threads,
+                    sgemm_gflops,
+                })
+                .collect(),
+            ..RunMeta::default()
+        }
+    }
+
+    #[test]
+    fn defaults_to_calibration_only_when_machines_differ() {
+        let a = meta("AMD EPYC", 2, &[(1, 90.0)]);
+        let b = meta("Intel Xeon", 8, &[(1, 120.0)]);
+        let d = decide(None, (Some(&a), "a"), (Some(&a), "a")).unwrap();
+        assert_eq!(d.mode, Normalize::None);
+        let d = decide(None, (Some(&a), "a"), (Some(&b), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::Calibration);
+        assert!(d.why.contains("Intel Xeon"), "{}", d.why);
+        let d = decide(None, (None, "a"), (Some(&b), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::None);
+    }
+
+    #[test]
+    fn calibration_without_figures_is_a_usage_error() {
+        let a = meta("AMD EPYC", 2, &[]);
+        let e = decide(
+            Some(Normalize::Calibration),
+            (Some(&a), "base/meta.json"),
+            (None, "x"),
+        )
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("base/meta.json"), "{e}");
+    }
+
+    #[test]
+    fn factor_is_the_rate_ratio_for_the_thread_count() {
+        let a = meta("A", 2, &[(1, 100.0), (2, 190.0)]);
+        let b = meta("B", 2, &[(1, 50.0)]);
+        assert_eq!(factor(&a, &b, 1).unwrap(), 0.5);
+        assert!(factor(&a, &b, 2).unwrap_err().contains("2 threads"));
+    }
+}

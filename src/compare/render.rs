@@ -1,0 +1,226 @@
+//! Output of `compare`: a Markdown summary for people (worst case first, with the figures
+//! and the interval, then unmatched cases and what to do about unclear verdicts) and JSON
+//! for machines. O(cases) time and output.
+
+use std::fmt::Write;
+
+use super::accuracy::{ErrVerdict, StatusChange};
+use super::memory::MemVerdict;
+use super::normalize::Normalize;
+use super::time::TimeVerdict;
+use super::{CaseComparison, Comparison, RunInfo};
+use crate::error::{Error, Result};
+use crate::report::table::human_seconds;
+use crate::runner::human_bytes;
+
+/// The comparison as pretty-printed JSON.
+pub fn json(c: &Comparison) -> Result<String> {
+    serde_json::to_string_pretty(c)
+        .map_err(|e| Error::Runtime(format!("serializing the comparison: {e}")))
+}
+
+/// The comparison as Markdown.
+pub fn markdown(c: &Comparison) -> String {
+    let mut s = String::new();
+    let o = &c.options;
+    let up = 1.0 + o.time_threshold;
+    let _ = writeln!(s, "# attnbench compare\n");
+    let _ = writeln!(s, "- baseline: {}", run_line(&c.baseline));
+    let _ = writeln!(s, "- current: {}", run_line(&c.current));
+    let _ = writeln!(
+        s,
+        "- time: ratio of median times current/baseline with its {:.0}% bootstrap interval \
+         ({} resamples, seed {}); slower when the interval is above {:.3}, faster when below \
+         {:.3}; normalization: {} ({})",
+        c.confidence * 100.0,
+        o.bootstrap,
+        o.seed,
+        up,
+        1.0 / up,
+        match c.normalize.mode {
+            Normalize::None => "none, raw seconds",
+            Normalize::Calibration => "times divided by each run's SGEMM seconds per GFLOP",
+        },
+        c.normalize.why
+    );
+    let _ = writeln!(
+        s,
+        "- memory: a regression when the overhead grows by more than {} + {} allowance \
+         (+ one GEMM packing buffer per extra thread)",
+        human_bytes(o.mem_threshold_bytes),
+        human_bytes(c.mem_allowance_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "- error: a regression when max_abs_err grows more than {}x and above the dtype's \
+         tolerance, or a case that was ok is not\n",
+        o.err_factor
+    );
+    let n = &c.counts;
+    let _ = writeln!(
+        s,
+        "**Verdict: {}** (exit {}): {} matched; {} regressed ({} slower, {} memory, {} error, \
+         {} status); {} unclear; {} faster, {} same time; {} missing from current, {} new.\n",
+        c.verdict.to_uppercase(),
+        c.exit_code,
+        n.matched,
+        n.regressed,
+        n.slower,
+        n.memory_regressions,
+        n.error_regressions,
+        n.status_regressions,
+        n.unclear,
+        n.faster,
+        n.same_time,
+        n.missing,
+        n.new
+    );
+    if !c.cases.is_empty() {
+        let _ = writeln!(
+            s,
+            "| case | verdict | time ratio [{:.0}% CI] | median baseline → current | memory Δ | max_abs_err baseline → current | status |",
+            c.confidence * 100.0
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for case in &c.cases {
+            let _ = writeln!(s, "{}", row(case));
+        }
+        s.push('\n');
+    }
+    if !c.only_in_baseline.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Missing from current ({}): each is a regression\n",
+            c.only_in_baseline.len()
+        );
+        for id in &c.only_in_baseline {
+            let _ = writeln!(s, "- `{id}`");
+        }
+        s.push('\n');
+    }
+    if !c.only_in_current.is_empty() {
+        let _ = writeln!(
+            s,
+            "## New in current ({}): no baseline, not judged\n",
+            c.only_in_current.len()
+        );
+        for id in &c.only_in_current {
+            let _ = writeln!(s, "- `{id}`");
+        }
+        s.push('\n');
+    }
+    if let Some((head, rest)) = c.advice.split_first() {
+        let _ = writeln!(s, "## Unclear verdicts\n\n{head}\n");
+        for a in rest {
+            let _ = writeln!(s, "- {a}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn run_line(r: &RunInfo) -> String {
+    let mut s = format!("`{}`: {} cases", r.path, r.cases);
+    if let Some(rev) = &r.git_revision {
+        let short: String = rev.chars().take(10).collect();
+        let dirty = if r.git_dirty == Some(true) {
+            " (dirty)"
+        } else {
+            ""
+        };
+        let _ = write!(s, ", git {short}{dirty}");
+    }
+    if let Some(cpu) = &r.cpu_model {
+        let _ = write!(s, ", {cpu}");
+    }
+    if let Some(n) = r.logical_cpus {
+        let _ = write!(s, " ({n} logical CPUs)");
+    }
+    if !r.has_samples {
+        s += ", no samples.csv";
+    }
+    s
+}
+
+fn row(c: &CaseComparison) -> String {
+    let mut verdicts: Vec<String> = Vec::new();
+    if c.status == StatusChange::Lost {
+        verdicts.push(format!("**{} → {}**", c.baseline_status, c.current_status));
+    }
+    if let Some(e) = c.error.filter(|e| e.verdict == ErrVerdict::Worse) {
+        verdicts.push(format!("**error** (tolerance {:.1e})", e.tolerance));
+    }
+    if let Some(m) = c.memory.filter(|m| m.verdict == MemVerdict::Higher) {
+        verdicts.push(format!(
+            "**memory** (+{} > {})",
+            human_bytes(m.delta_bytes.unsigned_abs()),
+            human_bytes(m.tolerated_bytes)
+        ));
+    }
+    match c.time.as_ref().map(|t| t.verdict) {
+        Some(TimeVerdict::Slower) => verdicts.push("**slower**".into()),
+        Some(v) => verdicts.push(v.name().into()),
+        None => {}
+    }
+    if c.status == StatusChange::Fixed {
+        verdicts.push(format!("fixed ({} → ok)", c.baseline_status));
+    }
+    if c.memory.is_some_and(|m| m.verdict == MemVerdict::Lower) {
+        verdicts.push("less memory".into());
+    }
+    if c.error.is_some_and(|e| e.verdict == ErrVerdict::Better) {
+        verdicts.push("more accurate".into());
+    }
+    if verdicts.is_empty() {
+        verdicts.push("not compared".into());
+    }
+
+    let (ratio, medians) = match &c.time {
+        Some(t) => {
+            let ratio = match (t.interval, &t.note) {
+                (Some(iv), _) => {
+                    let k = t.factor.map_or(String::new(), |k| format!(" (×{k:.3})"));
+                    format!("{:.3} [{:.3}, {:.3}]{k}", iv.ratio, iv.lo, iv.hi)
+                }
+                (None, Some(note)) => note.clone(),
+                (None, None) => "-".into(),
+            };
+            let medians = format!(
+                "{} → {} ({} → {} reps)",
+                t.baseline_median_s.map_or("-".into(), human_seconds),
+                t.current_median_s.map_or("-".into(), human_seconds),
+                t.baseline_reps,
+                t.current_reps
+            );
+            (ratio, medians)
+        }
+        None => ("-".into(), "-".into()),
+    };
+    let memory = c.memory.map_or("-".into(), |m| {
+        let sign = if m.delta_bytes < 0 { "-" } else { "+" };
+        format!(
+            "{sign}{} ({})",
+            human_bytes(m.delta_bytes.unsigned_abs()),
+            human_bytes(m.current_bytes)
+        )
+    });
+    let error = c.error.map_or("-".into(), |e| {
+        format!("{:.2e} → {:.2e}", e.baseline, e.current)
+    });
+    let status = if c.baseline_status == c.current_status {
+        c.current_status.to_string()
+    } else {
+        format!("{} → {}", c.baseline_status, c.current_status)
+    };
+    // GitHub Markdown splits table cells at `|`, even inside code spans, unless escaped.
+    format!(
+        "| `{}` | {} | {} | {} | {} | {} | {} |",
+        c.case_id.replace('|', "\\|"),
+        verdicts.join(", "),
+        ratio,
+        medians,
+        memory,
+        error,
+        status
+    )
+}

@@ -1,0 +1,702 @@
+//! `attnbench compare` end to end: the acceptance cases built from the committed CI baseline
+//! (times x1.3, one page more memory, an error row), exit codes, unmatched cases, machine
+//! normalization, malformed inputs, and `samples.csv` as the sweep writes it.
+
+use assert_cmd::Command;
+use attnbench::report::record::{Record, Status};
+use predicates::prelude::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn attnbench() -> Command {
+    Command::cargo_bin("attnbench").expect("binary built")
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn baseline() -> PathBuf {
+    repo().join("results/baseline/ci")
+}
+
+/// A copy of a results directory, to edit.
+fn copy_run(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for f in ["runs.csv", "samples.csv", "meta.json"] {
+        if from.join(f).exists() {
+            fs::copy(from.join(f), to.join(f)).unwrap();
+        }
+    }
+}
+
+fn read_records(dir: &Path) -> Vec<Record> {
+    csv::Reader::from_path(dir.join("runs.csv"))
+        .unwrap()
+        .deserialize()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+fn write_records(dir: &Path, records: &[Record]) {
+    let mut w = csv::Writer::from_path(dir.join("runs.csv")).unwrap();
+    for r in records {
+        w.serialize(r).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+fn edit_records(dir: &Path, f: impl FnOnce(&mut Vec<Record>)) {
+    let mut records = read_records(dir);
+    f(&mut records);
+    write_records(dir, &records);
+}
+
+/// Rewrites `samples.csv`, mapping each (case_id, time) to a new time.
+fn edit_samples(dir: &Path, f: impl Fn(&str, f64) -> f64) {
+    let p = dir.join("samples.csv");
+    let mut r = csv::Reader::from_path(&p).unwrap();
+    let rows: Vec<(String, usize, f64)> = r.deserialize().map(|x| x.unwrap()).collect();
+    let mut w = csv::Writer::from_path(&p).unwrap();
+    w.write_record(["case_id", "rep", "time_s"]).unwrap();
+    for (id, rep, t) in rows {
+        w.serialize((&id, rep, f(&id, t))).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+fn edit_meta(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("meta.json");
+    let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Runs `compare --json` and returns the exit code and the parsed output.
+fn compare_json(base: &Path, cur: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = attnbench()
+        .arg("compare")
+        .arg(base)
+        .arg(cur)
+        .arg("--json")
+        .args(extra)
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "exit {code}: not JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, v)
+}
+
+fn cases_with(v: &serde_json::Value, regression: &str) -> Vec<String> {
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["regressions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r == regression)
+        })
+        .map(|c| c["case_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn time_verdicts(v: &serde_json::Value) -> Vec<String> {
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["time"]["verdict"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_baseline_compared_with_itself_passes() {
+    let (code, v) = compare_json(&baseline(), &baseline(), &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["counts"]["regressed"], 0);
+    assert_eq!(v["counts"]["missing"], 0);
+    assert_eq!(v["counts"]["matched"], read_records(&baseline()).len());
+    assert!(time_verdicts(&v)
+        .iter()
+        .all(|t| t == "same" || t == "unclear"));
+    // The same machine on both sides: raw seconds.
+    assert_eq!(v["normalize"]["mode"], "none");
+}
+
+/// The cases whose time the baseline alone pins down: compared with itself, their interval
+/// lies within the 10% band. (A case whose samples are bimodal, from a loaded machine, has a
+/// wide interval whatever the shift, and is honestly `unclear`.)
+fn self_consistent_cases() -> BTreeSet<String> {
+    let (_, v) = compare_json(&baseline(), &baseline(), &[]);
+    let same: BTreeSet<String> = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["time"]["verdict"] == "same")
+        .map(|c| c["case_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        2 * same.len()
+            >= read_records(&baseline())
+                .iter()
+                .filter(|r| r.status == Status::Ok)
+                .count(),
+        "results/baseline/ci is too noisy to gate time ({} of its cases agree with \
+         themselves): regenerate it on a quiet machine with scripts/update-baseline.sh",
+        same.len()
+    );
+    same
+}
+
+/// The compared cases that have a time interval (skipped cases, e.g. a variant without a
+/// backward in the fwd+bwd half of the grid, have no time to judge).
+fn timed_cases(v: &serde_json::Value) -> Vec<&serde_json::Value> {
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["time"]["interval"].is_null())
+        .collect()
+}
+
+fn verdict_of(v: &serde_json::Value, id: &str) -> String {
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["case_id"] == id)
+        .and_then(|c| c["time"]["verdict"].as_str())
+        .unwrap_or("none")
+        .to_string()
+}
+
+#[test]
+fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    edit_samples(&cur, |_, t| t * 1.3);
+    edit_records(&cur, |rs| {
+        for r in rs {
+            for t in [
+                &mut r.time_median_s,
+                &mut r.time_min_s,
+                &mut r.time_max_s,
+                &mut r.time_mad_s,
+            ] {
+                *t = t.map(|x| x * 1.3);
+            }
+        }
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(v["verdict"], "regression");
+    let pinned = self_consistent_cases();
+    assert!(!timed_cases(&v).is_empty());
+    for c in timed_cases(&v) {
+        let id = c["case_id"].as_str().unwrap();
+        let ratio = c["time"]["interval"]["ratio"].as_f64().unwrap();
+        assert!((ratio - 1.3).abs() < 1e-9, "{id}: {ratio}");
+        let verdict = verdict_of(&v, id);
+        if pinned.contains(id) {
+            assert_eq!(verdict, "slower", "{id}");
+        } else {
+            // Never "same" or "faster": at worst the noise leaves it undecided.
+            assert!(
+                verdict == "slower" || verdict == "unclear",
+                "{id}: {verdict}"
+            );
+        }
+    }
+    // The Markdown names it, with the interval.
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("**slower**").and(predicate::str::contains("1.300 [")));
+}
+
+#[test]
+fn one_page_more_memory_is_a_memory_regression_with_exit_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let mut target = String::new();
+    edit_records(&cur, |rs| {
+        let r = rs
+            .iter_mut()
+            .find(|r| r.status == Status::Ok && r.variant == "flash")
+            .unwrap();
+        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + 4096);
+        target = r.case_id.clone();
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(cases_with(&v, "memory"), [target.clone()]);
+    assert_eq!(v["counts"]["memory_regressions"], 1);
+    // Worst first: the regression leads the table.
+    assert_eq!(v["cases"][0]["case_id"], target.as_str());
+    assert_eq!(v["cases"][0]["memory"]["delta_bytes"], 4096);
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("**memory** (+4.00 KiB"));
+    // A threshold of one page lets it through.
+    let (code, _) = compare_json(&baseline(), &cur, &["--mem-threshold", "4KiB"]);
+    assert_ne!(code, 3);
+}
+
+#[test]
+fn an_error_row_where_the_baseline_was_ok_is_flagged_with_exit_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let mut target = String::new();
+    edit_records(&cur, |rs| {
+        let r = rs.iter_mut().find(|r| r.status == Status::Ok).unwrap();
+        r.status = Status::Error;
+        r.reason = "12 of the checked output values are NaN or infinite".into();
+        r.max_abs_err = Some(f64::INFINITY);
+        target = r.case_id.clone();
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(cases_with(&v, "status"), [target]);
+    assert_eq!(v["counts"]["status_regressions"], 1);
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("**ok → error**"));
+}
+
+#[test]
+fn error_growth_beyond_2x_and_the_tolerance_is_flagged_but_rounding_noise_is_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let (mut worse, mut noise) = (String::new(), String::new());
+    edit_records(&cur, |rs| {
+        let mut ok = rs.iter_mut().filter(|r| r.status == Status::Ok);
+        let a = ok.next().unwrap();
+        // 10x and above even the loosest (bf16) tolerance.
+        a.max_abs_err = a.max_abs_err.map(|e| (e * 10.0).max(0.1));
+        worse = a.case_id.clone();
+        let b = ok.find(|r| r.dtype == "f32").unwrap();
+        // Tripled, but f32 rounding noise far below its 1e-5 tolerance.
+        b.max_abs_err = b.max_abs_err.map(|e| e * 3.0);
+        assert!(b.max_abs_err.unwrap() < 1e-5);
+        noise = b.case_id.clone();
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(cases_with(&v, "error"), [worse]);
+    assert!(!cases_with(&v, "error").contains(&noise));
+}
+
+#[test]
+fn missing_cases_are_regressions_and_new_cases_are_listed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let mut removed = String::new();
+    edit_records(&cur, |rs| {
+        removed = rs.remove(0).case_id;
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(v["only_in_baseline"], serde_json::json!([removed.clone()]));
+    assert_eq!(v["counts"]["missing"], 1);
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(3)
+        .stdout(
+            predicate::str::contains("Missing from current (1)")
+                .and(predicate::str::contains(format!("- `{removed}`"))),
+        );
+
+    // The other way round: a case the baseline lacks is listed, not judged.
+    let (code, v) = compare_json(&cur, &baseline(), &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["only_in_current"], serde_json::json!([removed.clone()]));
+    assert_eq!(v["counts"]["new"], 1);
+    attnbench()
+        .arg("compare")
+        .arg(&cur)
+        .arg(baseline())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("New in current (1)"));
+}
+
+#[test]
+fn runs_csv_files_are_accepted_as_arguments() {
+    let (code, v) = compare_json(
+        &baseline().join("runs.csv"),
+        &baseline().join("runs.csv"),
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(v["baseline"]["has_samples"], true);
+}
+
+/// One case from the baseline with hand-made samples: the baseline's, and the current's
+/// at exactly 1.1 times them, on the 10% threshold.
+fn synthetic_pair(tmp: &Path) -> (PathBuf, PathBuf) {
+    let base_samples = [1.0e-3, 1.2e-3, 0.8e-3, 1.1e-3, 0.9e-3, 1.05e-3, 0.95e-3];
+    let record = read_records(&baseline()).remove(0);
+    let mut dirs = Vec::new();
+    for (name, k) in [("base", 1.0), ("cur", 1.1)] {
+        let d = tmp.join(name);
+        fs::create_dir_all(&d).unwrap();
+        write_records(&d, std::slice::from_ref(&record));
+        let mut w = csv::Writer::from_path(d.join("samples.csv")).unwrap();
+        w.write_record(["case_id", "rep", "time_s"]).unwrap();
+        for (i, t) in base_samples.iter().enumerate() {
+            w.serialize((&record.case_id, i, t * k)).unwrap();
+        }
+        w.flush().unwrap();
+        dirs.push(d);
+    }
+    (dirs[0].clone(), dirs[1].clone())
+}
+
+#[test]
+fn unclear_verdicts_exit_4_only_with_fail_on_unclear_and_say_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur) = synthetic_pair(tmp.path());
+    let (code, v) = compare_json(&base, &cur, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(time_verdicts(&v), ["unclear"]);
+    assert_eq!(v["verdict"], "unclear");
+    let (code, _) = compare_json(&base, &cur, &["--fail-on-unclear"]);
+    assert_eq!(code, 4);
+    attnbench()
+        .arg("compare")
+        .arg(&base)
+        .arg(&cur)
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("Unclear verdicts")
+                .and(predicate::str::contains("min_reps"))
+                .and(predicate::str::contains("taskset"))
+                .and(predicate::str::contains("--normalize calibration")),
+        );
+    // A wider threshold decides it.
+    let (code, v) = compare_json(
+        &base,
+        &cur,
+        &["--time-threshold", "0.5", "--fail-on-unclear"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(time_verdicts(&v), ["same"]);
+}
+
+#[test]
+fn without_samples_the_time_verdict_is_unclear_never_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur) = synthetic_pair(tmp.path());
+    fs::remove_file(cur.join("samples.csv")).unwrap();
+    let (code, v) = compare_json(&base, &cur, &["--fail-on-unclear"]);
+    assert_eq!(code, 4, "{v:#}");
+    assert!(v["cases"][0]["time"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("samples.csv"));
+}
+
+#[test]
+fn another_machine_is_normalized_by_its_calibration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    // A machine twice as fast: SGEMM rate doubled, every time halved.
+    edit_meta(&cur, |m| {
+        m["cpu_model"] = "Twice As Fast CPU".into();
+        for c in m["calibration"].as_array_mut().unwrap() {
+            let g = c["sgemm_gflops"].as_f64().unwrap();
+            c["sgemm_gflops"] = (g * 2.0).into();
+        }
+    });
+    edit_samples(&cur, |_, t| t * 0.5);
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["normalize"]["mode"], "calibration");
+    assert!(v["normalize"]["why"]
+        .as_str()
+        .unwrap()
+        .contains("Twice As Fast CPU"));
+    assert_eq!(v["counts"]["faster"], 0);
+    assert!(!timed_cases(&v).is_empty());
+    for c in timed_cases(&v) {
+        let ratio = c["time"]["interval"]["ratio"].as_f64().unwrap();
+        assert!((ratio - 1.0).abs() < 1e-9, "{ratio}");
+    }
+    // Raw seconds: the fast machine looks faster wherever the baseline pins the time.
+    let (_, v) = compare_json(&baseline(), &cur, &["--normalize", "none"]);
+    for id in self_consistent_cases() {
+        assert_eq!(verdict_of(&v, &id), "faster", "{id}");
+    }
+
+    // Different machines and no calibration to normalize with: say how to proceed.
+    edit_meta(&cur, |m| m["calibration"] = serde_json::json!([]));
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("meta.json").and(predicate::str::contains("--normalize none")),
+        );
+}
+
+#[test]
+fn bad_paths_and_flags_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    attnbench()
+        .arg("compare")
+        .arg(tmp.path().join("nope"))
+        .arg(baseline())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("baseline").and(predicate::str::contains("nope")));
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(tmp.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("current").and(predicate::str::contains("no runs.csv")));
+    for (flag, value) in [
+        ("--time-threshold", "0"),
+        ("--time-threshold", "-0.1"),
+        ("--err-threshold", "0.5"),
+        ("--bootstrap", "10"),
+        ("--mem-threshold", "4XB"),
+        ("--normalize", "sometimes"),
+    ] {
+        attnbench()
+            .arg("compare")
+            .arg(baseline())
+            .arg(baseline())
+            .arg(format!("{flag}={value}"))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(flag));
+    }
+}
+
+#[test]
+fn malformed_files_are_usage_errors_naming_the_file_and_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let header = fs::read_to_string(baseline().join("runs.csv"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let good_rows: Vec<String> = fs::read_to_string(baseline().join("runs.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .take(3)
+        .map(str::to_string)
+        .collect();
+    let reps_col = header.split(',').position(|h| h == "reps").unwrap();
+    let mut bad_row: Vec<String> = good_rows[1].split(',').map(str::to_string).collect();
+    bad_row[reps_col] = "many".into();
+    let cases: Vec<(&str, String, &str, Vec<&str>)> = vec![
+        (
+            "runs.csv",
+            format!("{header}\n{}\n{}\n", good_rows[0], bad_row.join(",")),
+            "",
+            vec!["runs.csv", "row 3", "`reps`"],
+        ),
+        (
+            "runs.csv",
+            format!("{header}\n{}\n{}\n", good_rows[0], good_rows[0]),
+            "",
+            vec!["runs.csv", "row 3", "already appears in row 2"],
+        ),
+        (
+            "runs.csv",
+            format!("{header}\n{}\nshort,row\n", good_rows[0]),
+            "",
+            vec!["runs.csv", "row 3", "fields"],
+        ),
+        ("runs.csv", String::new(), "", vec!["runs.csv", "empty"]),
+        (
+            "runs.csv",
+            "a,b,c\n1,2,3\n".into(),
+            "",
+            vec!["runs.csv", "case_id"],
+        ),
+        (
+            "samples.csv",
+            "case_id,rep,time_s\nx,0,0.1\nx,1,slow\n".into(),
+            "runs.csv",
+            vec!["samples.csv", "row 3", "time_s"],
+        ),
+        (
+            "meta.json",
+            "{ not json".into(),
+            "runs.csv",
+            vec!["meta.json"],
+        ),
+    ];
+    for (i, (file, text, keep_runs, want)) in cases.into_iter().enumerate() {
+        let d = tmp.path().join(format!("bad{i}"));
+        fs::create_dir_all(&d).unwrap();
+        if !keep_runs.is_empty() {
+            fs::copy(baseline().join("runs.csv"), d.join("runs.csv")).unwrap();
+        }
+        fs::write(d.join(file), text).unwrap();
+        let mut pred = predicate::str::contains("error: ").boxed();
+        for w in want {
+            pred = pred.and(predicate::str::contains(w)).boxed();
+        }
+        attnbench()
+            .arg("compare")
+            .arg(baseline())
+            .arg(&d)
+            .assert()
+            .code(2)
+            .stderr(pred);
+    }
+}
+
+#[test]
+fn the_ci_config_runs_every_variant_and_the_baseline_holds_exactly_its_cases() {
+    let config =
+        attnbench::config::Config::load(&repo().join("configs/ci.toml"), &[]).expect("ci.toml");
+    let cases = config.expand();
+    let variants: BTreeSet<&str> = cases.iter().map(|c| c.variant.name()).collect();
+    let all: BTreeSet<&str> = attnbench::variant::VariantId::ALL
+        .iter()
+        .map(|v| v.name())
+        .collect();
+    assert_eq!(
+        variants, all,
+        "configs/ci.toml must run every variant; after adding one, run scripts/update-baseline.sh"
+    );
+    // One thread: exact memory gates (README "Comparing runs").
+    assert!(cases.iter().all(|c| c.threads == 1));
+    let want: BTreeSet<String> = cases.iter().map(|c| c.id()).collect();
+    let records = read_records(&baseline());
+    let have: BTreeSet<String> = records.iter().map(|r| r.case_id.clone()).collect();
+    assert_eq!(
+        have, want,
+        "results/baseline/ci is stale for configs/ci.toml: run scripts/update-baseline.sh \
+         and commit the baseline on its own"
+    );
+    // Every case runs, except the variants that lack the fwd+bwd mode in that half.
+    for r in &records {
+        let by_design = r.status == Status::Skipped && r.reason.contains("does not implement mode");
+        assert!(
+            r.status == Status::Ok || by_design,
+            "{}: {} {}",
+            r.case_id,
+            r.status,
+            r.reason
+        );
+    }
+    assert!(records
+        .iter()
+        .any(|r| r.mode == "fwd+bwd" && r.status == Status::Ok));
+    let samples = attnbench::report::samples::read_samples(&baseline().join("samples.csv"))
+        .expect("baseline samples");
+    for r in records.iter().filter(|r| r.status == Status::Ok) {
+        assert_eq!(samples[&r.case_id].len(), r.reps, "{}", r.case_id);
+    }
+    let meta: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(baseline().join("meta.json")).unwrap()).unwrap();
+    assert!(!meta["calibration"].as_array().unwrap().is_empty());
+}
+
+const TINY: &str = r#"
+[run]
+name = "tiny"
+warmup = 0
+min_reps = 3
+max_reps = 4
+max_time_s = 0.05
+calibrate = false
+
+[axes]
+variant = ["naive", "flash"]
+seq_len = [16, 33]
+heads = [2]
+kv_heads = [2, 4]
+head_dim = [8]
+threads = [1]
+"#;
+
+#[test]
+fn the_sweep_writes_samples_for_every_ok_case_and_resume_and_force_keep_them_consistent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("c.toml");
+    fs::write(&cfg, TINY).unwrap();
+    let out = tmp.path().join("res");
+    let sweep = |extra: &[&str]| {
+        attnbench()
+            .args(["sweep", "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(&out)
+            .args(extra)
+            .assert()
+            .success();
+    };
+    let check = || {
+        let records = read_records(&out);
+        let samples = attnbench::report::samples::read_samples(&out.join("samples.csv")).unwrap();
+        let rows = fs::read_to_string(out.join("samples.csv"))
+            .unwrap()
+            .lines()
+            .count()
+            - 1;
+        let ok: Vec<&Record> = records.iter().filter(|r| r.status == Status::Ok).collect();
+        assert_eq!(ok.len(), 4);
+        assert_eq!(rows, ok.iter().map(|r| r.reps).sum::<usize>());
+        for r in &ok {
+            let s = &samples[&r.case_id];
+            assert_eq!(s.len(), r.reps);
+            let mut sorted = s.clone();
+            sorted.sort_by(f64::total_cmp);
+            assert_eq!(sorted[0], r.time_min_s.unwrap());
+        }
+        // Skipped cases have no samples.
+        assert_eq!(samples.len(), 4);
+    };
+    sweep(&[]);
+    check();
+    sweep(&["--resume"]);
+    check();
+    sweep(&["--force"]);
+    check();
+    let (code, v) = compare_json(&out, &out, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["counts"]["matched"], 8);
+}
