@@ -48,8 +48,8 @@ impl Variant for Flash {
     }
 
     fn predict_workspace_bytes(&self, case: &Case) -> u64 {
-        let (_, _, workers, floats) = layout(case);
-        Workspace::bytes(workers, floats)
+        let (bq, _, workers, floats) = layout(case);
+        Workspace::bytes(workers, floats) + kernel::bookkeeping_bytes(&case.shape, bq)
     }
 
     fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
@@ -64,8 +64,11 @@ impl Variant for Flash {
         let (bq, bk, workers, floats) = layout(case);
         let rows = 4 * bwd::d_len(&case.shape) as u64;
         let (bwd_workers, bwd_floats) = bwd_layout(case, bq, bk);
-        rows + Workspace::bytes(workers, floats)
-            .max(rows + Workspace::bytes(bwd_workers, bwd_floats))
+        let fwd = Workspace::bytes(workers, floats) + kernel::bookkeeping_bytes(&case.shape, bq);
+        let bwd = rows
+            + Workspace::bytes(bwd_workers, bwd_floats)
+            + bwd::bookkeeping_bytes(&case.shape, bq, bk);
+        rows + fwd.max(bwd)
     }
 
     fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {

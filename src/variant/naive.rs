@@ -85,7 +85,9 @@ impl Variant for Naive {
         let scores = 4 * kernel::scores_len(s) as u64;
         let fwd = Workspace::bytes(workers(case), kernel::worker_floats(s, widen(case)));
         let bwd_workers = case.threads.min(bwd::items(s)).max(1);
-        let bwd = scores + Workspace::bytes(bwd_workers, bwd::worker_floats(s, widen(case)));
+        let bwd = scores
+            + Workspace::bytes(bwd_workers, bwd::worker_floats(s, widen(case)))
+            + bwd::bookkeeping_bytes(s);
         scores + fwd.max(bwd)
     }
 

@@ -87,7 +87,10 @@ impl Variant for RabeStaats {
     fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
         let (workers, floats) = chunked_layout(case);
         let (bwd_workers, bwd_floats) = bwd_layout(case);
-        Workspace::bytes(workers, floats).max(Workspace::bytes(bwd_workers, bwd_floats))
+        let (qc, kc) = chunks(case);
+        let bwd =
+            Workspace::bytes(bwd_workers, bwd_floats) + bwd::bookkeeping_bytes(&case.shape, qc, kc);
+        Workspace::bytes(workers, floats).max(bwd)
     }
 
     fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {

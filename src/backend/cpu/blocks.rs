@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 /// Disjoint slices of `buf` (`heads` consecutive `[rows, width]` matrices), one per
 /// (head, block of `block` rows), in head-major order. The last block of a head may be short.
+/// The list is allocated with its exact length: `split_bytes` counts it for predictions.
 pub fn head_row_blocks(
     buf: &mut [f32],
     rows: usize,
@@ -16,9 +17,19 @@ pub fn head_row_blocks(
     if rows * width == 0 {
         return Vec::new();
     }
+    let mut out = Vec::with_capacity(buf.len() / (rows * width) * blocks_per_head(rows, block));
+    out.extend(block_iter(buf, rows, width, block));
+    out
+}
+
+fn block_iter(
+    buf: &mut [f32],
+    rows: usize,
+    width: usize,
+    block: usize,
+) -> impl Iterator<Item = &mut [f32]> {
     buf.chunks_mut(rows * width)
-        .flat_map(|head| head.chunks_mut(block * width))
-        .collect()
+        .flat_map(move |head| head.chunks_mut(block * width))
 }
 
 /// Number of row blocks per head.
@@ -26,29 +37,49 @@ pub fn blocks_per_head(rows: usize, block: usize) -> usize {
     rows.div_ceil(block)
 }
 
+/// Heap bytes of a `head_row_blocks` list (or of a list of as many `Option` slices).
+pub fn split_bytes(blocks: usize) -> u64 {
+    (blocks * std::mem::size_of::<&mut [f32]>()) as u64
+}
+
+type Guarded<'a> = Mutex<[Option<&'a mut [f32]>; 2]>;
+
 /// Row blocks of one or two outputs behind one lock each; `add` accumulates a contribution.
 pub struct LockedBlocks<'a> {
-    blocks: Vec<Mutex<Vec<&'a mut [f32]>>>,
+    blocks: Vec<Guarded<'a>>,
 }
 
 impl<'a> LockedBlocks<'a> {
-    /// Blocks of every output in `outs` (same geometry), locked together per block index.
-    pub fn new(outs: Vec<&'a mut [f32]>, rows: usize, width: usize, block: usize) -> Self {
-        let mut split: Vec<std::vec::IntoIter<&'a mut [f32]>> = outs
-            .into_iter()
-            .map(|o| head_row_blocks(o, rows, width, block).into_iter())
-            .collect();
-        let n = split.first().map_or(0, |s| s.len());
-        let blocks = (0..n)
-            .map(|_| Mutex::new(split.iter_mut().filter_map(Iterator::next).collect()))
-            .collect();
+    /// Blocks of `first` and, if given, `second` (same geometry), locked together per block.
+    pub fn new(
+        first: &'a mut [f32],
+        second: Option<&'a mut [f32]>,
+        rows: usize,
+        width: usize,
+        block: usize,
+    ) -> Self {
+        let n = first.len() / (rows * width).max(1) * blocks_per_head(rows, block);
+        let mut blocks = Vec::with_capacity(n);
+        let a = block_iter(first, rows, width, block);
+        match second {
+            Some(second) => {
+                let b = block_iter(second, rows, width, block);
+                blocks.extend(a.zip(b).map(|(x, y)| Mutex::new([Some(x), Some(y)])));
+            }
+            None => blocks.extend(a.map(|x| Mutex::new([Some(x), None]))),
+        }
         LockedBlocks { blocks }
+    }
+
+    /// Heap bytes of a `LockedBlocks` over `blocks` blocks (for predictions).
+    pub fn bytes(blocks: usize) -> u64 {
+        (blocks * std::mem::size_of::<Guarded<'static>>()) as u64
     }
 
     /// Adds `contribs[k]` elementwise into output `k` of block `index`, under its lock.
     pub fn add(&self, index: usize, contribs: &[&[f32]]) {
         let mut guard = self.blocks[index].lock().unwrap_or_else(|e| e.into_inner());
-        for (dst, src) in guard.iter_mut().zip(contribs) {
+        for (dst, src) in guard.iter_mut().flatten().zip(contribs) {
             for (d, s) in dst.iter_mut().zip(src.iter()) {
                 *d += s;
             }
@@ -74,7 +105,7 @@ mod tests {
     fn locked_adds_accumulate_into_both_outputs() {
         let (mut a, mut b) = (vec![0.0f32; 8], vec![1.0f32; 8]);
         {
-            let locked = LockedBlocks::new(vec![&mut a, &mut b], 4, 2, 2);
+            let locked = LockedBlocks::new(&mut a, Some(&mut b), 4, 2, 2);
             locked.add(1, &[&[1.0, 2.0, 3.0, 4.0], &[1.0; 4]]);
             locked.add(1, &[&[1.0; 4], &[1.0; 4]]);
         }

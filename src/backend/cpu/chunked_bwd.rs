@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use super::blocks::{head_row_blocks, LockedBlocks};
+use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
 use super::softmax::{exp_sub_sum, mask_from, row_max, softmax_grad_rows};
@@ -20,6 +20,12 @@ use crate::problem::{Grads, Inputs, Shape};
 
 pub fn items(shape: &Shape, qc: usize) -> usize {
     shape.batch * shape.heads * shape.seq_q.div_ceil(qc)
+}
+
+/// Heap bytes of the per-block lists: dK's and dV's locked blocks, dQ's blocks.
+pub fn bookkeeping_bytes(shape: &Shape, qc: usize, kc: usize) -> u64 {
+    let kv_blocks = shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(kc);
+    LockedBlocks::bytes(kv_blocks) + split_bytes(items(shape, qc))
 }
 
 /// Per-worker scratch floats, in the order they are carved.
@@ -59,7 +65,7 @@ pub fn backward(
     let (nqc, nkc) = (nq.div_ceil(qc), nkv.div_ceil(kc));
     grads.dk.fill(0.0);
     grads.dv.fill(0.0);
-    let dkv = LockedBlocks::new(vec![&mut grads.dk, &mut grads.dv], nkv, d, kc);
+    let dkv = LockedBlocks::new(&mut grads.dk, Some(&mut grads.dv), nkv, d, kc);
     head_row_blocks(&mut grads.dq, nq, d, qc)
         .into_par_iter()
         .enumerate()

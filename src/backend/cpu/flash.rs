@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::blocks::{blocks_per_head, head_row_blocks};
+use super::blocks::{blocks_per_head, head_row_blocks, split_bytes};
 use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, mask_from, row_max, scale_row};
 use super::workspace::{carve, Workspace};
@@ -21,6 +21,11 @@ pub const DEFAULT_KV_CHUNK: usize = 256;
 
 pub fn items(shape: &Shape, bq: usize) -> usize {
     shape.batch * shape.heads * shape.seq_q.div_ceil(bq)
+}
+
+/// Heap bytes of the forward's per-item output lists (output blocks and L blocks).
+pub fn bookkeeping_bytes(shape: &Shape, bq: usize) -> u64 {
+    2 * split_bytes(items(shape, bq))
 }
 
 /// Per-worker scratch floats, in the order they are carved.

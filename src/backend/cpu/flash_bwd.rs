@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::blocks::{head_row_blocks, LockedBlocks};
+use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
 use super::softmax::{mask_from, softmax_grad_rows};
@@ -18,6 +18,12 @@ use crate::problem::{Grads, Inputs, Shape};
 
 pub fn items(shape: &Shape, bk: usize) -> usize {
     shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(bk)
+}
+
+/// Heap bytes of the per-block lists: dQ's locked blocks, dK's and dV's blocks.
+pub fn bookkeeping_bytes(shape: &Shape, bq: usize, bk: usize) -> u64 {
+    let q_blocks = shape.batch * shape.heads * shape.seq_q.div_ceil(bq);
+    LockedBlocks::bytes(q_blocks) + 2 * split_bytes(items(shape, bk))
 }
 
 /// Per-worker scratch floats, in the order they are carved.
@@ -53,7 +59,7 @@ pub fn backward(
     });
     let dd: &[f32] = dd;
     grads.dq.fill(0.0);
-    let dq = LockedBlocks::new(vec![&mut grads.dq], nq, d, bq);
+    let dq = LockedBlocks::new(&mut grads.dq, None, nq, d, bq);
     let nqb = nq.div_ceil(bq);
     let nkb = nkv.div_ceil(bk);
     let dk_blocks = head_row_blocks(&mut grads.dk, nkv, d, bk);

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::blocks::head_row_blocks;
+use super::blocks::{head_row_blocks, split_bytes};
 use super::gemm::{sgemm, MatRef};
 use super::naive::ROW_BLOCK;
 use super::softmax::softmax_grad_rows;
@@ -19,6 +19,13 @@ pub fn items(shape: &Shape) -> usize {
     let q = shape.batch * shape.heads * shape.seq_q.div_ceil(ROW_BLOCK);
     let kv = shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(ROW_BLOCK);
     q.max(kv)
+}
+
+/// Heap bytes of the per-block lists: (dS, dQ) blocks in the row pass, then (dK, dV).
+pub fn bookkeeping_bytes(shape: &Shape) -> u64 {
+    let q = shape.batch * shape.heads * shape.seq_q.div_ceil(ROW_BLOCK);
+    let kv = shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(ROW_BLOCK);
+    2 * split_bytes(q.max(kv))
 }
 
 /// Per-worker floats: widened K and V (row pass) or one widened Q head (column pass).
