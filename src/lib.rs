@@ -7,6 +7,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod extrapolate;
 pub mod listing;
 pub mod measure;
 pub mod npy;

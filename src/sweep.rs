@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::cli::SweepArgs;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::extrapolate::Extrapolation;
 use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::Case;
@@ -86,6 +87,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         },
         memory_budget: config.run.memory_budget.map(|b| b.bytes()),
         error_rows: config.run.error_rows,
+        extrapolate: config.run.extrapolate_above_s.map(|above_s| Extrapolation {
+            above_s,
+            q_chunks: config.run.extrapolate_q_chunks,
+        }),
+        diff_against: config.run.diff_against,
     };
     let mut sink = CsvSink::open(&csv_path)?;
     let mut progress = Progress::new(todo.len());

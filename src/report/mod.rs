@@ -4,3 +4,4 @@ pub mod csv;
 pub mod meta;
 pub mod record;
 pub mod table;
+pub mod paper;

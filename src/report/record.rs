@@ -83,6 +83,22 @@ pub struct Record {
     pub input_scale: f64,
     /// Why the timed repetitions stopped: converged, max_reps, time_cap, interrupted.
     pub stopped_by: String,
+    // Added for reports and Rabe–Staats Table 2 (append only; `default` so that CSV files
+    // written before these columns existed still read).
+    /// The time columns were measured on the first `timed_rows` query rows and scaled by
+    /// `seq_q / timed_rows` (`[run] extrapolate_above_s`); never set silently.
+    #[serde(default)]
+    pub extrapolated: bool,
+    /// Query rows per (batch, head) the timed calls computed (= `seq_q` unless extrapolated).
+    #[serde(default)]
+    pub timed_rows: Option<usize>,
+    /// The variant `max_abs_diff` compares with (`[run] diff_against`); empty when none.
+    #[serde(default)]
+    pub diff_variant: String,
+    /// max |out - out of `diff_variant`| over every output value computed, both on the same
+    /// inputs; empty when not requested or when `diff_variant` did not fit the budget.
+    #[serde(default)]
+    pub max_abs_diff: Option<f64>,
 }
 
 impl Record {
@@ -130,6 +146,10 @@ impl Record {
             input_dist: case.input_dist.name().to_string(),
             input_scale: case.input_scale,
             stopped_by: String::new(),
+            extrapolated: false,
+            timed_rows: None,
+            diff_variant: String::new(),
+            max_abs_diff: None,
         }
     }
 
