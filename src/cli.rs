@@ -1,11 +1,12 @@
-//! The command line (clap derive): `sweep`, `run`, `list`. Parsing only; each command's
-//! work lives in its own module (`sweep`, `single`, `listing`).
+//! The command line (clap derive): `sweep`, `run`, `report`, `list`. Parsing only; each
+//! command's work lives in its own module (`sweep`, `single`, `report::generate`, `listing`).
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 use crate::config;
 use crate::problem::{DType, Device, InputDist};
+use crate::report::plot::Format;
 use crate::variant::VariantId;
 
 #[derive(Debug, Parser)]
@@ -30,6 +31,9 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Run one case and print it as a table (the same fields as a CSV row).
     Run(RunArgs),
+    /// Tables (tables.md), plots and derived checks from a results directory's runs.csv and
+    /// meta.json alone.
+    Report(ReportArgs),
     /// List variants, devices and dtypes, and what is available on this machine.
     List,
 }
@@ -55,6 +59,22 @@ pub struct SweepArgs {
     /// Replace the results already in DIR (runs.csv and meta.json are deleted first).
     #[arg(long)]
     pub force: bool,
+    /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
+    #[arg(long)]
+    pub no_report: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results directory (holding runs.csv and, optionally, meta.json).
+    #[arg(value_name = "RESULTS_DIR")]
+    pub dir: PathBuf,
+    /// Plot formats, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "png,svg")]
+    pub format: Vec<Format>,
+    /// Output directory [default: RESULTS_DIR/report].
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -134,6 +154,7 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<()> {
     match &cli.command {
         Command::Sweep(a) => crate::sweep::sweep(a),
         Command::Run(a) => crate::single::run(a),
+        Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
         Command::List => {
             print!("{}", crate::listing::list());
             Ok(())

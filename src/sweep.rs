@@ -1,6 +1,7 @@
 //! `attnbench sweep`: config -> cases -> one row per case appended (and flushed) to
 //! `DIR/runs.csv`, `DIR/meta.json` beside it, progress on stderr, a summary on stdout.
-//! Interrupting (Ctrl-C) keeps every row already written; `--resume` continues.
+//! Interrupting (Ctrl-C) keeps every row already written; `--resume` continues. At the end
+//! the report (tables.md, plots, checks) is written to `DIR/report/` unless `--no-report`.
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -18,13 +19,14 @@ use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::Case;
 use crate::report::csv::{done_case_ids, CsvSink};
+use crate::report::generate;
 use crate::report::meta::Meta;
+use crate::report::plot::Format;
 use crate::report::record::Record;
 use crate::report::table::{human_seconds, summary_table};
 use crate::runner::{run_case, Settings, INTERRUPTED};
 
-pub const CSV_NAME: &str = "runs.csv";
-pub const META_NAME: &str = "meta.json";
+pub use crate::report::load::{CSV_NAME, META_NAME};
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
@@ -128,7 +130,24 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             dir.display()
         )));
     }
+    if !args.no_report {
+        report_at_end(&dir)?;
+    }
     Ok(())
+}
+
+/// The report of a finished sweep. Its failure is an error, but the rows are already safe in
+/// runs.csv, and the message says how to make the report again.
+fn report_at_end(dir: &Path) -> Result<()> {
+    let formats = [Format::Png, Format::Svg];
+    generate::run(dir, None, &formats).map_err(|e| {
+        Error::Runtime(format!(
+            "the sweep finished and its rows are in {}, but the report failed: {e}; \
+             retry with `attnbench report {}`",
+            dir.join(CSV_NAME).display(),
+            dir.display()
+        ))
+    })
 }
 
 fn print_plan(config: &Config, cases: &[Case]) {
