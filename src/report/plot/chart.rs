@@ -13,8 +13,9 @@ const LEGEND_W: u32 = 400;
 /// Characters per legend line before wrapping.
 const LEGEND_CHARS: usize = 40;
 
-/// Series colours (Tableau 10 without its red, which marks budgets and oom).
-pub const PALETTE: [RGBColor; 9] = [
+/// Series colours: Tableau 10 without its red (which marks budgets and oom), then darker
+/// shades of the same hues, so up to 16 series stay apart.
+pub const PALETTE: [RGBColor; 16] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -24,6 +25,13 @@ pub const PALETTE: [RGBColor; 9] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(16, 60, 120),
+    RGBColor(170, 80, 0),
+    RGBColor(20, 100, 20),
+    RGBColor(90, 50, 130),
+    RGBColor(80, 45, 35),
+    RGBColor(60, 60, 60),
+    RGBColor(110, 110, 0),
 ];
 pub const RED: RGBColor = RGBColor(214, 39, 40);
 pub const GUIDE: RGBColor = RGBColor(60, 60, 60);
