@@ -1,5 +1,6 @@
-//! The command line (clap derive): `sweep`, `run`, `list`, `compare`. Parsing only; each
-//! command's work lives in its own module (`sweep`, `single`, `listing`, `compare`).
+//! The command line (clap derive): `sweep`, `run`, `report`, `compare`, `list`, `model`.
+//! Parsing only; each command's work lives in its own module (`sweep`, `single`,
+//! `report::generate`, `compare`, `listing`, `model`).
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use crate::compare::normalize::Normalize;
 use crate::config;
 use crate::config::ByteSize;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
+use crate::report::plot::Format;
 use crate::variant::VariantId;
 
 #[derive(Debug, Parser)]
@@ -33,6 +35,9 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Run one case and print it as a table (the same fields as a CSV row).
     Run(RunArgs),
+    /// Tables (tables.md), plots and derived checks from a results directory's runs.csv and
+    /// meta.json alone.
+    Report(ReportArgs),
     /// List variants, devices and dtypes, and what is available on this machine.
     List,
     /// Compare two runs case by case (CI regression gate): time, memory and error. Exit code
@@ -134,6 +139,22 @@ pub struct SweepArgs {
     /// Replace the results already in DIR (runs.csv and meta.json are deleted first).
     #[arg(long)]
     pub force: bool,
+    /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
+    #[arg(long)]
+    pub no_report: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results directory (holding runs.csv and, optionally, meta.json).
+    #[arg(value_name = "RESULTS_DIR")]
+    pub dir: PathBuf,
+    /// Plot formats, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "png,svg")]
+    pub format: Vec<Format>,
+    /// Output directory [default: RESULTS_DIR/report].
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -219,6 +240,7 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
     match &cli.command {
         Command::Sweep(a) => crate::sweep::sweep(a),
         Command::Run(a) => crate::single::run(a),
+        Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
         Command::List => {
             print!("{}", crate::listing::list());
             Ok(())

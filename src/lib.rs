@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod error;
+pub mod extrapolate;
 pub mod listing;
 pub mod measure;
 pub mod model;

@@ -13,6 +13,7 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
+use crate::extrapolate::{self, Extrapolation};
 use crate::measure::alloc::{self, MemoryProbe};
 use crate::measure::rss;
 use crate::measure::stats::Summary;
@@ -20,6 +21,7 @@ use crate::measure::timer::{time_repetitions, StopRule, Timing};
 use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
 use crate::report::record::{Record, Status};
+use crate::variant::VariantId;
 
 /// Everything besides the case that decides how a case is measured.
 #[derive(Clone, Debug)]
@@ -30,6 +32,10 @@ pub struct Settings {
     pub memory_budget: Option<u64>,
     /// Query rows sampled for the error when checking all rows is too costly.
     pub error_rows: usize,
+    /// Time slow cases on a part and scale (`extrapolate.rs`); `None` = time in full.
+    pub extrapolate: Option<Extrapolation>,
+    /// Also run this variant on the same inputs and record `max_abs_diff`.
+    pub diff_against: Option<VariantId>,
 }
 
 /// Set by the Ctrl-C handler: the current case stops after its current repetition and no
@@ -139,11 +145,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             samples: Vec::new(),
         });
     }
-    let variant = case.variant.get();
-    let predicted = match case.mode {
-        Mode::FwdBwd => variant.predict_train_workspace_bytes(case),
-        _ => variant.predict_workspace_bytes(case),
-    };
+    let predicted = predicted_bytes(case);
     if let Some(budget) = settings.memory_budget {
         // The GEMM's packing buffers are allocated infallibly (an allocation over the limit
         // there would abort), so they must fit too: one per thread at most.
@@ -171,10 +173,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         }
     }
     alloc::set_limit(settings.memory_budget);
-    let result = match case.mode {
-        Mode::FwdBwd => measure_train(case, settings, given, predicted),
-        _ => measure(case, settings, given, predicted),
-    };
+    let result = measure_case(case, settings, given, predicted);
     alloc::set_limit(None);
     result
 }
@@ -415,4 +414,165 @@ pub fn human_bytes(b: u64) -> String {
     } else {
         format!("{v:.2} {}", UNITS[u])
     }
+}
+
+/// `measure` with the optional steps `Settings` asks for: time extrapolation of slow cases
+/// and the paired difference against another variant's output.
+fn measure_case(
+    case: &Case,
+    settings: &Settings,
+    given: Option<Inputs>,
+    predicted: u64,
+) -> Result<Outcome> {
+    let mut outcome = match settings.extrapolate {
+        Some(x) => measure_extrapolated(case, settings, given, predicted, x)?,
+        None => measure_mode(case, settings, given, predicted)?,
+    };
+    if outcome.record.reps > 0 && outcome.record.timed_rows.is_none() {
+        outcome.record.timed_rows = Some(case.shape.seq_q);
+    }
+    if let Some(base) = settings.diff_against {
+        paired_diff(case, settings, base, &mut outcome);
+    }
+    Ok(outcome)
+}
+
+/// Times the case on its first query chunks and scales, when one full call is estimated
+/// above the cap and the case is eligible (see `extrapolate.rs`); otherwise `measure`. The
+/// estimate is one call of the part, which also serves as a warm-up.
+fn measure_extrapolated(
+    case: &Case,
+    settings: &Settings,
+    given: Option<Inputs>,
+    predicted: u64,
+    x: Extrapolation,
+) -> Result<Outcome> {
+    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
+        return measure_mode(case, settings, given, predicted);
+    };
+    let part = extrapolate::part_case(case, rows);
+    let predicted_part = predicted_bytes(&part);
+    if predicted_part != predicted {
+        // Memory is never extrapolated: this variant's workspace depends on the query rows.
+        return measure_mode(case, settings, given, predicted);
+    }
+    let inputs = given.unwrap_or_else(|| case_inputs(case));
+    let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
+    let slow = time_one_call(&part, &part_inputs)
+        .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
+    if !slow || interrupted() {
+        let full = extrapolate::join_inputs(part_inputs, full_q, case.shape);
+        return measure_mode(case, settings, Some(full), predicted);
+    }
+    drop(full_q);
+    // The estimate call was a warm-up of exactly this part.
+    let mut part_settings = settings.clone();
+    part_settings.stop.warmup = settings.stop.warmup.saturating_sub(1);
+    let outcome = measure_mode(&part, &part_settings, Some(part_inputs), predicted_part)?;
+    Ok(Outcome {
+        record: extrapolate::scale_record(outcome.record, case, &settings.run_name, predicted),
+        ..outcome
+    })
+}
+
+fn case_inputs(case: &Case) -> Inputs {
+    Inputs::generate(
+        case.shape,
+        case.dtype,
+        case.input_dist,
+        case.input_scale,
+        case.seed,
+    )
+}
+
+/// One untimed-harness call of the case (its mode's step), timed once.
+fn time_one_call(case: &Case, inputs: &Inputs) -> Result<f64> {
+    let s = &case.shape;
+    let mut out = try_zeroed(s.out_len(), "output")?;
+    if case.mode != Mode::FwdBwd {
+        let t0 = Instant::now();
+        forward(case, inputs, &mut out)?;
+        return Ok(t0.elapsed().as_secs_f64());
+    }
+    let d_out = case.d_out.make(s, case.seed);
+    let mut grads = Grads {
+        dq: try_zeroed(s.q_len(), "dQ")?,
+        dk: try_zeroed(s.kv_len(), "dK")?,
+        dv: try_zeroed(s.kv_len(), "dV")?,
+    };
+    let t0 = Instant::now();
+    train_step(case, inputs, &d_out, &mut out, &mut grads)?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The workspace bytes the case's variant predicts for the case's mode.
+pub fn predicted_bytes(case: &Case) -> u64 {
+    let variant = case.variant.get();
+    match case.mode {
+        Mode::FwdBwd => variant.predict_train_workspace_bytes(case),
+        _ => variant.predict_workspace_bytes(case),
+    }
+}
+
+/// The measurement of the case's mode: a forward, or a forward + backward.
+fn measure_mode(
+    case: &Case,
+    settings: &Settings,
+    given: Option<Inputs>,
+    predicted: u64,
+) -> Result<Outcome> {
+    match case.mode {
+        Mode::FwdBwd => measure_train(case, settings, given, predicted),
+        _ => measure(case, settings, given, predicted),
+    }
+}
+
+/// The paper's error measure (Rabe–Staats 5.1): max |out - out of `base`| over every output
+/// value, both computed on the same inputs (the rows the case computed, when it was
+/// extrapolated); untimed, after the memory probe. Left empty when `base` would not fit the
+/// memory budget beside this case's inputs and output, or fails.
+fn paired_diff(case: &Case, settings: &Settings, base: VariantId, outcome: &mut Outcome) {
+    if base == case.variant || outcome.record.status != Status::Ok {
+        return;
+    }
+    let (Some(inputs), Some(out)) = (&outcome.inputs, &outcome.output) else {
+        return;
+    };
+    let info = base.info();
+    let mut b = case.clone();
+    b.variant = base;
+    b.shape = inputs.shape;
+    b.q_chunk = info.default_q_chunk.map(|c| c.min(b.shape.seq_q));
+    b.kv_chunk = info.default_kv_chunk.map(|c| c.min(b.shape.seq_kv));
+    outcome.record.diff_variant = base.name().to_string();
+    if let Some(budget) = settings.memory_budget {
+        let need = base.get().predict_workspace_bytes(&b)
+            + b.io_bytes()
+            + 4 * b.shape.out_len() as u64
+            + b.threads as u64 * PACK_BYTES_MAX;
+        if need > budget {
+            return;
+        }
+    }
+    let Ok(mut base_out) = try_zeroed(b.shape.out_len(), "diff_against output") else {
+        return;
+    };
+    if forward(&b, inputs, &mut base_out).is_ok() {
+        outcome.record.max_abs_diff = Some(max_abs_diff(out, &base_out));
+    }
+}
+
+/// max |a - b| in f64; a NaN difference counts as infinite.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (*x as f64 - *y as f64).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f64::max)
 }

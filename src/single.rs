@@ -122,6 +122,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         },
         memory_budget,
         error_rows: args.error_rows,
+        extrapolate: None,
+        diff_against: None,
     };
     let outcome = run_case(&case, &settings, given)?;
     print!("{}", record_table(&outcome.record));

@@ -1,7 +1,8 @@
 //! `attnbench sweep`: config -> cases -> one row per case appended (and flushed) to
 //! `DIR/runs.csv`, `DIR/meta.json` and `DIR/samples.csv` beside it, progress on stderr, a
-//! summary on stdout.
-//! Interrupting (Ctrl-C) keeps every row already written; `--resume` continues.
+//! summary on stdout. Interrupting (Ctrl-C) keeps every row already written; `--resume`
+//! continues. At the end the report (tables.md, plots, checks) is written to `DIR/report/`
+//! unless `--no-report`.
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -14,18 +15,20 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::cli::SweepArgs;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::extrapolate::Extrapolation;
 use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::Case;
 use crate::report::csv::{done_case_ids, CsvSink};
+use crate::report::generate;
 use crate::report::meta::Meta;
+use crate::report::plot::Format;
 use crate::report::record::Record;
 use crate::report::samples::SamplesSink;
 use crate::report::table::{human_seconds, summary_table};
 use crate::runner::{run_case, Settings, INTERRUPTED};
 
-pub const CSV_NAME: &str = "runs.csv";
-pub const META_NAME: &str = "meta.json";
+pub use crate::report::load::{CSV_NAME, META_NAME};
 /// Every timed repetition of every case (for `compare`), beside `runs.csv`.
 pub const SAMPLES_NAME: &str = "samples.csv";
 
@@ -90,6 +93,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         },
         memory_budget: config.run.memory_budget.map(|b| b.bytes()),
         error_rows: config.run.error_rows,
+        extrapolate: config.run.extrapolate_above_s.map(|above_s| Extrapolation {
+            above_s,
+            q_chunks: config.run.extrapolate_q_chunks,
+        }),
+        diff_against: config.run.diff_against,
     };
     let mut sink = CsvSink::open(&csv_path)?;
     let mut samples_sink = SamplesSink::open(&dir.join(SAMPLES_NAME))?;
@@ -130,7 +138,24 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             dir.display()
         )));
     }
+    if !args.no_report {
+        report_at_end(&dir)?;
+    }
     Ok(())
+}
+
+/// The report of a finished sweep. Its failure is an error, but the rows are already safe in
+/// runs.csv, and the message says how to make the report again.
+fn report_at_end(dir: &Path) -> Result<()> {
+    let formats = [Format::Png, Format::Svg];
+    generate::run(dir, None, &formats).map_err(|e| {
+        Error::Runtime(format!(
+            "the sweep finished and its rows are in {}, but the report failed: {e}; \
+             retry with `attnbench report {}`",
+            dir.join(CSV_NAME).display(),
+            dir.display()
+        ))
+    })
 }
 
 fn print_plan(config: &Config, cases: &[Case]) {

@@ -12,7 +12,7 @@ seq_q,seq_kv,head_dim,q_chunk,kv_chunk,causal,window,devices,threads,status,reas
 time_median_s,time_min_s,time_max_s,time_mad_s,mem_overhead_bytes,mem_predicted_bytes,\
 peak_rss_bytes,io_bytes,max_abs_err,max_rel_err,err_rows,flops,gflops,comm_bytes,comm_steps,\
 seed,input_dist,input_scale,stopped_by,time_bwd_median_s,grad_max_abs_err,grad_max_rel_err,\
-grad_err_rows,grad_err_scope,d_out";
+grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_diff";
 
 fn attnbench() -> Command {
     Command::cargo_bin("attnbench").expect("binary built")

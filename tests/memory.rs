@@ -63,6 +63,8 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         },
         memory_budget: budget,
         error_rows: 16,
+        extrapolate: None,
+        diff_against: None,
     };
     run_case(c, &settings, None).expect("harness runs").record
 }

@@ -1,4 +1,4 @@
-//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`), `--set` overrides, checks
+//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[report]`), `--set` overrides, checks
 //! that name the key and line of every mistake, and the expansion of the axes into `Case`s.
 //!
 //! Loading is: parse the file against the schema (toml reports syntax errors and unknown
@@ -10,6 +10,7 @@ mod axes;
 mod axis;
 mod expand;
 mod overrides;
+mod report;
 mod run;
 mod schema;
 mod size;
@@ -22,9 +23,10 @@ use std::path::{Path, PathBuf};
 pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
 pub use overrides::apply_set;
+pub use report::ReportConfig;
 pub use run::{
-    default_threads, RunConfig, DEFAULT_ERROR_ROWS, DEFAULT_MAX_REPS, DEFAULT_MAX_TIME_S,
-    DEFAULT_MIN_REPS, DEFAULT_REL_SPREAD, DEFAULT_SEED, DEFAULT_WARMUP,
+    default_threads, RunConfig, DEFAULT_ERROR_ROWS, DEFAULT_EXTRAPOLATE_Q_CHUNKS, DEFAULT_MAX_REPS,
+    DEFAULT_MAX_TIME_S, DEFAULT_MIN_REPS, DEFAULT_REL_SPREAD, DEFAULT_SEED, DEFAULT_WARMUP,
 };
 pub use size::ByteSize;
 
@@ -39,6 +41,7 @@ pub struct Config {
     pub run: RunConfig,
     pub axes: Axes,
     pub zip: Vec<ZipGroup>,
+    pub report: ReportConfig,
     #[serde(skip)]
     pub path: PathBuf,
 }
@@ -71,10 +74,12 @@ impl Config {
             .map_err(|e| src.config_err(format!("after --set: {e}")))?;
         let run = run::resolve_run(raw.run, &src)?;
         let (axes, zip) = axes::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
+        let report = report::resolve_report(raw.report, &src)?;
         Ok(Config {
             run,
             axes,
             zip,
+            report,
             path: path.to_path_buf(),
         })
     }

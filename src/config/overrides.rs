@@ -2,9 +2,10 @@
 //! value from the command line passes exactly the validation a value from the file does.
 //!
 //! `KEY` is an axis (`seq_len=1024,2048`, `dtype=bf16`, `seq_len=pow2:8:12`; `axes.KEY` is
-//! accepted too) or `run.KEY` (`run.max_time_s=0.5`, `run.memory_budget=8GiB`). Axis items
-//! are comma-separated; each is read as a TOML value (integer, float, bool), else kept as a
-//! string; name axes and `run.name` always take strings. Setting an axis that a `[[zip]]`
+//! accepted too), `run.KEY` (`run.max_time_s=0.5`, `run.memory_budget=8GiB`) or
+//! `report.KEY` (`report.paper_table=FILE`). Axis items are comma-separated; each is read as
+//! a TOML value (integer, float, bool), else kept as a string; name axes, `run.name`,
+//! `run.diff_against` and `report.*` always take strings. Setting an axis that a `[[zip]]`
 //! group holds replaces it inside the group when the new list has the group's length (the
 //! pairing is kept); otherwise the axis leaves the group and becomes an independent axis in
 //! `[axes]`.
@@ -12,7 +13,7 @@
 use toml::{Table, Value};
 
 use super::axis::{value_len, Axis};
-use super::schema::RUN_KEYS;
+use super::schema::{REPORT_KEYS, RUN_KEYS};
 use crate::error::{Error, Result};
 
 /// Apply one `--set` to the config table; returns the key path it set (`axes.seq_len`,
@@ -36,7 +37,7 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
                     RUN_KEYS.join(", ")
                 )));
             }
-            let v = if k == "name" {
+            let v = if k == "name" || k == "diff_against" {
                 Value::String(value.to_string())
             } else {
                 item(value)
@@ -46,9 +47,21 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
                 .insert(k.to_string(), v);
             return Ok(format!("run.{k}"));
         }
+        Some(("report", k)) => {
+            if !REPORT_KEYS.contains(&k) {
+                return Err(usage(format!(
+                    "unknown key `report.{k}` (known report keys: {})",
+                    REPORT_KEYS.join(", ")
+                )));
+            }
+            section(table, "report")
+                .map_err(usage)?
+                .insert(k.to_string(), Value::String(value.to_string()));
+            return Ok(format!("report.{k}"));
+        }
         Some(_) => {
             return Err(usage(format!(
-                "unknown key `{key}`: expected an axis ({}) or run.KEY",
+                "unknown key `{key}`: expected an axis ({}), run.KEY or report.KEY",
                 Axis::names().join(", ")
             )))
         }

@@ -8,6 +8,7 @@ use super::schema::RawRun;
 use super::size::ByteSize;
 use super::source::{Section, Source};
 use crate::error::Result;
+use crate::variant::VariantId;
 
 /// Resolved `[run]` table. Times are seconds; see DESIGN.md "Definitions" for the stopping
 /// rule these parameters drive.
@@ -34,6 +35,16 @@ pub struct RunConfig {
     pub threads: usize,
     /// Measure SGEMM GFLOP/s and copy bandwidth at sweep start.
     pub calibrate: bool,
+    /// Per-case time cap: a non-causal case whose one call is estimated above this many
+    /// seconds is timed on its first `extrapolate_q_chunks` query chunks and its time scaled
+    /// by the row ratio (`extrapolate.rs`); `None` = every case is timed in full.
+    pub extrapolate_above_s: Option<f64>,
+    /// Query chunks (of the case's q_chunk, 1024 rows for variants without one) timed when
+    /// a case is extrapolated, rounded up to a multiple of the case's threads.
+    pub extrapolate_q_chunks: usize,
+    /// Also run this variant on the same inputs (untimed) and record the max abs difference
+    /// of the outputs (`max_abs_diff`): the paper's error measure.
+    pub diff_against: Option<VariantId>,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -44,6 +55,7 @@ pub const DEFAULT_MIN_TIME_S: f64 = 0.0;
 pub const DEFAULT_MAX_TIME_S: f64 = 5.0;
 pub const DEFAULT_REL_SPREAD: f64 = 0.02;
 pub const DEFAULT_ERROR_ROWS: usize = 256;
+pub const DEFAULT_EXTRAPOLATE_Q_CHUNKS: usize = 4;
 
 /// The machine's available parallelism (1 if it cannot be read).
 pub fn default_threads() -> usize {
@@ -66,6 +78,9 @@ impl RunConfig {
             error_rows: DEFAULT_ERROR_ROWS,
             threads: default_threads(),
             calibrate: true,
+            extrapolate_above_s: None,
+            extrapolate_q_chunks: DEFAULT_EXTRAPOLATE_Q_CHUNKS,
+            diff_against: None,
         }
     }
 }
@@ -103,6 +118,37 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
             return Err(f.err(
                 "calibrate",
                 format!("expected true or false, got {}", show(v)),
+            ))
+        }
+    };
+    let extrapolate_above_s = match raw.extrapolate_above_s {
+        None => None,
+        Some(_) => Some(f.number("extrapolate_above_s", &raw.extrapolate_above_s, 0.0)?),
+    };
+    if extrapolate_above_s.is_some_and(|s| s <= 0.0) {
+        return Err(f.err(
+            "extrapolate_above_s",
+            "must be greater than 0 (leave it out to time every case in full)",
+        ));
+    }
+    let extrapolate_q_chunks = f.count(
+        "extrapolate_q_chunks",
+        &raw.extrapolate_q_chunks,
+        DEFAULT_EXTRAPOLATE_Q_CHUNKS,
+    )?;
+    if extrapolate_q_chunks == 0 {
+        return Err(f.err("extrapolate_q_chunks", "must be at least 1"));
+    }
+    let diff_against = match &raw.diff_against {
+        None => None,
+        Some(Value::String(s)) => Some(
+            s.parse::<VariantId>()
+                .map_err(|m| f.err("diff_against", m))?,
+        ),
+        Some(v) => {
+            return Err(f.err(
+                "diff_against",
+                format!("expected a variant name, e.g. \"naive\", got {}", show(v)),
             ))
         }
     };
@@ -152,6 +198,9 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         error_rows,
         threads,
         calibrate,
+        extrapolate_above_s,
+        extrapolate_q_chunks,
+        diff_against,
     })
 }
 

@@ -14,6 +14,7 @@ pub(super) struct RawConfig {
     pub axes: Option<RawAxes>,
     #[serde(default)]
     pub zip: Vec<RawAxes>,
+    pub report: Option<RawReport>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -31,10 +32,23 @@ pub(super) struct RawRun {
     pub error_rows: Option<Value>,
     pub threads: Option<Value>,
     pub calibrate: Option<Value>,
+    pub extrapolate_above_s: Option<Value>,
+    pub extrapolate_q_chunks: Option<Value>,
+    pub diff_against: Option<Value>,
 }
 
+/// `[report]`: what reports join with the measured rows.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReport {
+    pub paper_table: Option<Value>,
+}
+
+/// The keys of `[report]`, for `--set report.KEY=...`.
+pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
+
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 12] = [
+pub(super) const RUN_KEYS: [&str; 15] = [
     "name",
     "seed",
     "warmup",
@@ -47,6 +61,9 @@ pub(super) const RUN_KEYS: [&str; 12] = [
     "error_rows",
     "threads",
     "calibrate",
+    "extrapolate_above_s",
+    "extrapolate_q_chunks",
+    "diff_against",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and
@@ -114,7 +131,9 @@ mod tests {
     #[test]
     fn key_lists_match_the_schema() {
         let run: RawRun = toml::from_str(&table_of(&RUN_KEYS)).unwrap();
-        assert!(run.name.is_some() && run.calibrate.is_some());
+        assert!(run.name.is_some() && run.calibrate.is_some() && run.diff_against.is_some());
+        let report: RawReport = toml::from_str(&table_of(&REPORT_KEYS)).unwrap();
+        assert!(report.paper_table.is_some());
         let axes: RawAxes = toml::from_str(&table_of(&Axis::names())).unwrap();
         let mut got: Vec<Axis> = axes.into_entries().into_iter().map(|(a, _)| a).collect();
         got.sort();

@@ -12,6 +12,7 @@ use crate::error::Error;
 pub(super) enum Section {
     Run,
     Axes,
+    Report,
     /// The i-th `[[zip]]` group, counted from 0 in file order.
     Zip(usize),
 }
@@ -21,6 +22,7 @@ impl fmt::Display for Section {
         match self {
             Section::Run => f.write_str("run"),
             Section::Axes => f.write_str("axes"),
+            Section::Report => f.write_str("report"),
             Section::Zip(i) => write!(f, "zip[{i}]"),
         }
     }
@@ -105,6 +107,7 @@ pub(super) fn find_line(text: &str, section: Section, key: Option<&str>) -> Opti
             current = match (name, array) {
                 ("run", false) => Some(Section::Run),
                 ("axes", false) => Some(Section::Axes),
+                ("report", false) => Some(Section::Report),
                 ("zip", true) => {
                     zips += 1;
                     Some(Section::Zip(zips - 1))

@@ -420,3 +420,146 @@ fn load_reads_a_file_and_reports_a_missing_one() {
         "{e}"
     );
 }
+
+#[test]
+fn extrapolation_and_diff_keys_are_read_and_checked() {
+    let c = cfg("[run]\nname = \"t\"\nextrapolate_above_s = 30\nextrapolate_q_chunks = 2\ndiff_against = \"naive\"\n[axes]\nvariant = \"rabe-staats\"\nseq_len = 64\n");
+    assert_eq!(c.run.extrapolate_above_s, Some(30.0));
+    assert_eq!(c.run.extrapolate_q_chunks, 2);
+    assert_eq!(c.run.diff_against, Some(VariantId::Naive));
+    let d = cfg(MIN);
+    assert_eq!(
+        (
+            d.run.extrapolate_above_s,
+            d.run.extrapolate_q_chunks,
+            d.run.diff_against
+        ),
+        (None, DEFAULT_EXTRAPOLATE_Q_CHUNKS, None)
+    );
+    for (run, key, needle) in [
+        (
+            "extrapolate_above_s = 0",
+            "run.extrapolate_above_s",
+            "greater than 0",
+        ),
+        (
+            "extrapolate_above_s = \"slow\"",
+            "run.extrapolate_above_s",
+            "number",
+        ),
+        (
+            "extrapolate_q_chunks = 0",
+            "run.extrapolate_q_chunks",
+            "at least 1",
+        ),
+        ("diff_against = \"nave\"", "run.diff_against", "rabe-staats"),
+        ("diff_against = 3", "run.diff_against", "variant name"),
+    ] {
+        let text =
+            format!("[run]\nname = \"t\"\n{run}\n[axes]\nvariant = \"naive\"\nseq_len = 8\n");
+        let msg = config_err(&text, &[]);
+        assert!(
+            msg.starts_with(&format!("{key} (line 3)")) && msg.contains(needle),
+            "{run}: {msg}"
+        );
+    }
+    let c = load(
+        MIN,
+        &["run.diff_against=naive", "run.extrapolate_above_s=5"],
+    )
+    .unwrap();
+    assert_eq!(
+        (c.run.diff_against, c.run.extrapolate_above_s),
+        (Some(VariantId::Naive), Some(5.0))
+    );
+}
+
+#[test]
+fn report_paper_table_is_read_into_the_resolved_config() {
+    let text = format!("{MIN}[report]\npaper_table = \"configs/papers/rabe_staats_table2.csv\"\n");
+    let c = cfg(&text);
+    let paper = c.report.paper.as_ref().expect("paper table read");
+    assert_eq!(paper.id, "rabe_staats_table2");
+    assert_eq!(paper.cell("overhead_standard", 65536), Some("OOM"));
+    let j = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        j["report"]["paper_table"],
+        "configs/papers/rabe_staats_table2.csv"
+    );
+    assert_eq!(j["report"]["paper"]["columns"][6], 1048576);
+    // Without [report], meta.json carries an empty table.
+    assert_eq!(
+        serde_json::to_value(cfg(MIN)).unwrap()["report"],
+        serde_json::json!({})
+    );
+
+    let msg = config_err(&format!("{MIN}[report]\npaper_table = \"nope.csv\"\n"), &[]);
+    assert!(
+        msg.starts_with("report.paper_table (line 7)") && msg.contains("nope.csv"),
+        "{msg}"
+    );
+    let msg = config_err(&format!("{MIN}[report]\npaper_table = 5\n"), &[]);
+    assert!(msg.starts_with("report.paper_table"), "{msg}");
+    let msg = config_err(&format!("{MIN}[report]\ntable = \"x\"\n"), &[]);
+    assert!(
+        msg.contains("in [report]") && msg.contains("paper_table"),
+        "{msg}"
+    );
+    let msg = config_err(MIN, &["report.paper_table=missing.csv"]);
+    assert!(msg.contains("report.paper_table (from --set)"), "{msg}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "t2,256,big\nio,1,2\n").unwrap();
+    let msg = config_err(MIN, &[&format!("report.paper_table={}", bad.display())]);
+    assert!(msg.contains("bad.csv") && msg.contains("big"), "{msg}");
+}
+
+#[test]
+fn rabe_staats_table2_config_expands_to_the_table_the_error_rows_and_the_sqrt_rows() {
+    let c = Config::load(Path::new("configs/rabe_staats_table2.toml"), &[]).unwrap();
+    let cases = c.expand();
+    assert_eq!(cases.len(), 21);
+    let has = |v: VariantId, n: usize, kv: Option<usize>, dist: InputDist| {
+        cases.iter().any(|k| {
+            k.variant == v && k.shape.seq_q == n && k.kv_chunk == kv && k.input_dist == dist
+        })
+    };
+    for k in (8..=20).step_by(2) {
+        let n = 1usize << k;
+        assert!(
+            has(VariantId::Naive, n, None, InputDist::Normal),
+            "naive {n}"
+        );
+        assert!(has(
+            VariantId::RabeStaats,
+            n,
+            Some(n.min(4096)),
+            InputDist::Normal
+        ));
+    }
+    for k in (12..=20).step_by(2) {
+        let n = 1usize << k;
+        assert!(has(
+            VariantId::RabeStaats,
+            n,
+            Some(1 << (k / 2)),
+            InputDist::Normal
+        ));
+    }
+    assert!(has(VariantId::Naive, 16384, None, InputDist::Uniform));
+    assert!(has(
+        VariantId::RabeStaats,
+        16384,
+        Some(4096),
+        InputDist::Uniform
+    ));
+    assert!(cases
+        .iter()
+        .all(|k| k.dtype == DType::Bf16 && k.threads == 1));
+    assert_eq!(c.run.diff_against, Some(VariantId::Naive));
+    assert!(c.run.extrapolate_above_s.is_some());
+    assert_eq!(
+        c.report.paper.as_ref().map(|p| p.id.as_str()),
+        Some("rabe_staats_table2")
+    );
+}

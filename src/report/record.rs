@@ -84,17 +84,39 @@ pub struct Record {
     /// Why the timed repetitions stopped: converged, max_reps, time_cap, interrupted.
     pub stopped_by: String,
     /// fwd+bwd: median time of the backward alone (within the same repetitions).
+    #[serde(default)]
     pub time_bwd_median_s: Option<f64>,
     /// fwd+bwd: max abs error of the gradients against the f64 oracle.
+    #[serde(default)]
     pub grad_max_abs_err: Option<f64>,
     /// fwd+bwd: `grad_max_abs_err` / the largest |exact gradient| entry (normwise).
+    #[serde(default)]
     pub grad_max_rel_err: Option<f64>,
     /// fwd+bwd: query rows of dQ checked.
+    #[serde(default)]
     pub grad_err_rows: Option<usize>,
     /// fwd+bwd: gradients checked, `dq,dk,dv` (all, exact) or `dq` (sampled rows).
+    #[serde(default)]
     pub grad_err_scope: String,
     /// fwd+bwd: upstream gradient, `random` or `ones`.
+    #[serde(default)]
     pub d_out: String,
+    // Added for reports and Rabe–Staats Table 2 (append only; `default` so that CSV files
+    // written before these columns existed still read).
+    /// The time columns were measured on the first `timed_rows` query rows and scaled by
+    /// `seq_q / timed_rows` (`[run] extrapolate_above_s`); never set silently.
+    #[serde(default)]
+    pub extrapolated: bool,
+    /// Query rows per (batch, head) the timed calls computed (= `seq_q` unless extrapolated).
+    #[serde(default)]
+    pub timed_rows: Option<usize>,
+    /// The variant `max_abs_diff` compares with (`[run] diff_against`); empty when none.
+    #[serde(default)]
+    pub diff_variant: String,
+    /// max |out - out of `diff_variant`| over every output value computed, both on the same
+    /// inputs; empty when not requested or when `diff_variant` did not fit the budget.
+    #[serde(default)]
+    pub max_abs_diff: Option<f64>,
 }
 
 impl Record {
@@ -151,6 +173,10 @@ impl Record {
                 crate::problem::Mode::FwdBwd => case.d_out.name().to_string(),
                 _ => String::new(),
             },
+            extrapolated: false,
+            timed_rows: None,
+            diff_variant: String::new(),
+            max_abs_diff: None,
         }
     }
 

@@ -44,7 +44,10 @@ pub fn summary_table(records: &[Record]) -> String {
             r.head_dim.to_string(),
             r.threads.to_string(),
             r.status.to_string(),
-            r.time_median_s.map_or("-".into(), human_seconds),
+            r.time_median_s.map_or("-".into(), |t| {
+                let mark = if r.extrapolated { " (extrap.)" } else { "" };
+                format!("{}{mark}", human_seconds(t))
+            }),
             r.gflops.map_or("-".into(), |g| format!("{g:.1}")),
             r.mem_overhead_bytes
                 .map_or("-".into(), crate::runner::human_bytes),

@@ -87,9 +87,9 @@ impl Variant for RabeStaats {
     fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
         let (workers, floats) = chunked_layout(case);
         let (bwd_workers, bwd_floats) = bwd_layout(case);
-        let (qc, kc) = chunks(case);
+        let (_, kc) = chunks(case);
         let bwd =
-            Workspace::bytes(bwd_workers, bwd_floats) + bwd::bookkeeping_bytes(&case.shape, qc, kc);
+            Workspace::bytes(bwd_workers, bwd_floats) + bwd::bookkeeping_bytes(&case.shape, kc);
         Workspace::bytes(workers, floats).max(bwd)
     }
 

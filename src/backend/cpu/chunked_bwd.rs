@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
+use super::blocks::LockedBlocks;
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
 use super::softmax::{exp_sub_sum, mask_from, row_max, softmax_grad_rows};
@@ -22,10 +22,9 @@ pub fn items(shape: &Shape, qc: usize) -> usize {
     shape.batch * shape.heads * shape.seq_q.div_ceil(qc)
 }
 
-/// Heap bytes of the per-block lists: dK's and dV's locked blocks, dQ's blocks.
-pub fn bookkeeping_bytes(shape: &Shape, qc: usize, kc: usize) -> u64 {
-    let kv_blocks = shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(kc);
-    LockedBlocks::bytes(kv_blocks) + split_bytes(items(shape, qc))
+/// Heap bytes of the per-block list: dK's and dV's locked blocks.
+pub fn bookkeeping_bytes(shape: &Shape, kc: usize) -> u64 {
+    LockedBlocks::bytes(shape.batch * shape.kv_heads * shape.seq_kv.div_ceil(kc))
 }
 
 /// Per-worker scratch floats, in the order they are carved.
@@ -62,138 +61,145 @@ pub fn backward(
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
     let scale = s.scale();
     let widen = inputs.dtype().size_bytes() != 4;
-    let (nqc, nkc) = (nq.div_ceil(qc), nkv.div_ceil(kc));
+    let nkc = nkv.div_ceil(kc);
     grads.dk.fill(0.0);
     grads.dv.fill(0.0);
     let dkv = LockedBlocks::new(&mut grads.dk, Some(&mut grads.dv), nkv, d, kc);
-    head_row_blocks(&mut grads.dq, nq, d, qc)
-        .into_par_iter()
+    // Nested chunking (no per-block list): the workspace does not depend on n_q, so a part
+    // of the query rows measures the whole case's memory (extrapolation relies on it).
+    grads
+        .dq
+        .par_chunks_mut(nq * d)
         .enumerate()
-        .for_each(|(item, dq_c)| {
-            let (head, ci) = (item / nqc, item % nqc);
-            let (b, h) = (head / s.heads, head % s.heads);
-            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-            let kv_block0 = (b * s.kv_heads + h / s.group()) * nkc;
-            let row0 = ci * qc;
-            let rows = dq_c.len() / d;
-            let mut guard = ws.acquire();
-            let [qs, ks, vs, p, dp, maxes, sums, ld, dq_acc, dk_t, dv_t] =
-                carve(&mut guard, worker_lens(&s, qc, kc, widen));
-            let qs = &mut qs[..rows * d];
-            inputs.q.copy_to_f32(q_off + row0 * d, qs);
-            qs.iter_mut().for_each(|x| *x *= scale);
-            let go = &d_out[q_off + row0 * d..][..rows * d];
-            let o = &out[q_off + row0 * d..][..rows * d];
-            let last_visible = s.visible_keys(causal, row0 + rows - 1);
-            let score = |p: &mut [f32], k: &[f32], k0: usize, kn: usize| {
-                sgemm(
-                    1.0,
-                    MatRef::new(qs, rows, d),
-                    MatRef::new(k, kn, d).t(),
-                    0.0,
-                    p,
-                    kn,
-                );
-                for (r, row) in p.chunks_mut(kn).enumerate() {
-                    mask_from(row, s.visible_keys(causal, row0 + r).saturating_sub(k0));
-                }
-            };
+        .for_each(|(head, dq_h)| {
+            dq_h.par_chunks_mut(qc * d)
+                .enumerate()
+                .for_each(|(ci, dq_c)| {
+                    let (b, h) = (head / s.heads, head % s.heads);
+                    let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+                    let kv_block0 = (b * s.kv_heads + h / s.group()) * nkc;
+                    let row0 = ci * qc;
+                    let rows = dq_c.len() / d;
+                    let mut guard = ws.acquire();
+                    let [qs, ks, vs, p, dp, maxes, sums, ld, dq_acc, dk_t, dv_t] =
+                        carve(&mut guard, worker_lens(&s, qc, kc, widen));
+                    let qs = &mut qs[..rows * d];
+                    inputs.q.copy_to_f32(q_off + row0 * d, qs);
+                    qs.iter_mut().for_each(|x| *x *= scale);
+                    let go = &d_out[q_off + row0 * d..][..rows * d];
+                    let o = &out[q_off + row0 * d..][..rows * d];
+                    let last_visible = s.visible_keys(causal, row0 + rows - 1);
+                    let score = |p: &mut [f32], k: &[f32], k0: usize, kn: usize| {
+                        sgemm(
+                            1.0,
+                            MatRef::new(qs, rows, d),
+                            MatRef::new(k, kn, d).t(),
+                            0.0,
+                            p,
+                            kn,
+                        );
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                            mask_from(row, s.visible_keys(causal, row0 + r).saturating_sub(k0));
+                        }
+                    };
 
-            // Pass 1: the forward's chunk summaries again, then L per row.
-            for j in 0..nkc {
-                let (k0, kn) = (j * kc, kc.min(nkv - j * kc));
-                let (m_j, w_j) = (&mut maxes[j * qc..][..rows], &mut sums[j * qc..][..rows]);
-                if k0 >= last_visible {
-                    m_j.fill(f32::NEG_INFINITY);
-                    w_j.fill(0.0);
-                    continue;
-                }
-                let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                let p = &mut p[..rows * kn];
-                score(p, k, k0, kn);
-                for (r, row) in p.chunks_mut(kn).enumerate() {
-                    m_j[r] = row_max(row);
-                    w_j[r] = exp_sub_sum(row, m_j[r]);
-                }
-            }
-            let (l, dd) = ld.split_at_mut(qc);
-            for r in 0..rows {
-                let big = (0..nkc)
-                    .map(|j| maxes[j * qc + r])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                l[r] = if big == f32::NEG_INFINITY {
-                    f32::NEG_INFINITY
-                } else {
-                    let w: f32 = (0..nkc)
-                        .filter(|&j| maxes[j * qc + r] > f32::NEG_INFINITY)
-                        .map(|j| sums[j * qc + r] * (maxes[j * qc + r] - big).exp())
-                        .sum();
-                    big + w.ln()
-                };
-                dd[r] = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
-            }
-
-            // Pass 2: P from L, and the four gradient products per key chunk.
-            let dq_acc = &mut dq_acc[..rows * d];
-            dq_acc.fill(0.0);
-            for j in 0..nkc {
-                let (k0, kn) = (j * kc, kc.min(nkv - j * kc));
-                if k0 >= last_visible {
-                    continue;
-                }
-                let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
-                let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
-                score(p, k, k0, kn);
-                for (r, row) in p.chunks_mut(kn).enumerate() {
-                    let lr = l[r];
-                    for x in row.iter_mut() {
-                        *x = if lr == f32::NEG_INFINITY {
-                            0.0
-                        } else {
-                            (*x - lr).exp()
-                        };
+                    // Pass 1: the forward's chunk summaries again, then L per row.
+                    for j in 0..nkc {
+                        let (k0, kn) = (j * kc, kc.min(nkv - j * kc));
+                        let (m_j, w_j) =
+                            (&mut maxes[j * qc..][..rows], &mut sums[j * qc..][..rows]);
+                        if k0 >= last_visible {
+                            m_j.fill(f32::NEG_INFINITY);
+                            w_j.fill(0.0);
+                            continue;
+                        }
+                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+                        let p = &mut p[..rows * kn];
+                        score(p, k, k0, kn);
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                            m_j[r] = row_max(row);
+                            w_j[r] = exp_sub_sum(row, m_j[r]);
+                        }
                     }
-                }
-                let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
-                sgemm(
-                    1.0,
-                    MatRef::new(p, rows, kn).t(),
-                    MatRef::new(go, rows, d),
-                    0.0,
-                    dv_t,
-                    d,
-                );
-                sgemm(
-                    1.0,
-                    MatRef::new(go, rows, d),
-                    MatRef::new(v, kn, d).t(),
-                    0.0,
-                    dp,
-                    kn,
-                );
-                softmax_grad_rows(dp, p, dd, kn);
-                sgemm(
-                    1.0,
-                    MatRef::new(dp, rows, kn),
-                    MatRef::new(k, kn, d),
-                    1.0,
-                    dq_acc,
-                    d,
-                );
-                // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d).
-                sgemm(
-                    1.0,
-                    MatRef::new(dp, rows, kn).t(),
-                    MatRef::new(qs, rows, d),
-                    0.0,
-                    dk_t,
-                    d,
-                );
-                dkv.add(kv_block0 + j, &[dk_t, dv_t]);
-            }
-            for (y, x) in dq_c.iter_mut().zip(dq_acc.iter()) {
-                *y = x * scale;
-            }
+                    let (l, dd) = ld.split_at_mut(qc);
+                    for r in 0..rows {
+                        let big = (0..nkc)
+                            .map(|j| maxes[j * qc + r])
+                            .fold(f32::NEG_INFINITY, f32::max);
+                        l[r] = if big == f32::NEG_INFINITY {
+                            f32::NEG_INFINITY
+                        } else {
+                            let w: f32 = (0..nkc)
+                                .filter(|&j| maxes[j * qc + r] > f32::NEG_INFINITY)
+                                .map(|j| sums[j * qc + r] * (maxes[j * qc + r] - big).exp())
+                                .sum();
+                            big + w.ln()
+                        };
+                        dd[r] = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
+                    }
+
+                    // Pass 2: P from L, and the four gradient products per key chunk.
+                    let dq_acc = &mut dq_acc[..rows * d];
+                    dq_acc.fill(0.0);
+                    for j in 0..nkc {
+                        let (k0, kn) = (j * kc, kc.min(nkv - j * kc));
+                        if k0 >= last_visible {
+                            continue;
+                        }
+                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+                        let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+                        let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
+                        score(p, k, k0, kn);
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                            let lr = l[r];
+                            for x in row.iter_mut() {
+                                *x = if lr == f32::NEG_INFINITY {
+                                    0.0
+                                } else {
+                                    (*x - lr).exp()
+                                };
+                            }
+                        }
+                        let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
+                        sgemm(
+                            1.0,
+                            MatRef::new(p, rows, kn).t(),
+                            MatRef::new(go, rows, d),
+                            0.0,
+                            dv_t,
+                            d,
+                        );
+                        sgemm(
+                            1.0,
+                            MatRef::new(go, rows, d),
+                            MatRef::new(v, kn, d).t(),
+                            0.0,
+                            dp,
+                            kn,
+                        );
+                        softmax_grad_rows(dp, p, dd, kn);
+                        sgemm(
+                            1.0,
+                            MatRef::new(dp, rows, kn),
+                            MatRef::new(k, kn, d),
+                            1.0,
+                            dq_acc,
+                            d,
+                        );
+                        // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d).
+                        sgemm(
+                            1.0,
+                            MatRef::new(dp, rows, kn).t(),
+                            MatRef::new(qs, rows, d),
+                            0.0,
+                            dk_t,
+                            d,
+                        );
+                        dkv.add(kv_block0 + j, &[dk_t, dv_t]);
+                    }
+                    for (y, x) in dq_c.iter_mut().zip(dq_acc.iter()) {
+                        *y = x * scale;
+                    }
+                });
         });
 }

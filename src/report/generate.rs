@@ -1,0 +1,87 @@
+//! `attnbench report`: reads a results directory (runs.csv, meta.json), writes tables.md and
+//! the plots into `DIR/report/` (or `--out`), and prints the derived checks. `sweep` calls
+//! it at the end unless `--no-report`.
+
+use std::path::{Path, PathBuf};
+
+use super::checks::{table2_checks, Check, Verdict};
+use super::figures::write_all;
+use super::load::Results;
+use super::plot::Format;
+use super::select::table2_rows;
+use super::series::chunk_grids;
+use super::tables::{render, Inputs, TABLE2_ID};
+use crate::error::{Error, Result};
+
+/// The report directory's name inside a results directory.
+pub const REPORT_DIR: &str = "report";
+pub const TABLES_NAME: &str = "tables.md";
+
+/// What a report wrote.
+#[derive(Debug)]
+pub struct Generated {
+    pub out: PathBuf,
+    /// Every file written, relative to `out`.
+    pub files: Vec<String>,
+    pub checks: Vec<Check>,
+}
+
+pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Generated> {
+    let results = Results::read(dir)?;
+    let out = out.map_or_else(|| dir.join(REPORT_DIR), Path::to_path_buf);
+    std::fs::create_dir_all(&out)
+        .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
+    let paper = results.paper();
+    let table2 = table2_rows(&results.records);
+    let checks = match &paper {
+        Some(p) if p.id == TABLE2_ID => table2_checks(&table2, p),
+        _ => Vec::new(),
+    };
+    let grids = chunk_grids(&results.records);
+    let plots = write_all(&results, &grids, &out, formats)?;
+    let md = render(&Inputs {
+        results: &results,
+        paper: paper.as_ref(),
+        table2: &table2,
+        checks: &checks,
+        grids: &grids,
+        plots: &plots,
+    });
+    let tables = out.join(TABLES_NAME);
+    std::fs::write(&tables, md)
+        .map_err(|e| Error::io(format!("cannot write {}", tables.display()), e))?;
+    let mut files = vec![TABLES_NAME.to_string()];
+    for p in &plots {
+        let stem = p.file.rsplit_once('.').map_or(p.file.as_str(), |(s, _)| s);
+        files.extend(formats.iter().map(|f| format!("{stem}.{}", f.ext())));
+    }
+    Ok(Generated { out, files, checks })
+}
+
+/// The checks as terminal lines: "PASS  name: ours (paper: ...)".
+pub fn checks_text(checks: &[Check]) -> String {
+    checks
+        .iter()
+        .map(|c| {
+            let v = match c.verdict {
+                Verdict::NotApplicable => "n/a ".to_string(),
+                v => v.to_string(),
+            };
+            format!("  {v}  {}: {} (paper: {})\n", c.name, c.ours, c.paper)
+        })
+        .collect()
+}
+
+/// `attnbench report DIR`: generate, then print where it went and the checks.
+pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
+    let g = generate(dir, out, formats)?;
+    println!(
+        "report written to {}: {}",
+        g.out.display(),
+        g.files.join(", ")
+    );
+    if !g.checks.is_empty() {
+        println!("derived checks:\n{}", checks_text(&g.checks));
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! Reading a results directory for a report: `runs.csv` (checked for the columns a report
+//! needs, with a message naming the file and the missing columns) and `meta.json` (optional:
+//! provenance, memory budget, calibration and the paper table). Nothing else is read, so
+//! runs made elsewhere, by another build, report the same way.
+
+use std::path::{Path, PathBuf};
+
+use super::meta::Meta;
+use super::paper::PaperTable;
+use super::record::{header, Record};
+use crate::config::ByteSize;
+use crate::error::{Error, Result};
+use crate::measure::calibrate::Calibration;
+
+pub const CSV_NAME: &str = "runs.csv";
+pub const META_NAME: &str = "meta.json";
+
+/// Columns added after the first release of the CSV; older files without them still read.
+pub const OPTIONAL_COLUMNS: [&str; 10] = [
+    "time_bwd_median_s",
+    "grad_max_abs_err",
+    "grad_max_rel_err",
+    "grad_err_rows",
+    "grad_err_scope",
+    "d_out",
+    "extrapolated",
+    "timed_rows",
+    "diff_variant",
+    "max_abs_diff",
+];
+
+/// The contents of a results directory.
+#[derive(Clone, Debug)]
+pub struct Results {
+    pub dir: PathBuf,
+    pub records: Vec<Record>,
+    pub meta: Option<Meta>,
+}
+
+impl Results {
+    pub fn read(dir: &Path) -> Result<Results> {
+        if !dir.is_dir() {
+            return Err(Error::Input {
+                path: dir.to_path_buf(),
+                msg: "not a results directory (expected a directory holding runs.csv)".into(),
+            });
+        }
+        let records = read_csv(&dir.join(CSV_NAME))?;
+        let meta_path = dir.join(META_NAME);
+        let meta = if meta_path.exists() {
+            let text = std::fs::read_to_string(&meta_path)
+                .map_err(|e| Error::io(format!("cannot read {}", meta_path.display()), e))?;
+            Some(serde_json::from_str(&text).map_err(|e| Error::Input {
+                path: meta_path.clone(),
+                msg: format!("not a meta.json written by attnbench: {e}"),
+            })?)
+        } else {
+            None
+        };
+        Ok(Results {
+            dir: dir.to_path_buf(),
+            records,
+            meta,
+        })
+    }
+
+    /// The run name: from the rows (they all carry it), else the directory name.
+    pub fn run_name(&self) -> String {
+        self.records.first().map_or_else(
+            || {
+                self.dir
+                    .file_name()
+                    .map_or("run".into(), |n| n.to_string_lossy().into_owned())
+            },
+            |r| r.run.clone(),
+        )
+    }
+
+    /// `run.memory_budget` of the config that produced the rows.
+    pub fn memory_budget(&self) -> Option<u64> {
+        let v = self
+            .meta
+            .as_ref()?
+            .config
+            .get("run")?
+            .get("memory_budget")?;
+        serde_json::from_value::<ByteSize>(v.clone())
+            .ok()
+            .map(|b| b.bytes())
+    }
+
+    /// The paper table the config joined (`[report] paper_table`), as embedded in meta.json.
+    pub fn paper(&self) -> Option<PaperTable> {
+        let v = self.meta.as_ref()?.config.get("report")?.get("paper")?;
+        serde_json::from_value(v.clone()).ok()
+    }
+
+    pub fn calibration(&self) -> &[Calibration] {
+        self.meta.as_ref().map_or(&[], |m| m.calibration.as_slice())
+    }
+}
+
+/// Reads `runs.csv`, refusing an empty file, a header without the columns reports need, and
+/// a file without rows.
+pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
+    let input = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        input(format!(
+            "cannot read it ({e}); a results directory holds the runs.csv a sweep writes"
+        ))
+    })?;
+    if text.trim().is_empty() {
+        return Err(input("the file is empty (no header, no rows)".into()));
+    }
+    let mut r = ::csv::Reader::from_reader(text.as_bytes());
+    let found: Vec<String> = r
+        .headers()
+        .map_err(|e| input(format!("reading the header: {e}")))?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let missing: Vec<String> = header()
+        .into_iter()
+        .filter(|c| !OPTIONAL_COLUMNS.contains(&c.as_str()) && !found.contains(c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(input(format!(
+            "missing column{} {} (a report needs the columns attnbench writes; see README \"CSV columns\")",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", ")
+        )));
+    }
+    let records = r
+        .deserialize()
+        .enumerate()
+        .map(|(i, rec)| rec.map_err(|e| input(format!("row {}: {e}", i + 2))))
+        .collect::<Result<Vec<Record>>>()?;
+    if records.is_empty() {
+        return Err(input(
+            "no rows: the header is there but no case was recorded".into(),
+        ));
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_headerless_and_short_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(CSV_NAME);
+        let msg = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            match read_csv(&p) {
+                Err(e @ Error::Input { .. }) => {
+                    assert_eq!(e.exit_code(), 2);
+                    e.to_string()
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(msg("").contains("empty"));
+        assert!(msg(&(header().join(",") + "\n")).contains("no rows"));
+        let short = msg("run,case_id,variant\nx,y,naive\n");
+        assert!(short.contains("missing columns") && short.contains("time_median_s"));
+        assert!(
+            !short.contains("max_abs_diff"),
+            "optional columns are not required"
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! Plots with plotters, as PNG and SVG: line charts (`chart`) and chunk-sweep heatmaps
+//! (`heatmap`) on axes with unit-carrying ticks (`axis`). Text is rendered from DejaVu Sans
+//! embedded in the binary (assets/fonts, Bitstream Vera licence), registered with plotters'
+//! ab_glyph backend: no system font, no fontconfig.
+
+pub mod axis;
+pub mod chart;
+pub mod heatmap;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::prelude::*;
+
+use crate::error::{Error, Result};
+
+/// The family name the embedded font is registered under.
+pub const FONT: &str = "sans-serif";
+/// Image size in pixels (PNG; the SVG has the same user units).
+pub const WIDTH: u32 = 1400;
+pub const HEIGHT: u32 = 820;
+
+static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
+
+/// Output formats of `attnbench report --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Png,
+    Svg,
+}
+
+impl Format {
+    pub fn ext(self) -> &'static str {
+        match self {
+            Format::Png => "png",
+            Format::Svg => "svg",
+        }
+    }
+}
+
+/// A figure of either kind.
+pub enum Plot {
+    Chart(chart::Figure),
+    Heatmap(heatmap::Heatmap),
+}
+
+impl Plot {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, plotters::coord::Shift>,
+    ) -> Result<(), String> {
+        match self {
+            Plot::Chart(f) => f.draw(root),
+            Plot::Heatmap(h) => h.draw(root),
+        }
+    }
+}
+
+fn register_font() -> Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, DEJAVU_SANS).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Runtime(
+            "the embedded font (DejaVu Sans) could not be loaded".into(),
+        ))
+    }
+}
+
+/// Writes `plot` as `dir/stem.EXT` in every format; returns the file names written.
+pub fn save(plot: &Plot, dir: &Path, stem: &str, formats: &[Format]) -> Result<Vec<String>> {
+    register_font()?;
+    let mut names = Vec::new();
+    for &f in formats {
+        let name = format!("{stem}.{}", f.ext());
+        let path = dir.join(&name);
+        let fail = |e: String| Error::Runtime(format!("drawing {}: {e}", path.display()));
+        match f {
+            Format::Png => {
+                let root = BitMapBackend::new(&path, (WIDTH, HEIGHT)).into_drawing_area();
+                plot.draw(&root).map_err(fail)?;
+                root.present().map_err(|e| fail(e.to_string()))?;
+            }
+            Format::Svg => {
+                let root = SVGBackend::new(&path, (WIDTH, HEIGHT)).into_drawing_area();
+                plot.draw(&root).map_err(fail)?;
+                root.present().map_err(|e| fail(e.to_string()))?;
+            }
+        }
+        names.push(name);
+    }
+    Ok(names)
+}

@@ -1,0 +1,266 @@
+//! `attnbench report` end to end on a fixture results directory (tests/fixtures/report:
+//! a hand-made runs.csv with Rabe–Staats Table 2 shaped rows and a meta.json; the numbers
+//! are plausible, not measured): tables.md against a golden copy, plots that are valid PNG
+//! and SVG, clear errors (exit code 2) for missing columns and empty CSVs, no config needed.
+//!
+//! After an intended change to tables.md, regenerate the golden copy with
+//! `UPDATE_GOLDEN=1 cargo test --release --test report` and review the diff.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn attnbench() -> Command {
+    Command::cargo_bin("attnbench").expect("binary built")
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report")
+}
+
+/// Runs the report from an unrelated working directory (no configs/ there), into `out`.
+fn report(dir: &Path, out: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
+    let cwd = tempfile::tempdir().unwrap();
+    attnbench()
+        .current_dir(cwd.path())
+        .arg("report")
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .assert()
+}
+
+#[test]
+fn fixture_report_matches_the_golden_tables_md() {
+    let out = tempfile::tempdir().unwrap();
+    report(&fixture(), out.path(), &[]).success().stdout(
+        predicate::str::contains("PASS  memory overhead ratio")
+            .and(predicate::str::contains("0.495 (5 points)"))
+            .and(predicate::str::contains("standard oom at 2^16, 2^18, 2^20")),
+    );
+    let got = fs::read_to_string(out.path().join("tables.md")).unwrap();
+    let golden = fixture().join("expected/tables.md");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        fs::write(&golden, &got).unwrap();
+    }
+    let want = fs::read_to_string(&golden).expect("golden tables.md (UPDATE_GOLDEN=1 writes it)");
+    assert!(
+        got == want,
+        "tables.md differs from {}; rerun with UPDATE_GOLDEN=1 if intended\n--- got ---\n{got}",
+        golden.display()
+    );
+    // The table shows the paper's cells verbatim, ours beside them, OOM and extrapolation marked.
+    for needle in [
+        "| Memory overhead of standard attention (paper) | 270KB | 4.0MB | 64MB | 1GB | OOM | OOM | OOM |",
+        "| OOM | OOM | OOM |",
+        "†",
+        "**PASS**",
+    ] {
+        assert!(got.contains(needle), "tables.md lacks {needle}");
+    }
+}
+
+#[test]
+fn plots_are_valid_png_and_svg() {
+    let out = tempfile::tempdir().unwrap();
+    report(&fixture(), out.path(), &[]).success();
+    let stems = [
+        "runtime",
+        "memory",
+        "error",
+        "gflops",
+        "chunks_rabe-staats_f32_n1024",
+    ];
+    for stem in stems {
+        let png = out.path().join(format!("{stem}.png"));
+        let bytes = fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
+        assert!(
+            bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+            "{stem}.png signature"
+        );
+        let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
+            .unwrap_or_else(|e| panic!("{stem}.png does not decode: {e}"))
+            .to_rgb8();
+        assert_eq!(img.dimensions(), (1400, 820));
+        // Not blank: text and lines leave plenty of non-white pixels.
+        let inked = img.pixels().filter(|p| p.0 != [255, 255, 255]).count();
+        assert!(
+            inked > 10_000,
+            "{stem}.png has only {inked} non-white pixels"
+        );
+        let svg = fs::read_to_string(out.path().join(format!("{stem}.svg"))).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{stem}.svg"
+        );
+        assert!(
+            svg.contains("<text") && svg.contains("sequence length") || stem.starts_with("chunks")
+        );
+    }
+}
+
+#[test]
+fn format_flag_selects_the_plot_files() {
+    let out = tempfile::tempdir().unwrap();
+    report(&fixture(), out.path(), &["--format", "svg"]).success();
+    assert!(out.path().join("memory.svg").exists());
+    assert!(!out.path().join("memory.png").exists());
+    assert!(out.path().join("tables.md").exists());
+    attnbench()
+        .args(["report", "--format", "gif"])
+        .arg(fixture())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("gif"));
+}
+
+#[test]
+fn missing_columns_and_empty_csvs_are_clear_errors_exiting_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("res");
+    fs::create_dir_all(&dir).unwrap();
+    let out = tmp.path().join("out");
+    let text = fs::read_to_string(fixture().join("runs.csv")).unwrap();
+    // Drop the time_median_s column.
+    let col = text
+        .lines()
+        .next()
+        .unwrap()
+        .split(',')
+        .position(|c| c == "time_median_s")
+        .unwrap();
+    let cut: String = text
+        .lines()
+        .map(|l| {
+            let mut cells: Vec<&str> = l.split(',').collect();
+            cells.remove(col);
+            cells.join(",") + "\n"
+        })
+        .collect();
+    fs::write(dir.join("runs.csv"), cut).unwrap();
+    report(&dir, &out, &[]).code(2).stderr(
+        predicate::str::contains("runs.csv")
+            .and(predicate::str::contains("missing column time_median_s")),
+    );
+    fs::write(dir.join("runs.csv"), "").unwrap();
+    report(&dir, &out, &[])
+        .code(2)
+        .stderr(predicate::str::contains("runs.csv").and(predicate::str::contains("empty")));
+    let header = text.lines().next().unwrap().to_string() + "\n";
+    fs::write(dir.join("runs.csv"), header).unwrap();
+    report(&dir, &out, &[])
+        .code(2)
+        .stderr(predicate::str::contains("no rows"));
+    report(&tmp.path().join("nothing"), &out, &[])
+        .code(2)
+        .stderr(predicate::str::contains("nothing"));
+    fs::remove_file(dir.join("runs.csv")).unwrap();
+    report(&dir, &out, &[])
+        .code(2)
+        .stderr(predicate::str::contains("runs.csv"));
+}
+
+#[test]
+fn report_needs_no_meta_json_and_reads_csvs_from_before_the_new_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("old");
+    fs::create_dir_all(&dir).unwrap();
+    // The committed quick results predate the extrapolated/diff columns.
+    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
+    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    let out = tmp.path().join("out");
+    report(&dir, &out, &["--format", "png"]).success();
+    let md = fs::read_to_string(out.join("tables.md")).unwrap();
+    assert!(md.contains("no meta.json") && md.contains("## All cases"));
+    assert!(
+        !md.contains("## Derived checks"),
+        "no paper table, no checks"
+    );
+    assert!(out.join("runtime.png").exists());
+}
+
+#[test]
+fn sweep_writes_the_report_unless_told_not_to() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("c.toml");
+    let paper = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/papers/rabe_staats_table2.csv");
+    fs::write(
+        &cfg,
+        format!(
+            r#"
+[run]
+name = "tiny"
+warmup = 0
+min_reps = 1
+max_reps = 2
+max_time_s = 0.05
+calibrate = false
+memory_budget = "8GiB"
+threads = 1
+extrapolate_above_s = 0.000001
+extrapolate_q_chunks = 1
+diff_against = "naive"
+
+[axes]
+variant = ["naive", "rabe-staats"]
+seq_len = [256, 1024]
+q_chunk = [128]
+head_dim = [16]
+dtype = ["bf16"]
+
+[report]
+paper_table = "{}"
+"#,
+            paper.display()
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("report written to")
+                .and(predicate::str::contains("derived checks")),
+        );
+    let md = fs::read_to_string(out.join("report/tables.md")).unwrap();
+    assert!(md.contains("Rabe–Staats Table 2"));
+    // rabe-staats at n = 1024 with 128-row chunks on 1 thread is extrapolated from 128 rows,
+    // and naive (workspace grows with the rows) never is.
+    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(|x| x.unwrap()).collect();
+    let get = |variant: &str, n: &str| {
+        rows.iter()
+            .find(|x| &x[col("variant")] == variant && &x[col("seq_q")] == n)
+            .unwrap()
+            .clone()
+    };
+    let rs = get("rabe-staats", "1024");
+    assert_eq!(&rs[col("extrapolated")], "true");
+    assert_eq!(&rs[col("timed_rows")], "128");
+    assert_eq!(&rs[col("diff_variant")], "naive");
+    let diff: f64 = rs[col("max_abs_diff")].parse().unwrap();
+    assert!(diff < 1e-5, "rabe-staats vs naive differ by {diff}");
+    assert_eq!(&get("naive", "1024")[col("extrapolated")], "false");
+    assert_eq!(&get("naive", "1024")[col("max_abs_diff")], "");
+    assert!(md.contains("†"));
+
+    let out2 = tmp.path().join("res2");
+    attnbench()
+        .args(["sweep", "--no-report", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out2)
+        .assert()
+        .success();
+    assert!(out2.join("runs.csv").exists() && !out2.join("report").exists());
+}
