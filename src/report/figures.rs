@@ -15,8 +15,9 @@ use super::plot::chart::{
 use super::plot::heatmap::{HeatCell, Heatmap, Panel};
 use super::plot::{save, Format, Plot};
 use super::record::{Record, Status};
+use super::select::TABLE2;
 use super::series::{group, ChunkGrid, Series};
-use super::tables::{PlotLink, DAGGER, TABLE2_ID};
+use super::tables::{PlotLink, DAGGER};
 use crate::error::Result;
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
@@ -217,7 +218,7 @@ fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
             "Dashed, ×: max |out - out of {diff_against}| on the same inputs (the paper's measure), in the colour of its series."
         ));
     }
-    let paper_bounds = results.paper().is_some_and(|p| p.id == TABLE2_ID) && has_diffs;
+    let paper_bounds = results.paper().is_some_and(|p| p.id == TABLE2.id) && has_diffs;
     let hlines = if paper_bounds {
         super::checks::ERROR_BOUNDS
             .iter()

@@ -4,13 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use super::checks::{table2_checks, Check, Verdict};
+use super::checks::{rs_checks, Check, Verdict};
 use super::figures::write_all;
 use super::load::Results;
 use super::plot::Format;
-use super::select::table2_rows;
+use super::select::{layout_of, rs_rows, TABLE2};
 use super::series::chunk_grids;
-use super::tables::{render, Inputs, TABLE2_ID};
+use super::tables::{render, Inputs};
 use crate::error::{Error, Result};
 
 /// The report directory's name inside a results directory.
@@ -32,9 +32,10 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
     std::fs::create_dir_all(&out)
         .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
     let paper = results.paper();
-    let table2 = table2_rows(&results.records);
-    let checks = match &paper {
-        Some(p) if p.id == TABLE2_ID => table2_checks(&table2, p),
+    let layout = paper.as_ref().and_then(|p| layout_of(&p.id));
+    let rows = rs_rows(&results.records, &layout.unwrap_or(TABLE2));
+    let checks = match (&paper, &layout) {
+        (Some(p), Some(l)) => rs_checks(&rows, p, l),
         _ => Vec::new(),
     };
     let grids = chunk_grids(&results.records);
@@ -42,7 +43,8 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
     let md = render(&Inputs {
         results: &results,
         paper: paper.as_ref(),
-        table2: &table2,
+        layout: layout.as_ref(),
+        rows: &rows,
         checks: &checks,
         grids: &grids,
         plots: &plots,

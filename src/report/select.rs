@@ -1,7 +1,8 @@
-//! Which of our rows stand for the paper's columns in Rabe–Staats Table 2 (seed 001
-//! L247–255): "standard attention" is `naive`, "memory-efficient attention" is `rabe-staats`
-//! with the paper's default chunks (query 1024, key 4096, each `min(chunk, n)`), normal
-//! inputs, forward, non-causal, no window. The √n check uses `rabe-staats` with
+//! Which of our rows stand for the paper's columns in Rabe–Staats Table 2 (inference, seed
+//! 001 L247–255) and Table 3 (differentiation, L321–330), which share one layout:
+//! "standard attention" is `naive`, "memory-efficient attention" is `rabe-staats` with the
+//! paper's default chunks (query 1024, key 4096, each `min(chunk, n)`), normal inputs, the
+//! table's mode (`fwd` or `fwd+bwd`), non-causal, no window. The √n check uses `rabe-staats` with
 //! kv_chunk = ⌈√n⌉ and the default query chunk (REPRODUCTION.md 1.1). When several rows
 //! match one n (other dtypes or thread counts in the same CSV) the first in CSV order is
 //! used, and the table says which dtypes and threads its rows have.
@@ -17,9 +18,40 @@ pub const MEMORY_EFFICIENT: &str = "rabe-staats";
 pub const PAPER_Q_CHUNK: usize = 1024;
 pub const PAPER_KV_CHUNK: usize = 4096;
 
-/// Our rows for the Table 2 layout, keyed by sequence length.
+/// One of the Rabe–Staats tables this report lays out beside our rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RsLayout {
+    /// The first header cell of the paper data CSV (`configs/papers/<id>.csv`).
+    pub id: &'static str,
+    pub title: &'static str,
+    /// Our rows' mode.
+    pub mode: &'static str,
+    /// The abstract's overhead reduction standard / memory-efficient at n = 16384.
+    pub paper_ratio: f64,
+}
+
+pub const TABLE2: RsLayout = RsLayout {
+    id: "rabe_staats_table2",
+    title: "Rabe–Staats Table 2 (inference)",
+    mode: "fwd",
+    paper_ratio: 59.0,
+};
+
+pub const TABLE3: RsLayout = RsLayout {
+    id: "rabe_staats_table3",
+    title: "Rabe–Staats Table 3 (differentiation)",
+    mode: "fwd+bwd",
+    paper_ratio: 32.0,
+};
+
+/// The layout of a paper table id, if this report knows it.
+pub fn layout_of(id: &str) -> Option<RsLayout> {
+    [TABLE2, TABLE3].into_iter().find(|l| l.id == id)
+}
+
+/// Our rows for a Rabe–Staats layout, keyed by sequence length.
 #[derive(Debug, Default)]
-pub struct Table2Rows<'a> {
+pub struct RsRows<'a> {
     pub standard: BTreeMap<usize, &'a Record>,
     pub memory_efficient: BTreeMap<usize, &'a Record>,
     /// `rabe-staats` with kv_chunk = ⌈√n⌉, q_chunk = min(1024, n), any input distribution.
@@ -28,8 +60,8 @@ pub struct Table2Rows<'a> {
     pub paired: BTreeMap<(String, usize), &'a Record>,
 }
 
-fn plain(r: &Record) -> bool {
-    r.mode == "fwd" && !r.causal && r.window.is_none()
+fn plain(r: &Record, mode: &str) -> bool {
+    r.mode == mode && !r.causal && r.window.is_none()
 }
 
 fn default_chunks(r: &Record) -> bool {
@@ -37,9 +69,9 @@ fn default_chunks(r: &Record) -> bool {
         && r.kv_chunk == Some(PAPER_KV_CHUNK.min(r.seq_kv))
 }
 
-pub fn table2_rows(records: &[Record]) -> Table2Rows<'_> {
-    let mut t = Table2Rows::default();
-    for r in records.iter().filter(|r| plain(r)) {
+pub fn rs_rows<'a>(records: &'a [Record], layout: &RsLayout) -> RsRows<'a> {
+    let mut t = RsRows::default();
+    for r in records.iter().filter(|r| plain(r, layout.mode)) {
         let normal = r.input_dist == "normal";
         if r.variant == STANDARD && normal {
             t.standard.entry(r.seq_q).or_insert(r);
@@ -66,7 +98,7 @@ pub fn table2_rows(records: &[Record]) -> Table2Rows<'_> {
     t
 }
 
-impl Table2Rows<'_> {
+impl RsRows<'_> {
     /// "bf16 inputs, 1 thread" (or the mix) of the rows the table shows.
     pub fn describe(&self) -> String {
         let rows: Vec<&Record> = self

@@ -10,11 +10,10 @@ use super::fmt::{bytes, percent, pow2, sci, seconds};
 use super::load::Results;
 use super::paper::PaperTable;
 use super::record::{Record, Status};
-use super::select::{Table2Rows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD};
+use super::select::{
+    RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
+};
 use super::series::ChunkGrid;
-
-/// The id of the layout `select` and `checks` know (the first header cell of the CSV).
-pub const TABLE2_ID: &str = "rabe_staats_table2";
 
 /// Marks an extrapolated time.
 pub const DAGGER: &str = "†";
@@ -30,7 +29,9 @@ pub struct PlotLink {
 pub struct Inputs<'a> {
     pub results: &'a Results,
     pub paper: Option<&'a PaperTable>,
-    pub table2: &'a Table2Rows<'a>,
+    /// The Rabe–Staats layout of the paper table, when it is one.
+    pub layout: Option<&'a RsLayout>,
+    pub rows: &'a RsRows<'a>,
     pub checks: &'a [Check],
     pub grids: &'a [ChunkGrid<'a>],
     pub plots: &'a [PlotLink],
@@ -40,11 +41,12 @@ pub fn render(i: &Inputs) -> String {
     let mut md = String::new();
     provenance(&mut md, i.results);
     if let Some(paper) = i.paper {
-        if paper.id == TABLE2_ID {
-            table2(&mut md, paper, i.table2, i.results.memory_budget());
-            checks(&mut md, i.checks, i.table2);
-        } else {
-            as_printed(&mut md, paper);
+        match i.layout {
+            Some(layout) => {
+                rs_table(&mut md, layout, paper, i.rows, i.results.memory_budget());
+                checks(&mut md, i.checks, i.rows);
+            }
+            None => as_printed(&mut md, paper),
         }
     }
     all_cases(&mut md, &i.results.records);
@@ -157,8 +159,14 @@ fn time_cell(r: &Record) -> Option<String> {
         .map(|t| format!("{}{}", seconds(t), if r.extrapolated { DAGGER } else { "" }))
 }
 
-fn table2(md: &mut String, paper: &PaperTable, t: &Table2Rows, budget: Option<u64>) {
-    md.push_str("\n## Rabe–Staats Table 2 (inference): the paper and this run\n\n");
+fn rs_table(
+    md: &mut String,
+    layout: &RsLayout,
+    paper: &PaperTable,
+    t: &RsRows,
+    budget: Option<u64>,
+) {
+    let _ = writeln!(md, "\n## {}: the paper and this run\n", layout.title);
     for line in &paper.source {
         let _ = writeln!(md, "> {line}");
     }
@@ -231,6 +239,13 @@ fn table2(md: &mut String, paper: &PaperTable, t: &Table2Rows, budget: Option<u6
             })
         },
     );
+    if *layout == TABLE3 {
+        ours_row(
+            md,
+            "Model of the paper's memory-efficient backward: one query chunk's score slab, min(1024, n)·n·4 B (REPRODUCTION.md 1.1)",
+            &|n| bytes((PAPER_Q_CHUNK.min(n) * n * 4) as f64),
+        );
+    }
     paper_row(
         md,
         "Compute time on TPUv2 (paper, memory-efficient)",
@@ -265,14 +280,28 @@ fn table2(md: &mut String, paper: &PaperTable, t: &Table2Rows, budget: Option<u6
             }
         },
     );
+    if *layout == TABLE3 {
+        md.push_str(TABLE3_NOTE);
+    }
 }
+
+/// Table 3's reading of the memory rows (REPRODUCTION.md 1.1).
+const TABLE3_NOTE: &str =
+    "\nTable 3's memory-efficient overhead grows as 1024·n·4 bytes from n = 2^14 on: XLA \
+    keeps one query chunk's full score slab for the backward, so the paper's JAX \
+    differentiation is O(n), not O(√n). Ours is the checkpointed backward of Sec. 5.2 done \
+    chunk by chunk: it recomputes each chunk's summaries and probabilities and holds only \
+    q_chunk × kv_chunk slabs, so no n-long score row is ever formed. The model row shows \
+    what the paper's implementation would need at every n, beside our measurement. The \
+    standard row is `naive`: its forward keeps P and its backward adds dS (8·n² bytes, \
+    the paper's 8n²). Both use dO = 1 (`d_out = ones`, the paper's jax.grad of sum(out)).\n";
 
 /// Text for a markdown table cell (a `|` would end the cell).
 fn cell(text: &str) -> String {
     text.replace('|', "\\|")
 }
 
-fn checks(md: &mut String, checks: &[Check], t: &Table2Rows) {
+fn checks(md: &mut String, checks: &[Check], t: &RsRows) {
     md.push_str("\n## Derived checks\n\n| check | paper | ours | verdict |\n|---|---|---|---|\n");
     for c in checks {
         let _ = writeln!(
