@@ -217,16 +217,10 @@ fn measure(
     // as an error), peak reset just before the call, so the overhead excludes inputs and
     // outputs, which are already live.
     out.fill(f32::NAN);
-    rss::reset_peak_rss();
-    let probe = MemoryProbe::start();
-    let pass = forward(case, &inputs, &mut out);
-    let overhead = probe.finish();
-    if let Err(e) = pass {
+    if let Err(e) = probe_pass(&mut record, || forward(case, &inputs, &mut out)) {
         let status = oom_or_error(&e);
         return Ok(failed(record, status, e, Some(inputs)));
     }
-    record.mem_overhead_bytes = Some(overhead);
-    record.peak_rss_bytes = rss::peak_rss_bytes();
 
     record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
     Ok(Outcome {
@@ -294,16 +288,11 @@ fn measure_train(
     for g in [&mut grads.dq, &mut grads.dk, &mut grads.dv] {
         g.fill(f32::NAN);
     }
-    rss::reset_peak_rss();
-    let probe = MemoryProbe::start();
-    let pass = train_step(case, &inputs, &d_out, &mut out, &mut grads);
-    let overhead = probe.finish();
-    if let Err(e) = pass {
+    let pass = || train_step(case, &inputs, &d_out, &mut out, &mut grads).map(|_| ());
+    if let Err(e) = probe_pass(&mut record, pass) {
         let status = oom_or_error(&e);
         return Ok(failed(record, status, e, Some(inputs)));
     }
-    record.mem_overhead_bytes = Some(overhead);
-    record.peak_rss_bytes = rss::peak_rss_bytes();
 
     record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
     let g = reference::grad::check(&inputs, case.causal, &d_out, &grads, settings.error_rows);
@@ -342,6 +331,19 @@ pub fn train_step(
         variant.backward_cpu(case, inputs, out, &saved, d_out, grads)?;
         Ok(start.elapsed().as_secs_f64())
     })
+}
+
+/// Runs `pass` once under the memory probe (peak reset just before it, so what is already
+/// live, inputs and outputs, is excluded) and records the overhead and peak RSS.
+fn probe_pass(record: &mut Record, pass: impl FnOnce() -> Result<()>) -> Result<()> {
+    rss::reset_peak_rss();
+    let probe = MemoryProbe::start();
+    let result = pass();
+    let overhead = probe.finish();
+    result?;
+    record.mem_overhead_bytes = Some(overhead);
+    record.peak_rss_bytes = rss::peak_rss_bytes();
+    Ok(())
 }
 
 fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
