@@ -52,6 +52,11 @@ impl Workspace {
         Ok(Workspace { buffers })
     }
 
+    /// Number of buffers (the most work items that can run at once).
+    pub fn workers(&self) -> usize {
+        self.buffers.len()
+    }
+
     /// Exact bytes `new(workers, floats_per_worker)` allocates (for the variants' predictions).
     pub fn bytes(workers: usize, floats_per_worker: usize) -> u64 {
         (workers * floats_per_worker * 4) as u64
