@@ -83,9 +83,10 @@ pub fn forward_chunked(
     let outs = Blocks::new(out, nq, d, qc);
     let (q16, k16) = (bf16_bits(&inputs.q), bf16_bits(&inputs.k));
     for_each_item(ws, bh * nqc, |buf, i| {
-        // Causal: the query chunks that see the most key chunks first.
+        // Head by head; causal: within a head the query chunks that see the most key
+        // chunks first, so the last items handed out are the cheapest.
         let (head, qi) = if causal {
-            (i % bh, nqc - 1 - i / bh)
+            (i / nqc, nqc - 1 - i % nqc)
         } else {
             (i / nqc, i % nqc)
         };

@@ -90,10 +90,11 @@ pub fn forward(
     let outs = Blocks::new(out, nq, d, bq);
     let lses = lse.map(|l| Blocks::new(l, nq, 1, bq));
     for_each_item(ws, bh * nqb, |buf, i| {
-        // Causal: the blocks that see the most keys first (all heads), so the last items
-        // handed out are the cheapest and the workers finish together.
+        // Head by head (its K and V stay in cache while both workers read them); causal:
+        // within a head the blocks that see the most keys first, so the last items handed
+        // out are the cheapest and the workers finish together.
         let (head, qi) = if causal {
-            (i % bh, nqb - 1 - i / bh)
+            (i / nqb, nqb - 1 - i % nqb)
         } else {
             (i / nqb, i % nqb)
         };

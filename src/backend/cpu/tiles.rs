@@ -518,6 +518,34 @@ pub fn interleave_rows(isa: Isa, src: &[u16], kn: usize, d: usize, dst: &mut [u1
     }
 }
 
+/// FLOPs of `iters` rounds of the path's peak loop (f32 FMA chains; `bf16`: `vdpbf16ps`
+/// chains, only on [`Isa::Avx512Bf16`]) after running it; the value keeps it from being
+/// optimized away.
+pub fn peak_loop(isa: Isa, bf16: bool, iters: usize) -> (f64, f32) {
+    check_isa(isa);
+    let (_, _, w) = tile_shape(isa);
+    if bf16 {
+        assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the path (with AVX512_BF16) is available (checked).
+            let v = unsafe { bf16::dot_chains(iters) };
+            return ((iters * 12 * 16 * 2 * 2) as f64, v);
+        }
+    }
+    // SAFETY: the path is available (checked).
+    let v = unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 | Isa::Avx512 => avx512::fma_chains(iters),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::fma_chains(iters),
+            _ => portable::fma_chains(iters),
+        }
+    };
+    ((iters * portable::FMA_CHAINS * w * 2) as f64, v)
+}
+
 /// The bf16 storage of a tensor as raw bits, if it is bf16.
 pub fn bf16_bits(t: &Tensor) -> Option<&[u16]> {
     match t {

@@ -215,3 +215,24 @@ pub unsafe fn interleave_rows(src: *const u16, kn: usize, d: usize, dst: *mut u1
         p += 1;
     }
 }
+
+/// `iters` rounds of 12 independent `vdpbf16ps` chains: the bf16 pair multiply-add issue
+/// rate (32 multiply-adds per instruction), for the calibrated peak.
+///
+/// # Safety
+/// AVX512_BF16 is available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn dot_chains(iters: usize) -> f32 {
+    let mut acc = [_mm512_set1_ps(0.5); 12];
+    let x = as_bh(_mm512_set1_epi32(0x3380_3380)); // pairs of bf16 6e-8: sums stay small
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbf16_ps(*a, x, x);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for a in acc {
+        s = _mm512_add_ps(s, a);
+    }
+    _mm512_reduce_add_ps(s)
+}

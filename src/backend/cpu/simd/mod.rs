@@ -103,6 +103,8 @@ macro_rules! kernels {
         /// Register rows of a tile (MR) and vectors across (NV): MR x NV accumulators.
         pub const MR_MAX: usize = $mr_max;
         pub const NV_MAX: usize = $nv_max;
+        /// Independent chains of [`fma_chains`].
+        pub const FMA_CHAINS: usize = 12;
 
         /// One MR x NV tile of the f32 GEMM.
         ///
@@ -417,6 +419,29 @@ macro_rules! kernels {
                 store_m(p, mul(load_m(p, m), fv), m);
                 i += k;
             }
+        }
+
+        /// `iters` rounds of 12 independent FMA chains (enough to cover the latency): the
+        /// path's f32 multiply-add issue rate, for the calibrated peak. Returns a sum the
+        /// caller keeps, so nothing is optimized away.
+        ///
+        /// # Safety
+        /// The path's features are available.
+        $(#[$attr])*
+        pub unsafe fn fma_chains(iters: usize) -> f32 {
+            const CHAINS: usize = 12;
+            let mut acc = [splat(0.5); CHAINS];
+            let (m, c) = (splat(0.999_999), splat(1e-7));
+            for _ in 0..iters {
+                for a in acc.iter_mut() {
+                    *a = fma(*a, m, c);
+                }
+            }
+            let mut s = zero();
+            for a in acc {
+                s = add(s, a);
+            }
+            hsum(s)
         }
 
         /// 2^x for `n` floats, in place (for tests of the polynomial).
