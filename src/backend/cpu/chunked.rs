@@ -131,24 +131,34 @@ pub fn forward_chunked(
                     &vw[..kn * d]
                 }
             };
-            for r0 in (0..rows).step_by(STRIP) {
-                let sr = STRIP.min(rows - r0);
-                let (m_s, w_s) = (&mut m_j[r0..][..sr], &mut w_j[r0..][..sr]);
-                let v_s = &mut v_j[r0 * d..][..sr * d];
+            // The strips of the chunk write disjoint rows of the slab and the summaries, so
+            // they may run on any worker: when there are fewer query chunks than threads
+            // (one head, n <= 2 q_c) the idle workers take strips of the busy chunk.
+            let (kt, kt16) = match path {
+                Path::Bf16Dot => (&[][..], &*as_u16(kt)),
+                _ => (&*kt, &[][..]),
+            };
+            let strips = sc[..rows * kn]
+                .par_chunks_mut(STRIP * kn)
+                .zip(m_j.par_chunks_mut(STRIP))
+                .zip(w_j.par_chunks_mut(STRIP))
+                .zip(v_j.par_chunks_mut(STRIP * d))
+                .enumerate();
+            strips.for_each(|(si, (((p, m_s), w_s), v_s))| {
+                let r0 = si * STRIP;
+                let sr = m_s.len();
                 if s.visible_keys(causal, row0 + r0 + sr - 1) <= k0 {
                     m_s.fill(f32::NEG_INFINITY);
                     w_s.fill(0.0);
                     v_s.fill(0.0);
-                    continue;
+                    return;
                 }
-                let p = &mut sc[r0 * kn..][..sr * kn];
                 for (pi, j0) in (0..kn).step_by(PANEL).enumerate() {
                     let jn = PANEL.min(kn - j0);
                     let panel = pi * PANEL * d;
                     match path {
                         Path::Bf16Dot => {
                             let q = &q16[q_off + (row0 + r0) * d..][..sr * d];
-                            let kt = &as_u16(kt)[panel..][..PANEL * d];
                             let a = AOp {
                                 data: q,
                                 rows: sr,
@@ -157,7 +167,7 @@ pub fn forward_chunked(
                                 cs: 2,
                             };
                             let b = BOp {
-                                data: kt,
+                                data: &kt16[panel..][..PANEL * d],
                                 k: d / 2,
                                 n: jn,
                                 ld: 2 * PANEL,
@@ -202,7 +212,7 @@ pub fn forward_chunked(
                     ld: d,
                 };
                 gemm(isa, a, b, v_s, d, Out::Store);
-            }
+            });
         }
         // global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums.
         for r in 0..rows {

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{epilogue, exp2, Mask, NV_MAX, V, W};
+use super::avx512::{epilogue, exp2, exp2_nonpos_bf16, Mask, NV_MAX, V, W};
 use super::{ColSoftmax, Epi, Tile, KC};
 
 /// Register rows of a bf16 tile: 6 x 4 vectors, as the f32 tile.
@@ -118,53 +118,67 @@ pub unsafe fn col_softmax(a: &ColSoftmax) {
         _mm512_storeu_ps(a.m2.add(v), m_new);
         _mm512_storeu_ps(a.colmax.add(v), m_safe);
     }
+    let mut v0 = 0;
+    while v0 < a.nb {
+        let g = 4.min((a.nb - v0) / W);
+        match g {
+            4 => col_group::<4>(a, v0),
+            3 => col_group::<3>(a, v0),
+            2 => col_group::<2>(a, v0),
+            _ => col_group::<1>(a, v0),
+        }
+        v0 += g * W;
+    }
+}
+
+/// Columns `v0..v0 + G*W` of [`col_softmax`]'s row pass, two key rows at a time (G fixed,
+/// so the sums and maxima are registers).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+unsafe fn col_group<const G: usize>(a: &ColSoftmax, v0: usize) {
+    let c = _mm512_set1_ps(a.c);
     // (p0[r], p1[r]) pairs from the two halves [p0 | p1] of a converted vector.
     let interleave = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
-    const G: usize = 4;
-    let mut v0 = 0;
-    while v0 < a.nb {
-        let g = G.min((a.nb - v0) / W);
-        let mut ms = [_mm512_setzero_ps(); G];
-        let mut sum = [_mm512_setzero_ps(); G];
-        for (u, m) in ms.iter_mut().enumerate().take(g) {
-            *m = _mm512_sub_ps(
-                _mm512_setzero_ps(),
-                _mm512_loadu_ps(a.colmax.add(v0 + u * W)),
-            );
+    let mut ms = [_mm512_setzero_ps(); G];
+    let mut sum = [_mm512_setzero_ps(); G];
+    for (u, m) in ms.iter_mut().enumerate() {
+        *m = _mm512_sub_ps(
+            _mm512_setzero_ps(),
+            _mm512_loadu_ps(a.colmax.add(v0 + u * W)),
+        );
+    }
+    let mut j = 0;
+    while j < a.kn {
+        let r0 = a.st.add(j * a.ld + v0);
+        let has1 = j + 1 < a.kn;
+        let out = a.pairs.add((j / 2) * 2 * a.nb + 2 * v0);
+        for (u, (m, su)) in ms.iter().zip(sum.iter_mut()).enumerate() {
+            // x c - m <= 0: m is the max of these scores (or 0 over masked ones).
+            let p0: V = exp2_nonpos_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(r0.add(u * W)), c, *m));
+            let p1: V = if has1 {
+                exp2_nonpos_bf16(_mm512_fmadd_ps(
+                    _mm512_loadu_ps(r0.add(a.ld + u * W)),
+                    c,
+                    *m,
+                ))
+            } else {
+                _mm512_setzero_ps()
+            };
+            *su = _mm512_add_ps(*su, _mm512_add_ps(p0, p1));
+            let packed: __m512i =
+                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(p1, p0));
+            let pairs = _mm512_permutexvar_epi16(interleave, packed);
+            _mm512_storeu_si512(out.add(u * 2 * W) as *mut __m512i, pairs);
         }
-        let mut j = 0;
-        while j < a.kn {
-            let r0 = a.st.add(j * a.ld + v0);
-            let has1 = j + 1 < a.kn;
-            let out = a.pairs.add((j / 2) * 2 * a.nb + 2 * v0);
-            for u in 0..g {
-                let p0: V = exp2(_mm512_fmadd_ps(_mm512_loadu_ps(r0.add(u * W)), c, ms[u]));
-                let p1: V = if has1 {
-                    exp2(_mm512_fmadd_ps(
-                        _mm512_loadu_ps(r0.add(a.ld + u * W)),
-                        c,
-                        ms[u],
-                    ))
-                } else {
-                    _mm512_setzero_ps()
-                };
-                sum[u] = _mm512_add_ps(sum[u], _mm512_add_ps(p0, p1));
-                let packed: __m512i =
-                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(p1, p0));
-                let pairs = _mm512_permutexvar_epi16(interleave, packed);
-                _mm512_storeu_si512(out.add(u * 2 * W) as *mut __m512i, pairs);
-            }
-            j += 2;
-        }
-        for (u, su) in sum.iter().enumerate().take(g) {
-            let lp = a.l.add(v0 + u * W);
-            let lc = _mm512_loadu_ps(a.corr.add(v0 + u * W));
-            _mm512_storeu_ps(lp, _mm512_fmadd_ps(_mm512_loadu_ps(lp), lc, *su));
-        }
-        v0 += g * W;
+        j += 2;
+    }
+    for (u, su) in sum.iter().enumerate() {
+        let lp = a.l.add(v0 + u * W);
+        let lc = _mm512_loadu_ps(a.corr.add(v0 + u * W));
+        _mm512_storeu_ps(lp, _mm512_fmadd_ps(_mm512_loadu_ps(lp), lc, *su));
     }
 }
 

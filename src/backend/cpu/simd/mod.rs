@@ -282,29 +282,42 @@ macro_rules! kernels {
             }
             // Four column vectors at a time: their subtracted max and row sums stay in
             // registers while the key rows stream past (a partial sum of <= kn terms).
-            const G: usize = 4;
             let mut v0 = 0;
             while v0 < a.nb {
-                let g = G.min((a.nb - v0) / W);
-                let mut ms = [zero(); G];
-                let mut sum = [zero(); G];
-                for u in 0..g {
-                    // Negated, for one FMA per element: x c - m.
-                    ms[u] = sub(zero(), load(a.colmax.add(v0 + u * W)));
-                }
-                for j in 0..a.kn {
-                    let row = a.st.add(j * a.ld + v0);
-                    for u in 0..g {
-                        let p = exp2(fma(load(row.add(u * W)), c, ms[u]));
-                        store(row.add(u * W), p);
-                        sum[u] = add(sum[u], p);
-                    }
-                }
-                for u in 0..g {
-                    let lp = a.l.add(v0 + u * W);
-                    store(lp, fma(load(lp), load(a.corr.add(v0 + u * W)), sum[u]));
+                let g = 4.min((a.nb - v0) / W);
+                match g {
+                    4 => col_group::<4>(a, v0),
+                    3 => col_group::<3>(a, v0),
+                    2 => col_group::<2>(a, v0),
+                    _ => col_group::<1>(a, v0),
                 }
                 v0 += g * W;
+            }
+        }
+
+        /// Columns `v0..v0 + G*W` of [`col_softmax`]'s row pass (G fixed, so the sums and
+        /// maxima are registers).
+        $(#[$attr])*
+        #[inline]
+        unsafe fn col_group<const G: usize>(a: &ColSoftmax, v0: usize) {
+            let c = splat(a.c);
+            let mut ms = [zero(); G];
+            let mut sum = [zero(); G];
+            for (u, m) in ms.iter_mut().enumerate() {
+                // Negated, for one FMA per element: x c - m.
+                *m = sub(zero(), load(a.colmax.add(v0 + u * W)));
+            }
+            for j in 0..a.kn {
+                let row = a.st.add(j * a.ld + v0);
+                for (u, (m, su)) in ms.iter().zip(sum.iter_mut()).enumerate() {
+                    let p = exp2(fma(load(row.add(u * W)), c, *m));
+                    store(row.add(u * W), p);
+                    *su = add(*su, p);
+                }
+            }
+            for (u, su) in sum.iter().enumerate() {
+                let lp = a.l.add(v0 + u * W);
+                store(lp, fma(load(lp), load(a.corr.add(v0 + u * W)), *su));
             }
         }
 
