@@ -111,10 +111,13 @@ def peer_cases(cases: list[dict], variants: list[str]) -> list[tuple[str, dict]]
     return out
 
 
-def peer_case_id(case_id: str, variant: str, q_chunk=None, kv_chunk=None) -> str:
-    """attnbench's case_id with the peer's variant and chunks (`-` when it does not chunk)."""
+def peer_case_id(case_id: str, variant: str, q_chunk=None, kv_chunk=None, device=None) -> str:
+    """attnbench's case_id with the peer's variant and chunks (`-` when it does not chunk),
+    and the device it ran on when that differs from the case's."""
     parts = case_id.split("|")
     parts[0] = variant
+    if device is not None:
+        parts[2] = device
     qc = "-" if q_chunk is None else str(q_chunk)
     kc = "-" if kv_chunk is None else str(kv_chunk)
     parts[7] = f"qc{qc}kc{kc}"
@@ -294,16 +297,17 @@ def dq_error(q, k, v, d_out, dq, case: dict, sample: int) -> dict:
     }
 
 
-def base_record(run: dict, entry: dict, variant: str, q_chunk=None, kv_chunk=None) -> dict:
-    """A row for `entry` (one line of the dry-run JSON) run by peer `variant`."""
+def base_record(run: dict, entry: dict, variant: str, q_chunk=None, kv_chunk=None, device=None) -> dict:
+    """A row for `entry` (one line of the dry-run JSON) run by peer `variant` (on `device`
+    when given, else on the case's)."""
     c = entry["case"]
     s = c["shape"]
     rec = {h: "" for h in HEADER}
     rec.update(
         run=run["name"],
-        case_id=peer_case_id(entry["case_id"], variant, q_chunk, kv_chunk),
+        case_id=peer_case_id(entry["case_id"], variant, q_chunk, kv_chunk, device),
         variant=variant,
-        device=c["device"],
+        device=device or c["device"],
         dtype=c["dtype"],
         mode=c["mode"],
         batch=s["batch"],

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--config", required=True, help="attnbench config (TOML)")
     ap.add_argument("--out", help="results directory [default: results/<run name>]")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="as attnbench sweep --set")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every case runs (the config's device axis is replaced)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     ap.add_argument("--resume", action="store_true", help="skip cases already in DIR/runs.csv")
     args = ap.parse_args()
@@ -65,8 +65,7 @@ def main() -> None:
     for i, (variant, entry) in enumerate(todo, 1):
         c = entry["case"]
         s = c["shape"]
-        rec = common.base_record(run, entry, variant)
-        rec["device"] = args.device
+        rec = common.base_record(run, entry, variant, device=args.device)
         if rec["case_id"] in done:
             continue
         reason = None
@@ -82,7 +81,8 @@ def main() -> None:
             common.progress(i, len(todo), rec)
             continue
 
-        torch.set_num_threads(c["threads"])
+        if dev.type == "cpu":
+            torch.set_num_threads(c["threads"])
         qn, kn, vn = common.make_inputs(c)
         dt = tdtype[c["dtype"]]
         train = c["mode"] == "fwd+bwd"
