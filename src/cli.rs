@@ -133,6 +133,10 @@ pub struct SweepArgs {
     /// Print the number of cases and the grid, run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: print the resolved config, then every case (with its case_id, flops
+    /// and io_bytes), one JSON object per line: what the peer scripts (scripts/peers/) read.
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
     /// Continue an interrupted sweep: skip cases already in DIR/runs.csv.
     #[arg(long, conflicts_with = "force")]
     pub resume: bool,

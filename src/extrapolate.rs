@@ -203,7 +203,7 @@ mod tests {
     #[test]
     fn part_output_equals_the_first_rows_of_the_full_output() {
         let c = case(48, Some(16), 2);
-        let full = Inputs::generate(c.shape, DType::F32, InputDist::Uniform, 1.0, 1);
+        let full = Inputs::generate(c.shape, c.dtype, InputDist::Uniform, 1.0, 1);
         let whole = crate::runner::output(&c, &full).unwrap();
         let rows = part_rows(&c, 1).unwrap();
         let (part, _) = split_inputs(full, rows);

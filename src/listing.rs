@@ -1,5 +1,6 @@
 //! `attnbench list`: the variant registry, the devices found on this machine, the dtypes.
 
+use crate::backend::cpu::isa::Isa;
 use crate::problem::{DType, Mode};
 use crate::runner::cuda_unavailable_reason;
 use crate::variant::VariantId;
@@ -40,6 +41,20 @@ pub fn list() -> String {
         "\ndevices:\n  cpu   available: {model}, {cpus} logical CPUs\n  cuda  unavailable: {}\n",
         cuda_unavailable_reason()
     );
+    let paths: Vec<String> = Isa::ALL
+        .iter()
+        .map(|i| {
+            let state = if *i == Isa::detect() {
+                "used"
+            } else if i.available() {
+                "available"
+            } else {
+                "not available"
+            };
+            format!("{} ({state})", i.name())
+        })
+        .collect();
+    s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
     s += "\ndtypes (storage of Q, K, V; compute accumulates in f32, output f32):\n";
     for d in DType::ALL {
         s += &format!(

@@ -446,22 +446,17 @@ impl Tensor {
         }
     }
 
-    /// Widen `len` elements starting at `offset` into `dst` (f32, exact).
+    /// Widen `len` elements starting at `offset` into `dst` (f32, exact). The slice
+    /// conversions of `half` detect F16C once per call and convert whole vectors (kernels
+    /// widen tiles with it on every block).
     #[inline]
     pub fn copy_to_f32(&self, offset: usize, dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
         let n = dst.len();
         match self {
             Tensor::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
-            Tensor::Bf16(v) => {
-                for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
-                    *d = s.to_f32();
-                }
-            }
-            Tensor::F16(v) => {
-                for (d, s) in dst.iter_mut().zip(&v[offset..offset + n]) {
-                    *d = s.to_f32();
-                }
-            }
+            Tensor::Bf16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
+            Tensor::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
         }
     }
 

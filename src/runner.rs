@@ -11,6 +11,7 @@ use std::time::Instant;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::extrapolate::{self, Extrapolation};
@@ -62,7 +63,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if case.device == Device::Cuda {
         return Some(cuda_unavailable_reason());
     }
-    if s.kv_heads > s.heads || s.heads % s.kv_heads != 0 {
+    if s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",
             s.heads, s.kv_heads
@@ -107,17 +108,59 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
     Ok(p)
 }
 
-/// One forward call of the case's variant into `out`, inside its thread pool.
+/// One forward call of the case's variant into `out`, inside its thread pool, with the
+/// fastest kernel path of this CPU.
 pub fn forward(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    forward_with(case, Isa::detect(), inputs, out)
+}
+
+/// [`forward`] on a given kernel path (tests run every path the CPU has).
+pub fn forward_with(case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    check_call(case, isa, inputs)?;
     let variant = case.variant.get();
-    pool(case.threads)?.install(|| variant.forward_cpu(case, inputs, out))
+    pool(case.threads)?.install(|| variant.forward_cpu(case, isa, inputs, out))
+}
+
+/// What a kernel call requires of its caller: an available kernel path, and inputs of the
+/// case's dtype and shape (kernels size their workspace from the case).
+fn check_call(case: &Case, isa: Isa, inputs: &Inputs) -> Result<()> {
+    if !isa.available() {
+        return Err(Error::Runtime(format!(
+            "kernel path {isa} is not available on this CPU"
+        )));
+    }
+    if inputs.dtype() != case.dtype || inputs.shape != case.shape {
+        return Err(Error::Runtime(format!(
+            "inputs are {} {:?} but the case is {} {:?}",
+            inputs.dtype(),
+            inputs.shape,
+            case.dtype,
+            case.shape
+        )));
+    }
+    Ok(())
 }
 
 /// The output of one case, computed once without measuring (for tests and `--save-output`).
 pub fn output(case: &Case, inputs: &Inputs) -> Result<Vec<f32>> {
+    output_with(case, Isa::detect(), inputs)
+}
+
+/// [`output`] on a given kernel path.
+pub fn output_with(case: &Case, isa: Isa, inputs: &Inputs) -> Result<Vec<f32>> {
     let mut out = try_zeroed(case.shape.out_len(), "output")?;
-    forward(case, inputs, &mut out)?;
+    forward_with(case, isa, inputs, &mut out)?;
     Ok(out)
+}
+
+/// Bytes of `matrixmultiply` packing buffers a case may allocate beyond its prediction: one
+/// per thread for the backward passes (they still use that SGEMM); the forward kernels use
+/// only their own tiles and workspaces.
+pub fn packing_bytes(case: &Case) -> u64 {
+    match case.mode {
+        Mode::FwdBwd => case.threads as u64 * PACK_BYTES_MAX,
+        _ => 0,
+    }
 }
 
 /// What a measured case leaves besides its record.
@@ -147,9 +190,9 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
     }
     let predicted = predicted_bytes(case);
     if let Some(budget) = settings.memory_budget {
-        // The GEMM's packing buffers are allocated infallibly (an allocation over the limit
-        // there would abort), so they must fit too: one per thread at most.
-        let packing = case.threads as u64 * PACK_BYTES_MAX;
+        // The backward GEMM's packing buffers are allocated infallibly (an allocation over
+        // the limit there would abort), so they must fit too: one per thread at most.
+        let packing = packing_bytes(case);
         let need = predicted + case.io_bytes() + packing;
         if need > budget {
             let mut r = row(
@@ -324,9 +367,22 @@ pub fn train_step(
     out: &mut [f32],
     grads: &mut Grads,
 ) -> Result<f64> {
+    train_step_with(case, Isa::detect(), inputs, d_out, out, grads)
+}
+
+/// [`train_step`] with the forward on a given kernel path.
+pub fn train_step_with(
+    case: &Case,
+    isa: Isa,
+    inputs: &Inputs,
+    d_out: &[f32],
+    out: &mut [f32],
+    grads: &mut Grads,
+) -> Result<f64> {
+    check_call(case, isa, inputs)?;
     let variant = case.variant.get();
     pool(case.threads)?.install(|| {
-        let saved = variant.forward_train_cpu(case, inputs, out)?;
+        let saved = variant.forward_train_cpu(case, isa, inputs, out)?;
         let start = Instant::now();
         variant.backward_cpu(case, inputs, out, &saved, d_out, grads)?;
         Ok(start.elapsed().as_secs_f64())
@@ -511,8 +567,8 @@ fn time_one_call(case: &Case, inputs: &Inputs) -> Result<f64> {
 pub fn predicted_bytes(case: &Case) -> u64 {
     let variant = case.variant.get();
     match case.mode {
-        Mode::FwdBwd => variant.predict_train_workspace_bytes(case),
-        _ => variant.predict_workspace_bytes(case),
+        Mode::FwdBwd => variant.predict_train_workspace_bytes(case, Isa::detect()),
+        _ => variant.predict_workspace_bytes(case, Isa::detect()),
     }
 }
 
@@ -548,7 +604,7 @@ fn paired_diff(case: &Case, settings: &Settings, base: VariantId, outcome: &mut 
     b.kv_chunk = info.default_kv_chunk.map(|c| c.min(b.shape.seq_kv));
     outcome.record.diff_variant = base.name().to_string();
     if let Some(budget) = settings.memory_budget {
-        let need = base.get().predict_workspace_bytes(&b)
+        let need = base.get().predict_workspace_bytes(&b, Isa::detect())
             + b.io_bytes()
             + 4 * b.shape.out_len() as u64
             + b.threads as u64 * PACK_BYTES_MAX;

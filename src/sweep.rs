@@ -36,6 +36,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
     let cases = config.expand();
     if args.dry_run {
+        if args.json {
+            return print_cases_json(&config, &cases);
+        }
         print_plan(&config, &cases);
         return Ok(());
     }
@@ -70,7 +73,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let meta_path = dir.join(META_NAME);
     if !(args.resume && meta_path.exists()) {
         let calibration = if config.run.calibrate && !todo.is_empty() {
-            eprintln!("calibrating SGEMM and copy bandwidth on {threads:?} threads ...");
+            eprintln!("calibrating FMA peak, SGEMM and copy bandwidth on {threads:?} threads ...");
             threads.iter().map(|&t| calibrate(t)).collect()
         } else {
             Vec::new()
@@ -163,6 +166,28 @@ fn print_plan(config: &Config, cases: &[Case]) {
     for (axis, values) in config.grid_summary() {
         println!("  {axis:<12} {values}");
     }
+}
+
+/// The resolved config (`{"config": ...}`), then one `{"case_id", "flops", "io_bytes",
+/// "case"}` object per case, one per line.
+fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
+    use std::io::Write;
+    let ser = |e: serde_json::Error| Error::Runtime(format!("serializing the cases: {e}"));
+    let mut out = std::io::stdout().lock();
+    let mut line = |v: serde_json::Value| -> Result<()> {
+        let text = serde_json::to_string(&v).map_err(ser)?;
+        writeln!(out, "{text}").map_err(|e| Error::Runtime(format!("writing to stdout: {e}")))
+    };
+    line(serde_json::json!({ "config": serde_json::to_value(config).map_err(ser)? }))?;
+    for c in cases {
+        line(serde_json::json!({
+            "case_id": c.id(),
+            "flops": c.flops(),
+            "io_bytes": c.io_bytes(),
+            "case": serde_json::to_value(c).map_err(ser)?,
+        }))?;
+    }
+    Ok(())
 }
 
 /// An existing non-empty directory is never overwritten silently; `--force` deletes only the

@@ -71,7 +71,7 @@ pub fn decide(
     };
     if decision.mode == Normalize::Calibration {
         for (meta, path) in [baseline, current] {
-            if !meta.is_some_and(|m| !m.calibration.is_empty()) {
+            if meta.is_none_or(|m| m.calibration.is_empty()) {
                 return Err(Error::Usage(format!(
                     "normalizing by calibration ({}) needs calibration figures, and {path} {}; \
                      rerun that sweep with run.calibrate = true, or pass --normalize none",

@@ -77,7 +77,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (name, mult) = UNITS
             .iter()
-            .find(|&&(_, m)| self.0 != 0 && self.0 % m == 0)
+            .find(|&&(_, m)| self.0 != 0 && self.0.is_multiple_of(m))
             .copied()
             .unwrap_or(("B", 1));
         write!(f, "{}{name}", self.0 / mult)

@@ -1,11 +1,16 @@
-//! Machine calibration for `meta.json` and rooflines: SGEMM GFLOP/s (`matrixmultiply`, row
-//! panels over threads) and memory copy bandwidth; about 1 s on 2 cores with the defaults,
-//! and 2 × 256 MiB of extra memory for the copy buffers (halved until they fit).
+//! Machine calibration for `meta.json` and rooflines: the f32 FMA peak (and the bf16
+//! `vdpbf16ps` peak where the CPU has it) of the kernels' instruction-set path, SGEMM
+//! GFLOP/s (`matrixmultiply`, row panels over threads) and memory copy bandwidth; about
+//! 1.5 s on 2 cores with the defaults, and 2 × 256 MiB of extra memory for the copy buffers
+//! (halved until they fit).
 
 use std::time::Instant;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::tiles::peak_loop;
 
 /// Default SGEMM size (square n × n × n).
 pub const SGEMM_N: usize = 1024;
@@ -18,6 +23,10 @@ const SGEMM_RUNS: usize = 5;
 const COPY_RUNS: usize = 3;
 /// Smallest copy buffer tried when a memory budget refuses larger ones.
 const MIN_COPY_BYTES: u64 = 1 << 20;
+/// Rounds of the peak loops per thread and run (about 25 ms at 117 GFLOP/s per core).
+const PEAK_ITERS: usize = 4_000_000;
+/// Timed runs of the peak loops (best is kept), after one warm-up.
+const PEAK_RUNS: usize = 3;
 
 /// Measured machine peaks (best of a few runs, so an upper estimate of sustained rates).
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -35,6 +44,16 @@ pub struct Calibration {
     pub copy_bytes: u64,
     /// Wall time the calibration took.
     pub seconds: f64,
+    /// Kernel instruction-set path the peaks were measured with (`attnbench list`).
+    #[serde(default)]
+    pub kernel_isa: String,
+    /// f32 FMA peak: independent register FMA chains on every thread, 2 FLOPs per
+    /// multiply-add, in 10⁹ FLOP/s. "Percent of peak" in reports is relative to this.
+    #[serde(default)]
+    pub fma_peak_gflops: f64,
+    /// bf16 pair peak (`vdpbf16ps`, AVX512_BF16 only), 2 FLOPs per multiply-add.
+    #[serde(default)]
+    pub bf16_peak_gflops: Option<f64>,
 }
 
 /// Calibrates with the defaults ([`SGEMM_N`], [`COPY_BYTES`]). `threads == 0` means all
@@ -115,6 +134,32 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
         2.0 * copy_bytes as f64 / copy_best / 1e9
     };
 
+    let isa = Isa::detect();
+    let peak = |bf16: bool, iters: usize| {
+        let mut best = f64::INFINITY;
+        let mut flops = 0.0;
+        for i in 0..=PEAK_RUNS {
+            let mut dt = 0.0;
+            run(&mut || {
+                let t0 = Instant::now();
+                let f: Vec<(f64, f32)> = (0..threads)
+                    .into_par_iter()
+                    .map(|_| peak_loop(isa, bf16, iters))
+                    .collect();
+                dt = t0.elapsed().as_secs_f64();
+                flops = f.iter().map(|x| x.0).sum();
+                std::hint::black_box(f);
+            });
+            if i > 0 {
+                best = best.min(dt);
+            }
+        }
+        flops / best / 1e9
+    };
+    let iters = (PEAK_ITERS as f64 * (n as f64 / SGEMM_N as f64).powi(3)).max(1000.0) as usize;
+    let fma_peak_gflops = peak(false, iters);
+    let bf16_peak_gflops = isa.bf16_dot().then(|| peak(true, iters / 2));
+
     Calibration {
         threads,
         sgemm_gflops,
@@ -122,6 +167,9 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
         copy_gbytes_per_s,
         copy_bytes,
         seconds: start.elapsed().as_secs_f64(),
+        kernel_isa: isa.name().to_string(),
+        fma_peak_gflops,
+        bf16_peak_gflops,
     }
 }
 
@@ -182,7 +230,12 @@ mod tests {
         assert_eq!(c.threads, 2);
         assert_eq!(c.sgemm_n, 96);
         assert_eq!(c.copy_bytes, 4 << 20);
-        for x in [c.sgemm_gflops, c.copy_gbytes_per_s, c.seconds] {
+        for x in [
+            c.sgemm_gflops,
+            c.copy_gbytes_per_s,
+            c.seconds,
+            c.fma_peak_gflops,
+        ] {
             assert!(x.is_finite() && x > 0.0, "{c:?}");
         }
         let json = serde_json::to_string(&c).unwrap();

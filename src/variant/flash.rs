@@ -4,6 +4,7 @@
 use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::flash as kernel;
 use crate::backend::cpu::flash_bwd as bwd;
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -22,8 +23,8 @@ static INFO: VariantInfo = VariantInfo {
     numerically_safe: true,
 };
 
-/// (B_r, B_c, workers, floats per worker).
-fn layout(case: &Case) -> (usize, usize, usize, usize) {
+/// (B_r, B_c): the case's chunks, else the defaults, clamped to n.
+fn chunks(case: &Case) -> (usize, usize) {
     let s = &case.shape;
     let bq = case
         .q_chunk
@@ -35,11 +36,18 @@ fn layout(case: &Case) -> (usize, usize, usize, usize) {
         .unwrap_or(kernel::DEFAULT_KV_CHUNK)
         .min(s.seq_kv)
         .max(1);
+    (bq, bk)
+}
+
+/// (operand path, workers, floats per worker) of the forward on kernel path `isa`; `exact`
+/// for the forward of a training step (P kept in f32).
+fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::Path, usize, usize) {
+    let s = &case.shape;
+    let (bq, bk) = chunks(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
-    let floats = kernel::worker_lens(s, bq, bk, case.dtype.size_bytes() != 4)
-        .iter()
-        .sum();
-    (bq, bk, workers, floats)
+    let path = kernel::path(case.dtype, isa, s.head_dim, exact);
+    let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
+    (path, workers, floats)
 }
 
 impl Variant for Flash {
@@ -47,35 +55,52 @@ impl Variant for Flash {
         &INFO
     }
 
-    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
-        let (bq, _, workers, floats) = layout(case);
-        Workspace::bytes(workers, floats) + kernel::bookkeeping_bytes(&case.shape, bq)
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
+        let (_, workers, floats) = layout(case, isa, false);
+        Workspace::bytes(workers, floats)
     }
 
-    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let (bq, bk, workers, floats) = layout(case);
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let (path, workers, floats) = layout(case, isa, false);
         let ws = Workspace::new(workers, floats, "flash tile workspace")?;
-        kernel::forward(inputs, case.causal, bq, bk, &ws, out, None);
+        kernel::forward(inputs, case.causal, chunks(case), path, isa, &ws, out, None);
         Ok(())
     }
 
     /// L is kept (4 bytes per query row); the backward adds D (as many) and its tiles.
-    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
-        let (bq, bk, workers, floats) = layout(case);
+    fn predict_train_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
+        let (bq, bk) = chunks(case);
+        let (_, workers, floats) = layout(case, isa, true);
         let rows = 4 * bwd::d_len(&case.shape) as u64;
         let (bwd_workers, bwd_floats) = bwd_layout(case, bq, bk);
-        let fwd = Workspace::bytes(workers, floats) + kernel::bookkeeping_bytes(&case.shape, bq);
+        let fwd = Workspace::bytes(workers, floats);
         let bwd = rows
             + Workspace::bytes(bwd_workers, bwd_floats)
             + bwd::bookkeeping_bytes(&case.shape, bq, bk);
         rows + fwd.max(bwd)
     }
 
-    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
-        let (bq, bk, workers, floats) = layout(case);
+    fn forward_train_cpu(
+        &self,
+        case: &Case,
+        isa: Isa,
+        inputs: &Inputs,
+        out: &mut [f32],
+    ) -> Result<Saved> {
+        let (path, workers, floats) = layout(case, isa, true);
         let mut lse = try_zeroed(bwd::d_len(&case.shape), "flash logsumexp L")?;
         let ws = Workspace::new(workers, floats, "flash tile workspace")?;
-        kernel::forward(inputs, case.causal, bq, bk, &ws, out, Some(&mut lse));
+        let lse_out = Some(&mut lse[..]);
+        kernel::forward(
+            inputs,
+            case.causal,
+            chunks(case),
+            path,
+            isa,
+            &ws,
+            out,
+            lse_out,
+        );
         Ok(Saved::LogSumExp(lse))
     }
 
@@ -91,7 +116,7 @@ impl Variant for Flash {
         let Saved::LogSumExp(lse) = saved else {
             return Err(wrong_saved(self.info()));
         };
-        let (bq, bk, _, _) = layout(case);
+        let (bq, bk) = chunks(case);
         let (workers, floats) = bwd_layout(case, bq, bk);
         let mut dd = try_zeroed(bwd::d_len(&case.shape), "flash D = rowsum(dO * O)")?;
         let ws = Workspace::new(workers, floats, "flash backward tiles")?;

@@ -10,6 +10,7 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
+use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
 use crate::problem::{Case, Grads, Inputs, Mode};
 
@@ -33,23 +34,31 @@ pub trait Variant: Sync {
     fn info(&self) -> &'static VariantInfo;
 
     /// Bytes the forward call allocates beyond inputs and output (its workspace), from the
-    /// variant's own formula; the memory probe checks the measured overhead against it.
-    fn predict_workspace_bytes(&self, case: &Case) -> u64;
+    /// variant's own formula, for the kernels of instruction-set path `isa` (tile layouts
+    /// may differ by path); the memory probe checks the measured overhead against it.
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64;
 
-    /// Forward pass on the CPU into `out` (`[batch, heads, seq_q, head_dim]`, f32). The
-    /// workspace is allocated fallibly up front: an allocation that fails or exceeds the
-    /// memory budget is `Error::OutOfMemory`, never an abort.
-    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
+    /// Forward pass on the CPU into `out` (`[batch, heads, seq_q, head_dim]`, f32), with the
+    /// kernels of `isa` (which must be available: `Isa::available`). The workspace is
+    /// allocated fallibly up front: an allocation that fails or exceeds the memory budget
+    /// is `Error::OutOfMemory`, never an abort.
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
 
     /// Bytes a forward + backward allocates beyond inputs, dO, output and gradients: what
     /// the forward keeps for the backward plus the larger of the two passes' scratch.
     /// Only called for variants whose `modes` contain `fwd+bwd`.
-    fn predict_train_workspace_bytes(&self, _case: &Case) -> u64 {
+    fn predict_train_workspace_bytes(&self, _case: &Case, _isa: Isa) -> u64 {
         0
     }
 
     /// The forward of a training step: writes `out` and returns what the backward needs.
-    fn forward_train_cpu(&self, _case: &Case, _inputs: &Inputs, _out: &mut [f32]) -> Result<Saved> {
+    fn forward_train_cpu(
+        &self,
+        _case: &Case,
+        _isa: Isa,
+        _inputs: &Inputs,
+        _out: &mut [f32],
+    ) -> Result<Saved> {
         Err(no_backward(self.info()))
     }
 

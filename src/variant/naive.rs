@@ -3,8 +3,10 @@
 //! of every paper.
 
 use super::{wrong_saved, Saved, Variant, VariantInfo};
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
+use crate::backend::cpu::tiles::Path;
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -49,6 +51,12 @@ fn widen(case: &Case) -> bool {
     case.dtype.size_bytes() != 4
 }
 
+/// Floats per worker of the forward on kernel path `isa`.
+fn worker_floats(case: &Case, isa: Isa) -> usize {
+    let path = Path::of(case.dtype, isa, case.shape.head_dim);
+    kernel::worker_lens(&case.shape, path).iter().sum()
+}
+
 impl Variant for Naive {
     fn info(&self) -> &'static VariantInfo {
         // Statics live for 'static; `self` is always one of the two statics above.
@@ -59,31 +67,24 @@ impl Variant for Naive {
         }
     }
 
-    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         4 * kernel::scores_len(&case.shape) as u64
-            + Workspace::bytes(
-                workers(case),
-                kernel::worker_floats(&case.shape, widen(case)),
-            )
+            + Workspace::bytes(workers(case), worker_floats(case, isa))
     }
 
-    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let mut scores = try_zeroed(kernel::scores_len(&case.shape), "naive score matrix S")?;
-        let ws = Workspace::new(
-            workers(case),
-            kernel::worker_floats(&case.shape, widen(case)),
-            "naive workspace",
-        )?;
-        kernel::forward(inputs, case.causal, self.safe, &mut scores, &ws, out);
+        let ws = Workspace::new(workers(case), worker_floats(case, isa), "naive workspace")?;
+        kernel::forward(inputs, case.causal, self.safe, isa, &mut scores, &ws, out);
         Ok(())
     }
 
     /// P is kept (4 n_q n_kv bytes per head) and the backward adds dS of the same size:
     /// the 8 n^2 bytes of Rabe–Staats Table 3's standard differentiation.
-    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
+    fn predict_train_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         let s = &case.shape;
         let scores = 4 * kernel::scores_len(s) as u64;
-        let fwd = Workspace::bytes(workers(case), kernel::worker_floats(s, widen(case)));
+        let fwd = Workspace::bytes(workers(case), worker_floats(case, isa));
         let bwd_workers = case.threads.min(bwd::items(s)).max(1);
         let bwd = scores
             + Workspace::bytes(bwd_workers, bwd::worker_floats(s, widen(case)))
@@ -91,14 +92,16 @@ impl Variant for Naive {
         scores + fwd.max(bwd)
     }
 
-    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
+    fn forward_train_cpu(
+        &self,
+        case: &Case,
+        isa: Isa,
+        inputs: &Inputs,
+        out: &mut [f32],
+    ) -> Result<Saved> {
         let mut probs = try_zeroed(kernel::scores_len(&case.shape), "naive probabilities P")?;
-        let ws = Workspace::new(
-            workers(case),
-            kernel::worker_floats(&case.shape, widen(case)),
-            "naive workspace",
-        )?;
-        kernel::forward(inputs, case.causal, self.safe, &mut probs, &ws, out);
+        let ws = Workspace::new(workers(case), worker_floats(case, isa), "naive workspace")?;
+        kernel::forward(inputs, case.causal, self.safe, isa, &mut probs, &ws, out);
         Ok(Saved::Probabilities(probs))
     }
 

@@ -4,6 +4,8 @@
 use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::chunked as kernel;
 use crate::backend::cpu::chunked_bwd as bwd;
+use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::tiles::Path;
 use crate::backend::cpu::workspace::Workspace;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -51,14 +53,15 @@ fn chunks(case: &Case) -> (usize, usize) {
     (qc, kc)
 }
 
-/// (workers, floats per worker) of the chunk workspace.
-fn chunked_layout(case: &Case) -> (usize, usize) {
+/// (workers, floats per worker) of the chunk workspace on kernel path `isa`.
+fn chunked_layout(case: &Case, isa: Isa) -> (usize, usize) {
     let (qc, kc) = chunks(case);
     let workers = case
         .threads
         .min(kernel::chunked_items(&case.shape, qc))
         .max(1);
-    let floats = kernel::chunked_worker_lens(&case.shape, qc, kc, case.dtype.size_bytes() != 4)
+    let path = Path::of(case.dtype, isa, case.shape.head_dim);
+    let floats = kernel::chunked_worker_lens(&case.shape, qc, kc, path)
         .iter()
         .sum();
     (workers, floats)
@@ -69,23 +72,22 @@ impl Variant for RabeStaats {
         &CHUNKED_INFO
     }
 
-    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
-        let (workers, floats) = chunked_layout(case);
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
+        let (workers, floats) = chunked_layout(case, isa);
         Workspace::bytes(workers, floats)
     }
 
-    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let (workers, floats) = chunked_layout(case);
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let (workers, floats) = chunked_layout(case, isa);
         let ws = Workspace::new(workers, floats, "rabe-staats chunk workspace")?;
-        let (qc, kc) = chunks(case);
-        kernel::forward_chunked(inputs, case.causal, qc, kc, &ws, out);
+        kernel::forward_chunked(inputs, case.causal, chunks(case), isa, &ws, out);
         Ok(())
     }
 
     /// Nothing is kept between the passes; the backward's chunk slabs and summaries are
     /// allocated per worker.
-    fn predict_train_workspace_bytes(&self, case: &Case) -> u64 {
-        let (workers, floats) = chunked_layout(case);
+    fn predict_train_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
+        let (workers, floats) = chunked_layout(case, isa);
         let (bwd_workers, bwd_floats) = bwd_layout(case);
         let (_, kc) = chunks(case);
         let bwd =
@@ -93,8 +95,14 @@ impl Variant for RabeStaats {
         Workspace::bytes(workers, floats).max(bwd)
     }
 
-    fn forward_train_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Saved> {
-        self.forward_cpu(case, inputs, out)?;
+    fn forward_train_cpu(
+        &self,
+        case: &Case,
+        isa: Isa,
+        inputs: &Inputs,
+        out: &mut [f32],
+    ) -> Result<Saved> {
+        self.forward_cpu(case, isa, inputs, out)?;
         Ok(Saved::Nothing)
     }
 
@@ -138,14 +146,16 @@ impl Variant for RabeStaatsSeq {
         &SEQ_INFO
     }
 
-    fn predict_workspace_bytes(&self, case: &Case) -> u64 {
+    fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
         Workspace::bytes(
             seq_workers(case),
             kernel::sequential_worker_floats(&case.shape),
         )
     }
 
-    fn forward_cpu(&self, case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    /// The O(1)-memory loop is scalar by design (one query, one key at a time): `isa` does
+    /// not change it.
+    fn forward_cpu(&self, case: &Case, _isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let ws = Workspace::new(
             seq_workers(case),
             kernel::sequential_worker_floats(&case.shape),

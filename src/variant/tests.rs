@@ -1,13 +1,15 @@
 //! Every registered variant against the f64 oracle: ragged shapes, GQA/MQA, causal masks
-//! with seq_q != seq_kv, every dtype, random shapes (proptest), and large logits.
+//! with seq_q != seq_kv, every dtype, random shapes (proptest), and large logits; each on
+//! every kernel path (`Isa`) this CPU has (a missing path is skipped with a note).
 
 use proptest::prelude::*;
 
 use super::VariantId;
+use crate::backend::cpu::isa::Isa;
 use crate::problem::{Case, DType, Device, Grads, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
-use crate::runner::{output, train_step};
+use crate::runner::{output_with, train_step_with};
 
 #[derive(Clone, Copy)]
 struct Setup {
@@ -61,10 +63,24 @@ fn case(v: VariantId, s: &Setup) -> Case {
     }
 }
 
-fn error_of(v: VariantId, s: &Setup) -> ErrorStats {
+/// The kernel paths available here; the others are reported once per test as skipped.
+fn paths() -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|i| {
+            let ok = i.available();
+            if !ok {
+                println!("note: kernel path {i} not available on this CPU, skipped");
+            }
+            ok
+        })
+        .collect()
+}
+
+fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
     let c = case(v, s);
     let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, c.input_scale, c.seed);
-    let out = output(&c, &inputs).expect("forward runs");
+    let out = output_with(&c, isa, &inputs).expect("forward runs");
     check(
         &inputs,
         c.causal,
@@ -73,22 +89,26 @@ fn error_of(v: VariantId, s: &Setup) -> ErrorStats {
     )
 }
 
-/// Every numerically safe variant matches the oracle within the dtype's tolerance.
+/// Every numerically safe variant matches the oracle within the dtype's tolerance, on
+/// every kernel path.
 fn assert_all_variants(s: &Setup) {
-    for v in VariantId::ALL {
-        let e = error_of(v, s);
-        let tol = s.dtype.tolerance();
-        if v.info().numerically_safe || s.scale <= 1.0 {
-            assert!(
-                e.non_finite == 0 && e.max_abs <= tol,
-                "{} {:?} dtype {} causal {} chunks {:?}: max_abs_err {:e} > {tol:e}",
-                v.name(),
-                s.shape,
-                s.dtype,
-                s.causal,
-                s.chunks,
-                e.max_abs
-            );
+    for isa in paths() {
+        for v in VariantId::ALL {
+            let e = error_of(v, s, isa);
+            let tol = s.dtype.tolerance();
+            if v.info().numerically_safe || s.scale <= 1.0 {
+                assert!(
+                    e.non_finite == 0 && e.max_abs <= tol,
+                    "{} [{isa}] {:?} dtype {} causal {} chunks {:?} threads {}: max_abs_err {:e} > {tol:e}",
+                    v.name(),
+                    s.shape,
+                    s.dtype,
+                    s.causal,
+                    s.chunks,
+                    s.threads,
+                    e.max_abs
+                );
+            }
         }
     }
 }
@@ -168,29 +188,41 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
     let mut s = setup(40, 40, 16);
     s.scale = 12.0;
     s.chunks = Some((8, 16));
-    for v in VariantId::ALL {
-        let e = error_of(v, &s);
-        if v.info().numerically_safe {
-            assert_eq!(e.non_finite, 0, "{} produced non-finite values", v.name());
-            // Near one-hot softmax: rounding of scores ~1e2 in f32 moves weights by ~1e-5.
-            assert!(
-                e.max_abs <= 1e-3,
-                "{}: max_abs_err {:e}",
-                v.name(),
-                e.max_abs
-            );
-        } else {
-            assert!(
-                e.non_finite > 0,
-                "{} did not overflow on scores >= 89",
-                v.name()
-            );
+    for isa in paths() {
+        for v in VariantId::ALL {
+            let e = error_of(v, &s, isa);
+            if v.info().numerically_safe {
+                assert_eq!(
+                    e.non_finite,
+                    0,
+                    "{} [{isa}] produced non-finite values",
+                    v.name()
+                );
+                // Near one-hot softmax: rounding of scores ~1e2 in f32 moves weights by ~1e-5.
+                assert!(
+                    e.max_abs <= 1e-3,
+                    "{} [{isa}]: max_abs_err {:e}",
+                    v.name(),
+                    e.max_abs
+                );
+            } else {
+                assert!(
+                    e.non_finite > 0,
+                    "{} [{isa}] did not overflow on scores >= 89",
+                    v.name()
+                );
+            }
         }
     }
 }
 
 /// Gradient error relative to the largest exact gradient entry, of one variant.
-fn grad_error_of(v: VariantId, s: &Setup, d_out_kind: UpstreamGrad) -> grad::GradErrorStats {
+fn grad_error_of(
+    v: VariantId,
+    s: &Setup,
+    d_out_kind: UpstreamGrad,
+    isa: Isa,
+) -> grad::GradErrorStats {
     let mut c = case(v, s);
     c.mode = Mode::FwdBwd;
     c.d_out = d_out_kind;
@@ -202,7 +234,7 @@ fn grad_error_of(v: VariantId, s: &Setup, d_out_kind: UpstreamGrad) -> grad::Gra
         dk: vec![f32::NAN; c.shape.kv_len()],
         dv: vec![f32::NAN; c.shape.kv_len()],
     };
-    train_step(&c, &inputs, &d_out, &mut out, &mut g).expect("training step runs");
+    train_step_with(&c, isa, &inputs, &d_out, &mut out, &mut g).expect("training step runs");
     let fwd = check(
         &inputs,
         c.causal,
@@ -211,7 +243,7 @@ fn grad_error_of(v: VariantId, s: &Setup, d_out_kind: UpstreamGrad) -> grad::Gra
     );
     assert!(
         fwd.max_abs <= s.dtype.tolerance(),
-        "{}: forward error {:e}",
+        "{} [{isa}]: forward error {:e}",
         v.name(),
         fwd.max_abs
     );
@@ -227,11 +259,14 @@ fn assert_all_gradients(s: &Setup) {
         .into_iter()
         .filter(|v| v.info().modes.contains(&Mode::FwdBwd))
     {
-        for kind in [UpstreamGrad::Random, UpstreamGrad::Ones] {
-            let e = grad_error_of(v, s, kind);
+        for (kind, isa) in [UpstreamGrad::Random, UpstreamGrad::Ones]
+            .into_iter()
+            .flat_map(|k| paths().into_iter().map(move |i| (k, i)))
+        {
+            let e = grad_error_of(v, s, kind, isa);
             assert!(
                 e.full && e.non_finite == 0 && e.max_rel <= GRAD_REL_TOL,
-                "{} {:?} {} causal {} chunks {:?} dO {}: grad rel err {:e} (abs {:e})",
+                "{} [{isa}] {:?} {} causal {} chunks {:?} dO {}: grad rel err {:e} (abs {:e})",
                 v.name(),
                 s.shape,
                 s.dtype,

@@ -3,133 +3,298 @@
 //! output O; S = Q_i K_j^T, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m') l + rowsum P,
 //! O = e^(m-m') O + P V_j; one division O / l at the end. Causal: key blocks entirely above
 //! the diagonal are skipped, the diagonal blocks are masked. Time O(n_q*n_kv*d); extra memory
-//! per worker B_r*B_c + B_r*d + 2*B_r floats (+ widened tiles for bf16/f16): O(1) in n.
+//! per worker O(B_r*B_c + B_r*d) floats (the exact list: `worker_lens`): O(1) in n.
+//!
+//! The tiles are computed transposed, with the query rows along the vector lanes:
+//! S^T = K_j Q_i^T and O^T = V_j^T P^T. Then K_j and V_j are read in place as broadcast
+//! operands (no per-block packing of K or V for f32 inputs), only Q_i^T is packed, once per
+//! query block, and the softmax is vertical: the row max, the exp and the row sums are plain
+//! element-wise vector operations over the key rows of S^T, with no horizontal reductions;
+//! the correction e^(m-m') of O^T is folded into the PV tile's epilogue. bf16 inputs on
+//! AVX512_BF16 use `vdpbf16ps` for both products (P rounded to bf16 for PV, V_j paired per
+//! block); other low-precision paths widen K_j and V_j to f32 per block.
 
-use rayon::prelude::*;
-
-use super::blocks::{blocks_per_head, head_row_blocks, split_bytes};
-use super::gemm::{sgemm, MatRef};
-use super::softmax::{exp_sub_sum, mask_from, row_max, scale_row};
+use super::isa::Isa;
+use super::sched::{for_each_item, Blocks};
+use super::simd::{KC, LOG2E};
+pub use super::tiles::Path;
+use super::tiles::{
+    as_u16, bf16_bits, col_softmax, col_softmax_bf16, gemm, gemm_bf16, interleave_rows,
+    mask_colmax, pack_pairs_t, pack_t, pad_lanes, AOp, BOp, ColState, Out,
+};
 use super::workspace::{carve, Workspace};
-use crate::problem::{Inputs, Shape};
+use crate::problem::{DType, Inputs, Shape};
 
-/// Query rows per block (B_r): the outer, parallel loop. 64 rows keep the S tile and the O
-/// accumulator (64 x d) in L1/L2 while a key/value block streams past.
+/// Query rows per block (B_r): the outer, parallel loop, and the vector lanes of every tile
+/// (4 AVX-512 vectors). Small enough that a causal problem with one head still splits into
+/// many items for the workers; large enough that packing Q^T once per block is negligible.
 pub const DEFAULT_Q_CHUNK: usize = 64;
-/// Keys per block (B_c): the inner loop. 256 keys x d = 64 KiB of K (d = 64), L2-resident.
+/// Keys per block (B_c): the inner loop. S^T (B_c x B_r f32 = 64 KiB) and the K_j and V_j
+/// rows it reads (64 KiB each at d = 64) stay in L2 between the QK^T, softmax and PV passes;
+/// one PV tile sums B_c <= 256 products per output (one partial sum, `simd::KC`).
 pub const DEFAULT_KV_CHUNK: usize = 256;
 
 pub fn items(shape: &Shape, bq: usize) -> usize {
     shape.batch * shape.heads * shape.seq_q.div_ceil(bq)
 }
 
-/// Heap bytes of the forward's per-item output lists (output blocks and L blocks).
-pub fn bookkeeping_bytes(shape: &Shape, bq: usize) -> u64 {
-    2 * split_bytes(items(shape, bq))
+/// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
+/// paired V_j, S^T, bf16 P^T pairs, O^T, and five column vectors (block max, running max,
+/// running sum, correction, visible keys per query row).
+pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: Path) -> [usize; 11] {
+    let d = shape.head_dim;
+    let nb = pad_lanes(bq);
+    let (qt, kw, vw, pp) = match path {
+        Path::F32 => (d * nb, 0, 0, 0),
+        Path::Widen => (d * nb, bk * d, bk * d, 0),
+        // bf16 values are 2 to a float; pairs of keys round up.
+        Path::Bf16Dot => (d * nb / 2, 0, bk.div_ceil(2) * d, bk.div_ceil(2) * nb),
+    };
+    [qt, kw, vw, bk * nb, pp, d * nb, nb, nb, nb, nb, nb]
 }
 
-/// Per-worker scratch floats, in the order they are carved.
-pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 7] {
-    let d = shape.head_dim;
-    let (q, kv) = if widen { (bq * d, bk * d) } else { (0, 0) };
-    [q, kv, kv, bq * bk, bq * d, bq, bq]
+/// The operand path of a forward: [`Path::of`], except that a forward whose output feeds
+/// the backward (`exact`) keeps P in f32 (bf16 inputs widened instead of `vdpbf16ps`, which
+/// would round P to bf16 for PV: fine for the forward's bf16 tolerance, too coarse for the
+/// gradients' 1e-4).
+pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> Path {
+    match Path::of(dtype, isa, head_dim) {
+        Path::Bf16Dot if exact => Path::Widen,
+        p => p,
+    }
 }
 
 /// Forward into `out`; with `lse`, also the row logsumexp L = m + ln(l) of the scaled
 /// scores (`[b, h, n_q]`, -inf for a row that sees no key), which the backward needs.
+/// `path` must be one `path` returns for these inputs and `isa` (the workspace is sized
+/// for it).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
-    bq: usize,
-    bk: usize,
+    (bq, bk): (usize, usize),
+    path: Path,
+    isa: Isa,
     ws: &Workspace,
     out: &mut [f32],
     lse: Option<&mut [f32]>,
 ) {
     let s = inputs.shape;
-    let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
-    let widen = inputs.dtype().size_bytes() != 4;
-    let scale = s.scale();
-    let nqb = blocks_per_head(nq, bq);
-    let outs = head_row_blocks(out, nq, d, bq);
-    let lses: Vec<Option<&mut [f32]>> = match lse {
-        Some(l) => head_row_blocks(l, nq, 1, bq)
-            .into_iter()
-            .map(Some)
-            .collect(),
-        None => (0..outs.len()).map(|_| None).collect(),
-    };
-    outs.into_par_iter()
-        .zip(lses)
-        .enumerate()
-        .for_each(|(item, (o, lse_i))| {
-            let (head, qi) = (item / nqb, item % nqb);
-            let (b, h) = (head / s.heads, head % s.heads);
-            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-            let row0 = qi * bq;
-            let rows = o.len() / d;
-            let mut guard = ws.acquire();
-            let [qs, ks, vs, sc, acc, m, l] = carve(&mut guard, worker_lens(&s, bq, bk, widen));
-            let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
-            let acc = &mut acc[..rows * d];
-            acc.fill(0.0);
-            m.fill(f32::NEG_INFINITY);
-            l.fill(0.0);
-            // Keys past the last row's visible range are masked for the whole block.
-            let kv_end = s.visible_keys(causal, row0 + rows - 1);
-            for k0 in (0..kv_end).step_by(bk) {
-                let kn = bk.min(nkv - k0);
-                let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
-                let p = &mut sc[..rows * kn];
-                sgemm(
-                    scale,
-                    MatRef::new(q, rows, d),
-                    MatRef::new(k, kn, d).t(),
-                    0.0,
-                    p,
-                    kn,
-                );
-                for (r, row) in p.chunks_mut(kn).enumerate() {
-                    if causal {
-                        mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
+    let (d, nq) = (s.head_dim, s.seq_q);
+    assert!(
+        path == Path::of(inputs.dtype(), isa, d) || path == Path::Widen,
+        "flash path {path:?} does not fit these inputs on {isa}"
+    );
+    let nqb = nq.div_ceil(bq);
+    let bh = s.batch * s.heads;
+    let outs = Blocks::new(out, nq, d, bq);
+    let lses = lse.map(|l| Blocks::new(l, nq, 1, bq));
+    for_each_item(ws, bh * nqb, |buf, i| {
+        // Head by head (its K and V stay in cache while both workers read them); causal:
+        // within a head the blocks that see the most keys first, so the last items handed
+        // out are the cheapest and the workers finish together.
+        let (head, qi) = if causal {
+            (i / nqb, nqb - 1 - i % nqb)
+        } else {
+            (i / nqb, i % nqb)
+        };
+        let o = outs.take(head, qi);
+        let lse_i = lses.as_ref().map(|l| l.take(head, qi));
+        let lens = worker_lens(&s, bq, bk, path);
+        block(
+            inputs,
+            causal,
+            (head, qi * bq),
+            bk,
+            isa,
+            path,
+            buf,
+            lens,
+            o,
+            lse_i,
+        );
+    });
+}
+
+/// One query block: rows `row0..row0 + o.len()/d` of head `head`.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    inputs: &Inputs,
+    causal: bool,
+    (head, row0): (usize, usize),
+    bk: usize,
+    isa: Isa,
+    path: Path,
+    buf: &mut [f32],
+    lens: [usize; 11],
+    o: &mut [f32],
+    lse: Option<&mut [f32]>,
+) {
+    let s = inputs.shape;
+    let (d, nkv) = (s.head_dim, s.seq_kv);
+    let (b, h) = (head / s.heads, head % s.heads);
+    let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+    let rows = o.len() / d;
+    let nb = pad_lanes(rows);
+    let c = s.scale() * LOG2E;
+    let [qt, kw, vw, st, pp, ot, colmax, m2, l, corr, vis] = carve(buf, lens);
+    let (m2, l, corr, vis) = (&mut m2[..nb], &mut l[..nb], &mut corr[..nb], &mut vis[..nb]);
+
+    match path {
+        Path::Bf16Dot => {
+            let q = bf16_bits(&inputs.q).unwrap_or_default();
+            pack_pairs_t(&q[q_off + row0 * d..], rows, d, nb, as_u16(qt));
+        }
+        _ => pack_t(&inputs.q, q_off + row0 * d, rows, d, nb, qt),
+    }
+    let ot = &mut ot[..d * nb];
+    ot.fill(0.0);
+    m2.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    for (r, x) in vis.iter_mut().enumerate() {
+        // Padding columns behave as the last row (finite, never written out).
+        *x = s.visible_keys(causal, row0 + r.min(rows - 1)) as f32;
+    }
+    // Keys past the last row's visible range are masked for the whole block; keys from the
+    // first row's visible range on need the mask.
+    let kv_end = s.visible_keys(causal, row0 + rows - 1);
+    let first_visible = s.visible_keys(causal, row0);
+    let (k32, v32) = (inputs.k.as_f32(), inputs.v.as_f32());
+    let (k16, v16) = (bf16_bits(&inputs.k), bf16_bits(&inputs.v));
+
+    for k0 in (0..kv_end).step_by(bk) {
+        let kn = bk.min(kv_end - k0).min(nkv - k0);
+        let kv_at = kv_off + k0 * d;
+        let st = &mut st[..kn * nb];
+        let colmax = &mut colmax[..nb];
+        colmax.fill(f32::NEG_INFINITY);
+        let diag = causal && k0 + kn > first_visible;
+        let fused = !diag && d <= KC;
+        let qk_out = if fused {
+            Out::StoreColMax(&mut *colmax)
+        } else {
+            Out::Store
+        };
+
+        // S^T = K_j Q^T (raw dot products; the scale goes into the exp).
+        match path {
+            Path::Bf16Dot => {
+                let k = &k16.unwrap_or_default()[kv_at..][..kn * d];
+                let a = AOp {
+                    data: k,
+                    rows: kn,
+                    k: d / 2,
+                    rs: d,
+                    cs: 2,
+                };
+                let b = BOp {
+                    data: &*as_u16(qt),
+                    k: d / 2,
+                    n: nb,
+                    ld: 2 * nb,
+                };
+                gemm_bf16(isa, a, b, st, nb, qk_out);
+            }
+            _ => {
+                let k: &[f32] = match k32 {
+                    Some(k) => &k[kv_at..][..kn * d],
+                    None => {
+                        inputs.k.copy_to_f32(kv_at, &mut kw[..kn * d]);
+                        &kw[..kn * d]
                     }
-                    let m_new = m[r].max(row_max(row));
-                    if m_new == f32::NEG_INFINITY {
-                        row.fill(0.0); // nothing visible yet for this row
-                        continue;
+                };
+                let a = AOp {
+                    data: k,
+                    rows: kn,
+                    k: d,
+                    rs: d,
+                    cs: 1,
+                };
+                let b = BOp {
+                    data: &qt[..d * nb],
+                    k: d,
+                    n: nb,
+                    ld: nb,
+                };
+                gemm(isa, a, b, st, nb, qk_out);
+            }
+        }
+        if !fused {
+            let mask = diag.then_some((&vis[..], k0));
+            mask_colmax(isa, st, kn, nb, mask, colmax);
+        }
+
+        // P^T and the running statistics; then O^T = O^T * corr + V_j^T P^T.
+        let mut state = ColState {
+            colmax,
+            m2: &mut *m2,
+            l: &mut *l,
+            corr: &mut *corr,
+        };
+        match path {
+            Path::Bf16Dot => {
+                let pp = as_u16(pp);
+                col_softmax_bf16(isa, st, kn, nb, c, &mut state, pp);
+                let pairs = kn.div_ceil(2);
+                let vp = as_u16(vw);
+                let v = &v16.unwrap_or_default()[kv_at..][..kn * d];
+                interleave_rows(isa, v, kn, d, vp);
+                let a = AOp {
+                    data: &*vp,
+                    rows: d,
+                    k: pairs,
+                    rs: 2,
+                    cs: 2 * d,
+                };
+                let b = BOp {
+                    data: &*pp,
+                    k: pairs,
+                    n: nb,
+                    ld: 2 * nb,
+                };
+                gemm_bf16(isa, a, b, ot, nb, Out::ScaleAdd(&*state.corr));
+            }
+            _ => {
+                col_softmax(isa, st, kn, nb, c, &mut state);
+                let v: &[f32] = match v32 {
+                    Some(v) => &v[kv_at..][..kn * d],
+                    None => {
+                        inputs.v.copy_to_f32(kv_at, &mut vw[..kn * d]);
+                        &vw[..kn * d]
                     }
-                    let correction = (m[r] - m_new).exp();
-                    l[r] = l[r] * correction + exp_sub_sum(row, m_new);
-                    scale_row(&mut acc[r * d..(r + 1) * d], correction);
-                    m[r] = m_new;
-                }
-                sgemm(
-                    1.0,
-                    MatRef::new(p, rows, kn),
-                    MatRef::new(v, kn, d),
-                    1.0,
-                    acc,
-                    d,
-                );
+                };
+                let a = AOp {
+                    data: v,
+                    rows: d,
+                    k: kn,
+                    rs: 1,
+                    cs: d,
+                };
+                let b = BOp {
+                    data: &*st,
+                    k: kn,
+                    n: nb,
+                    ld: nb,
+                };
+                gemm(isa, a, b, ot, nb, Out::ScaleAdd(&*state.corr));
             }
-            for r in 0..rows {
-                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-                for (y, x) in o[r * d..(r + 1) * d]
-                    .iter_mut()
-                    .zip(&acc[r * d..(r + 1) * d])
-                {
-                    *y = x * inv;
-                }
-            }
-            if let Some(lse_i) = lse_i {
-                for (r, x) in lse_i.iter_mut().enumerate() {
-                    *x = if l[r] > 0.0 {
-                        m[r] + l[r].ln()
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                }
-            }
-        });
+        }
+    }
+
+    // O = (O^T)^T / l; rows that saw no key are 0.
+    for r in 0..rows {
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        for (cc, y) in o[r * d..(r + 1) * d].iter_mut().enumerate() {
+            *y = ot[cc * nb + r] * inv;
+        }
+    }
+    if let Some(lse) = lse {
+        for (r, x) in lse.iter_mut().enumerate() {
+            *x = if l[r] > 0.0 {
+                m2[r] * std::f32::consts::LN_2 + l[r].ln()
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+    }
 }

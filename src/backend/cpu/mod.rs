@@ -1,5 +1,7 @@
-//! CPU kernels: a blocked SGEMM wrapper, row softmax pieces, per-worker workspaces, and the
-//! attention algorithms built from them (naive, Rabe–Staats chunked and sequential, flash).
+//! CPU kernels: register-blocked microkernels with run-time instruction-set dispatch
+//! (`isa`, `simd`, `tiles`), per-worker workspaces and work scheduling, and the attention
+//! algorithms built from them (naive, Rabe–Staats chunked and sequential, flash); the
+//! backward passes still use the `matrixmultiply` SGEMM wrapper (`gemm`).
 
 pub mod blocks;
 pub mod chunked;
@@ -7,7 +9,11 @@ pub mod chunked_bwd;
 pub mod flash;
 pub mod flash_bwd;
 pub mod gemm;
+pub mod isa;
 pub mod naive;
 pub mod naive_bwd;
+pub mod sched;
+pub mod simd;
 pub mod softmax;
+pub mod tiles;
 pub mod workspace;

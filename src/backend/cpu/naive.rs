@@ -1,13 +1,21 @@
 //! Standard (materialized) attention: S = QK^T/sqrt(d) for all heads at once (a
 //! `[batch, heads, seq_q, seq_kv]` f32 tensor, as a framework materializes it), softmax of
 //! each row (max subtracted unless `safe` is false, which shows the exp overflow once scores
-//! reach 89), then O = PV. Time O(b*h*n_q*n_kv*d); extra memory 4*b*h*n_q*n_kv bytes plus, for
-//! bf16/f16 inputs, per-worker f32 copies of one head's K and V and a query row block.
+//! reach 89), then O = PV. Time O(b*h*n_q*n_kv*d); extra memory 4*b*h*n_q*n_kv bytes plus
+//! per-worker K^T panels of one key/value head (and, for bf16/f16 inputs, f32 copies of its
+//! V and of a query row block): the list is `worker_lens`.
+//!
+//! Built from the same tiles as `chunked` and `flash` (`tiles`): QK^T row block x 64-key
+//! K^T panels, the vectorized row softmax, and PV with V read in place, its key loop summed
+//! in partial sums of <= 256 terms.
 
-use rayon::prelude::*;
-
-use super::gemm::{sgemm, MatRef};
-use super::softmax::{exp_sub_sum, mask_from, row_max, scale_row};
+use super::isa::Isa;
+use super::sched::{for_each_item_with, Blocks};
+use super::simd::LOG2E;
+use super::tiles::{
+    as_u16, bf16_bits, gemm, gemm_bf16, pack_pairs_t, pack_t, softmax_row, AOp, BOp, Out, Path,
+    PANEL,
+};
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
@@ -25,74 +33,132 @@ pub fn scores_len(shape: &Shape) -> usize {
     shape.batch * shape.heads * shape.seq_q * shape.seq_kv
 }
 
-/// Per-worker scratch floats: f32 copies of Q rows, K and V (only for low-precision inputs).
-pub fn worker_floats(shape: &Shape, widen: bool) -> usize {
-    if widen {
-        ROW_BLOCK * shape.head_dim + 2 * shape.seq_kv * shape.head_dim
-    } else {
-        0
+/// Per-worker scratch floats, in the order they are carved: the K^T panels of one key/value
+/// head (bf16 pairs take half), its V widened to f32 (low-precision inputs), and a widened
+/// query row block (f16, and bf16 off the pair path).
+pub fn worker_lens(shape: &Shape, path: Path) -> [usize; 3] {
+    let d = shape.head_dim;
+    let kt = shape.seq_kv.div_ceil(PANEL) * PANEL * d;
+    match path {
+        Path::F32 => [kt, 0, 0],
+        Path::Widen => [kt, shape.seq_kv * d, ROW_BLOCK * d],
+        Path::Bf16Dot => [kt / 2, shape.seq_kv * d, 0],
     }
 }
 
-/// `scores` has `scores_len` elements; `ws` buffers have `worker_floats` elements.
+/// `scores` has `scores_len` elements; `ws` buffers have `worker_lens` floats in all.
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
     safe: bool,
+    isa: Isa,
     scores: &mut [f32],
     ws: &Workspace,
     out: &mut [f32],
 ) {
     let s = inputs.shape;
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
-    let scale = s.scale();
-    let widen = inputs.dtype().size_bytes() != 4;
-    out.par_chunks_mut(nq * d)
-        .zip(scores.par_chunks_mut(nq * nkv))
-        .enumerate()
-        .for_each(|(head, (out_h, s_h))| {
+    let path = Path::of(inputs.dtype(), isa, d);
+    let c = s.scale() * LOG2E;
+    let nqb = nq.div_ceil(ROW_BLOCK);
+    let lens = worker_lens(&s, path);
+    let outs = Blocks::new(out, nq, d, ROW_BLOCK);
+    let probs = Blocks::new(scores, nq, nkv, ROW_BLOCK);
+    let (q16, k16) = (bf16_bits(&inputs.q), bf16_bits(&inputs.k));
+    // Items in head-major order: a worker repacks K^T (and widens V) only when its next
+    // item belongs to another key/value head (`packed`).
+    for_each_item_with(
+        ws,
+        s.batch * s.heads * nqb,
+        |buf, packed: &mut Option<usize>, i| {
+            let (head, blk) = (i / nqb, i % nqb);
             let (b, h) = (head / s.heads, head % s.heads);
             let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-            out_h
-                .par_chunks_mut(ROW_BLOCK * d)
-                .zip(s_h.par_chunks_mut(ROW_BLOCK * nkv))
-                .enumerate()
-                .for_each(|(blk, (o, p))| {
-                    let row0 = blk * ROW_BLOCK;
-                    let rows = o.len() / d;
-                    let mut guard = ws.acquire();
-                    let lens = if widen {
-                        [ROW_BLOCK * d, nkv * d, nkv * d]
-                    } else {
-                        [0; 3]
-                    };
-                    let [qs, ks, vs] = carve(&mut guard, lens);
-                    let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
-                    let k = inputs.k.rows_f32(kv_off, nkv * d, ks);
-                    let v = inputs.v.rows_f32(kv_off, nkv * d, vs);
-                    sgemm(
-                        scale,
-                        MatRef::new(q, rows, d),
-                        MatRef::new(k, nkv, d).t(),
-                        0.0,
-                        p,
-                        nkv,
-                    );
-                    for (r, row) in p.chunks_mut(nkv).enumerate() {
-                        mask_from(row, s.visible_keys(causal, row0 + r));
-                        let m = if safe { row_max(row) } else { 0.0 };
-                        let sum = exp_sub_sum(row, m);
-                        // A row with no visible key has sum 0: its output is 0, not 0/0.
-                        scale_row(row, if sum > 0.0 { 1.0 / sum } else { 0.0 });
+            let (o, p) = (outs.take(head, blk), probs.take(head, blk));
+            let row0 = blk * ROW_BLOCK;
+            let rows = o.len() / d;
+            let [kt, vw, qw] = carve(buf, lens);
+            if *packed != Some(kv_off) {
+                match path {
+                    Path::Bf16Dot => {
+                        let k = &k16.unwrap_or_default()[kv_off..];
+                        pack_pairs_t(k, nkv, d, PANEL, as_u16(kt));
                     }
-                    sgemm(
-                        1.0,
-                        MatRef::new(p, rows, nkv),
-                        MatRef::new(v, nkv, d),
-                        0.0,
-                        o,
-                        d,
-                    );
-                });
-        });
+                    _ => pack_t(&inputs.k, kv_off, nkv, d, PANEL, kt),
+                }
+                if path != Path::F32 {
+                    inputs.v.copy_to_f32(kv_off, &mut vw[..nkv * d]);
+                }
+                *packed = Some(kv_off);
+            }
+
+            // S = Q K^T, one 64-key panel of K^T at a time (raw scores; the scale is in c).
+            let q = match path {
+                Path::Bf16Dot => &[][..],
+                _ => inputs.q.rows_f32(q_off + row0 * d, rows * d, qw),
+            };
+            let q16 = q16.unwrap_or_default();
+            for (pi, j0) in (0..nkv).step_by(PANEL).enumerate() {
+                let jn = PANEL.min(nkv - j0);
+                let panel = pi * PANEL * d;
+                match path {
+                    Path::Bf16Dot => {
+                        let q = &q16[q_off + row0 * d..][..rows * d];
+                        let kt = &as_u16(kt)[panel..][..PANEL * d];
+                        let a = AOp {
+                            data: q,
+                            rows,
+                            k: d / 2,
+                            rs: d,
+                            cs: 2,
+                        };
+                        let b = BOp {
+                            data: kt,
+                            k: d / 2,
+                            n: jn,
+                            ld: 2 * PANEL,
+                        };
+                        gemm_bf16(isa, a, b, &mut p[j0..], nkv, Out::Store);
+                    }
+                    _ => {
+                        let b = BOp {
+                            data: &kt[panel..][..PANEL * d],
+                            k: d,
+                            n: jn,
+                            ld: PANEL,
+                        };
+                        let a = AOp {
+                            data: q,
+                            rows,
+                            k: d,
+                            rs: d,
+                            cs: 1,
+                        };
+                        gemm(isa, a, b, &mut p[j0..], nkv, Out::Store);
+                    }
+                }
+            }
+            for (r, row) in p.chunks_mut(nkv).enumerate() {
+                softmax_row(isa, row, s.visible_keys(causal, row0 + r), c, safe, true);
+            }
+            let v: &[f32] = match inputs.v.as_f32() {
+                Some(v) => &v[kv_off..][..nkv * d],
+                None => &vw[..nkv * d],
+            };
+            let a = AOp {
+                data: &*p,
+                rows,
+                k: nkv,
+                rs: nkv,
+                cs: 1,
+            };
+            let b = BOp {
+                data: v,
+                k: nkv,
+                n: d,
+                ld: d,
+            };
+            gemm(isa, a, b, o, d, Out::Store);
+        },
+    );
 }

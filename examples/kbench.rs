@@ -1,0 +1,97 @@
+//! Kernel micro-benchmark for tuning on a shared machine: runs one case's forward `reps`
+//! times on a given kernel path and prints GFLOP/s by wall time and per CPU-second of the
+//! process's threads (from /proc/self/task/*/schedstat), which stays meaningful when other
+//! processes share the cores.
+//!
+//!   cargo run --release --example kbench -- flash 4096 8 64 f32 0 1 avx512-bf16 5
+
+use std::time::Instant;
+
+use attnbench::backend::cpu::isa::Isa;
+use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use attnbench::runner::forward_with;
+use attnbench::variant::VariantId;
+
+fn cpu_ns() -> u64 {
+    let mut total = 0;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            let p = e.path().join("schedstat");
+            if let Ok(s) = std::fs::read_to_string(p) {
+                total += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
+    let variant: VariantId = arg(1, "flash").parse().expect("variant");
+    let n: usize = arg(2, "4096").parse().expect("n");
+    let heads: usize = arg(3, "8").parse().expect("heads");
+    let d: usize = arg(4, "64").parse().expect("d");
+    let dtype: DType = arg(5, "f32").parse().expect("dtype");
+    let causal = arg(6, "0") == "1";
+    let threads: usize = arg(7, "1").parse().expect("threads");
+    let isa_name = arg(8, Isa::detect().name());
+    let isa = Isa::ALL
+        .into_iter()
+        .find(|i| i.name() == isa_name)
+        .expect("isa");
+    let reps: usize = arg(9, "5").parse().expect("reps");
+    let qc: Option<usize> = a.get(10).and_then(|x| x.parse().ok());
+    let kc: Option<usize> = a.get(11).and_then(|x| x.parse().ok());
+    let info = variant.info();
+    let case = Case {
+        variant,
+        mode: Mode::Fwd,
+        device: Device::Cpu,
+        dtype,
+        shape: Shape {
+            batch: 1,
+            heads,
+            kv_heads: heads,
+            seq_q: n,
+            seq_kv: n,
+            head_dim: d,
+        },
+        q_chunk: info.default_q_chunk.map(|c| qc.unwrap_or(c).min(n)),
+        kv_chunk: info.default_kv_chunk.map(|c| kc.unwrap_or(c).min(n)),
+        causal,
+        window: None,
+        devices: 1,
+        threads,
+        input_dist: InputDist::Normal,
+        input_scale: 1.0,
+        seed: 0,
+        d_out: UpstreamGrad::Random,
+    };
+    let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);
+    let mut out = vec![0.0f32; case.shape.out_len()];
+    forward_with(&case, isa, &inputs, &mut out).expect("forward");
+    let mut best_wall = f64::INFINITY;
+    let mut best_cpu = f64::INFINITY;
+    for _ in 0..reps {
+        let (c0, t0) = (cpu_ns(), Instant::now());
+        forward_with(&case, isa, &inputs, &mut out).expect("forward");
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = (cpu_ns() - c0) as f64 * 1e-9;
+        best_wall = best_wall.min(wall);
+        best_cpu = best_cpu.min(cpu);
+    }
+    let gf = case.flops() / 1e9;
+    println!(
+        "{} {} n={n} h={heads} d={d} causal={causal} t={threads} {isa}: wall {:.1} GFLOP/s, {:.1} GFLOP/cpu-s ({:.1} per thread-second x {threads})",
+        variant.name(),
+        dtype,
+        gf / best_wall,
+        gf / best_cpu * threads as f64,
+        gf / best_cpu,
+    );
+}

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Tables of results/cpu_perf (issue 3) from its runs.csv and meta.json only: the targets,
+each met or missed with its figure; a short table (our GFLOP/s, the peer's, the ratio, percent
+of the calibrated peak); and the full table in DIR/table_full.md. With --readme, the text
+between the `<!-- table:begin -->` and `<!-- table:end -->` lines of DIR/README.md is
+replaced; otherwise it is printed.
+
+    python3 scripts/cpu_perf_table.py results/cpu_perf --readme
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from pathlib import Path
+
+TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}  # DType::tolerance
+PEER = {"flash": "torch-sdpa-flash", "rabe-staats": "jax-rabe-staats", "naive": "torch-sdpa-math"}
+
+
+def load(d: Path):
+    rows = list(csv.DictReader(open(d / "runs.csv", newline="")))
+    meta = json.loads((d / "meta.json").read_text())
+    peaks = {}
+    for c in meta.get("calibration", []):
+        peaks[c["threads"]] = (c.get("fma_peak_gflops") or 0.0, c.get("bf16_peak_gflops"))
+    return rows, meta, peaks
+
+
+def key(r, variant=None):
+    return (
+        variant or r["variant"],
+        r["dtype"],
+        int(r["heads"]),
+        int(r["head_dim"]),
+        int(r["seq_q"]),
+        r["causal"] == "true",
+        int(r["threads"]),
+    )
+
+
+def gflops(rows):
+    out = {}
+    for r in rows:
+        if r["status"] == "ok" and r["gflops"] and r["mode"] == "fwd":
+            out[key(r)] = float(r["gflops"])
+    return out
+
+
+def fmt(x, unit=""):
+    return "–" if x is None else f"{x:.1f}{unit}"
+
+
+def verdict(ok):
+    return "met" if ok else "**missed**"
+
+
+def targets(rows, g, peaks):
+    lines = ["| target | figure | verdict |", "|---|---|---|"]
+
+    def get(*k):
+        return g.get(k)
+
+    def pct(x, t, dtype="f32"):
+        fma, bf = peaks.get(t, (0.0, None))
+        peak = bf if dtype == "bf16" and bf else fma
+        return None if x is None or not peak else 100.0 * x / peak
+
+    for causal in (False, True):
+        ours = get("flash", "f32", 8, 64, 4096, causal, 2)
+        peer = get("torch-sdpa-flash", "f32", 8, 64, 4096, causal, 2)
+        ratio = ours / peer if ours and peer else None
+        p = pct(ours, 2)
+        c = "causal" if causal else "non-causal"
+        lines.append(
+            f"| flash f32 h=8 d=64 n=4096 2 threads, {c}: ≥ 1.0x SDPA flash and ≥ 70% of the FMA peak "
+            f"| {fmt(ours)} vs {fmt(peer)} GFLOP/s = {fmt(ratio, 'x')}, {fmt(p, '%')} of {fmt(peaks.get(2, (None,))[0])} "
+            f"| {verdict(ratio is not None and ratio >= 1.0 and p is not None and p >= 70.0)} |"
+        )
+    for n in (4096, 16384):
+        ours = get("flash", "f32", 1, 64, n, True, 2)
+        peer = get("torch-sdpa-flash", "f32", 1, 64, n, True, 2)
+        ratio = ours / peer if ours and peer else None
+        lines.append(
+            f"| flash f32 h=1 causal n={n} 2 threads: ≥ 1.3x SDPA flash "
+            f"| {fmt(ours)} vs {fmt(peer)} GFLOP/s = {fmt(ratio, 'x')} | {verdict(ratio is not None and ratio >= 1.3)} |"
+        )
+    worst = None
+    for h, d, causal, t in [(h, d, c, t) for h in (1, 8) for d in (64, 128) for c in (False, True) for t in (1, 2)]:
+        a, b = get("flash", "bf16", h, d, 4096, causal, t), get("flash", "f32", h, d, 4096, causal, t)
+        if a and b and (worst is None or a / b < worst[0]):
+            worst = (a / b, h, d, causal, t)
+    if worst:
+        r, h, d, causal, t = worst
+        lines.append(
+            f"| flash bf16 ≥ 1.3x own f32 at n=4096 (every h, d, mask, threads) | worst {r:.2f}x "
+            f"(h={h} d={d} causal={causal} t={t}) | {verdict(r >= 1.3)} |"
+        )
+    ratios = []
+    for k, v in g.items():
+        if k[0] == "rabe-staats":
+            nv = g.get(("naive",) + k[1:])
+            if nv:
+                ratios.append((nv / v, k))  # time(rs) / time(naive)
+    if ratios:
+        worst = max(ratios)
+        med = statistics.median(r for r, _ in ratios)
+        k = worst[1]
+        lines.append(
+            f"| rabe-staats within 10% of naive (time ratio, every case naive ran) | median {med:.2f}, worst {worst[0]:.2f} "
+            f"({k[1]} h={k[2]} d={k[3]} n={k[4]} causal={k[5]} t={k[6]}) | {verdict(worst[0] <= 1.10)} |"
+        )
+    jr = []
+    for k, v in g.items():
+        if k[0] == "rabe-staats":
+            jv = g.get(("jax-rabe-staats",) + k[1:])
+            if jv:
+                jr.append((v / jv, k))
+    if jr:
+        worst = min(jr)
+        k = worst[1]
+        lines.append(
+            f"| rabe-staats ≥ 3x the JAX reference (every non-causal case) | worst {worst[0]:.1f}x "
+            f"({k[1]} h={k[2]} d={k[3]} n={k[4]} t={k[6]}), median {statistics.median(r for r, _ in jr):.1f}x "
+            f"| {verdict(worst[0] >= 3.0)} |"
+        )
+    for variant in ("flash", "rabe-staats", "naive"):
+        sc = []
+        for k, v in g.items():
+            if k[0] == variant and k[6] == 1 and k[4] >= 2048:
+                two = g.get(k[:6] + (2,))
+                if two:
+                    sc.append((two / v, k))
+        if sc:
+            worst = min(sc)
+            k = worst[1]
+            lines.append(
+                f"| {variant}: 2 threads ≥ 1.85x 1 thread, n ≥ 2048 | worst {worst[0]:.2f}x ({k[1]} h={k[2]} d={k[3]} "
+                f"n={k[4]} causal={k[5]}), median {statistics.median(r for r, _ in sc):.2f}x | {verdict(worst[0] >= 1.85)} |"
+            )
+    bad = [
+        r
+        for r in rows
+        if r["variant"] in PEER and r["status"] == "ok" and float(r["max_abs_err"]) > TOLERANCE[r["dtype"]]
+    ]
+    errs = [r for r in rows if r["variant"] in PEER and r["status"] != "ok"]
+    worst = {}
+    for r in rows:
+        if r["variant"] in PEER and r["max_abs_err"]:
+            worst[r["dtype"]] = max(worst.get(r["dtype"], 0.0), float(r["max_abs_err"]))
+    lines.append(
+        "| every row of ours within its dtype's error tolerance | max_abs_err "
+        + ", ".join(f"{k} {v:.1e} (≤ {TOLERANCE[k]:.0e})" for k, v in sorted(worst.items()))
+        + f"; {len(errs)} rows not ok | {verdict(not bad and not errs)} |"
+    )
+    return lines
+
+
+def table(g, peaks, select):
+    head = (
+        "| dtype | h | d | n | causal | threads | ours | GFLOP/s | peer | GFLOP/s | ratio | % of peak |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for k in sorted(g):
+        variant, dtype, h, d, n, causal, t = k
+        if variant not in PEER or not select(k):
+            continue
+        ours = g[k]
+        peer = g.get((PEER[variant],) + k[1:])
+        fma, bf = peaks.get(t, (0.0, None))
+        peak = bf if dtype == "bf16" and bf else fma
+        pct = 100.0 * ours / peak if peak else None
+        ratio = ours / peer if peer else None
+        lines.append(
+            f"| {dtype} | {h} | {d} | {n} | {'yes' if causal else 'no'} | {t} | {variant} | {ours:.1f} "
+            f"| {PEER[variant]} | {fmt(peer)} | {fmt(ratio, 'x')} | {fmt(pct, '%')} |"
+        )
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--readme", action="store_true", help="write into DIR/README.md between the markers")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    rows, meta, peaks = load(d)
+    g = gflops(rows)
+    peak_line = ", ".join(
+        f"{t} thread{'s' if t > 1 else ''}: FMA {fma:.0f}" + (f", bf16 {bf:.0f}" if bf else "")
+        for t, (fma, bf) in sorted(peaks.items())
+    )
+    cpu = meta.get("cpu_model") or "unknown CPU"
+    rev = (meta.get("git_revision") or "?")[:10] + (" (dirty)" if meta.get("git_dirty") else "")
+    out = [
+        f"Measured on {cpu}, attnbench {rev}; calibrated peaks (GFLOP/s) {peak_line}. "
+        "Percent of peak is of the FMA peak for f32 rows and of the `vdpbf16ps` peak for bf16 rows.",
+        "",
+        "### Targets",
+        "",
+        *targets(rows, g, peaks),
+        "",
+        "### Two threads, d = 64, n = 4096 and 8192",
+        "",
+        *table(g, peaks, lambda k: k[6] == 2 and k[3] == 64 and k[4] in (4096, 8192)),
+        "",
+        "Every case (both thread counts, d = 64 and 128, n = 1024 to 8192): `table_full.md`.",
+    ]
+    (d / "table_full.md").write_text("\n".join(["# cpu_perf: every case", "", *table(g, peaks, lambda k: True), ""]))
+    text = "\n".join(out)
+    if not args.readme:
+        print(text)
+        return
+    readme = d / "README.md"
+    src = readme.read_text()
+    begin, end = "<!-- table:begin -->", "<!-- table:end -->"
+    if begin not in src or end not in src:
+        raise SystemExit(f"error: {readme} has no {begin} ... {end} markers")
+    a, b = src.index(begin) + len(begin), src.index(end)
+    readme.write_text(src[:a] + "\n" + text + "\n" + src[b:])
+
+
+if __name__ == "__main__":
+    main()

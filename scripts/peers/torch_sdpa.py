@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""PyTorch `scaled_dot_product_attention` as a peer of attnbench's variants.
+
+Reads an attnbench config, runs every distinct problem of it (attnbench's variant and chunk
+axes dropped) with SDPA's flash backend (`torch-sdpa-flash`) and math backend
+(`torch-sdpa-math`), pinned with `torch.nn.attention.sdpa_kernel`, timed by attnbench's rule
+(warm-up, repetitions until convergence or the cap, median), and appends rows in attnbench's
+CSV schema to DIR/runs.csv, so `attnbench report` and `compare` treat them like its own.
+
+    python scripts/peers/torch_sdpa.py --config configs/cpu_perf.toml --out results/cpu_perf
+
+Modes: `fwd`, and `fwd+bwd` (out = SDPA(q, k, v); out.backward(dO); `time_bwd_median_s` is
+the backward alone within the same calls; dQ checked on attnbench's sampled rows). Inputs:
+NumPy's seeded stream rounded to the storage dtype (the same distribution and shapes as
+attnbench's, not the same bits); the output stays in the storage dtype, as SDPA returns it.
+Threads: `torch.set_num_threads(threads)` per case. Not measured: memory (empty columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+VARIANTS = {"torch-sdpa-flash": "FLASH_ATTENTION", "torch-sdpa-math": "MATH"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="attnbench config (TOML)")
+    ap.add_argument("--out", help="results directory [default: results/<run name>]")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="as attnbench sweep --set")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every case runs (the config's device axis is replaced)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--resume", action="store_true", help="skip cases already in DIR/runs.csv")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config, cases = common.load_cases(args.config, args.sets)
+    run = config["run"]
+    rule = common.stop_rule(run)
+    out = common.CsvOut(args.out or f"results/{run['name']}")
+    done = out.done_ids() if args.resume else set()
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"error: unknown variant {v} (expected one of {', '.join(VARIANTS)})")
+    dev = torch.device(args.device)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    todo = common.peer_cases(cases, variants)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    for i, (variant, entry) in enumerate(todo, 1):
+        c = entry["case"]
+        s = c["shape"]
+        rec = common.base_record(run, entry, variant, device=args.device)
+        if rec["case_id"] in done:
+            continue
+        reason = None
+        if c["mode"] not in ("fwd", "fwd+bwd"):
+            reason = f"mode {c['mode']} is not measured for {variant}"
+        elif c["window"] is not None or c["devices"] != 1:
+            reason = "sliding windows and several devices are not measured for the peers"
+        elif c["causal"] and s["seq_q"] != s["seq_kv"]:
+            reason = "SDPA's is_causal is top-left aligned; attnbench's mask is bottom-right"
+        if reason:
+            rec.update(status="skipped", reason=reason)
+            out.write(rec)
+            common.progress(i, len(todo), rec)
+            continue
+
+        if dev.type == "cpu":
+            torch.set_num_threads(c["threads"])
+        qn, kn, vn = common.make_inputs(c)
+        dt = tdtype[c["dtype"]]
+        train = c["mode"] == "fwd+bwd"
+        q, k, v = (torch.from_numpy(x).to(dev, dt).requires_grad_(train) for x in (qn, kn, vn))
+        gqa = s["kv_heads"] != s["heads"]
+        backend = getattr(SDPBackend, VARIANTS[variant])
+        go = torch.from_numpy(common.d_out_for(c)).to(dev, dt) if train else None
+        bwd_times: list[float] = []
+        result = {}
+
+        def call():
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
+                if train:
+                    for t in (q, k, v):
+                        t.grad = None
+                    sync()
+                    t0 = time.perf_counter()
+                    o.backward(go)
+                    sync()
+                    bwd_times.append(time.perf_counter() - t0)
+                sync()
+            result["o"] = o
+
+        try:
+            samples, stopped = common.time_repetitions(call, rule)
+        except RuntimeError as e:  # e.g. no kernel of this backend for these inputs
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            rec.update(status="error", reason=f"torch: {msg}"[:300])
+            out.write(rec)
+            common.progress(i, len(todo), rec)
+            continue
+        common.fill_timing(rec, samples, stopped, entry["flops"])
+        if train:
+            timed = bwd_times[len(bwd_times) - len(samples):]
+            rec["time_bwd_median_s"] = common.summary(timed)["median"]
+        o = result["o"].detach().float().cpu().numpy()
+        err = common.output_error(qn, kn, vn, o, c, run["error_rows"])
+        rec.update({k: err[k] for k in ("max_abs_err", "max_rel_err", "err_rows")})
+        if err["non_finite"]:
+            rec.update(status="error", reason=f"{err['non_finite']} of the checked output values are NaN or infinite")
+        if train:
+            dq = q.grad.detach().float().cpu().numpy()
+            # The oracle gets dO as the backward saw it (rounded to the storage dtype).
+            d_out = go.float().cpu().numpy()
+            g = common.dq_error(qn, kn, vn, d_out, dq, c, run["error_rows"])
+            rec.update({k: g[k] for k in ("grad_max_abs_err", "grad_max_rel_err", "grad_err_rows", "grad_err_scope")})
+        out.write(rec)
+        common.progress(i, len(todo), rec)
+        del q, k, v, go, result
+
+
+if __name__ == "__main__":
+    main()

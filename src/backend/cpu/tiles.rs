@@ -1,0 +1,566 @@
+//! The safe interface of the microkernels (`simd`): GEMM-shaped tiles on slices, checked once
+//! per call, then cut into register tiles for the chosen [`Isa`]; the softmax pieces; and
+//! the packing of the small operand tiles (Q^T, K^T panels, bf16 pairs). Every attention
+//! kernel (naive, Rabe–Staats, flash) is built from these, so their timings compare the
+//! algorithms, not their implementations. No allocation anywhere: buffers come from the
+//! callers' workspaces. Cost: the products' 2*m*n*k FLOPs; packing O(size of the tile).
+
+use half::slice::HalfFloatSliceExt;
+
+use super::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use super::simd::{avx2, avx512, bf16};
+use super::simd::{portable, ColSoftmax, Epi, Tile, KC};
+use crate::problem::{DType, Tensor};
+
+/// Keys per packed K^T panel of naive and Rabe–Staats (the N loop of their QK^T tiles): a
+/// d x 64 f32 panel (16 KiB at d = 64) stays in L1 while every query row of the block
+/// passes over it.
+pub const PANEL: usize = 64;
+
+/// Query columns are padded to a multiple of this in flash's transposed tiles (the widest
+/// vector, so every path shares one layout and one memory formula).
+pub const LANES_MAX: usize = 16;
+
+/// Rounds `n` up to a multiple of [`LANES_MAX`].
+pub fn pad_lanes(n: usize) -> usize {
+    n.div_ceil(LANES_MAX) * LANES_MAX
+}
+
+/// How a kernel reads its operands on a given path (chosen per call from the dtype, the
+/// instruction-set path and the head dim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// f32 inputs, read in place.
+    F32,
+    /// bf16/f16 inputs widened to f32 tile by tile.
+    Widen,
+    /// bf16 inputs multiplied as bf16 pairs (`vdpbf16ps`); needs an even head dim.
+    Bf16Dot,
+}
+
+impl Path {
+    pub fn of(dtype: DType, isa: Isa, head_dim: usize) -> Path {
+        match dtype {
+            DType::F32 => Path::F32,
+            DType::Bf16 if isa.bf16_dot() && head_dim.is_multiple_of(2) => Path::Bf16Dot,
+            _ => Path::Widen,
+        }
+    }
+}
+
+/// Broadcast operand A (m x k): element (i, p) at `data[i*rs + p*cs]`. For bf16 pair tiles
+/// `k` counts pairs and pair (i, p) is `data[i*rs + p*cs ..][..2]`.
+#[derive(Clone, Copy)]
+pub struct AOp<'a, T> {
+    pub data: &'a [T],
+    pub rows: usize,
+    pub k: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// Vector operand B (k x n), row-major with row stride `ld`. For bf16 pair tiles row p holds
+/// the pairs of n columns interleaved (2n values, read as whole vectors: padded).
+#[derive(Clone, Copy)]
+pub struct BOp<'a, T> {
+    pub data: &'a [T],
+    pub k: usize,
+    pub n: usize,
+    pub ld: usize,
+}
+
+/// What the product does to C (m x n, row stride ldc).
+pub enum Out<'a> {
+    /// C = A B.
+    Store,
+    /// C += A B.
+    Add,
+    /// C[i][j] = C[i][j] * s[j] + (A B)[i][j].
+    ScaleAdd(&'a [f32]),
+    /// C = A B, and m[j] = max(m[j], max_i C[i][j]).
+    StoreColMax(&'a mut [f32]),
+}
+
+fn check_isa(isa: Isa) {
+    assert!(
+        isa.available(),
+        "kernel path {isa} is not available on this CPU"
+    );
+}
+
+/// (rows, vectors, lanes) of one register tile on `isa`.
+fn tile_shape(isa: Isa) -> (usize, usize, usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 | Isa::Avx512 => (avx512::MR_MAX, avx512::NV_MAX, avx512::W),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (avx2::MR_MAX, avx2::NV_MAX, avx2::W),
+        _ => (portable::MR_MAX, portable::NV_MAX, portable::W),
+    }
+}
+
+/// Visits the register tiles of an m x n product: (row0, rows, col0, vectors, partial,
+/// valid lanes of the last vector). Column panels outside, so a B panel stays in L1 while
+/// the rows pass over it.
+fn for_tiles(
+    (mr_max, nv_max, w): (usize, usize, usize),
+    m: usize,
+    n: usize,
+    mut f: impl FnMut(usize, usize, usize, usize, bool, usize),
+) {
+    let mut n0 = 0;
+    while n0 < n {
+        let cols = (nv_max * w).min(n - n0);
+        let nv = cols.div_ceil(w);
+        let n_last = cols - (nv - 1) * w;
+        let mut m0 = 0;
+        while m0 < m {
+            let mr = mr_max.min(m - m0);
+            f(m0, mr, n0, nv, n_last < w, n_last);
+            m0 += mr;
+        }
+        n0 += cols;
+    }
+}
+
+fn check_c(c: &[f32], rows: usize, n: usize, ldc: usize) {
+    assert!(ldc >= n, "C row stride {ldc} below its width {n}");
+    assert!((rows - 1) * ldc + n <= c.len(), "C view out of bounds");
+}
+
+/// The epilogue of the tile at column `n0`, with its column-vector pointer.
+fn epi_at(out: &mut Out, n0: usize) -> Epi {
+    match out {
+        Out::Store => Epi::Store,
+        Out::Add => Epi::Add,
+        // In bounds: both were checked to hold n >= n0 + tile width floats.
+        Out::ScaleAdd(s) => Epi::ScaleAdd(s[n0..].as_ptr()),
+        Out::StoreColMax(m) => Epi::StoreColMax(m[n0..].as_mut_ptr()),
+    }
+}
+
+fn check_out(out: &Out, n: usize) {
+    match out {
+        Out::ScaleAdd(s) => assert!(s.len() >= n, "column scale shorter than C's width"),
+        Out::StoreColMax(m) => assert!(m.len() >= n, "column max shorter than C's width"),
+        Out::Store | Out::Add => {}
+    }
+}
+
+/// The column max of C taken after the product when the reduction spans several partial
+/// sums (the tiles fuse it only into a single one): C is stored first.
+fn col_max_after(c: &[f32], m: usize, n: usize, ldc: usize, colmax: &mut [f32]) {
+    for i in 0..m {
+        for (cm, x) in colmax.iter_mut().zip(&c[i * ldc..][..n]) {
+            *cm = cm.max(*x);
+        }
+    }
+}
+
+/// C (m x n) (op)= A (m x k) B (k x n), f32, on `isa` (its f32 tiles for both AVX-512 paths).
+pub fn gemm(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, out: Out) {
+    if let Out::StoreColMax(cm) = out {
+        if a.k > KC {
+            gemm(isa, a, b, c, ldc, Out::Store);
+            return col_max_after(c, a.rows, b.n, ldc, cm);
+        }
+        return gemm_fused(isa, a, b, c, ldc, Out::StoreColMax(cm));
+    }
+    gemm_fused(isa, a, b, c, ldc, out)
+}
+
+fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut out: Out) {
+    check_isa(isa);
+    let (m, k, n) = (a.rows, a.k, b.n);
+    assert_eq!(b.k, k, "inner dimensions differ");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k > 0 {
+        assert!(
+            (m - 1) * a.rs + (k - 1) * a.cs < a.data.len(),
+            "A view out of bounds"
+        );
+        assert!((k - 1) * b.ld + n <= b.data.len(), "B view out of bounds");
+    }
+    check_c(c, m, n, ldc);
+    check_out(&out, n);
+    let shape = tile_shape(isa);
+    let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
+    for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
+        let t = Tile {
+            k,
+            // SAFETY (all three offsets): m0 < m and n0 < n, inside the views checked above.
+            a: unsafe { ap.add(m0 * a.rs) },
+            ars: a.rs,
+            acs: a.cs,
+            b: unsafe { bp.add(n0) },
+            ldb: b.ld,
+            c: unsafe { cp.add(m0 * ldc + n0) },
+            ldc,
+            n_last,
+            epi: epi_at(&mut out, n0),
+        };
+        // SAFETY: the tile's rows m0..m0+mr, columns n0..n0+(nv-1)*W+n_last and its k terms
+        // lie inside A, B, C and the epilogue's column vector (checked above); the masked
+        // last vector touches only its n_last lanes; `isa` is available (checked).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Bf16 | Isa::Avx512 => avx512::tile_any(mr, nv, partial, &t),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => avx2::tile_any(mr, nv, partial, &t),
+                _ => portable::tile_any(mr, nv, partial, &t),
+            }
+        }
+    });
+}
+
+/// C (m x n) (op)= A B with bf16 pairs (`vdpbf16ps`), f32 accumulation; only on
+/// [`Isa::Avx512Bf16`]. `a.k == b.k` counts pairs; B rows hold `2 * pad_lanes(n)` values.
+pub fn gemm_bf16(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize, out: Out) {
+    if let Out::StoreColMax(cm) = out {
+        if 2 * a.k > KC {
+            gemm_bf16(isa, a, b, c, ldc, Out::Store);
+            return col_max_after(c, a.rows, b.n, ldc, cm);
+        }
+        return gemm_bf16_fused(isa, a, b, c, ldc, Out::StoreColMax(cm));
+    }
+    gemm_bf16_fused(isa, a, b, c, ldc, out)
+}
+
+fn gemm_bf16_fused(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize, mut out: Out) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pair tiles need the avx512-bf16 path");
+    let (m, k, n) = (a.rows, a.k, b.n);
+    assert_eq!(b.k, k, "inner dimensions differ");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k > 0 {
+        assert!(
+            (m - 1) * a.rs + (k - 1) * a.cs + 1 < a.data.len(),
+            "A view out of bounds"
+        );
+        assert!(
+            (k - 1) * b.ld + 2 * pad_lanes(n) <= b.data.len(),
+            "B view out of bounds"
+        );
+    }
+    check_c(c, m, n, ldc);
+    check_out(&out, n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let shape = (bf16::MR_MAX, bf16::BF16_NV_MAX, avx512::W);
+        let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
+        for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
+            let t = Tile {
+                k,
+                // SAFETY (all three offsets): inside the views checked above.
+                a: unsafe { ap.add(m0 * a.rs) },
+                ars: a.rs,
+                acs: a.cs,
+                b: unsafe { bp.add(2 * n0) },
+                ldb: b.ld,
+                c: unsafe { cp.add(m0 * ldc + n0) },
+                ldc,
+                n_last,
+                epi: epi_at(&mut out, n0),
+            };
+            // SAFETY: as in `gemm`; B is read as whole vectors, inside its padded rows.
+            unsafe { bf16::tile_any(mr, nv, partial, &t) }
+        });
+    }
+}
+
+/// Arguments of the column softmax of flash's S^T block (see `simd::ColSoftmax`).
+pub struct ColState<'a> {
+    pub colmax: &'a mut [f32],
+    pub m2: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub corr: &'a mut [f32],
+}
+
+fn col_args(st: &mut [f32], kn: usize, nb: usize, c: f32, s: &mut ColState) -> ColSoftmax {
+    assert!(
+        nb.is_multiple_of(LANES_MAX),
+        "query columns not padded to {LANES_MAX}"
+    );
+    assert!(
+        kn == 0 || (kn - 1) * nb + nb <= st.len(),
+        "S^T block out of bounds"
+    );
+    for v in [&s.colmax, &s.m2, &s.l, &s.corr] {
+        assert!(v.len() >= nb, "column state shorter than the block");
+    }
+    ColSoftmax {
+        st: st.as_mut_ptr(),
+        kn,
+        nb,
+        ld: nb,
+        c,
+        colmax: s.colmax.as_mut_ptr(),
+        m2: s.m2.as_mut_ptr(),
+        l: s.l.as_mut_ptr(),
+        corr: s.corr.as_mut_ptr(),
+        pairs: std::ptr::null_mut(),
+    }
+}
+
+/// Online-softmax step of flash on S^T (`kn` x `nb`, raw scores, scale `c` in log2 units):
+/// new running max, correction, P^T = 2^(S^T c - m) in place, running sums.
+pub fn col_softmax(isa: Isa, st: &mut [f32], kn: usize, nb: usize, c: f32, s: &mut ColState) {
+    check_isa(isa);
+    let a = col_args(st, kn, nb, c, s);
+    // SAFETY: every pointer of `a` was checked to hold the block (`col_args`); isa available.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 | Isa::Avx512 => avx512::col_softmax(&a),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::col_softmax(&a),
+            _ => portable::col_softmax(&a),
+        }
+    }
+}
+
+/// [`col_softmax`] writing P^T as bf16 pairs `[ceil(kn/2)][nb][2]` into `pairs`
+/// ([`Isa::Avx512Bf16`] only).
+pub fn col_softmax_bf16(
+    isa: Isa,
+    st: &mut [f32],
+    kn: usize,
+    nb: usize,
+    c: f32,
+    s: &mut ColState,
+    pairs: &mut [u16],
+) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    let mut a = col_args(st, kn, nb, c, s);
+    assert!(
+        pairs.len() >= kn.div_ceil(2) * nb * 2,
+        "P pairs buffer too small"
+    );
+    a.pairs = pairs.as_mut_ptr();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as `col_softmax`, and `pairs` holds the whole output (checked).
+    unsafe {
+        bf16::col_softmax(&a)
+    }
+}
+
+/// Causal mask (key `k0 + j` hidden from column r when `j + k0 >= vis[r]`) and column max
+/// (`colmax[r] = max(colmax[r], max_j S^T[j][r])`) of a `kn` x `nb` S^T block.
+pub fn mask_colmax(
+    isa: Isa,
+    st: &mut [f32],
+    kn: usize,
+    nb: usize,
+    mask: Option<(&[f32], usize)>,
+    colmax: &mut [f32],
+) {
+    check_isa(isa);
+    assert!(nb.is_multiple_of(LANES_MAX) && colmax.len() >= nb && kn * nb <= st.len());
+    let (vis, k0) = match mask {
+        Some((vis, k0)) => {
+            assert!(vis.len() >= nb);
+            (vis.as_ptr(), k0)
+        }
+        None => (std::ptr::null(), 0),
+    };
+    let (sp, mp) = (st.as_mut_ptr(), colmax.as_mut_ptr());
+    // SAFETY: the block, `vis` and `colmax` were checked to hold kn x nb and nb floats.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 | Isa::Avx512 => avx512::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
+            _ => portable::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
+        }
+    }
+}
+
+macro_rules! row_op {
+    ($isa:expr, $f:ident ( $($arg:expr),* )) => {{
+        check_isa($isa);
+        // SAFETY: the caller passes a slice's pointer and its length; isa available.
+        unsafe {
+            match $isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Bf16 | Isa::Avx512 => avx512::$f($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => avx2::$f($($arg),*),
+                _ => portable::$f($($arg),*),
+            }
+        }
+    }};
+}
+
+/// Max of a row (-inf if empty).
+pub fn row_max(isa: Isa, x: &[f32]) -> f32 {
+    row_op!(isa, row_max(x.as_ptr(), x.len()))
+}
+
+/// x = 2^(x c - mc) in place; returns the sum (partial sums of at most a few hundred terms).
+pub fn exp_sum(isa: Isa, x: &mut [f32], c: f32, mc: f32) -> f32 {
+    row_op!(isa, exp_sum(x.as_mut_ptr(), x.len(), c, mc))
+}
+
+/// x *= f.
+pub fn scale(isa: Isa, x: &mut [f32], f: f32) {
+    row_op!(isa, scale(x.as_mut_ptr(), x.len(), f))
+}
+
+/// 2^x in place, by the kernels' vector exp.
+pub fn exp2(isa: Isa, x: &mut [f32]) {
+    row_op!(isa, exp2_slice(x.as_mut_ptr(), x.len()))
+}
+
+/// Softmax of one score row of which the first `visible` entries count (the rest become 0):
+/// with `safe`, the row max is subtracted. `c` = scale * log2(e). Returns (max, sum) in raw
+/// score units (max -inf and sum 0 for a row with nothing visible, which is all zeros);
+/// with `normalize` the row is divided by its sum.
+pub fn softmax_row(
+    isa: Isa,
+    row: &mut [f32],
+    visible: usize,
+    c: f32,
+    safe: bool,
+    normalize: bool,
+) -> (f32, f32) {
+    let visible = visible.min(row.len());
+    let (head, tail) = row.split_at_mut(visible);
+    tail.fill(0.0);
+    let m = if safe {
+        row_max(isa, head)
+    } else if visible > 0 {
+        0.0
+    } else {
+        f32::NEG_INFINITY
+    };
+    if m == f32::NEG_INFINITY {
+        head.fill(0.0);
+        return (m, 0.0);
+    }
+    let sum = exp_sum(isa, head, c, m * c);
+    if normalize {
+        scale(isa, head, if sum > 0.0 { 1.0 / sum } else { 0.0 });
+    }
+    (m, sum)
+}
+
+/// `rows` x `cols` elements of `src` (row-major from `offset`, row stride `cols`) transposed
+/// into panels of `pw` rows: `dst[(r / pw) * cols * pw + c * pw + r % pw]`, widened to f32,
+/// zero-padded to whole panels. Q^T of a flash block (one panel), K^T of naive/Rabe–Staats.
+pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, dst: &mut [f32]) {
+    let panels = rows.div_ceil(pw);
+    let dst = &mut dst[..panels * cols * pw];
+    let tail0 = (panels - 1.min(panels)) * cols * pw;
+    dst[tail0..].fill(0.0);
+    let mut put = |r: usize, c: usize, x: f32| dst[(r / pw) * cols * pw + c * pw + r % pw] = x;
+    match src {
+        Tensor::F32(v) => {
+            for r in 0..rows {
+                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
+                    put(r, c, *x);
+                }
+            }
+        }
+        Tensor::Bf16(v) => {
+            for r in 0..rows {
+                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
+                    put(r, c, x.to_f32());
+                }
+            }
+        }
+        Tensor::F16(v) => {
+            for r in 0..rows {
+                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
+                    put(r, c, x.to_f32());
+                }
+            }
+        }
+    }
+}
+
+/// bf16 `rows` x `cols` (cols even) transposed into pair panels of `pw` rows:
+/// `dst[(r / pw) * cols * pw + (c / 2) * 2 * pw + 2 * (r % pw) + c % 2]`, zero-padded to whole
+/// panels: the B operand of a bf16 pair tile (Q^T pairs of flash, K^T pairs of naive/R–S).
+pub fn pack_pairs_t(src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut [u16]) {
+    assert!(cols.is_multiple_of(2), "bf16 pairs need an even width");
+    let panels = rows.div_ceil(pw);
+    let dst = &mut dst[..panels * cols * pw];
+    let tail0 = (panels - 1.min(panels)) * cols * pw;
+    dst[tail0..].fill(0);
+    for r in 0..rows {
+        let base = (r / pw) * cols * pw + 2 * (r % pw);
+        for (p, pair) in src[r * cols..][..cols].chunks_exact(2).enumerate() {
+            let at = base + p * 2 * pw;
+            dst[at] = pair[0];
+            dst[at + 1] = pair[1];
+        }
+    }
+}
+
+/// Consecutive rows of a bf16 `kn` x `d` matrix paired: `[ceil(kn/2)][d][2]` (V for the
+/// bf16 PV tile), a missing last row as zeros ([`Isa::Avx512Bf16`] only).
+pub fn interleave_rows(isa: Isa, src: &[u16], kn: usize, d: usize, dst: &mut [u16]) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    assert!(src.len() >= kn * d && dst.len() >= kn.div_ceil(2) * d * 2);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `src` holds kn x d and `dst` the paired output (checked); isa available.
+    unsafe {
+        bf16::interleave_rows(src.as_ptr(), kn, d, dst.as_mut_ptr())
+    }
+}
+
+/// FLOPs of `iters` rounds of the path's peak loop (f32 FMA chains; `bf16`: `vdpbf16ps`
+/// chains, only on [`Isa::Avx512Bf16`]) after running it; the value keeps it from being
+/// optimized away.
+pub fn peak_loop(isa: Isa, bf16: bool, iters: usize) -> (f64, f32) {
+    check_isa(isa);
+    let (_, _, w) = tile_shape(isa);
+    if bf16 {
+        assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the path (with AVX512_BF16) is available (checked).
+            let v = unsafe { bf16::dot_chains(iters) };
+            return ((iters * 12 * 16 * 2 * 2) as f64, v);
+        }
+    }
+    // SAFETY: the path is available (checked).
+    let v = unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 | Isa::Avx512 => avx512::fma_chains(iters),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::fma_chains(iters),
+            _ => portable::fma_chains(iters),
+        }
+    };
+    ((iters * portable::FMA_CHAINS * w * 2) as f64, v)
+}
+
+/// The bf16 storage of a tensor as raw bits, if it is bf16.
+pub fn bf16_bits(t: &Tensor) -> Option<&[u16]> {
+    match t {
+        Tensor::Bf16(v) => Some(v.reinterpret_cast()),
+        _ => None,
+    }
+}
+
+/// A scratch f32 slice viewed as twice as many u16 (for bf16 tiles carved from a workspace).
+pub fn as_u16(x: &mut [f32]) -> &mut [u16] {
+    let len = x.len() * 2;
+    // SAFETY: u16 has a smaller alignment than f32 and no invalid bit patterns; the view
+    // covers exactly the same bytes and borrows `x` mutably for its lifetime.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut u16, len) }
+}
+
+#[cfg(test)]
+mod tests;
