@@ -20,6 +20,7 @@ use crate::measure::timer::{time_repetitions, StopRule, Timing};
 use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
 use crate::report::record::{Record, Status};
+use crate::sim::stats::SimStats;
 
 /// Everything besides the case that decides how a case is measured.
 #[derive(Clone, Debug)]
@@ -44,6 +45,9 @@ pub fn interrupted() -> bool {
 pub fn skip_reason(case: &Case) -> Option<String> {
     let info = case.variant.info();
     let s = &case.shape;
+    if case.devices == 0 {
+        return Some("devices must be at least 1".into());
+    }
     if !info.modes.contains(&case.mode) {
         let modes: Vec<&str> = info.modes.iter().map(|m| m.name()).collect();
         return Some(format!(
@@ -62,19 +66,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             s.heads, s.kv_heads
         ));
     }
-    if case.window.is_some() {
-        return Some(format!(
-            "variant {} has no sliding-window support yet",
-            info.name
-        ));
-    }
-    if case.devices != 1 {
-        return Some(format!(
-            "variant {} runs on one device (devices = {} requested)",
-            info.name, case.devices
-        ));
-    }
-    None
+    case.variant.get().unsupported(case)
 }
 
 /// Why CUDA cases are skipped in this build (`attnbench list` shows it too).
@@ -105,6 +97,12 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
 pub fn forward(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
     let variant = case.variant.get();
     pool(case.threads)?.install(|| variant.forward_cpu(case, inputs, out))
+}
+
+/// `forward`, returning the simulated devices' counters of multi-device variants.
+pub fn forward_counted(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Option<SimStats>> {
+    let variant = case.variant.get();
+    pool(case.threads)?.install(|| variant.forward_counted(case, inputs, out))
 }
 
 /// The output of one case, computed once without measuring (for tests and `--save-output`).
@@ -215,11 +213,15 @@ fn measure(
     out.fill(f32::NAN);
     rss::reset_peak_rss();
     let probe = MemoryProbe::start();
-    let pass = forward(case, &inputs, &mut out);
+    let pass = forward_counted(case, &inputs, &mut out);
     let overhead = probe.finish();
-    if let Err(e) = pass {
-        let status = oom_or_error(&e);
-        return Ok(failed(record, status, e, Some(inputs)));
+    match pass {
+        Err(e) => {
+            let status = oom_or_error(&e);
+            return Ok(failed(record, status, e, Some(inputs)));
+        }
+        Ok(Some(stats)) => record.set_sim(&stats),
+        Ok(None) => {}
     }
     record.mem_overhead_bytes = Some(overhead);
     record.peak_rss_bytes = rss::peak_rss_bytes();
@@ -346,6 +348,7 @@ fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
     record.time_max_s = Some(sm.max);
     record.time_mad_s = Some(sm.mad);
     record.gflops = (sm.median > 0.0).then(|| case.flops() / sm.median / 1e9);
+    record.set_bandwidth(None);
     record.stopped_by = timing.stopped_by.name().to_string();
 }
 
@@ -358,7 +361,7 @@ fn record_output_error(
     sample: usize,
 ) {
     let rows = reference::rows_to_check(&case.shape, sample);
-    let err = reference::check(inputs, case.causal, out, &rows);
+    let err = reference::check_masked(inputs, case.causal, case.window, out, &rows);
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);

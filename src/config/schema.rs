@@ -72,6 +72,9 @@ pub(super) struct RawAxes {
     pub input_scale: Option<Value>,
     pub d_out: Option<Value>,
     pub threads: Option<Value>,
+    pub devices: Option<Value>,
+    pub allreduce: Option<Value>,
+    pub splits: Option<Value>,
 }
 
 impl RawAxes {
@@ -96,6 +99,9 @@ impl RawAxes {
             (Axis::InputScale, self.input_scale),
             (Axis::DOut, self.d_out),
             (Axis::Threads, self.threads),
+            (Axis::Devices, self.devices),
+            (Axis::Allreduce, self.allreduce),
+            (Axis::Splits, self.splits),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))
