@@ -1,7 +1,8 @@
 //! One compute step of every simulated device at once: each device's query rows against the
-//! key/value shard it holds now, folded into its running (o, lse) with the online softmax
-//! of `backend::cpu::decode::attend` (the "local flash attention" of Tree Attention's
-//! Algorithm 3 and of each Ring Attention step). Work items are (device, batch, key/value
+//! key/value shard it holds now, with the online softmax of `backend::cpu::decode::attend`
+//! (the "local flash attention" of Tree Attention's Algorithm 3, and each Ring Attention
+//! step, which carries the unnormalized state (acc, m, l) from step to step and divides
+//! once at the end, so p steps round like one long pass). Work items are (device, batch, key/value
 //! head, block of query rows) and run in parallel; masks come from absolute positions, so
 //! causal blocks above the diagonal cost nothing. Time O(pairs * d); scratch per worker
 //! `worker_floats`.
@@ -59,16 +60,33 @@ pub struct Geometry {
     pub bk: usize,
 }
 
+/// Where a step's result goes.
+pub enum Carry<'a> {
+    /// A whole local attention: o (`[b, h, tq, d]`) and its logsumexp lse (`[b, h, tq]`);
+    /// the running max and sum live in the kernel's scratch (registers on a GPU).
+    Once {
+        o: &'a mut [f32],
+        lse: &'a mut [f32],
+    },
+    /// One ring step: the unnormalized accumulator and the running max m and sum l, kept
+    /// on the device between steps; `last` divides acc by l.
+    Running {
+        acc: &'a mut [f32],
+        m: &'a mut [f32],
+        l: &'a mut [f32],
+        last: bool,
+    },
+}
+
 /// What one device computes in a step: its queries (`[b, h, tq, d]`, at positions `qpos`)
-/// against `kv`, into its `o` (`[b, h, tq, d]`) and `lse` (`[b, h, tq]`).
+/// against `kv`.
 pub struct Work<'a> {
     pub device: usize,
     pub q: &'a Tensor,
     pub tq: usize,
     pub qpos: Positions,
     pub kv: KvRef<'a>,
-    pub o: &'a mut [f32],
-    pub lse: &'a mut [f32],
+    pub carry: Carry<'a>,
 }
 
 /// Work items of devices whose query counts are `tq`.
@@ -79,11 +97,14 @@ pub fn items(geo: &Geometry, tq: &[usize]) -> usize {
         .sum()
 }
 
-/// Scratch floats per worker for at most `rows` query rows per item.
-pub fn worker_floats(geo: &Geometry, rows: usize, dtype: DType) -> usize {
+/// Scratch floats per worker for at most `rows` query rows per item; `once` items also
+/// keep their running max and sum there.
+pub fn worker_floats(geo: &Geometry, rows: usize, dtype: DType, once: bool) -> usize {
     let widen = dtype != DType::F32;
     let d = geo.shape.head_dim;
-    (if widen { rows * d } else { 0 }) + 2 * rows + scratch_len(rows, geo.bk, d, widen)
+    (if widen { rows * d } else { 0 })
+        + if once { 2 * rows } else { 0 }
+        + scratch_len(rows, geo.bk, d, widen)
 }
 
 /// Runs every device's work of one step in parallel; returns the query-key pairs each of
@@ -92,12 +113,24 @@ pub fn step(works: Vec<Work>, geo: &Geometry, ws: &Workspace, p: usize) -> Vec<u
     let s = geo.shape;
     let (d, g) = (s.head_dim, s.group());
     let mut items = Vec::new();
+    let bq = geo.bq.max(1);
     for w in works {
         let rows = g * w.tq;
-        let per_group = blocks_per_head(rows, geo.bq.max(1));
-        let os = head_row_blocks(w.o, rows, d, geo.bq.max(1));
-        let ls = head_row_blocks(w.lse, rows, 1, geo.bq.max(1));
-        for (i, (o, lse)) in os.into_iter().zip(ls).enumerate() {
+        let per_group = blocks_per_head(rows, bq);
+        let carries: Vec<ItemCarry> = match w.carry {
+            Carry::Once { o, lse } => head_row_blocks(o, rows, d, bq)
+                .into_iter()
+                .zip(head_row_blocks(lse, rows, 1, bq))
+                .map(|(o, lse)| ItemCarry::Once { o, lse })
+                .collect(),
+            Carry::Running { acc, m, l, last } => head_row_blocks(acc, rows, d, bq)
+                .into_iter()
+                .zip(head_row_blocks(m, rows, 1, bq))
+                .zip(head_row_blocks(l, rows, 1, bq))
+                .map(|((acc, m), l)| ItemCarry::Running { acc, m, l, last })
+                .collect(),
+        };
+        for (i, carry) in carries.into_iter().enumerate() {
             let (group, block) = (i / per_group, i % per_group);
             items.push(Item {
                 device: w.device,
@@ -106,9 +139,8 @@ pub fn step(works: Vec<Work>, geo: &Geometry, ws: &Workspace, p: usize) -> Vec<u
                 qpos: w.qpos,
                 kv: w.kv,
                 group,
-                row0: block * geo.bq.max(1),
-                o,
-                lse,
+                row0: block * bq,
+                carry,
             });
         }
     }
@@ -123,6 +155,19 @@ pub fn step(works: Vec<Work>, geo: &Geometry, ws: &Workspace, p: usize) -> Vec<u
     pairs
 }
 
+enum ItemCarry<'a> {
+    Once {
+        o: &'a mut [f32],
+        lse: &'a mut [f32],
+    },
+    Running {
+        acc: &'a mut [f32],
+        m: &'a mut [f32],
+        l: &'a mut [f32],
+        last: bool,
+    },
+}
+
 struct Item<'a> {
     device: usize,
     q: &'a Tensor,
@@ -133,14 +178,16 @@ struct Item<'a> {
     group: usize,
     /// First row of this block within the group's G * tq rows.
     row0: usize,
-    o: &'a mut [f32],
-    lse: &'a mut [f32],
+    carry: ItemCarry<'a>,
 }
 
 fn run_item(it: Item, geo: &Geometry, ws: &Workspace) -> u64 {
     let s = &geo.shape;
     let d = s.head_dim;
-    let rows = it.lse.len();
+    let rows = match &it.carry {
+        ItemCarry::Once { lse, .. } => lse.len(),
+        ItemCarry::Running { m, .. } => m.len(),
+    };
     let (b, g) = (it.group / s.kv_heads, it.group % s.kv_heads);
     let tq = it.tq;
     let range = |r: usize| {
@@ -148,36 +195,66 @@ fn run_item(it: Item, geo: &Geometry, ws: &Workspace) -> u64 {
         geo.mask.visible(it.qpos.at(a), it.kv.pos, it.kv.len)
     };
     let (_, pairs) = span(rows, &range);
-    if pairs == 0 {
+    let last = matches!(it.carry, ItemCarry::Running { last: true, .. });
+    if pairs == 0 && !last {
         return 0;
     }
     let mut guard = ws.acquire();
     let widen_q = it.q.dtype() != DType::F32;
     let widen_kv = it.kv.k.dtype() != DType::F32;
-    let [qs, m, l, scratch] = carve(
+    let once = matches!(it.carry, ItemCarry::Once { .. });
+    let [qs, m_s, l_s, scratch] = carve(
         &mut guard,
         [
             if widen_q { rows * d } else { 0 },
-            rows,
-            rows,
+            if once { rows } else { 0 },
+            if once { rows } else { 0 },
             scratch_len(rows, geo.bk, d, widen_kv),
         ],
     );
     let q_off = ((b * s.heads + g * s.group()) * tq + it.row0) * d;
     let q = vecops::widen(it.q, q_off, rows * d, qs);
-    let mut state = RowState { acc: it.o, m, l };
-    state.resume(it.lse);
-    attend(
-        q,
-        rows,
-        &range,
-        it.kv.keys(it.group),
-        d,
-        s.scale(),
-        geo.bk,
-        &mut state,
-        scratch,
-    );
-    state.finish(Some(it.lse));
+    let keys = it.kv.keys(it.group);
+    match it.carry {
+        ItemCarry::Once { o, lse } => {
+            let mut state = RowState {
+                acc: o,
+                m: m_s,
+                l: l_s,
+            };
+            state.reset();
+            attend(
+                q,
+                rows,
+                &range,
+                keys,
+                d,
+                s.scale(),
+                geo.bk,
+                &mut state,
+                scratch,
+            );
+            state.finish(Some(lse));
+        }
+        ItemCarry::Running { acc, m, l, last } => {
+            let mut state = RowState { acc, m, l };
+            if pairs > 0 {
+                attend(
+                    q,
+                    rows,
+                    &range,
+                    keys,
+                    d,
+                    s.scale(),
+                    geo.bk,
+                    &mut state,
+                    scratch,
+                );
+            }
+            if last {
+                state.finish(None);
+            }
+        }
+    }
     pairs
 }

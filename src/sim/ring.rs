@@ -9,15 +9,16 @@
 //!   skipped (they cost no work); with Striped placement token k lives on device k mod p,
 //!   which evens the causal work out.
 //!
-//! Per device: kv shard + one visiting shard + q + o + lse (eq. (8) plus the b·n_h carried
-//! logsumexp it leaves out); communication 2·b·t·d_kv per device per step (eq. (10)).
+//! Per device: kv shard + one visiting shard + q + o, and the running max and sum of the
+//! online softmax (eq. (8) plus the 2·b·n_h statistics it leaves out); communication
+//! 2·b·t·d_kv per device per step (eq. (10)).
 //! Time O(p * t * N * d) for decode (every device sees every key), O(N^2 d / p) per device
 //! for prefill.
 
 use super::comm::{Comm, Fault};
 use super::device::DeviceMemory;
 use super::exec;
-use super::local::{self, Geometry, KvRef, Work};
+use super::local::{self, Carry, Geometry, KvRef, Work};
 use super::plan;
 use super::shard::{gather, Layout, Placement};
 use super::stats::SimStats;
@@ -92,18 +93,18 @@ impl Spec {
             .max()
             .unwrap_or(0);
         let workers = self.threads.min(local::items(&geo, &tq)).max(1);
-        (workers, local::worker_floats(&geo, rows, dtype))
+        (workers, local::worker_floats(&geo, rows, dtype, false))
     }
 
     /// Host bytes one call allocates besides inputs and output: the devices' copies (q,
-    /// o, lse, the visiting shards; striped devices also own a permuted copy of their
+    /// acc, m, l, the visiting shards; striped devices also own a permuted copy of their
     /// shard) and the kernel scratch. The simulation allocates exactly these.
     pub fn host_bytes(&self, s: &Shape, dtype: DType) -> u64 {
         let (p, es) = (self.p() as u64, dtype.size_bytes() as u64);
         let rows = (s.batch * s.heads * s.seq_q) as u64;
         let copies = if self.decode { p } else { 1 };
         let q = copies * s.q_len() as u64 * es;
-        let o = copies * (s.out_len() as u64 + rows) * 4;
+        let o = copies * (s.out_len() as u64 + 2 * rows) * 4;
         let kv = 2 * s.kv_len() as u64 * es;
         let visiting = if p > 1 { kv } else { 0 };
         let own = match self.placement {
@@ -167,16 +168,21 @@ pub fn run(
 
     let q = distribute_queries(spec.decode, inputs, &layout, &mut comm, &mut mem)?;
     let tq = spec.tq(&s);
-    let mut o = Vec::with_capacity(p);
-    let mut lse = Vec::with_capacity(p);
-    for (i, m) in mem.iter_mut().enumerate() {
+    let (mut acc, mut run_max, mut run_sum) = (
+        Vec::with_capacity(p),
+        Vec::with_capacity(p),
+        Vec::with_capacity(p),
+    );
+    for (i, mm) in mem.iter_mut().enumerate() {
         let rows = s.batch * s.heads * tq[i];
-        o.push(try_zeroed(rows * d, "ring output o")?);
-        let mut l = try_zeroed(rows, "ring logsumexp")?;
-        l.fill(f32::NEG_INFINITY);
-        lse.push(l);
-        m.hold("o", rows * d, 4);
-        m.hold("lse", rows, 4);
+        acc.push(try_zeroed(rows * d, "ring output accumulator")?);
+        let mut m = try_zeroed(rows, "ring running max")?;
+        m.fill(f32::NEG_INFINITY);
+        run_max.push(m);
+        run_sum.push(try_zeroed(rows, "ring running sum")?);
+        mm.hold("o", rows * d, 4);
+        mm.hold("m", rows, 4);
+        mm.hold("l", rows, 4);
     }
     let (workers, floats) = spec.workspace(&s, dtype);
     let ws = Workspace::new(workers, floats, "ring attention tiles")?;
@@ -189,11 +195,12 @@ pub fn run(
         comm.begin(ROTATION)?;
     }
     for step in 0..p {
-        let works: Vec<Work> = o
+        let works: Vec<Work> = acc
             .iter_mut()
-            .zip(lse.iter_mut())
+            .zip(run_max.iter_mut())
+            .zip(run_sum.iter_mut())
             .enumerate()
-            .map(|(i, (o, lse))| {
+            .map(|(i, ((acc, m), l))| {
                 let j = (i + p - step) % p;
                 let kv = match &visiting[i] {
                     Some((k, v)) if step > 0 => {
@@ -207,8 +214,12 @@ pub fn run(
                     tq: tq[i],
                     qpos: query_positions(spec, &s, &layout, i),
                     kv,
-                    o,
-                    lse,
+                    carry: Carry::Running {
+                        acc,
+                        m,
+                        l,
+                        last: step + 1 == p,
+                    },
                 }
             })
             .collect();
@@ -271,7 +282,7 @@ pub fn run(
         }
     }
 
-    write_output(spec, &s, &layout, &o, out);
+    write_output(spec, &s, &layout, &acc, out);
     Ok(SimStats {
         collectives: comm.finish()?,
         memory: mem,

@@ -10,7 +10,7 @@
 use super::comm::{Comm, Fault};
 use super::device::DeviceMemory;
 use super::exec::{self, Reduce};
-use super::local::{self, Geometry, KvRef, Work};
+use super::local::{self, Carry, Geometry, KvRef, Work};
 use super::plan::{self, Allreduce, Plan};
 use super::ring::distribute_queries;
 use super::shard::{Layout, Placement};
@@ -64,7 +64,7 @@ impl Spec {
         let geo = self.geometry(s);
         let tq = vec![s.seq_q; self.p()];
         let workers = self.threads.min(local::items(&geo, &tq)).max(1);
-        (workers, local::worker_floats(&geo, geo.bq, dtype))
+        (workers, local::worker_floats(&geo, geo.bq, dtype, true))
     }
 
     /// The three allreduce plans: over the row statistics (b·h·seq_q) and over the
@@ -152,8 +152,7 @@ pub fn run(
                     len: layout.len(i),
                     pos,
                 },
-                o,
-                lse,
+                carry: Carry::Once { o, lse },
             }
         })
         .collect();

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, row_max, scale_row};
-use super::vecops::{self, Dims};
+use super::vecops::{self, Dims, Elems};
 use super::workspace::carve;
 use crate::problem::Tensor;
 
@@ -27,6 +27,9 @@ pub const KV_BLOCK: usize = 256;
 /// (prefill shards); below it, the key-major dot products of `vecops` (decode), which read
 /// each key once without packing it.
 pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
+const PREFETCH_KEYS: usize = 16;
 
 /// Which keys a query may see. Positions are absolute token indices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +154,8 @@ pub struct Keys<'a> {
     pub len: usize,
 }
 
-/// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`.
+/// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`: the
+/// block's keys and values when they must be widened, and the scores.
 pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool) -> usize {
     let kv = if widen_kv { 2 * bk * d } else { 0 };
     kv + rows * bk
@@ -199,10 +203,9 @@ pub fn attend(
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
         let off = keys.base + k0 * d;
-        let k = vecops::widen(keys.k, off, kn * d, ks);
-        let v = vecops::widen(keys.v, off, kn * d, vs);
         let s = &mut sc[..rows * kn];
         if rows >= GEMM_MIN_ROWS {
+            let k = vecops::widen(keys.k, off, kn * d, ks);
             sgemm(
                 scale,
                 MatRef::new(q, rows, d),
@@ -212,7 +215,19 @@ pub fn attend(
                 kn,
             );
         } else {
-            vecops::scores(q, k, Dims { rows, keys: kn, d }, scale, s, kn);
+            // Decode: memory-bound. In chunks of keys, start loading the next keys and
+            // this chunk's values while the scores of this chunk are computed.
+            let mut j = 0;
+            while j < kn {
+                let n = PREFETCH_KEYS.min(kn - j);
+                vecops::prefetch(keys.k, off + (j + n) * d, PREFETCH_KEYS * d, true);
+                vecops::prefetch(keys.v, off + j * d, n * d, false);
+                let at = if widen_kv { j * d } else { 0 };
+                let k = Elems::of(keys.k, off + j * d, n * d, &mut ks[at..]);
+                let dims = Dims { rows, keys: n, d };
+                vecops::scores(q, k, dims, scale, &mut s[j..], kn);
+                j += n;
+            }
         }
         for (r, row) in s.chunks_mut(kn).enumerate() {
             mask_row(row, &range(r), k0);
@@ -229,6 +244,7 @@ pub fn attend(
             state.m[r] = m_new;
         }
         if rows >= GEMM_MIN_ROWS {
+            let v = vecops::widen(keys.v, off, kn * d, vs);
             sgemm(
                 1.0,
                 MatRef::new(s, rows, kn),
@@ -238,6 +254,7 @@ pub fn attend(
                 d,
             );
         } else {
+            let v = Elems::of(keys.v, off, kn * d, vs);
             vecops::accumulate(s, kn, v, d, state.acc);
         }
         k0 += kn;
@@ -278,8 +295,8 @@ pub fn attend_sequential(
     let (span, _) = span(rows, range);
     for j in span {
         let off = keys.base + j * d;
-        let k = vecops::widen(keys.k, off, d, ks);
-        let v = vecops::widen(keys.v, off, d, vs);
+        let k = Elems::of(keys.k, off, d, ks);
+        let v = Elems::of(keys.v, off, d, vs);
         vecops::scores(q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
         for (r, s) in sc.iter_mut().enumerate() {
             if !range(r).contains(&j) {
@@ -334,7 +351,7 @@ pub fn attend_materialized(
     let (span, _) = span(rows, range);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let k = vecops::widen(keys.k, keys.base + k0 * d, kn * d, ks);
+        let k = Elems::of(keys.k, keys.base + k0 * d, kn * d, ks);
         vecops::scores(
             q,
             k,
@@ -355,7 +372,7 @@ pub fn attend_materialized(
     out.fill(0.0);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let v = vecops::widen(keys.v, keys.base + k0 * d, kn * d, vs);
+        let v = Elems::of(keys.v, keys.base + k0 * d, kn * d, vs);
         vecops::accumulate(&scores[k0..], n, v, d, out);
     }
 }

@@ -1,8 +1,9 @@
 //! Vector primitives of the decode kernels: a block of scaled dot products (one key against
 //! a few query rows), the matching value accumulation (acc_r += p_r * v), and bf16/f16 ->
 //! f32 widening. Each is one streaming pass, O(rows * keys * d), no allocation. On x86_64
-//! with AVX2+FMA (checked at run time) the same loops are compiled for those units: decode
-//! reads every key once and must keep up with memory, which SSE2 alone does not on 2 cores.
+//! with AVX2+FMA (checked at run time) hand-blocked intrinsics run instead of the portable
+//! loops: decode reads every key once and must keep up with memory, which the compiler's
+//! own vectorization of these loops (2-wide here) does not on 2 cores.
 
 use half::{bf16, f16};
 
@@ -20,28 +21,72 @@ pub struct Dims {
     pub d: usize,
 }
 
+/// Keys or values as the kernels read them: f32 and bf16 in place (bf16 is widened in
+/// registers), f16 widened into scratch first.
+#[derive(Clone, Copy, Debug)]
+pub enum Elems<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Elems<'a> {
+    /// `len` elements of `t` from `offset`.
+    pub fn of(t: &'a Tensor, offset: usize, len: usize, scratch: &'a mut [f32]) -> Elems<'a> {
+        match t {
+            Tensor::F32(v) => Elems::F32(&v[offset..offset + len]),
+            Tensor::Bf16(v) => Elems::Bf16(&v[offset..offset + len]),
+            Tensor::F16(v) => {
+                widen_f16(&v[offset..offset + len], &mut scratch[..len]);
+                Elems::F32(&scratch[..len])
+            }
+        }
+    }
+}
+
 /// `scores[r * stride + j] = scale * q_r . k_j` for every query row r of `q` and every key j
 /// of `k` (row-major, `d` long each).
-pub fn scores(q: &[f32], k: &[f32], dims: Dims, scale: f32, scores: &mut [f32], stride: usize) {
+pub fn scores(q: &[f32], k: Elems, dims: Dims, scale: f32, scores: &mut [f32], stride: usize) {
     #[cfg(target_arch = "x86_64")]
     if fast() {
         // SAFETY: AVX2 and FMA were detected on this CPU just above.
-        unsafe { scores_avx2(q, k, dims, scale, scores, stride) };
+        unsafe {
+            match k {
+                Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride),
+                Elems::Bf16(k) => avx2::scores(q, k, dims, scale, scores, stride),
+            }
+        };
         return;
     }
-    scores_body(q, k, dims, scale, scores, stride);
+    match k {
+        Elems::F32(k) => scores_body(q, k, dims, scale, scores, stride),
+        Elems::Bf16(k) => {
+            let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+            scores_body(q, &k, dims, scale, scores, stride)
+        }
+    }
 }
 
 /// `acc_r += sum_j p[r * stride + j] * v_j` for every row r of `acc` (each `d` long) and
-/// every value row j of `v`. Zero weights (masked keys) are skipped.
-pub fn accumulate(p: &[f32], stride: usize, v: &[f32], d: usize, acc: &mut [f32]) {
+/// every value row j of `v`.
+pub fn accumulate(p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if fast() {
         // SAFETY: AVX2 and FMA were detected on this CPU just above.
-        unsafe { accumulate_avx2(p, stride, v, d, acc) };
+        unsafe {
+            match v {
+                Elems::F32(v) => avx2::accumulate(p, stride, v, d, acc),
+                Elems::Bf16(v) => avx2::accumulate(p, stride, v, d, acc),
+            }
+        };
         return;
     }
-    accumulate_body(p, stride, v, d, acc);
+    match v {
+        Elems::F32(v) => accumulate_body(p, stride, v, d, acc),
+        Elems::Bf16(v) => {
+            let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+            accumulate_body(p, stride, &v, d, acc)
+        }
+    }
 }
 
 /// `len` elements of `t` from `offset`, as f32: borrowed for f32 storage, widened into
@@ -58,6 +103,37 @@ pub fn widen<'a>(t: &'a Tensor, offset: usize, len: usize, scratch: &'a mut [f32
             &scratch[..len]
         }
     }
+}
+
+/// Asks the cache to start loading elements `offset..offset + len` of `t` into L1
+/// (`near`) or L2 (no effect where prefetch instructions are unavailable). Decode issues it
+/// for the keys and values it will reach next, so memory keeps streaming while the
+/// current ones are computed on.
+pub fn prefetch(t: &Tensor, offset: usize, len: usize, near: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (ptr, size, n) = match t {
+            Tensor::F32(v) => (v.as_ptr() as *const i8, 4, v.len()),
+            Tensor::Bf16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+            Tensor::F16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+        };
+        let end = (offset + len).min(n) * size;
+        let mut at = offset.min(n) * size;
+        while at < end {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+            // SAFETY: `at` is inside the tensor's allocation; prefetch never faults anyway.
+            unsafe {
+                if near {
+                    _mm_prefetch::<_MM_HINT_T0>(ptr.add(at))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(ptr.add(at))
+                }
+            };
+            at += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (t, offset, len, near);
 }
 
 fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
@@ -82,20 +158,244 @@ fn fast() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scores_avx2(q: &[f32], k: &[f32], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
-    scores_body(q, k, dims, scale, s, stride)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn accumulate_avx2(p: &[f32], stride: usize, v: &[f32], d: usize, acc: &mut [f32]) {
-    accumulate_body(p, stride, v, d, acc)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
 unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
-    widen_bf16_body(src, dst)
+    avx2::widen_bf16(src, dst)
+}
+
+/// AVX2 + FMA versions, register-blocked: four query rows share every key load in the
+/// scores, and four rows x 16 columns of the accumulator stay in registers across a chunk
+/// of keys in the value accumulation. Keys and values are f32 or bf16 (widened in
+/// registers: a bf16 is the top half of an f32).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{bf16, Dims};
+    use std::arch::x86_64::*;
+
+    /// A stored element the kernels read 8 at a time as f32.
+    pub trait Elem: Copy {
+        /// # Safety
+        /// `p..p + 8` must be readable; AVX2 must be available.
+        unsafe fn load8(p: *const Self) -> __m256;
+        fn f32(self) -> f32;
+    }
+
+    impl Elem for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        fn f32(self) -> f32 {
+            self
+        }
+    }
+
+    impl Elem for bf16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+        fn f32(self) -> f32 {
+            self.to_f32()
+        }
+    }
+
+    /// Sum of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        let x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+        _mm_cvtss_f32(x)
+    }
+
+    /// Dot products of `R` query rows (at `q`, `d` apart) with one key, two accumulators
+    /// per row for independent FMA chains; the tail of d beyond a multiple of 8 is scalar.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dots<T: Elem, const R: usize>(q: *const f32, kj: *const T, d: usize) -> [f32; R] {
+        let mut a = [_mm256_setzero_ps(); R];
+        let mut b = [_mm256_setzero_ps(); R];
+        let d16 = d / 16 * 16;
+        let mut x = 0;
+        while x < d16 {
+            let k0 = T::load8(kj.add(x));
+            let k1 = T::load8(kj.add(x + 8));
+            for r in 0..R {
+                let qr = q.add(r * d + x);
+                a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr), k0, a[r]);
+                b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr.add(8)), k1, b[r]);
+            }
+            x += 16;
+        }
+        if x + 8 <= d {
+            let k0 = T::load8(kj.add(x));
+            for r in 0..R {
+                a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + x)), k0, a[r]);
+            }
+            x += 8;
+        }
+        let mut out = [0.0f32; R];
+        for r in 0..R {
+            let mut t = hsum(_mm256_add_ps(a[r], b[r]));
+            for y in x..d {
+                t += *q.add(r * d + y) * (*kj.add(y)).f32();
+            }
+            out[r] = t;
+        }
+        out
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores<T: Elem>(
+        q: &[f32],
+        k: &[T],
+        dims: Dims,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        let Dims { rows, keys, d } = dims;
+        assert!(
+            q.len() >= rows * d && k.len() >= keys * d,
+            "scores: inputs too short"
+        );
+        assert!(
+            rows == 0 || keys == 0 || s.len() >= (rows - 1) * stride + keys,
+            "scores: output too short"
+        );
+        // SAFETY (every pointer below): row r < rows and key j < keys stay inside q, k
+        // and s by the asserts above.
+        for j in 0..keys {
+            let kj = k.as_ptr().add(j * d);
+            let mut r = 0;
+            while r + 4 <= rows {
+                let v = dots::<T, 4>(q.as_ptr().add(r * d), kj, d);
+                for (i, x) in v.iter().enumerate() {
+                    *s.get_unchecked_mut((r + i) * stride + j) = scale * x;
+                }
+                r += 4;
+            }
+            while r < rows {
+                let [x] = dots::<T, 1>(q.as_ptr().add(r * d), kj, d);
+                *s.get_unchecked_mut(r * stride + j) = scale * x;
+                r += 1;
+            }
+        }
+    }
+
+    /// `R` rows x 16 columns (from column `c`) of acc += P V over all `keys` keys.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pv_strip<T: Elem, const R: usize>(
+        p: *const f32,
+        stride: usize,
+        v: *const T,
+        keys: usize,
+        d: usize,
+        acc: *mut f32,
+        c: usize,
+    ) {
+        let mut a = [_mm256_setzero_ps(); R];
+        let mut b = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            a[r] = _mm256_loadu_ps(acc.add(r * d + c));
+            b[r] = _mm256_loadu_ps(acc.add(r * d + c + 8));
+        }
+        for j in 0..keys {
+            let v0 = T::load8(v.add(j * d + c));
+            let v1 = T::load8(v.add(j * d + c + 8));
+            for r in 0..R {
+                let w = _mm256_broadcast_ss(&*p.add(r * stride + j));
+                a[r] = _mm256_fmadd_ps(w, v0, a[r]);
+                b[r] = _mm256_fmadd_ps(w, v1, b[r]);
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(acc.add(r * d + c), a[r]);
+            _mm256_storeu_ps(acc.add(r * d + c + 8), b[r]);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn accumulate<T: Elem>(
+        p: &[f32],
+        stride: usize,
+        v: &[T],
+        d: usize,
+        acc: &mut [f32],
+    ) {
+        if d == 0 {
+            return;
+        }
+        let rows = acc.len() / d;
+        let keys = v.len() / d;
+        assert!(
+            rows == 0 || keys == 0 || p.len() >= (rows - 1) * stride + keys,
+            "accumulate: weights too short"
+        );
+        let d16 = d / 16 * 16;
+        // SAFETY: rows * d <= acc.len(), keys * d <= v.len(), and the weights of row r and
+        // key j are inside p by the assert; strips end at d16 <= d.
+        let mut r = 0;
+        while r < rows {
+            let n = if r + 4 <= rows { 4 } else { 1 };
+            let (pr, ar) = (p.as_ptr().add(r * stride), acc.as_mut_ptr().add(r * d));
+            // Keys in chunks, so every strip of a chunk's rows is touched close together and
+            // the chunk streams in from memory line after line.
+            let mut j0 = 0;
+            while j0 < keys {
+                let kn = KEY_CHUNK.min(keys - j0);
+                let (pj, vj) = (pr.add(j0), v.as_ptr().add(j0 * d));
+                let mut c = 0;
+                while c < d16 {
+                    if n == 4 {
+                        pv_strip::<T, 4>(pj, stride, vj, kn, d, ar, c);
+                    } else {
+                        pv_strip::<T, 1>(pj, stride, vj, kn, d, ar, c);
+                    }
+                    c += 16;
+                }
+                j0 += kn;
+            }
+            for i in 0..n {
+                for j in 0..keys {
+                    let w = *pr.add(i * stride + j);
+                    for x in d16..d {
+                        *ar.add(i * d + x) += w * (*v.as_ptr().add(j * d + x)).f32();
+                    }
+                }
+            }
+            r += n;
+        }
+    }
+
+    /// Keys per chunk of the value accumulation: 16 rows of V (8 KiB at d = 128) per pass
+    /// over the column strips.
+    const KEY_CHUNK: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= both lengths; bf16 is a u16 in memory.
+        while i < n8 {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            let w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_castsi256_ps(w));
+            i += 8;
+        }
+        for j in n8..n {
+            dst[j] = src[j].to_f32();
+        }
+    }
 }
 
 #[inline(always)]
@@ -170,7 +470,14 @@ mod tests {
             let q: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
             let k: Vec<f32> = (0..keys * d).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
             let mut s = vec![0.0f32; rows * (keys + 2)];
-            scores(&q, &k, Dims { rows, keys, d }, 0.5, &mut s, keys + 2);
+            scores(
+                &q,
+                Elems::F32(&k),
+                Dims { rows, keys, d },
+                0.5,
+                &mut s,
+                keys + 2,
+            );
             for r in 0..rows {
                 for j in 0..keys {
                     let want: f32 = 0.5 * (0..d).map(|x| q[r * d + x] * k[j * d + x]).sum::<f32>();
@@ -178,7 +485,7 @@ mod tests {
                 }
             }
             let mut acc = vec![1.0f32; rows * d];
-            accumulate(&s, keys + 2, &k, d, &mut acc);
+            accumulate(&s, keys + 2, Elems::F32(&k), d, &mut acc);
             for r in 0..rows {
                 for x in 0..d {
                     let want: f32 = 1.0
