@@ -167,6 +167,7 @@ unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
 /// of keys in the value accumulation. Keys and values are f32 or bf16 (widened in
 /// registers: a bf16 is the top half of an f32).
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // rows index several register arrays in step
 mod avx2 {
     use super::{bf16, Dims};
     use std::arch::x86_64::*;
