@@ -126,6 +126,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         csv_path.display(),
         human_seconds(started.elapsed().as_secs_f64())
     );
+    if !INTERRUPTED.load(Ordering::Relaxed) {
+        for p in crate::model::write_results(&dir, &config, &csv_path)? {
+            println!("wrote {}", p.display());
+        }
+    }
     if INTERRUPTED.load(Ordering::Relaxed) {
         return Err(Error::Interrupted(format!(
             "interrupted: {} rows kept in {}; continue with `attnbench sweep --config {} --out {} --resume`",

@@ -1,4 +1,4 @@
-//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`), `--set` overrides, checks
+//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[model]`), `--set` overrides, checks
 //! that name the key and line of every mistake, and the expansion of the axes into `Case`s.
 //!
 //! Loading is: parse the file against the schema (toml reports syntax errors and unknown
@@ -9,6 +9,7 @@
 mod axes;
 mod axis;
 mod expand;
+mod model;
 mod overrides;
 mod run;
 mod schema;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
+pub use model::{CheckShape, ComputeSpec, ModelConfig};
 pub use overrides::apply_set;
 pub use run::{
     default_threads, RunConfig, DEFAULT_ERROR_ROWS, DEFAULT_MAX_REPS, DEFAULT_MAX_TIME_S,
@@ -39,6 +41,9 @@ pub struct Config {
     pub run: RunConfig,
     pub axes: Axes,
     pub zip: Vec<ZipGroup>,
+    /// `[model]`: the Ring-vs-Tree decode model written beside the results, if asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelConfig>,
     #[serde(skip)]
     pub path: PathBuf,
 }
@@ -71,10 +76,12 @@ impl Config {
             .map_err(|e| src.config_err(format!("after --set: {e}")))?;
         let run = run::resolve_run(raw.run, &src)?;
         let (axes, zip) = axes::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
+        let model = model::resolve_model(raw.model, &src)?;
         Ok(Config {
             run,
             axes,
             zip,
+            model,
             path: path.to_path_buf(),
         })
     }

@@ -14,6 +14,30 @@ pub(super) struct RawConfig {
     pub axes: Option<RawAxes>,
     #[serde(default)]
     pub zip: Vec<RawAxes>,
+    pub model: Option<RawModel>,
+}
+
+/// `[model]` (see `model.rs` for meanings and defaults).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawModel {
+    pub topology: Option<Value>,
+    pub devices_per_node: Option<Value>,
+    pub alpha_intra_us: Option<Value>,
+    pub alpha_inter_us: Option<Value>,
+    pub beta_intra_gbs: Option<Value>,
+    pub beta_inter_gbs: Option<Value>,
+    pub compute: Option<Value>,
+    pub probe_tokens: Option<Value>,
+    pub devices: Option<Value>,
+    pub tokens: Option<Value>,
+    pub batch: Option<Value>,
+    pub heads: Option<Value>,
+    pub head_dim: Option<Value>,
+    pub dtype: Option<Value>,
+    pub allreduce: Option<Value>,
+    pub overlap: Option<Value>,
+    pub check: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -121,6 +145,8 @@ mod tests {
     fn key_lists_match_the_schema() {
         let run: RawRun = toml::from_str(&table_of(&RUN_KEYS)).unwrap();
         assert!(run.name.is_some() && run.calibrate.is_some());
+        let model: RawModel = toml::from_str(&table_of(&super::super::model::MODEL_KEYS)).unwrap();
+        assert!(model.topology.is_some() && model.check.is_some());
         let axes: RawAxes = toml::from_str(&table_of(&Axis::names())).unwrap();
         let mut got: Vec<Axis> = axes.into_entries().into_iter().map(|(a, _)| a).collect();
         got.sort();

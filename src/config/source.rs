@@ -14,6 +14,7 @@ pub(super) enum Section {
     Axes,
     /// The i-th `[[zip]]` group, counted from 0 in file order.
     Zip(usize),
+    Model,
 }
 
 impl fmt::Display for Section {
@@ -22,6 +23,7 @@ impl fmt::Display for Section {
             Section::Run => f.write_str("run"),
             Section::Axes => f.write_str("axes"),
             Section::Zip(i) => write!(f, "zip[{i}]"),
+            Section::Model => f.write_str("model"),
         }
     }
 }
@@ -105,6 +107,7 @@ pub(super) fn find_line(text: &str, section: Section, key: Option<&str>) -> Opti
             current = match (name, array) {
                 ("run", false) => Some(Section::Run),
                 ("axes", false) => Some(Section::Axes),
+                ("model", false) => Some(Section::Model),
                 ("zip", true) => {
                     zips += 1;
                     Some(Section::Zip(zips - 1))
