@@ -16,6 +16,8 @@ use crate::sim::stats::SimStats;
 
 /// Query rows per work item of a prefill step (B_r): as `flash`'s.
 pub const PREFILL_Q_CHUNK: usize = crate::backend::cpu::flash::DEFAULT_Q_CHUNK;
+/// Keys per block of a prefill step (B_c): as `flash`'s (the scores tile is B_r x B_c).
+pub const PREFILL_KV_CHUNK: usize = crate::backend::cpu::flash::DEFAULT_KV_CHUNK;
 
 pub struct Ring {
     placement: Placement,
@@ -46,7 +48,7 @@ pub static RING_PREFILL: Ring = Ring {
         source: "seed 003 Ring Attention; REPRODUCTION.md 2.6",
         modes: &[Mode::Fwd],
         default_q_chunk: Some(PREFILL_Q_CHUNK),
-        default_kv_chunk: Some(KV_BLOCK),
+        default_kv_chunk: Some(PREFILL_KV_CHUNK),
         numerically_safe: true,
     },
 };
@@ -60,7 +62,7 @@ pub static STRIPE_PREFILL: Ring = Ring {
         source: "seed 003 Stripe Attention (Brandon et al. 2023); REPRODUCTION.md 2.6",
         modes: &[Mode::Fwd],
         default_q_chunk: Some(PREFILL_Q_CHUNK),
-        default_kv_chunk: Some(KV_BLOCK),
+        default_kv_chunk: Some(PREFILL_KV_CHUNK),
         numerically_safe: true,
     },
 };
@@ -74,7 +76,11 @@ impl Ring {
             window: case.window,
             devices: case.devices,
             bq: case.q_chunk.unwrap_or(PREFILL_Q_CHUNK),
-            bk: case.kv_chunk.unwrap_or(KV_BLOCK),
+            bk: case.kv_chunk.unwrap_or(if self.decode {
+                KV_BLOCK
+            } else {
+                PREFILL_KV_CHUNK
+            }),
             threads: case.threads,
         }
     }

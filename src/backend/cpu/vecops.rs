@@ -105,6 +105,32 @@ pub fn widen<'a>(t: &'a Tensor, offset: usize, len: usize, scratch: &'a mut [f32
     }
 }
 
+/// The largest element (-inf for an empty row).
+pub fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        return unsafe { avx2::row_max(row) };
+    }
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Replaces each x by exp(x - m) and returns their sum; -inf (masked) becomes exactly 0, and
+/// m = -inf zeroes the row. The AVX2 path evaluates exp with Cephes' degree-6 polynomial
+/// after range reduction (about 1 ulp), 8 lanes at a time.
+pub fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
+    if m == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 0.0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        return unsafe { avx2::exp_sub_sum(row, m) };
+    }
+    super::softmax::exp_sub_sum(row, m)
+}
+
 /// Asks the cache to start loading elements `offset..offset + len` of `t` into L1
 /// (`near`) or L2 (no effect where prefetch instructions are unavailable). Decode issues it
 /// for the keys and values it will reach next, so memory keeps streaming while the
@@ -382,6 +408,87 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn row_max(row: &[f32]) -> f32 {
+        let n8 = row.len() / 8 * 8;
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= row.len().
+        while i < n8 {
+            acc = _mm256_max_ps(acc, _mm256_loadu_ps(row.as_ptr().add(i)));
+            i += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes
+            .iter()
+            .chain(&row[n8..])
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// exp of 8 lanes (Cephes expf): x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6
+    /// polynomial, 2^n through the exponent bits; below -87.3 (and -inf) the result is 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let lo = _mm256_set1_ps(-87.336_54);
+        let dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        let x = _mm256_max_ps(x, lo);
+        let x = _mm256_min_ps(x, _mm256_set1_ps(88.376_26));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_fmadd_ps(
+            y,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let pow2 = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        let e = _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+        _mm256_andnot_ps(dead, e)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
+        let n8 = row.len() / 8 * 8;
+        let mv = _mm256_set1_ps(m);
+        let mut sum = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= row.len().
+        while i < n8 {
+            let p = row.as_mut_ptr().add(i);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            _mm256_storeu_ps(p, e);
+            sum = _mm256_add_ps(sum, e);
+            i += 8;
+        }
+        let mut total = hsum(sum);
+        for x in &mut row[n8..] {
+            *x = (*x - m).exp();
+            total += *x;
+        }
+        total
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
     pub unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
         let n = src.len().min(dst.len());
         let n8 = n / 8 * 8;
@@ -497,6 +604,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn vector_exp_is_accurate_and_masks_to_zero() {
+        let mut row: Vec<f32> = (0..203).map(|i| -(i as f32) * 0.45).collect();
+        row[7] = f32::NEG_INFINITY;
+        row[100] = -200.0;
+        let m = 0.25f32;
+        // The argument x - m is rounded to f32 first, as in the kernel.
+        let want: Vec<f64> = row.iter().map(|&x| ((x - m) as f64).exp()).collect();
+        assert_eq!(row_max(&row), 0.0);
+        let sum = exp_sub_sum(&mut row, m);
+        for (i, (g, w)) in row.iter().zip(&want).enumerate() {
+            assert!(
+                ((*g as f64) - w).abs() <= 2.5e-7 * w.max(1e-30),
+                "{i}: {g} vs {w}"
+            );
+        }
+        assert_eq!((row[7], row[100]), (0.0, 0.0));
+        let total: f64 = want.iter().sum();
+        assert!((sum as f64 - total).abs() < 1e-6 * total);
+        let mut dead = vec![1.0f32; 5];
+        assert_eq!(exp_sub_sum(&mut dead, f32::NEG_INFINITY), 0.0);
+        assert_eq!(dead, vec![0.0; 5]);
     }
 
     #[test]
