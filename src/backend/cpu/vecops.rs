@@ -573,8 +573,8 @@ mod tests {
 
     #[test]
     fn scores_and_accumulate_match_plain_loops_on_ragged_sizes() {
-        for d in [1, 3, 16, 17, 64, 130] {
-            let (rows, keys) = (3, 5);
+        for d in [1, 3, 8, 16, 17, 64, 130] {
+            let (rows, keys) = (6, 5);
             let q: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
             let k: Vec<f32> = (0..keys * d).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
             let mut s = vec![0.0f32; rows * (keys + 2)];
