@@ -156,9 +156,14 @@ pub struct Keys<'a> {
 }
 
 /// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`: the
-/// block's keys and values when they must be widened, and the scores.
+/// block's keys and values when they must be widened (and the rows as bf16 for the bf16
+/// dot path), and the scores.
 pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool) -> usize {
-    let kv = if widen_kv { 2 * bk * d } else { 0 };
+    let kv = if widen_kv {
+        2 * bk * d + (rows * d).div_ceil(2)
+    } else {
+        0
+    };
     kv + rows * bk
 }
 
@@ -198,8 +203,17 @@ pub fn attend(
 ) {
     let widen_kv = keys.k.dtype().size_bytes() != 4;
     let w = if widen_kv { bk * d } else { 0 };
-    let [ks, vs, sc] = carve(scratch, [w, w, rows * bk]);
+    let qw = if widen_kv { (rows * d).div_ceil(2) } else { 0 };
+    let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, rows * bk]);
     let (span, _) = span(rows, range);
+    // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
+    // products, exact products and f32 sums like the path below.
+    let q_bf16 = match keys.k {
+        crate::problem::Tensor::Bf16(_) if rows < GEMM_MIN_ROWS && vecops::has_bf16_dot() => {
+            vecops::to_bf16_bits(q, qs)
+        }
+        _ => None,
+    };
     let mut k0 = span.start;
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
@@ -223,10 +237,18 @@ pub fn attend(
             while j < kn {
                 let n = PREFETCH_KEYS.min(kn - j);
                 vecops::prefetch(keys.v, off + j * d, n * d, false);
-                let at = if widen_kv { j * d } else { 0 };
-                let k = Elems::of(keys.k, off + j * d, n * d, &mut ks[at..]);
                 let dims = Dims { rows, keys: n, d };
-                vecops::scores(q, k, dims, scale, &mut s[j..], kn);
+                match (q_bf16, keys.k) {
+                    (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
+                        let kb = &kb[off + j * d..off + (j + n) * d];
+                        vecops::scores_bf16(qb, kb, dims, scale, &mut s[j..], kn);
+                    }
+                    _ => {
+                        let at = if widen_kv { j * d } else { 0 };
+                        let k = Elems::of(keys.k, off + j * d, n * d, &mut ks[at..]);
+                        vecops::scores(q, k, dims, scale, &mut s[j..], kn);
+                    }
+                }
                 j += n;
             }
         }

@@ -66,6 +66,55 @@ pub fn scores(q: &[f32], k: Elems, dims: Dims, scale: f32, scores: &mut [f32], s
     }
 }
 
+/// Whether `scores_bf16` runs here (AVX512-BF16, e.g. Zen 4, Sapphire Rapids).
+pub fn has_bf16_dot() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `scores` for bf16 queries (`q`, rows of `d` bf16 bit patterns) against bf16 keys, with
+/// `vdpbf16ps`: products of bf16 are exact in f32 and accumulate in f32, so this is the
+/// arithmetic of the f32 path with a quarter of the instructions. Callers check
+/// `has_bf16_dot` (otherwise the portable path runs).
+pub fn scores_bf16(q: &[u16], k: &[bf16], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_bf16_dot() {
+        // SAFETY: the required AVX-512 features were detected just above.
+        unsafe { avx512::scores(q, k, dims, scale, s, stride) };
+        return;
+    }
+    let qf: Vec<f32> = q
+        .iter()
+        .map(|&b| f32::from_bits((b as u32) << 16))
+        .collect();
+    let kf: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+    scores_body(&qf, &kf, dims, scale, s, stride);
+}
+
+/// The bf16 bit patterns of `src`'s values into `dst` (f32 scratch viewed as u16 pairs), or
+/// `None` if some value is not exactly a bf16 (then the bf16 dot path must not be used).
+pub fn to_bf16_bits<'a>(src: &[f32], dst: &'a mut [f32]) -> Option<&'a [u16]> {
+    let n = src.len();
+    assert!(2 * dst.len() >= n, "to_bf16_bits: scratch too short");
+    // SAFETY: `dst` is at least n / 2 f32s, so n u16s fit; u16 needs less alignment than f32
+    // and every bit pattern is a valid u16.
+    let bits: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u16, n) };
+    let mut exact = true;
+    for (b, x) in bits.iter_mut().zip(src) {
+        let v = x.to_bits();
+        exact &= v & 0xffff == 0;
+        *b = (v >> 16) as u16;
+    }
+    exact.then_some(&*bits)
+}
+
 /// `acc_r += sum_j p[r * stride + j] * v_j` for every row r of `acc` (each `d` long) and
 /// every value row j of `v`.
 pub fn accumulate(p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
@@ -186,6 +235,85 @@ fn fast() -> bool {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
     avx2::widen_bf16(src, dst)
+}
+
+/// AVX-512 BF16: dot products of bf16 rows, 32 pairs per instruction.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // rows index the accumulator array
+mod avx512 {
+    use super::{bf16, Dims};
+    use std::arch::x86_64::*;
+
+    /// 32 bf16 (as 16-bit patterns) from `p`, the first `n` of them (rest zero).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn load32(p: *const u16, n: usize) -> __m512bh {
+        let v = if n >= 32 {
+            _mm512_loadu_si512(p as *const _)
+        } else {
+            _mm512_maskz_loadu_epi16(((1u64 << n) - 1) as __mmask32, p as *const i16)
+        };
+        std::mem::transmute::<__m512i, __m512bh>(v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn dots<const R: usize>(q: *const u16, kj: *const u16, d: usize) -> [f32; R] {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut x = 0;
+        while x < d {
+            let n = (d - x).min(32);
+            let kv = load32(kj.add(x), n);
+            for r in 0..R {
+                acc[r] = _mm512_dpbf16_ps(acc[r], load32(q.add(r * d + x), n), kv);
+            }
+            x += 32;
+        }
+        let mut out = [0.0f32; R];
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn scores(
+        q: &[u16],
+        k: &[bf16],
+        dims: Dims,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        let Dims { rows, keys, d } = dims;
+        assert!(
+            q.len() >= rows * d && k.len() >= keys * d,
+            "scores: inputs too short"
+        );
+        assert!(
+            rows == 0 || keys == 0 || s.len() >= (rows - 1) * stride + keys,
+            "scores: output too short"
+        );
+        // SAFETY: rows r < rows and keys j < keys stay inside q, k and s by the asserts;
+        // bf16 is a 16-bit pattern in memory.
+        let kp = k.as_ptr() as *const u16;
+        for j in 0..keys {
+            let kj = kp.add(j * d);
+            let mut r = 0;
+            while r + 4 <= rows {
+                let v = dots::<4>(q.as_ptr().add(r * d), kj, d);
+                for (i, x) in v.iter().enumerate() {
+                    *s.get_unchecked_mut((r + i) * stride + j) = scale * x;
+                }
+                r += 4;
+            }
+            while r < rows {
+                let [x] = dots::<1>(q.as_ptr().add(r * d), kj, d);
+                *s.get_unchecked_mut(r * stride + j) = scale * x;
+                r += 1;
+            }
+        }
+    }
 }
 
 /// AVX2 + FMA versions, register-blocked: four query rows share every key load in the
@@ -628,6 +756,33 @@ mod tests {
         let mut dead = vec![1.0f32; 5];
         assert_eq!(exp_sub_sum(&mut dead, f32::NEG_INFINITY), 0.0);
         assert_eq!(dead, vec![0.0; 5]);
+    }
+
+    #[test]
+    fn bf16_dot_path_equals_the_f32_path_on_bf16_values() {
+        for d in [1, 7, 32, 33, 128, 130] {
+            let (rows, keys) = (6, 5);
+            let qf: Vec<f32> = (0..rows * d)
+                .map(|i| bf16::from_f32((i % 11) as f32 * 0.37 - 1.5).to_f32())
+                .collect();
+            let kb: Vec<bf16> = (0..keys * d)
+                .map(|i| bf16::from_f32((i % 7) as f32 * 0.21 - 0.6))
+                .collect();
+            let kf: Vec<f32> = kb.iter().map(|x| x.to_f32()).collect();
+            let mut scratch = vec![0.0f32; rows * d];
+            let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
+            assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
+            let dims = Dims { rows, keys, d };
+            let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+            scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
+            scores(&qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "d {d}: {x} vs {y}"
+                );
+            }
+        }
     }
 
     #[test]
