@@ -68,13 +68,13 @@ pub fn scores(q: &[f32], k: Elems, dims: Dims, scale: f32, scores: &mut [f32], s
 
 /// Whether `scores_bf16` runs here (AVX512-BF16, e.g. Zen 4, Sapphire Rapids).
 pub fn has_bf16_dot() -> bool {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", attnbench_avx512))]
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512bf16")
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", attnbench_avx512)))]
     false
 }
 
@@ -83,7 +83,7 @@ pub fn has_bf16_dot() -> bool {
 /// arithmetic of the f32 path with a quarter of the instructions. Callers check
 /// `has_bf16_dot` (otherwise the portable path runs).
 pub fn scores_bf16(q: &[u16], k: &[bf16], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", attnbench_avx512))]
     if has_bf16_dot() {
         // SAFETY: the required AVX-512 features were detected just above.
         unsafe { avx512::scores(q, k, dims, scale, s, stride) };
@@ -237,9 +237,12 @@ unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
     avx2::widen_bf16(src, dst)
 }
 
-/// AVX-512 BF16: dot products of bf16 rows, 32 pairs per instruction.
-#[cfg(target_arch = "x86_64")]
+/// AVX-512 BF16: dot products of bf16 rows, 32 pairs per instruction. Built only by
+/// compilers with stable AVX-512 intrinsics (1.89+; `build.rs` sets the cfg), so the MSRV
+/// holds without it.
+#[cfg(all(target_arch = "x86_64", attnbench_avx512))]
 #[allow(clippy::needless_range_loop)] // rows index the accumulator array
+#[allow(clippy::incompatible_msrv)] // gated on the compiler version by build.rs
 mod avx512 {
     use super::{bf16, Dims};
     use std::arch::x86_64::*;
