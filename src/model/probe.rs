@@ -61,3 +61,30 @@ pub fn seconds_per_token(cfg: &ModelConfig, tokens: usize, threads: usize) -> Re
     }
     Ok(median / tokens as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ComputeSpec, ModelConfig};
+    use crate::model::topology::Topology;
+    use crate::sim::plan::Allreduce;
+
+    #[test]
+    fn probe_gives_a_positive_time_per_token() {
+        let cfg = ModelConfig {
+            topology: Topology::preset("pcie-pair").unwrap(),
+            compute: ComputeSpec::Measured { probe_tokens: 512 },
+            devices: vec![2],
+            tokens: vec![1024],
+            batch: 1,
+            heads: 2,
+            head_dim: 16,
+            dtype: crate::problem::DType::Bf16,
+            allreduce: Allreduce::Ring,
+            overlap: true,
+            check: Vec::new(),
+        };
+        let s = seconds_per_token(&cfg, 512, 1).unwrap();
+        assert!(s > 0.0 && s < 1e-3, "{s}");
+    }
+}

@@ -51,6 +51,9 @@ pub struct CountRow {
     pub tree_rounds: u64,
     /// Broadcast of q, both methods (not in eqs. 10 and 14).
     pub q_broadcast: u64,
+    /// max |out - single-device out| / max |single-device out| (flash-decoding, same inputs).
+    pub ring_vs_single: f64,
+    pub tree_vs_single: f64,
     /// Peak elements held by the fullest device (counted / eq. 8 or 9).
     pub ring_memory: u64,
     pub eq8: u64,
@@ -98,7 +101,8 @@ pub fn count_shape(
         alg
     };
     let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
-    let mut out = vec![0.0f32; shape.out_len()];
+    let (mut ring_out, mut tree_out) =
+        (vec![0.0f32; shape.out_len()], vec![0.0f32; shape.out_len()]);
     let pool = crate::runner::pool(threads)?;
     let ring_spec = ring::Spec {
         placement: Placement::Contiguous,
@@ -110,7 +114,7 @@ pub fn count_shape(
         bk: KV_BLOCK,
         threads,
     };
-    let r = pool.install(|| ring::run(&ring_spec, &inputs, &mut out, None))?;
+    let r = pool.install(|| ring::run(&ring_spec, &inputs, &mut ring_out, None))?;
     let tree_spec = tree::Spec {
         causal: false,
         window: None,
@@ -119,7 +123,8 @@ pub fn count_shape(
         bk: KV_BLOCK,
         threads,
     };
-    let t = pool.install(|| tree::run(&tree_spec, &inputs, &mut out, None))?;
+    let t = pool.install(|| tree::run(&tree_spec, &inputs, &mut tree_out, None))?;
+    let single = single_device(&inputs, threads)?;
     let dims = Dims {
         b: c.batch as u64,
         t: (c.tokens / p) as u64,
@@ -167,6 +172,8 @@ pub fn count_shape(
         eq14: formulas::v_tree(&dims),
         tree_rounds,
         q_broadcast: r.collective(ring::BROADCAST_Q).map_or(0, |c| c.elements()),
+        ring_vs_single: relative_difference(&ring_out, &single),
+        tree_vs_single: relative_difference(&tree_out, &single),
         ring_memory: r.peak_elements(),
         eq8: formulas::mem_ring(&dims),
         tree_memory: t.peak_elements(),
@@ -174,10 +181,56 @@ pub fn count_shape(
         matches: false,
     };
     let matches = (p == 1 || row.ring_volume_per_iteration == row.eq10)
+        && row.ring_vs_single <= SAME_OUTPUT
+        && row.tree_vs_single <= SAME_OUTPUT
         && row.tree_volume_total == formulas::v_tree_total(&dims)
         && row.ring_memory == row.eq8 + stats
         && row.tree_memory == row.eq9;
     Ok(CountRow { matches, ..row })
+}
+
+/// Ring and tree must reproduce the single-device output to this relative difference.
+pub const SAME_OUTPUT: f64 = 1e-6;
+
+/// The flash-decoding output of `inputs` on one device.
+fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
+    let v = crate::variant::VariantId::FlashDecoding;
+    let s = inputs.shape;
+    let case = crate::problem::Case {
+        variant: v,
+        mode: crate::problem::Mode::Decode,
+        device: crate::problem::Device::Cpu,
+        dtype: inputs.dtype(),
+        shape: s,
+        q_chunk: None,
+        kv_chunk: Some(KV_BLOCK.min(s.seq_kv)),
+        causal: false,
+        window: None,
+        devices: 1,
+        splits: v.get().default_splits(&s, threads),
+        allreduce: None,
+        threads,
+        input_dist: InputDist::Normal,
+        input_scale: 1.0,
+        seed: 0,
+        d_out: crate::problem::UpstreamGrad::Random,
+    };
+    crate::runner::output(&case, inputs)
+}
+
+/// max |a - b| / max |b|.
+fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max);
+    let norm = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
+    if norm > 0.0 {
+        diff / norm
+    } else {
+        diff
+    }
 }
 
 /// Counted causal work of ring vs striped prefill on p devices (seed 003 "Stripe
@@ -398,7 +451,9 @@ fn markdown(
           counted total over p); memory is the fullest device's peak, in elements. The ring \
           also holds the running max and sum of its online softmax (`2·b·n_h` elements), \
           which eq. (8) does not list: the `+2bn_h` column. The broadcast of q (both methods) \
-          is counted apart; the equations leave it out.\n\n";
+          is counted apart; the equations leave it out. The outputs are compared with \
+          single-device flash-decoding on the same inputs (max abs difference over max abs \
+          output; `exact` requires <= 1e-6 besides the counts).\n\n";
     let rows: Vec<Vec<String>> = counts
         .iter()
         .map(|c| {
@@ -418,6 +473,7 @@ fn markdown(
                 format!("{} / {}", count(c.tree_memory), count(c.eq9)),
                 format!("{} / {}", c.ring_rounds, c.tree_rounds),
                 count(c.q_broadcast),
+                format!("{:.1e} / {:.1e}", c.ring_vs_single, c.tree_vs_single),
                 if c.matches { "exact" } else { "MISMATCH" }.into(),
             ]
         })
@@ -434,6 +490,7 @@ fn markdown(
             "Mem_tree counted / eq. (9)",
             "rounds ring / tree",
             "q broadcast",
+            "output vs one device: ring / tree",
             "",
         ],
         &rows,

@@ -1,7 +1,7 @@
 //! `ring-decode`, `ring-prefill`, `stripe-prefill`: Ring Attention over `devices`
 //! simulated devices (simulator: `sim::ring`; REPRODUCTION.md 2.6, seed 003). The key/value
 //! shards rotate around the ring in p steps, each device folding the visiting shard into
-//! its running (o, lse); striped placement puts token k on device k mod p. Host memory:
+//! its running online-softmax state; striped placement puts token k on device k mod p. Host memory:
 //! the devices' copies (`sim::ring::Spec::host_bytes`); per-device memory and
 //! communication are counted by the simulator and land in the record.
 
@@ -30,7 +30,7 @@ pub static RING_DECODE: Ring = Ring {
     decode: true,
     info: VariantInfo {
         name: "ring-decode",
-        description: "decode on p simulated devices: q broadcast, KV shards rotate around the ring in p steps, running (o, lse) per device",
+        description: "decode on p simulated devices: q broadcast, KV shards rotate around the ring in p steps, running (o, max, sum) per device",
         source: "seed 004 Sec. 6 baseline; REPRODUCTION.md 2.6 (ringattention, Zyphra ring decode)",
         modes: &[Mode::Decode],
         default_q_chunk: None,

@@ -458,12 +458,10 @@ mod avx2 {
         acc: *mut f32,
         c: usize,
     ) {
+        // The chunk's sum starts from zero and is added to acc at the end: blocked
+        // summation, so the error grows with keys / chunk, not with keys.
         let mut a = [_mm256_setzero_ps(); R];
         let mut b = [_mm256_setzero_ps(); R];
-        for r in 0..R {
-            a[r] = _mm256_loadu_ps(acc.add(r * d + c));
-            b[r] = _mm256_loadu_ps(acc.add(r * d + c + 8));
-        }
         for j in 0..keys {
             let v0 = T::load8(v.add(j * d + c));
             let v1 = T::load8(v.add(j * d + c + 8));
@@ -474,8 +472,9 @@ mod avx2 {
             }
         }
         for r in 0..R {
-            _mm256_storeu_ps(acc.add(r * d + c), a[r]);
-            _mm256_storeu_ps(acc.add(r * d + c + 8), b[r]);
+            let (pa, pb) = (acc.add(r * d + c), acc.add(r * d + c + 8));
+            _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), a[r]));
+            _mm256_storeu_ps(pb, _mm256_add_ps(_mm256_loadu_ps(pb), b[r]));
         }
     }
 
