@@ -6,8 +6,7 @@
 use super::plan::even_chunks;
 use crate::backend::cpu::decode::Positions;
 use crate::error::{Error, Result};
-use crate::problem::{DType, Tensor};
-use half::{bf16, f16};
+use crate::problem::Tensor;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -50,33 +49,6 @@ impl Layout {
     }
 }
 
-/// A zero-length tensor of `dtype` with room for `len` elements, or `OutOfMemory`.
-fn with_capacity(dtype: DType, len: usize, what: &str) -> Result<Tensor> {
-    let oom = || {
-        Error::OutOfMemory(format!(
-            "{what}: {} bytes could not be allocated",
-            len * dtype.size_bytes()
-        ))
-    };
-    Ok(match dtype {
-        DType::F32 => {
-            let mut v: Vec<f32> = Vec::new();
-            v.try_reserve_exact(len).map_err(|_| oom())?;
-            Tensor::F32(v)
-        }
-        DType::Bf16 => {
-            let mut v: Vec<bf16> = Vec::new();
-            v.try_reserve_exact(len).map_err(|_| oom())?;
-            Tensor::Bf16(v)
-        }
-        DType::F16 => {
-            let mut v: Vec<f16> = Vec::new();
-            v.try_reserve_exact(len).map_err(|_| oom())?;
-            Tensor::F16(v)
-        }
-    })
-}
-
 /// Rows `positions(0..rows)` of every one of `heads` consecutive `[n, d]` matrices of `src`,
 /// packed as `[heads, rows, d]` in `src`'s dtype (a device's own copy of its shard).
 pub fn gather(
@@ -88,19 +60,50 @@ pub fn gather(
     rows: usize,
     what: &str,
 ) -> Result<Tensor> {
-    let mut t = with_capacity(src.dtype(), heads * rows * d, what)?;
-    for h in 0..heads {
-        for r in 0..rows {
-            let off = (h * n + pos.at(r) as usize) * d;
-            match (&mut t, src) {
-                (Tensor::F32(dst), Tensor::F32(s)) => dst.extend_from_slice(&s[off..off + d]),
-                (Tensor::Bf16(dst), Tensor::Bf16(s)) => dst.extend_from_slice(&s[off..off + d]),
-                (Tensor::F16(dst), Tensor::F16(s)) => dst.extend_from_slice(&s[off..off + d]),
-                _ => unreachable!("with_capacity keeps the source dtype"),
+    let g = Gather {
+        heads,
+        n,
+        d,
+        pos,
+        rows,
+        what,
+    };
+    Ok(match src {
+        Tensor::F32(s) => Tensor::F32(g.rows(s)?),
+        Tensor::Bf16(s) => Tensor::Bf16(g.rows(s)?),
+        Tensor::F16(s) => Tensor::F16(g.rows(s)?),
+    })
+}
+
+struct Gather<'a> {
+    heads: usize,
+    n: usize,
+    d: usize,
+    pos: Positions,
+    rows: usize,
+    what: &'a str,
+}
+
+impl Gather<'_> {
+    /// The packed rows, allocated fallibly (`OutOfMemory` under the memory budget).
+    fn rows<T: Copy>(&self, src: &[T]) -> Result<Vec<T>> {
+        let len = self.heads * self.rows * self.d;
+        let mut out: Vec<T> = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| {
+            Error::OutOfMemory(format!(
+                "{}: {} bytes could not be allocated",
+                self.what,
+                len * std::mem::size_of::<T>()
+            ))
+        })?;
+        for h in 0..self.heads {
+            for r in 0..self.rows {
+                let off = (h * self.n + self.pos.at(r) as usize) * self.d;
+                out.extend_from_slice(&src[off..off + self.d]);
             }
         }
+        Ok(out)
     }
-    Ok(t)
 }
 
 #[cfg(test)]
