@@ -71,6 +71,8 @@ fn main() {
         input_scale: 1.0,
         seed: 0,
         d_out: UpstreamGrad::Random,
+        splits: None,
+        allreduce: None,
     };
     let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);
     let mut out = vec![0.0f32; case.shape.out_len()];

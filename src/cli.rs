@@ -10,6 +10,7 @@ use crate::config;
 use crate::config::ByteSize;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::report::plot::Format;
+use crate::sim::plan::Allreduce;
 use crate::variant::VariantId;
 
 #[derive(Debug, Parser)]
@@ -34,7 +35,7 @@ pub enum Command {
     /// Run every case of a config's grid and write DIR/runs.csv and DIR/meta.json.
     Sweep(SweepArgs),
     /// Run one case and print it as a table (the same fields as a CSV row).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Tables (tables.md), plots and derived checks from a results directory's runs.csv and
     /// meta.json alone.
     Report(ReportArgs),
@@ -186,9 +187,22 @@ pub struct RunArgs {
     pub dtype: Option<DType>,
     #[arg(long, default_value = "cpu")]
     pub device: Device,
-    /// What to measure: fwd, or fwd+bwd (forward and backward, gradients checked too).
+    /// What to measure: fwd, fwd+bwd (forward and backward, gradients checked too), or
+    /// decode (--seq-len new queries against a cache of --seq-kv keys).
     #[arg(long, default_value = "fwd")]
     pub mode: Mode,
+    /// Sliding window: each query attends to the last N keys up to its causal bound.
+    #[arg(long, value_name = "N")]
+    pub window: Option<usize>,
+    /// Simulated devices the sequence is sharded over (ring-*, stripe-*, tree-* variants).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Split-KV parts of flash-decoding [default: enough for the threads].
+    #[arg(long)]
+    pub splits: Option<usize>,
+    /// Allreduce algorithm of tree-decode: ring, tree, two-level, two-level:N [default: tree].
+    #[arg(long)]
+    pub allreduce: Option<Allreduce>,
     /// Upstream gradient dO of fwd+bwd: random (seeded N(0,1)) or ones (grad of sum(out)).
     #[arg(long, default_value = "random")]
     pub d_out: UpstreamGrad,

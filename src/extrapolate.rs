@@ -161,6 +161,8 @@ mod tests {
             input_scale: 1.0,
             seed: 3,
             d_out: crate::problem::UpstreamGrad::Random,
+            splits: None,
+            allreduce: None,
         }
     }
 

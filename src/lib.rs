@@ -1,5 +1,6 @@
-//! attnbench: benchmarks exact attention algorithms (naive, Rabe–Staats chunked, flash, ...)
-//! for runtime, memory overhead beyond inputs and outputs, and error against an f64 oracle.
+//! attnbench: benchmarks exact attention algorithms (naive, Rabe–Staats chunked, flash,
+//! decode, Ring and Tree Attention across simulated devices, ...) for runtime, memory
+//! overhead beyond inputs and outputs, and error against an f64 oracle.
 //!
 //! Data flow: config --expand--> cases --runner--> records --CSV--> report / compare.
 
@@ -17,6 +18,7 @@ pub mod problem;
 pub mod reference;
 pub mod report;
 pub mod runner;
+pub mod sim;
 pub mod single;
 pub mod sweep;
 pub mod variant;

@@ -8,8 +8,10 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
+use crate::sim::plan::Allreduce;
 use crate::variant::VariantId;
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
@@ -296,6 +298,22 @@ impl Shape {
         let v = row as i64 + self.seq_kv as i64 - self.seq_q as i64 + 1;
         v.clamp(0, self.seq_kv as i64) as usize
     }
+    /// Keys `lo..hi` that query row `row` attends to: the causal bound of `visible_keys`,
+    /// and with a sliding window only the last `window` of those (seed 003, "Sliding window
+    /// attention"; for a non-causal row, the last `window` keys of the sequence).
+    pub fn key_range(&self, causal: bool, window: Option<usize>, row: usize) -> Range<usize> {
+        let hi = self.visible_keys(causal, row);
+        hi.saturating_sub(window.unwrap_or(hi))..hi
+    }
+    /// Number of (query, key) pairs attended, per (batch, head), with a sliding window.
+    pub fn attended_pairs_per_head(&self, causal: bool, window: Option<usize>) -> u64 {
+        match window {
+            None => self.unmasked_pairs_per_head(causal),
+            Some(_) => (0..self.seq_q)
+                .map(|i| self.key_range(causal, window, i).len() as u64)
+                .sum(),
+        }
+    }
     /// Number of (query, key) pairs that are not masked, per (batch, head).
     pub fn unmasked_pairs_per_head(&self, causal: bool) -> u64 {
         if !causal {
@@ -328,10 +346,16 @@ pub struct Case {
     pub q_chunk: Option<usize>,
     pub kv_chunk: Option<usize>,
     pub causal: bool,
-    /// Sliding-window length (later issue); `None` = full attention.
+    /// Sliding-window length: each query attends to the last `window` keys up to its causal
+    /// bound (`Shape::key_range`); `None` = full attention.
     pub window: Option<usize>,
-    /// Simulated devices across which the sequence is sharded (later issue); 1 here.
+    /// Simulated devices across which the sequence is sharded (`src/sim/`); 1 = no sharding.
     pub devices: usize,
+    /// Split-KV parts of flash-decoding; `None` for variants that do not split the cache.
+    pub splits: Option<usize>,
+    /// The allreduce algorithm of the simulated collectives; `None` for variants that use
+    /// none.
+    pub allreduce: Option<Allreduce>,
     pub threads: usize,
     pub input_dist: InputDist,
     /// Multiplies the generated Q and K (so scores scale by its square): large values show
@@ -372,13 +396,19 @@ impl Case {
         ) + &match self.mode {
             Mode::FwdBwd => format!("|dO{}", self.d_out),
             _ => String::new(),
-        }
+        } + &self.splits.map_or(String::new(), |n| format!("|sp{n}"))
+            + &self.allreduce.map_or(String::new(), |a| format!("|ar{a}"))
     }
 
     /// FLOPs by the FlashAttention convention: the forward's, and 3.5x that for forward +
     /// backward (the backward counted as 2.5 forwards).
     pub fn flops(&self) -> f64 {
-        let fwd = self.shape.fwd_flops(self.causal);
+        let s = &self.shape;
+        let fwd = 4.0
+            * s.batch as f64
+            * s.heads as f64
+            * s.attended_pairs_per_head(self.causal, self.window) as f64
+            * s.head_dim as f64;
         match self.mode {
             Mode::FwdBwd => 3.5 * fwd,
             _ => fwd,

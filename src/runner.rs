@@ -22,6 +22,7 @@ use crate::measure::timer::{time_repetitions, StopRule, Timing};
 use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
 use crate::report::record::{Record, Status};
+use crate::sim::stats::SimStats;
 use crate::variant::VariantId;
 
 /// Everything besides the case that decides how a case is measured.
@@ -51,6 +52,9 @@ pub fn interrupted() -> bool {
 pub fn skip_reason(case: &Case) -> Option<String> {
     let info = case.variant.info();
     let s = &case.shape;
+    if case.devices == 0 {
+        return Some("devices must be at least 1".into());
+    }
     if !info.modes.contains(&case.mode) {
         let modes: Vec<&str> = info.modes.iter().map(|m| m.name()).collect();
         return Some(format!(
@@ -69,19 +73,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             s.heads, s.kv_heads
         ));
     }
-    if case.window.is_some() {
-        return Some(format!(
-            "variant {} has no sliding-window support yet",
-            info.name
-        ));
-    }
-    if case.devices != 1 {
-        return Some(format!(
-            "variant {} runs on one device (devices = {} requested)",
-            info.name, case.devices
-        ));
-    }
-    None
+    case.variant.get().unsupported(case)
 }
 
 /// Why CUDA cases are skipped in this build (`attnbench list` shows it too).
@@ -139,6 +131,14 @@ fn check_call(case: &Case, isa: Isa, inputs: &Inputs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `forward`, returning the simulated devices' counters of multi-device variants.
+pub fn forward_counted(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Option<SimStats>> {
+    let isa = Isa::detect();
+    check_call(case, isa, inputs)?;
+    let variant = case.variant.get();
+    pool(case.threads)?.install(|| variant.forward_counted(case, isa, inputs, out))
 }
 
 /// The output of one case, computed once without measuring (for tests and `--save-output`).
@@ -260,9 +260,13 @@ fn measure(
     // as an error), peak reset just before the call, so the overhead excludes inputs and
     // outputs, which are already live.
     out.fill(f32::NAN);
-    if let Err(e) = probe_pass(&mut record, || forward(case, &inputs, &mut out)) {
-        let status = oom_or_error(&e);
-        return Ok(failed(record, status, e, Some(inputs)));
+    match probe_pass(&mut record, || forward_counted(case, &inputs, &mut out)) {
+        Err(e) => {
+            let status = oom_or_error(&e);
+            return Ok(failed(record, status, e, Some(inputs)));
+        }
+        Ok(Some(stats)) => record.set_sim(&stats),
+        Ok(None) => {}
     }
 
     record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
@@ -391,15 +395,15 @@ pub fn train_step_with(
 
 /// Runs `pass` once under the memory probe (peak reset just before it, so what is already
 /// live, inputs and outputs, is excluded) and records the overhead and peak RSS.
-fn probe_pass(record: &mut Record, pass: impl FnOnce() -> Result<()>) -> Result<()> {
+fn probe_pass<T>(record: &mut Record, pass: impl FnOnce() -> Result<T>) -> Result<T> {
     rss::reset_peak_rss();
     let probe = MemoryProbe::start();
     let result = pass();
     let overhead = probe.finish();
-    result?;
+    let value = result?;
     record.mem_overhead_bytes = Some(overhead);
     record.peak_rss_bytes = rss::peak_rss_bytes();
-    Ok(())
+    Ok(value)
 }
 
 fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
@@ -410,6 +414,7 @@ fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
     record.time_max_s = Some(sm.max);
     record.time_mad_s = Some(sm.mad);
     record.gflops = (sm.median > 0.0).then(|| case.flops() / sm.median / 1e9);
+    record.set_bandwidth(None);
     record.stopped_by = timing.stopped_by.name().to_string();
 }
 
@@ -422,7 +427,7 @@ fn record_output_error(
     sample: usize,
 ) {
     let rows = reference::rows_to_check(&case.shape, sample);
-    let err = reference::check(inputs, case.causal, out, &rows);
+    let err = reference::check_masked(inputs, case.causal, case.window, out, &rows);
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);

@@ -19,6 +19,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ("--head-dim", args.head_dim),
         ("--min-reps", args.min_reps),
         ("--max-reps", args.max_reps),
+        ("--devices", args.devices),
     ] {
         if v == 0 {
             return Err(usage(format!("{flag} must be at least 1")));
@@ -30,6 +31,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ("--q-chunk", args.q_chunk),
         ("--kv-chunk", args.kv_chunk),
         ("--threads", args.threads),
+        ("--window", args.window),
+        ("--splits", args.splits),
     ] {
         if v == Some(0) {
             return Err(usage(format!("{flag} must be at least 1")));
@@ -89,6 +92,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .or(args.dtype)
         .unwrap_or(DType::F32);
     let info = args.variant.info();
+    let variant = args.variant.get();
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let clamp =
         |c: Option<usize>, default: Option<usize>, n: usize| default.map(|d| c.unwrap_or(d).min(n));
     let case = Case {
@@ -100,11 +107,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         q_chunk: clamp(args.q_chunk, info.default_q_chunk, shape.seq_q),
         kv_chunk: clamp(args.kv_chunk, info.default_kv_chunk, shape.seq_kv),
         causal: args.causal,
-        window: None,
-        devices: 1,
-        threads: args
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        window: args.window,
+        devices: args.devices,
+        splits: variant
+            .default_splits(&shape, threads)
+            .map(|d| args.splits.unwrap_or(d)),
+        allreduce: variant
+            .default_allreduce()
+            .map(|d| args.allreduce.unwrap_or(d)),
+        threads,
         input_dist: args.input_dist,
         input_scale: args.input_scale,
         seed: args.seed,

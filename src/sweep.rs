@@ -71,7 +71,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .into_iter()
         .collect();
     let meta_path = dir.join(META_NAME);
-    if !(args.resume && meta_path.exists()) {
+    let calibration = if args.resume && meta_path.exists() {
+        Meta::read(&meta_path)
+            .map(|m| m.calibration)
+            .unwrap_or_default()
+    } else {
         let calibration = if config.run.calibrate && !todo.is_empty() {
             eprintln!("calibrating FMA peak, SGEMM and copy bandwidth on {threads:?} threads ...");
             threads.iter().map(|&t| calibrate(t)).collect()
@@ -80,8 +84,16 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         };
         let resolved = serde_json::to_value(&config)
             .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
-        Meta::collect(resolved, threads, calibration).write(&meta_path)?;
-    }
+        Meta::collect(resolved, threads, calibration.clone()).write(&meta_path)?;
+        calibration
+    };
+    // Decode rows report their KV bandwidth against the copy bandwidth at their threads.
+    let copy_bandwidth = |t: usize| {
+        calibration
+            .iter()
+            .find(|c| c.threads == t)
+            .map(|c| c.copy_gbytes_per_s)
+    };
 
     install_interrupt_handler();
     let settings = Settings {
@@ -112,7 +124,8 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             break;
         }
         progress.start(i, case);
-        let outcome = run_case(case, &settings, None)?;
+        let mut outcome = run_case(case, &settings, None)?;
+        outcome.record.set_bandwidth(copy_bandwidth(case.threads));
         // A case cut short by Ctrl-C is not written: its numbers would be partial.
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;
@@ -132,6 +145,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         csv_path.display(),
         human_seconds(started.elapsed().as_secs_f64())
     );
+    if !INTERRUPTED.load(Ordering::Relaxed) {
+        for p in crate::model::write_results(&dir, &config, &csv_path)? {
+            println!("wrote {}", p.display());
+        }
+    }
     if INTERRUPTED.load(Ordering::Relaxed) {
         return Err(Error::Interrupted(format!(
             "interrupted: {} rows kept in {}; continue with `attnbench sweep --config {} --out {} --resume`",

@@ -12,7 +12,10 @@ seq_q,seq_kv,head_dim,q_chunk,kv_chunk,causal,window,devices,threads,status,reas
 time_median_s,time_min_s,time_max_s,time_mad_s,mem_overhead_bytes,mem_predicted_bytes,\
 peak_rss_bytes,io_bytes,max_abs_err,max_rel_err,err_rows,flops,gflops,comm_bytes,comm_steps,\
 seed,input_dist,input_scale,stopped_by,time_bwd_median_s,grad_max_abs_err,grad_max_rel_err,\
-grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_diff";
+grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_diff,splits,\
+allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
+comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
+critical_path_pairs";
 
 fn attnbench() -> Command {
     Command::cargo_bin("attnbench").expect("binary built")
@@ -465,4 +468,140 @@ fn bpt_memory_model_prints_the_papers_layout_and_rejects_unknown_models() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("gpt-1b"));
+}
+
+const DECODE: &str = r#"
+[run]
+name = "dec"
+warmup = 0
+min_reps = 1
+max_reps = 1
+max_time_s = 0.05
+calibrate = false
+
+[axes]
+variant = ["flash-decoding", "decode-online", "ring-decode", "tree-decode", "naive"]
+mode = "decode"
+heads = 4
+kv_heads = 2
+head_dim = 8
+seq_kv = [37]
+devices = [1, 3]
+allreduce = ["ring", "two-level:2"]
+
+[model]
+tokens = [80000, 160000]
+devices = [8, 16]
+check = [[1, 2, 8, 30, 3]]
+"#;
+
+#[test]
+fn decode_sweep_fills_the_decode_and_device_columns_and_writes_the_model_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), DECODE);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("tree_vs_ring.md"));
+    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|x| x == name).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(|x| x.unwrap()).collect();
+    let find = |variant: &str, devices: &str, allreduce: &str| {
+        rows.iter()
+            .find(|x| {
+                &x[col("variant")] == variant
+                    && &x[col("devices")] == devices
+                    && &x[col("allreduce")] == allreduce
+            })
+            .unwrap_or_else(|| panic!("no row {variant} {devices} {allreduce}"))
+    };
+    // Single-device decode: KV bytes and bandwidth; no communication.
+    let flash = find("flash-decoding", "1", "");
+    assert_eq!(&flash[col("status")], "ok");
+    assert_eq!(&flash[col("seq_q")], "1");
+    assert_eq!(
+        &flash[col("kv_read_bytes")],
+        (2 * 2 * 37 * 8 * 4).to_string()
+    );
+    assert!(!flash[col("kv_gbytes_per_s")].is_empty());
+    assert!(flash[col("comm_bytes")].is_empty());
+    // Three devices: counted communication and per-device memory.
+    let tree = find("tree-decode", "3", "ring");
+    assert_eq!(&tree[col("status")], "ok", "{}", &tree[col("reason")]);
+    assert!(tree[col("comm_bytes")].parse::<u64>().unwrap() > 0);
+    assert!(!tree[col("device_peak_elements")].is_empty());
+    let ring = find("ring-decode", "3", "");
+    // Broadcast of q in 2 binomial rounds, then 2 rotations.
+    assert_eq!(&ring[col("comm_steps")], "4");
+    // Unsupported combinations are skipped rows with the reason.
+    let single = find("flash-decoding", "3", "");
+    assert_eq!(&single[col("status")], "skipped");
+    assert!(single[col("reason")].contains("one device"));
+    let naive = find("naive", "1", "");
+    assert!(naive[col("reason")].contains("decode"));
+    let ragged = find("tree-decode", "3", "two-level:2");
+    assert_eq!(&ragged[col("status")], "skipped");
+    assert!(ragged[col("reason")].contains("whole nodes"));
+    for f in [
+        "decode.md",
+        "tree_vs_ring.md",
+        "tree_vs_ring.svg",
+        "tree_vs_ring_counts.csv",
+        "tree_vs_ring_latency.csv",
+    ] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let md = fs::read_to_string(out.join("tree_vs_ring.md")).unwrap();
+    assert!(md.contains("exact") && !md.contains("MISMATCH"), "{md}");
+    assert!(md.contains("close to 8×"));
+}
+
+#[test]
+fn model_and_decode_axis_errors_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (text, key) in [
+        (
+            DECODE.replace("tokens = [80000, 160000]", "tokens = [0]"),
+            "model.tokens",
+        ),
+        (
+            DECODE.replace("check = [[1, 2, 8, 30, 3]]", "check = [[1, 2, 8, 31, 3]]"),
+            "model.check",
+        ),
+        (
+            DECODE.replace("[model]", "[model]\ntopology = \"nvl72\""),
+            "model.topology",
+        ),
+        (
+            DECODE.replace("[model]", "[model]\nbeta_inter_gbs = 0"),
+            "model.beta_inter_gbs",
+        ),
+        (
+            DECODE.replace("[model]", "[model]\nalpha_intra = 1"),
+            "alpha_intra",
+        ),
+        (DECODE.replace("\"two-level:2\"", "\"star\""), "allreduce"),
+        (
+            DECODE.replace("devices = [1, 3]", "devices = [0]"),
+            "devices",
+        ),
+        (
+            DECODE.replace("seq_kv = [37]", "seq_kv = [37]\nsplits = [0]"),
+            "splits",
+        ),
+    ] {
+        let cfg = write_config(tmp.path(), &text);
+        attnbench()
+            .args(["sweep", "--dry-run", "--config"])
+            .arg(&cfg)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(key).and(predicate::str::contains("c.toml")));
+    }
 }

@@ -16,24 +16,27 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
     let info = variant.info();
+    let shape = Shape {
+        batch: 1,
+        heads,
+        kv_heads: heads,
+        seq_q: n,
+        seq_kv: n,
+        head_dim: 64,
+    };
     Case {
         variant,
         mode: Mode::Fwd,
         device: Device::Cpu,
         dtype,
-        shape: Shape {
-            batch: 1,
-            heads,
-            kv_heads: heads,
-            seq_q: n,
-            seq_kv: n,
-            head_dim: 64,
-        },
+        shape,
         q_chunk: info.default_q_chunk.map(|c| c.min(n)),
         kv_chunk: info.default_kv_chunk.map(|c| c.min(n)),
         causal: false,
         window: None,
         devices: 1,
+        splits: variant.get().default_splits(&shape, threads),
+        allreduce: variant.get().default_allreduce(),
         threads,
         input_dist: InputDist::Normal,
         input_scale: 1.0,
@@ -129,7 +132,7 @@ fn measured_overhead_matches_the_prediction() {
             (1536, 1, DType::Bf16, 1),
             (300, 3, DType::F16, 2),
         ] {
-            let c = case(v, n, heads, dtype, threads);
+            let c = native(case(v, n, heads, dtype, threads));
             check_prediction(&c, threads);
             if v.info().modes.contains(&Mode::FwdBwd) {
                 check_prediction(
@@ -142,6 +145,21 @@ fn measured_overhead_matches_the_prediction() {
             }
         }
     }
+}
+
+/// The case in the variant's own first mode: decode variants get 3 new tokens against the
+/// cache of n, multi-device variants 3 simulated devices.
+fn native(mut c: Case) -> Case {
+    c.mode = c.variant.info().modes[0];
+    if c.mode == Mode::Decode {
+        c.shape.seq_q = 3;
+        c.q_chunk = c.q_chunk.map(|q| q.min(3));
+    }
+    let on_three = Case { devices: 3, ..c };
+    if c.variant.get().unsupported(&on_three).is_none() {
+        c.devices = 3;
+    }
+    c
 }
 
 fn check_prediction(c: &Case, threads: usize) {

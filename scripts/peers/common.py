@@ -71,6 +71,18 @@ HEADER = [
     "timed_rows",
     "diff_variant",
     "max_abs_diff",
+    "splits",
+    "allreduce",
+    "kv_read_bytes",
+    "kv_gbytes_per_s",
+    "copy_gbytes_per_s",
+    "copy_bw_frac",
+    "comm_elements",
+    "comm_max_device_bytes",
+    "device_peak_elements",
+    "device_peak_bytes",
+    "device_pairs_max",
+    "critical_path_pairs",
 ]
 
 # reference::ALL_ROWS_MAX_MACS: above this the oracle checks `error_rows` sampled rows.

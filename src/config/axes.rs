@@ -125,8 +125,27 @@ pub(super) fn resolve_axes(
         }
     }
 
+    // Decode generates one new token unless told otherwise: seq_len (the query length) is
+    // then optional.
+    let modes: Vec<AxisValue> = resolved
+        .get(Axis::Mode)
+        .map(<[AxisValue]>::to_vec)
+        .or_else(|| {
+            groups
+                .iter()
+                .find_map(|g| g.get(Axis::Mode).map(<[AxisValue]>::to_vec))
+        })
+        .unwrap_or_default();
+    let all_decode = !modes.is_empty()
+        && modes
+            .iter()
+            .all(|m| *m == AxisValue::Mode(crate::problem::Mode::Decode));
     for axis in Axis::ALL {
         if owner.contains_key(&axis) {
+            continue;
+        }
+        if axis == Axis::SeqLen && all_decode {
+            resolved.values.insert(axis, vec![AxisValue::Size(1)]);
             continue;
         }
         match axis.default(threads) {
@@ -134,7 +153,7 @@ pub(super) fn resolve_axes(
                 return Err(src.err(
                     Section::Axes,
                     axis.name(),
-                    "required (in [axes] or in a [[zip]] group)",
+                    "required (in [axes] or in a [[zip]] group; seq_len defaults to 1 new token only when every mode is decode)",
                 ))
             }
             AxisDefault::Fixed(v) => {

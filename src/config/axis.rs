@@ -6,6 +6,7 @@ use std::fmt;
 use toml::Value;
 
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
+use crate::sim::plan::Allreduce;
 use crate::variant::VariantId;
 
 /// One sweep axis. Declaration order is the expansion order, outermost first: a sweep over
@@ -21,12 +22,15 @@ pub enum Axis {
     DOut,
     Causal,
     Threads,
+    Devices,
+    Allreduce,
     Batch,
     Heads,
     KvHeads,
     HeadDim,
     QChunk,
     KvChunk,
+    Splits,
     Window,
     SeqKv,
     SeqLen,
@@ -41,6 +45,7 @@ enum Kind {
     DType,
     InputDist,
     DOut,
+    Allreduce,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -66,11 +71,12 @@ pub const DEFAULT_D_OUT: UpstreamGrad = UpstreamGrad::Random;
 pub const DEFAULT_BATCH: usize = 1;
 pub const DEFAULT_HEADS: usize = 1;
 pub const DEFAULT_HEAD_DIM: usize = 64;
+pub const DEFAULT_DEVICES: usize = 1;
 /// Largest exponent of the pow2 form (2^40 elements is already far past any memory).
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 18] = [
+    pub const ALL: [Axis; 21] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -80,12 +86,15 @@ impl Axis {
         Axis::DOut,
         Axis::Causal,
         Axis::Threads,
+        Axis::Devices,
+        Axis::Allreduce,
         Axis::Batch,
         Axis::Heads,
         Axis::KvHeads,
         Axis::HeadDim,
         Axis::QChunk,
         Axis::KvChunk,
+        Axis::Splits,
         Axis::Window,
         Axis::SeqKv,
         Axis::SeqLen,
@@ -103,12 +112,15 @@ impl Axis {
             Axis::DOut => "d_out",
             Axis::Causal => "causal",
             Axis::Threads => "threads",
+            Axis::Devices => "devices",
+            Axis::Allreduce => "allreduce",
             Axis::Batch => "batch",
             Axis::Heads => "heads",
             Axis::KvHeads => "kv_heads",
             Axis::HeadDim => "head_dim",
             Axis::QChunk => "q_chunk",
             Axis::KvChunk => "kv_chunk",
+            Axis::Splits => "splits",
             Axis::Window => "window",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
@@ -132,8 +144,11 @@ impl Axis {
             Axis::InputDist => Kind::InputDist,
             Axis::InputScale => Kind::Scale,
             Axis::DOut => Kind::DOut,
+            Axis::Allreduce => Kind::Allreduce,
             Axis::Causal => Kind::Bool,
             Axis::Threads
+            | Axis::Devices
+            | Axis::Splits
             | Axis::Batch
             | Axis::Heads
             | Axis::KvHeads
@@ -150,7 +165,13 @@ impl Axis {
     pub(super) fn takes_names(self) -> bool {
         matches!(
             self.kind(),
-            Kind::Variant | Kind::Mode | Kind::Device | Kind::DType | Kind::InputDist | Kind::DOut
+            Kind::Variant
+                | Kind::Mode
+                | Kind::Device
+                | Kind::DType
+                | Kind::InputDist
+                | Kind::DOut
+                | Kind::Allreduce
         )
     }
 
@@ -170,6 +191,11 @@ impl Axis {
             Axis::Batch => Fixed(AxisValue::Size(DEFAULT_BATCH)),
             Axis::Heads => Fixed(AxisValue::Size(DEFAULT_HEADS)),
             Axis::HeadDim => Fixed(AxisValue::Size(DEFAULT_HEAD_DIM)),
+            Axis::Devices => Fixed(AxisValue::Size(DEFAULT_DEVICES)),
+            Axis::Splits => {
+                Derived("variant default (flash-decoding: enough parts for the threads)")
+            }
+            Axis::Allreduce => Derived("variant default (tree-decode: tree)"),
             Axis::KvHeads => Derived("= heads"),
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
@@ -195,6 +221,7 @@ impl Axis {
             ),
             Kind::InputDist => "an input distribution name (normal, uniform)".into(),
             Kind::DOut => "an upstream gradient kind (random, ones)".into(),
+            Kind::Allreduce => "an allreduce algorithm (ring, tree, two-level, two-level:N)".into(),
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -225,6 +252,7 @@ pub enum AxisValue {
     DType(DType),
     InputDist(InputDist),
     DOut(UpstreamGrad),
+    Allreduce(Allreduce),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -239,6 +267,7 @@ impl fmt::Display for AxisValue {
             AxisValue::DType(v) => v.fmt(f),
             AxisValue::InputDist(v) => v.fmt(f),
             AxisValue::DOut(v) => v.fmt(f),
+            AxisValue::Allreduce(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -315,6 +344,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::DType => AxisValue::DType(name()?.parse()?),
         Kind::InputDist => AxisValue::InputDist(name()?.parse()?),
         Kind::DOut => AxisValue::DOut(name()?.parse()?),
+        Kind::Allreduce => AxisValue::Allreduce(name()?.parse()?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

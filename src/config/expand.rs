@@ -85,6 +85,7 @@ fn build(
     let mut d_out = axis::DEFAULT_D_OUT;
     let (mut kv_heads, mut seq_kv, mut q_chunk, mut kv_chunk, mut window) =
         (None, None, None, None, None);
+    let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -103,6 +104,9 @@ fn build(
             (Axis::QChunk, AxisValue::Size(x)) => q_chunk = Some(x),
             (Axis::KvChunk, AxisValue::Size(x)) => kv_chunk = Some(x),
             (Axis::Window, AxisValue::Size(x)) => window = Some(x),
+            (Axis::Devices, AxisValue::Size(x)) => devices = x,
+            (Axis::Splits, AxisValue::Size(x)) => splits = Some(x),
+            (Axis::Allreduce, AxisValue::Allreduce(x)) => allreduce = Some(x),
             (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
             (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
             _ => {}
@@ -111,6 +115,16 @@ fn build(
     let (variant, seq_q) = (variant?, seq_q?);
     let seq_kv = seq_kv.unwrap_or(seq_q);
     let info = variant.info();
+    let shape = Shape {
+        batch,
+        heads,
+        kv_heads: kv_heads.unwrap_or(heads),
+        seq_q,
+        seq_kv,
+        head_dim,
+    };
+    // Axes a variant does not read are dropped, so such cases differ in nothing else.
+    let v = variant.get();
     // A variant that does not cut a loop has no chunk there, whatever the axis says; the
     // others use the axis or their default, as `min(chunk, n)` in the paper.
     let chunk = |default: Option<usize>, given: Option<usize>, n: usize| {
@@ -121,19 +135,16 @@ fn build(
         mode,
         device,
         dtype,
-        shape: Shape {
-            batch,
-            heads,
-            kv_heads: kv_heads.unwrap_or(heads),
-            seq_q,
-            seq_kv,
-            head_dim,
-        },
+        shape,
         q_chunk: chunk(info.default_q_chunk, q_chunk, seq_q),
         kv_chunk: chunk(info.default_kv_chunk, kv_chunk, seq_kv),
         causal,
         window,
-        devices: 1,
+        devices,
+        splits: v
+            .default_splits(&shape, threads)
+            .map(|d| splits.unwrap_or(d)),
+        allreduce: v.default_allreduce().map(|d| allreduce.unwrap_or(d)),
         threads,
         input_dist,
         input_scale,

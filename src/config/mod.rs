@@ -1,4 +1,4 @@
-//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[report]`), `--set` overrides, checks
+//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[report]`, `[model]`), `--set` overrides, checks
 //! that name the key and line of every mistake, and the expansion of the axes into `Case`s.
 //!
 //! Loading is: parse the file against the schema (toml reports syntax errors and unknown
@@ -9,6 +9,7 @@
 mod axes;
 mod axis;
 mod expand;
+mod model;
 mod overrides;
 mod report;
 mod run;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
+pub use model::{CheckShape, ComputeSpec, ModelConfig};
 pub use overrides::apply_set;
 pub use report::ReportConfig;
 pub use run::{
@@ -42,6 +44,9 @@ pub struct Config {
     pub axes: Axes,
     pub zip: Vec<ZipGroup>,
     pub report: ReportConfig,
+    /// `[model]`: the Ring-vs-Tree decode model written beside the results, if asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelConfig>,
     #[serde(skip)]
     pub path: PathBuf,
 }
@@ -75,11 +80,13 @@ impl Config {
         let run = run::resolve_run(raw.run, &src)?;
         let (axes, zip) = axes::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
         let report = report::resolve_report(raw.report, &src)?;
+        let model = model::resolve_model(raw.model, &src)?;
         Ok(Config {
             run,
             axes,
             zip,
             report,
+            model,
             path: path.to_path_buf(),
         })
     }

@@ -13,6 +13,7 @@
 use toml::{Table, Value};
 
 use super::axis::{value_len, Axis};
+use super::model::MODEL_KEYS;
 use super::schema::{REPORT_KEYS, RUN_KEYS};
 use crate::error::{Error, Result};
 
@@ -59,9 +60,26 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
                 .insert(k.to_string(), Value::String(value.to_string()));
             return Ok(format!("report.{k}"));
         }
+        Some(("model", k)) => {
+            if !MODEL_KEYS.contains(&k) || k == "check" {
+                return Err(usage(format!(
+                    "unknown or unsettable key `model.{k}` (settable: {})",
+                    MODEL_KEYS[..MODEL_KEYS.len() - 1].join(", ")
+                )));
+            }
+            let v = match k {
+                "topology" | "compute" | "dtype" | "allreduce" => Value::String(value.to_string()),
+                "devices" | "tokens" => Value::Array(value.split(',').map(item).collect()),
+                _ => item(value),
+            };
+            section(table, "model")
+                .map_err(usage)?
+                .insert(k.to_string(), v);
+            return Ok(format!("model.{k}"));
+        }
         Some(_) => {
             return Err(usage(format!(
-                "unknown key `{key}`: expected an axis ({}), run.KEY or report.KEY",
+                "unknown key `{key}`: expected an axis ({}), run.KEY, report.KEY or model.KEY",
                 Axis::names().join(", ")
             )))
         }

@@ -15,6 +15,30 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub zip: Vec<RawAxes>,
     pub report: Option<RawReport>,
+    pub model: Option<RawModel>,
+}
+
+/// `[model]` (see `model.rs` for meanings and defaults).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawModel {
+    pub topology: Option<Value>,
+    pub devices_per_node: Option<Value>,
+    pub alpha_intra_us: Option<Value>,
+    pub alpha_inter_us: Option<Value>,
+    pub beta_intra_gbs: Option<Value>,
+    pub beta_inter_gbs: Option<Value>,
+    pub compute: Option<Value>,
+    pub probe_tokens: Option<Value>,
+    pub devices: Option<Value>,
+    pub tokens: Option<Value>,
+    pub batch: Option<Value>,
+    pub heads: Option<Value>,
+    pub head_dim: Option<Value>,
+    pub dtype: Option<Value>,
+    pub allreduce: Option<Value>,
+    pub overlap: Option<Value>,
+    pub check: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -89,6 +113,9 @@ pub(super) struct RawAxes {
     pub input_scale: Option<Value>,
     pub d_out: Option<Value>,
     pub threads: Option<Value>,
+    pub devices: Option<Value>,
+    pub allreduce: Option<Value>,
+    pub splits: Option<Value>,
 }
 
 impl RawAxes {
@@ -113,6 +140,9 @@ impl RawAxes {
             (Axis::InputScale, self.input_scale),
             (Axis::DOut, self.d_out),
             (Axis::Threads, self.threads),
+            (Axis::Devices, self.devices),
+            (Axis::Allreduce, self.allreduce),
+            (Axis::Splits, self.splits),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))
@@ -134,6 +164,8 @@ mod tests {
         assert!(run.name.is_some() && run.calibrate.is_some() && run.diff_against.is_some());
         let report: RawReport = toml::from_str(&table_of(&REPORT_KEYS)).unwrap();
         assert!(report.paper_table.is_some());
+        let model: RawModel = toml::from_str(&table_of(&super::super::model::MODEL_KEYS)).unwrap();
+        assert!(model.topology.is_some() && model.check.is_some());
         let axes: RawAxes = toml::from_str(&table_of(&Axis::names())).unwrap();
         let mut got: Vec<Axis> = axes.into_entries().into_iter().map(|(a, _)| a).collect();
         got.sort();

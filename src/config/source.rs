@@ -15,6 +15,7 @@ pub(super) enum Section {
     Report,
     /// The i-th `[[zip]]` group, counted from 0 in file order.
     Zip(usize),
+    Model,
 }
 
 impl fmt::Display for Section {
@@ -24,6 +25,7 @@ impl fmt::Display for Section {
             Section::Axes => f.write_str("axes"),
             Section::Report => f.write_str("report"),
             Section::Zip(i) => write!(f, "zip[{i}]"),
+            Section::Model => f.write_str("model"),
         }
     }
 }
@@ -108,6 +110,7 @@ pub(super) fn find_line(text: &str, section: Section, key: Option<&str>) -> Opti
                 ("run", false) => Some(Section::Run),
                 ("axes", false) => Some(Section::Axes),
                 ("report", false) => Some(Section::Report),
+                ("model", false) => Some(Section::Model),
                 ("zip", true) => {
                     zips += 1;
                     Some(Section::Zip(zips - 1))

@@ -563,3 +563,87 @@ fn rabe_staats_table2_config_expands_to_the_table_the_error_rows_and_the_sqrt_ro
         Some("rabe_staats_table2")
     );
 }
+
+#[test]
+fn decode_defaults_one_new_token_and_reads_the_device_axes() {
+    let c = cfg(
+        "[run]\nname = \"t\"\nthreads = 2\n[axes]\nvariant = [\"flash-decoding\", \"tree-decode\", \"naive\"]\nmode = \"decode\"\nseq_kv = 100\nkv_heads = 1\nheads = 4\ndevices = [1, 4]\nallreduce = [\"ring\", \"two-level:2\"]\nsplits = [3]\n",
+    );
+    let cases = c.expand();
+    assert!(cases
+        .iter()
+        .all(|k| k.shape.seq_q == 1 && k.mode == Mode::Decode));
+    let flash: Vec<_> = cases
+        .iter()
+        .filter(|k| k.variant == VariantId::FlashDecoding)
+        .collect();
+    // allreduce is dropped for flash-decoding: 2 device counts, not 4 cases.
+    assert_eq!(flash.len(), 2);
+    assert!(flash
+        .iter()
+        .all(|k| k.splits == Some(3) && k.allreduce.is_none()));
+    let tree: Vec<_> = cases
+        .iter()
+        .filter(|k| k.variant == VariantId::TreeDecode)
+        .collect();
+    assert_eq!(tree.len(), 4);
+    assert!(tree
+        .iter()
+        .all(|k| k.splits.is_none() && k.allreduce.is_some()));
+    assert!(cases
+        .iter()
+        .filter(|k| k.variant == VariantId::Naive)
+        .all(|k| k.splits.is_none() && k.allreduce.is_none()));
+    // Without decode, seq_len stays required.
+    let e = config_err(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nmode = [\"decode\", \"fwd\"]\n",
+        &[],
+    );
+    assert!(e.contains("seq_len") && e.contains("decode"), "{e}");
+}
+
+#[test]
+fn new_axes_and_model_keys_are_checked_and_named() {
+    for (extra, key) in [
+        ("allreduce = \"star\"", "axes.allreduce"),
+        ("allreduce = \"two-level:0\"", "axes.allreduce"),
+        ("devices = 0", "axes.devices"),
+        ("splits = []", "axes.splits"),
+    ] {
+        let e = config_err(&with_axes(extra), &[]);
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+    for (model, key) in [
+        ("topology = 3", "model.topology"),
+        ("compute = \"tpu\"", "model.compute"),
+        (
+            "devices = [8, 12]\nallreduce = \"two-level\"",
+            "model.allreduce",
+        ),
+        ("check = [[1, 2, 3]]", "model.check"),
+        ("overlap = \"yes\"", "model.overlap"),
+        ("alpha_inter_us = -1", "model.alpha_inter_us"),
+    ] {
+        let e = config_err(&format!("{MIN}[model]\n{model}\n"), &[]);
+        assert!(e.contains(key), "{model}: {e}");
+    }
+    let c = cfg(&format!(
+        "{MIN}[model]\ntopology = \"pcie-pair\"\ncompute = \"measured\"\n"
+    ));
+    let m = c.model.unwrap();
+    assert_eq!(m.topology.per_node, 2);
+    assert_eq!(
+        m.allreduce,
+        crate::sim::plan::Allreduce::TwoLevel { per_node: 2 }
+    );
+    assert!(matches!(m.compute, ComputeSpec::Measured { .. }));
+    let c = load(
+        &format!("{MIN}[model]\n"),
+        &["model.devices=8,64", "model.beta_inter_gbs=25"],
+    )
+    .unwrap();
+    let m = c.model.unwrap();
+    assert_eq!(m.devices, vec![8, 64]);
+    assert_eq!(m.topology.inter.beta_bytes_per_s, 25e9);
+    assert!(load(MIN, &["model.check=1"]).is_err());
+}

@@ -1,5 +1,54 @@
-//! Analytic models: closed-form memory and cost formulas from the papers, checked exactly
-//! by unit tests and printed beside measurements.
+//! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`), and of
+//! attention across devices: the Tree Attention paper's closed forms
+//! (`formulas`, eqs. (8)-(14)), the α–β two-level link model with its presets
+//! (`topology`), predicted Ring vs Tree decode latency priced on the simulator's own
+//! schedules (`cost`), the `[model]` config section (`config`), and the Markdown/CSV/SVG
+//! tables a sweep writes beside its CSV (`tables`, `svg`) until the report layer takes
+//! them over.
 
 pub mod bpt_memory;
 pub mod bpt_table;
+pub mod cost;
+pub mod decode_tables;
+pub mod formulas;
+pub mod markdown;
+pub mod probe;
+pub mod svg;
+pub mod topology;
+pub mod tree_vs_ring;
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::report::record::Record;
+
+/// The derived files of a finished sweep in `dir`, from its `runs.csv`: `decode.md` when it
+/// has decode rows, the Tree-vs-Ring files when the config has `[model]`. Returns the
+/// paths written.
+pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
+    let records = read_records(csv)?;
+    let mut paths = Vec::new();
+    paths.extend(decode_tables::write(dir, &records)?);
+    if let Some(model) = &config.model {
+        paths.extend(tree_vs_ring::write(
+            dir,
+            model,
+            config.run.threads,
+            &records,
+        )?);
+    }
+    Ok(paths)
+}
+
+/// Every row of a `runs.csv` (none if it does not exist).
+pub fn read_records(csv: &Path) -> Result<Vec<Record>> {
+    if !csv.exists() {
+        return Ok(Vec::new());
+    }
+    let mut r = ::csv::Reader::from_path(csv)
+        .map_err(|e| Error::Runtime(format!("cannot read {}: {e}", csv.display())))?;
+    r.deserialize()
+        .map(|x| x.map_err(|e| Error::Runtime(format!("{}: {e}", csv.display()))))
+        .collect()
+}

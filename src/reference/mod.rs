@@ -1,6 +1,6 @@
 //! The f64 oracle, the only ground truth: O = softmax(QK^T/sqrt(d)) V per query row, in f64,
 //! from the same (storage-rounded) inputs the variants see, max subtracted, same causal
-//! convention (bottom-right aligned; a row with no visible key is 0). Time O(n_kv*d) per
+//! convention (bottom-right aligned; a row with no visible key is 0) and sliding window. Time O(n_kv*d) per
 //! row checked; rows are all rows when that is cheap, else a deterministic sample.
 
 pub mod grad;
@@ -41,18 +41,29 @@ pub fn rows_to_check(shape: &Shape, sample: usize) -> Vec<RowId> {
 
 /// The exact output row (length `head_dim`) of query row `id`.
 pub fn reference_row(inputs: &Inputs, causal: bool, id: RowId) -> Vec<f64> {
+    reference_row_masked(inputs, causal, None, id)
+}
+
+/// `reference_row` with a sliding window: the row attends to `Shape::key_range`.
+pub fn reference_row_masked(
+    inputs: &Inputs,
+    causal: bool,
+    window: Option<usize>,
+    id: RowId,
+) -> Vec<f64> {
     let s = &inputs.shape;
     let (b, h, row) = id;
     let d = s.head_dim;
     let q_off = s.q_head_offset(b, h) + row * d;
     let kv_off = s.kv_head_offset(b, h);
     let scale = 1.0 / (d as f64).sqrt();
-    let visible = s.visible_keys(causal, row);
+    let keys = s.key_range(causal, window, row);
     let mut out = vec![0.0f64; d];
-    if visible == 0 {
+    if keys.is_empty() {
         return out;
     }
-    let scores: Vec<f64> = (0..visible)
+    let scores: Vec<f64> = keys
+        .clone()
         .map(|j| {
             let k_off = kv_off + j * d;
             scale
@@ -63,7 +74,7 @@ pub fn reference_row(inputs: &Inputs, causal: bool, id: RowId) -> Vec<f64> {
         .collect();
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let mut sum = 0.0;
-    for (j, sc) in scores.iter().enumerate() {
+    for (j, sc) in keys.zip(&scores) {
         let p = (sc - m).exp();
         sum += p;
         let v_off = kv_off + j * d;
@@ -91,13 +102,24 @@ pub struct ErrorStats {
 
 /// Compares `out` (`[batch, heads, seq_q, head_dim]`) with the oracle on `rows`, in parallel.
 pub fn check(inputs: &Inputs, causal: bool, out: &[f32], rows: &[RowId]) -> ErrorStats {
+    check_masked(inputs, causal, None, out, rows)
+}
+
+/// `check` with a sliding window.
+pub fn check_masked(
+    inputs: &Inputs,
+    causal: bool,
+    window: Option<usize>,
+    out: &[f32],
+    rows: &[RowId],
+) -> ErrorStats {
     use rayon::prelude::*;
     let s = &inputs.shape;
     let d = s.head_dim;
     let (max_abs, max_ref, non_finite) = rows
         .par_iter()
         .map(|&id| {
-            let exact = reference_row(inputs, causal, id);
+            let exact = reference_row_masked(inputs, causal, window, id);
             let off = s.q_head_offset(id.0, id.1) + id.2 * d;
             let mut acc = (0.0f64, 0.0f64, 0usize);
             for (got, want) in out[off..off + d].iter().zip(&exact) {

@@ -16,7 +16,7 @@ pub const CSV_NAME: &str = "runs.csv";
 pub const META_NAME: &str = "meta.json";
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 10] = [
+pub const OPTIONAL_COLUMNS: [&str; 22] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -27,6 +27,18 @@ pub const OPTIONAL_COLUMNS: [&str; 10] = [
     "timed_rows",
     "diff_variant",
     "max_abs_diff",
+    "splits",
+    "allreduce",
+    "kv_read_bytes",
+    "kv_gbytes_per_s",
+    "copy_gbytes_per_s",
+    "copy_bw_frac",
+    "comm_elements",
+    "comm_max_device_bytes",
+    "device_peak_elements",
+    "device_peak_bytes",
+    "device_pairs_max",
+    "critical_path_pairs",
 ];
 
 /// The contents of a results directory.

@@ -117,6 +117,42 @@ pub struct Record {
     /// inputs; empty when not requested or when `diff_variant` did not fit the budget.
     #[serde(default)]
     pub max_abs_diff: Option<f64>,
+    /// flash-decoding: split-KV parts.
+    #[serde(default)]
+    pub splits: Option<usize>,
+    /// Multi-device variants with collectives: the allreduce algorithm.
+    #[serde(default)]
+    pub allreduce: String,
+    /// Decode: bytes of the cached K and V the queries attend, each read once.
+    #[serde(default)]
+    pub kv_read_bytes: Option<u64>,
+    /// Decode: `kv_read_bytes` / `time_median_s` / 1e9.
+    #[serde(default)]
+    pub kv_gbytes_per_s: Option<f64>,
+    /// Decode: the calibrated copy bandwidth at the case's thread count (meta.json).
+    #[serde(default)]
+    pub copy_gbytes_per_s: Option<f64>,
+    /// Decode: `kv_gbytes_per_s` / `copy_gbytes_per_s`.
+    #[serde(default)]
+    pub copy_bw_frac: Option<f64>,
+    /// Multi-device: elements sent by all devices in all collectives.
+    #[serde(default)]
+    pub comm_elements: Option<u64>,
+    /// Multi-device: bytes sent by the device that sent the most.
+    #[serde(default)]
+    pub comm_max_device_bytes: Option<u64>,
+    /// Multi-device: the largest per-device peak of tensors held, elements (eqs. (8)-(9)).
+    #[serde(default)]
+    pub device_peak_elements: Option<u64>,
+    /// Multi-device: the largest per-device peak of tensors held, bytes.
+    #[serde(default)]
+    pub device_peak_bytes: Option<u64>,
+    /// Multi-device: query-key pairs attended by the busiest device.
+    #[serde(default)]
+    pub device_pairs_max: Option<u64>,
+    /// Multi-device: sum over steps of the busiest device's pairs in that step.
+    #[serde(default)]
+    pub critical_path_pairs: Option<u64>,
 }
 
 impl Record {
@@ -177,11 +213,50 @@ impl Record {
             timed_rows: None,
             diff_variant: String::new(),
             max_abs_diff: None,
+            splits: case.splits,
+            allreduce: case.allreduce.map_or(String::new(), |a| a.to_string()),
+            kv_read_bytes: case.variant.get().kv_read_bytes(case),
+            kv_gbytes_per_s: None,
+            copy_gbytes_per_s: None,
+            copy_bw_frac: None,
+            comm_elements: None,
+            comm_max_device_bytes: None,
+            device_peak_elements: None,
+            device_peak_bytes: None,
+            device_pairs_max: None,
+            critical_path_pairs: None,
         }
     }
 
     /// Every column name with this record's value as text, in CSV order (for printing one
     /// case as a table with exactly the CSV's fields).
+    /// Fills the achieved KV bandwidth against the calibrated copy bandwidth (`copy`, 10⁹
+    /// B/s at the case's thread count), for rows that read a KV cache and were timed.
+    pub fn set_bandwidth(&mut self, copy: Option<f64>) {
+        if let (Some(bytes), Some(t)) = (self.kv_read_bytes, self.time_median_s) {
+            if t > 0.0 {
+                let gbs = bytes as f64 / t / 1e9;
+                self.kv_gbytes_per_s = Some(gbs);
+                if let Some(c) = copy.filter(|c| *c > 0.0) {
+                    self.copy_gbytes_per_s = Some(c);
+                    self.copy_bw_frac = Some(gbs / c);
+                }
+            }
+        }
+    }
+
+    /// Fills the simulated cluster's counters.
+    pub fn set_sim(&mut self, stats: &crate::sim::stats::SimStats) {
+        self.comm_bytes = Some(stats.bytes());
+        self.comm_steps = Some(stats.steps());
+        self.comm_elements = Some(stats.elements());
+        self.comm_max_device_bytes = Some(stats.max_device_bytes());
+        self.device_peak_elements = Some(stats.peak_elements());
+        self.device_peak_bytes = Some(stats.peak_bytes());
+        self.device_pairs_max = Some(stats.pairs_max());
+        self.critical_path_pairs = Some(stats.pairs_critical());
+    }
+
     pub fn fields(&self) -> Vec<(String, String)> {
         let mut w = ::csv::WriterBuilder::new().from_writer(Vec::new());
         // Serializing a plain struct to memory cannot fail.
@@ -222,6 +297,8 @@ pub fn header() -> Vec<String> {
         causal: false,
         window: None,
         devices: 1,
+        splits: None,
+        allreduce: None,
         threads: 1,
         input_dist: crate::problem::InputDist::Normal,
         input_scale: 1.0,

@@ -2,9 +2,12 @@
 //! config validation, the runner and the tests all iterate `VariantId::ALL`, so a new variant
 //! is one file here plus one arm in `VariantId::get`.
 
+mod decode;
 mod flash;
 mod naive;
 mod rabe_staats;
+mod ring;
+mod tree;
 
 use serde::{Serialize, Serializer};
 use std::fmt;
@@ -12,7 +15,9 @@ use std::str::FromStr;
 
 use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
-use crate::problem::{Case, Grads, Inputs, Mode};
+use crate::problem::{Case, Grads, Inputs, Mode, Shape};
+use crate::sim::plan::Allreduce;
+use crate::sim::stats::SimStats;
 
 /// Static description of a variant, shown by `attnbench list`.
 pub struct VariantInfo {
@@ -43,6 +48,43 @@ pub trait Variant: Sync {
     /// allocated fallibly up front: an allocation that fails or exceeds the memory budget
     /// is `Error::OutOfMemory`, never an abort.
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
+
+    /// Why this variant cannot run `case`, beyond mode, device and head grouping (which the
+    /// runner checks for every variant). By default a variant runs on one device without a
+    /// sliding window.
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        single_device_full_attention(self.info(), case)
+    }
+
+    /// The default number of split-KV parts for this shape and thread count, for variants
+    /// that split the cache (flash-decoding); `None` means the `splits` axis does not apply.
+    fn default_splits(&self, _shape: &Shape, _threads: usize) -> Option<usize> {
+        None
+    }
+
+    /// The allreduce a case uses when the config names none, for variants that run
+    /// simulated allreduces; `None` means the `allreduce` axis does not apply.
+    fn default_allreduce(&self) -> Option<Allreduce> {
+        None
+    }
+
+    /// Bytes of K and V the call must read, for the memory-bound decode variants (the
+    /// denominator of their achieved bandwidth); `None` for the others.
+    fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {
+        None
+    }
+
+    /// `forward_cpu` that also returns the counters of its simulated devices (multi-device
+    /// variants); the runner calls it for the untimed probe pass.
+    fn forward_counted(
+        &self,
+        case: &Case,
+        isa: Isa,
+        inputs: &Inputs,
+        out: &mut [f32],
+    ) -> Result<Option<SimStats>> {
+        self.forward_cpu(case, isa, inputs, out).map(|()| None)
+    }
 
     /// Bytes a forward + backward allocates beyond inputs, dO, output and gradients: what
     /// the forward keeps for the backward plus the larger of the two passes' scratch.
@@ -90,6 +132,24 @@ fn no_backward(info: &VariantInfo) -> Error {
     Error::Runtime(format!("variant {} has no backward pass", info.name))
 }
 
+/// The default support check: one device, full attention.
+pub fn single_device_full_attention(info: &VariantInfo, case: &Case) -> Option<String> {
+    if case.window.is_some() {
+        return Some(format!(
+            "variant {} has no sliding-window support (window = {})",
+            info.name,
+            case.window.unwrap_or(0)
+        ));
+    }
+    if case.devices != 1 {
+        return Some(format!(
+            "variant {} runs on one device (devices = {} requested)",
+            info.name, case.devices
+        ));
+    }
+    None
+}
+
 /// The saved state a backward expects but was not given: a harness bug, reported as such.
 pub fn wrong_saved(info: &VariantInfo) -> Error {
     Error::Runtime(format!(
@@ -105,15 +165,29 @@ pub enum VariantId {
     RabeStaats,
     RabeStaatsSeq,
     Flash,
+    DecodeNaive,
+    DecodeOnline,
+    FlashDecoding,
+    RingDecode,
+    TreeDecode,
+    RingPrefill,
+    StripePrefill,
 }
 
 impl VariantId {
-    pub const ALL: [VariantId; 5] = [
+    pub const ALL: [VariantId; 12] = [
         VariantId::Naive,
         VariantId::NaiveUnsafe,
         VariantId::RabeStaats,
         VariantId::RabeStaatsSeq,
         VariantId::Flash,
+        VariantId::DecodeNaive,
+        VariantId::DecodeOnline,
+        VariantId::FlashDecoding,
+        VariantId::RingDecode,
+        VariantId::TreeDecode,
+        VariantId::RingPrefill,
+        VariantId::StripePrefill,
     ];
 
     pub fn get(self) -> &'static dyn Variant {
@@ -123,6 +197,13 @@ impl VariantId {
             VariantId::RabeStaats => &rabe_staats::RABE_STAATS,
             VariantId::RabeStaatsSeq => &rabe_staats::RABE_STAATS_SEQ,
             VariantId::Flash => &flash::FLASH,
+            VariantId::DecodeNaive => &decode::DECODE_NAIVE,
+            VariantId::DecodeOnline => &decode::DECODE_ONLINE,
+            VariantId::FlashDecoding => &decode::FLASH_DECODING,
+            VariantId::RingDecode => &ring::RING_DECODE,
+            VariantId::TreeDecode => &tree::TREE_DECODE,
+            VariantId::RingPrefill => &ring::RING_PREFILL,
+            VariantId::StripePrefill => &ring::STRIPE_PREFILL,
         }
     }
 

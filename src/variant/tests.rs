@@ -9,7 +9,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::problem::{Case, DType, Device, Grads, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
-use crate::runner::{output_with, train_step_with};
+use crate::runner::{output, output_with, train_step_with};
 
 #[derive(Clone, Copy)]
 struct Setup {
@@ -55,6 +55,8 @@ fn case(v: VariantId, s: &Setup) -> Case {
         causal: s.causal,
         window: None,
         devices: 1,
+        splits: v.get().default_splits(&s.shape, s.threads),
+        allreduce: v.get().default_allreduce(),
         threads: s.threads,
         input_dist: InputDist::Normal,
         input_scale: s.scale,
@@ -89,11 +91,21 @@ fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
     )
 }
 
+/// The variants a full-attention `fwd` setup applies to (prefill variants that shard
+/// queries and keys alike need seq_q = seq_kv).
+fn fwd_variants(s: &Setup) -> Vec<VariantId> {
+    VariantId::ALL
+        .into_iter()
+        .filter(|v| v.info().modes.contains(&Mode::Fwd))
+        .filter(|v| v.get().unsupported(&case(*v, s)).is_none())
+        .collect()
+}
+
 /// Every numerically safe variant matches the oracle within the dtype's tolerance, on
 /// every kernel path.
 fn assert_all_variants(s: &Setup) {
     for isa in paths() {
-        for v in VariantId::ALL {
+        for v in fwd_variants(s) {
             let e = error_of(v, s, isa);
             let tol = s.dtype.tolerance();
             if v.info().numerically_safe || s.scale <= 1.0 {
@@ -189,7 +201,7 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
     s.scale = 12.0;
     s.chunks = Some((8, 16));
     for isa in paths() {
-        for v in VariantId::ALL {
+        for v in fwd_variants(&s) {
             let e = error_of(v, &s, isa);
             if v.info().numerically_safe {
                 assert_eq!(
@@ -364,5 +376,132 @@ proptest! {
             scale: 1.0,
         };
         assert_all_gradients(&s);
+    }
+}
+
+/// A decode case: `seq_q` new tokens against a cache of `seq_kv`.
+#[allow(clippy::too_many_arguments)]
+fn decode_case(
+    v: VariantId,
+    shape: Shape,
+    dtype: DType,
+    causal: bool,
+    window: Option<usize>,
+    devices: usize,
+    splits: usize,
+    kv_chunk: usize,
+) -> Case {
+    let info = v.info();
+    Case {
+        variant: v,
+        mode: Mode::Decode,
+        device: Device::Cpu,
+        dtype,
+        shape,
+        q_chunk: None,
+        kv_chunk: info.default_kv_chunk.map(|_| kv_chunk.min(shape.seq_kv)),
+        causal,
+        window,
+        devices,
+        splits: v.get().default_splits(&shape, 2).map(|_| splits),
+        allreduce: v.get().default_allreduce(),
+        threads: 2,
+        input_dist: InputDist::Normal,
+        input_scale: 1.0,
+        seed: 5,
+        d_out: UpstreamGrad::Random,
+    }
+}
+
+fn decode_variants() -> Vec<VariantId> {
+    VariantId::ALL
+        .into_iter()
+        .filter(|v| v.info().modes.contains(&Mode::Decode))
+        .collect()
+}
+
+/// Every decode variant (and the multi-device ones on 1 and 3 devices) against the oracle:
+/// caches not a multiple of the split size or key block, kv_heads 1 and 2, windows
+/// shorter and longer than the cache, several new tokens with a causal mask, bf16.
+#[test]
+fn decode_variants_match_the_oracle_on_ragged_shapes() {
+    for (heads, kv_heads) in [(4, 1), (4, 2)] {
+        for (seq_q, causal) in [(1, false), (4, true)] {
+            for seq_kv in [1, 37, 301] {
+                for window in [None, Some(1), Some(10), Some(5000)] {
+                    for (splits, kv_chunk) in [(1, 256), (3, 5), (64, 16)] {
+                        for dtype in [DType::F32, DType::Bf16] {
+                            let shape = Shape {
+                                batch: 2,
+                                heads,
+                                kv_heads,
+                                seq_q,
+                                seq_kv,
+                                head_dim: 24,
+                            };
+                            for v in decode_variants() {
+                                let many = v.get().unsupported(&decode_case(
+                                    v, shape, dtype, causal, window, 3, splits, kv_chunk,
+                                ));
+                                for devices in [1, 3] {
+                                    if devices == 3 && many.is_some() {
+                                        continue;
+                                    }
+                                    let c = decode_case(
+                                        v, shape, dtype, causal, window, devices, splits, kv_chunk,
+                                    );
+                                    let inputs = Inputs::generate(
+                                        c.shape,
+                                        c.dtype,
+                                        c.input_dist,
+                                        1.0,
+                                        c.seed,
+                                    );
+                                    let out = output(&c, &inputs).expect("decode runs");
+                                    let e = crate::reference::check_masked(
+                                        &inputs,
+                                        causal,
+                                        window,
+                                        &out,
+                                        &rows_to_check(&c.shape, usize::MAX),
+                                    );
+                                    assert!(
+                                        e.non_finite == 0 && e.max_abs <= dtype.tolerance(),
+                                        "{} {shape:?} {dtype} c{causal} w{window:?} p{devices} sp{splits} kc{kv_chunk}: {:e}",
+                                        v.name(),
+                                        e.max_abs
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_on_large_logits_stays_finite() {
+    let shape = Shape {
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        seq_q: 1,
+        seq_kv: 200,
+        head_dim: 16,
+    };
+    for v in decode_variants() {
+        let mut c = decode_case(v, shape, DType::F32, false, None, 1, 4, 32);
+        c.input_scale = 12.0;
+        let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, 12.0, c.seed);
+        let out = output(&c, &inputs).expect("decode runs");
+        let e = check(&inputs, false, &out, &rows_to_check(&c.shape, usize::MAX));
+        assert!(
+            e.non_finite == 0 && e.max_abs <= 1e-3,
+            "{}: {:e}",
+            v.name(),
+            e.max_abs
+        );
     }
 }

@@ -1,11 +1,14 @@
 //! CPU kernels: register-blocked microkernels with run-time instruction-set dispatch
 //! (`isa`, `simd`, `tiles`), per-worker workspaces and work scheduling, and the attention
-//! algorithms built from them (naive, Rabe–Staats chunked and sequential, flash); the
-//! backward passes still use the `matrixmultiply` SGEMM wrapper (`gemm`).
+//! algorithms built from them (naive, Rabe–Staats chunked and sequential, flash, and the
+//! decode kernels with their split-KV combine, on `vecops`); the backward passes still use
+//! the `matrixmultiply` SGEMM wrapper (`gemm`).
 
 pub mod blocks;
 pub mod chunked;
 pub mod chunked_bwd;
+pub mod combine;
+pub mod decode;
 pub mod flash;
 pub mod flash_bwd;
 pub mod gemm;
@@ -16,4 +19,5 @@ pub mod sched;
 pub mod simd;
 pub mod softmax;
 pub mod tiles;
+pub mod vecops;
 pub mod workspace;

@@ -1,0 +1,475 @@
+//! Attention of a block of query rows that share one key/value head (the G query heads of
+//! a GQA group times the new tokens) against a run of keys, each row with its own visible
+//! key range (causal, sliding window, shard positions). Three loop orders:
+//! - `attend`: FlashAttention-2's online softmax over key blocks (seed 003; REPRODUCTION.md
+//!   2.4), resumable from a running (acc, m, l) state, which is how split-KV flash-decoding,
+//!   ring steps and tree shards all use it;
+//! - `attend_sequential`: Rabe–Staats' one-key-at-a-time running max and sums (seed 001
+//!   Sec. 3);
+//! - `attend_materialized`: all scores of the rows, then softmax, then PV (the baseline).
+//!
+//! Every key and value is read once per call whatever the group size; time O(rows * keys *
+//! d); scratch per call `scratch_len` floats (no allocation here).
+
+use std::ops::Range;
+
+use super::gemm::{sgemm, MatRef};
+use super::softmax::{exp_sub_sum, row_max, scale_row};
+use super::vecops::{self, Dims, Elems};
+use super::workspace::carve;
+use crate::problem::Tensor;
+
+/// Keys per block of `attend` in decode (B_c): 1024 keys of d = 128 f32 are 1 MiB of K and V,
+/// streamed; only the block's scores (rows x 1024) must stay in cache. Longer blocks
+/// amortize the per-block softmax bookkeeping (measured: 64 to 1024 keys gain ~15%).
+pub const KV_BLOCK: usize = 1024;
+
+/// From this many query rows on, a block's scores and PV go through the blocked SGEMM
+/// (prefill shards); below it, the key-major dot products of `vecops` (decode), which read
+/// each key once without packing it.
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
+const PREFETCH_KEYS: usize = 16;
+
+/// Which keys a query may see. Positions are absolute token indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mask {
+    /// Key position <= query position (bottom-right aligned for decode).
+    pub causal: bool,
+    /// Sliding window: only the last `window` positions up to the query's bound.
+    pub window: Option<usize>,
+    /// Length of the whole key sequence: the bound of non-causal rows.
+    pub kv_len: usize,
+}
+
+/// Positions of a run of tokens: index i sits at `start + i * stride` (contiguous shards
+/// have stride 1; Striped Attention's shards have stride p).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Positions {
+    pub start: i64,
+    pub stride: i64,
+}
+
+impl Positions {
+    pub const CONTIGUOUS: Positions = Positions {
+        start: 0,
+        stride: 1,
+    };
+
+    pub fn at(&self, i: usize) -> i64 {
+        self.start + i as i64 * self.stride
+    }
+}
+
+impl Mask {
+    /// Absolute key positions `[lo, hi)` the query at position `qpos` sees (qpos may be
+    /// negative for the leading rows of a causal case with seq_q > seq_kv).
+    pub fn bounds(&self, qpos: i64) -> (i64, i64) {
+        let n = self.kv_len as i64;
+        let hi = if self.causal { (qpos + 1).min(n) } else { n };
+        let lo = match self.window {
+            Some(w) => hi - w as i64,
+            None => 0,
+        };
+        (lo.max(0), hi.max(0))
+    }
+
+    /// Indices `[lo, hi)` of a run of `n` keys at `keys` positions that the query at
+    /// position `qpos` sees.
+    pub fn visible(&self, qpos: i64, keys: Positions, n: usize) -> Range<usize> {
+        let (lo, hi) = self.bounds(qpos);
+        let (start, stride) = (keys.start, keys.stride.max(1));
+        let first_at_or_after = |pos: i64| -> usize {
+            if pos <= start {
+                0
+            } else {
+                ((pos - start + stride - 1) / stride).min(n as i64) as usize
+            }
+        };
+        let a = first_at_or_after(lo);
+        let b = first_at_or_after(hi);
+        a..b.max(a)
+    }
+}
+
+/// The running softmax state of a block of rows: unnormalized output `acc` (rows x d), row
+/// maximum `m` and row sum `l` of exp(score - m).
+pub struct RowState<'a> {
+    pub acc: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+}
+
+impl RowState<'_> {
+    /// Nothing seen yet.
+    pub fn reset(&mut self) {
+        self.acc.fill(0.0);
+        self.m.fill(f32::NEG_INFINITY);
+        self.l.fill(0.0);
+    }
+
+    /// Continue from a normalized (o, lse) pair already in `acc` (o) and `lse`: with m = lse
+    /// and l = 1, acc / l = o and m + ln l = lse, so further keys fold in exactly.
+    pub fn resume(&mut self, lse: &[f32]) {
+        let d = self.acc.len() / self.m.len().max(1);
+        for (r, &x) in lse.iter().enumerate() {
+            self.m[r] = x;
+            if x == f32::NEG_INFINITY {
+                self.l[r] = 0.0;
+                self.acc[r * d..(r + 1) * d].fill(0.0);
+            } else {
+                self.l[r] = 1.0;
+            }
+        }
+    }
+
+    /// Normalize in place (acc becomes o = acc / l; 0 for a row that saw no key) and write
+    /// each row's logsumexp m + ln l (-inf for such a row).
+    pub fn finish(&mut self, lse: Option<&mut [f32]>) {
+        let d = self.acc.len() / self.m.len().max(1);
+        for (r, &l) in self.l.iter().enumerate() {
+            scale_row(
+                &mut self.acc[r * d..(r + 1) * d],
+                if l > 0.0 { 1.0 / l } else { 0.0 },
+            );
+        }
+        if let Some(lse) = lse {
+            for (r, x) in lse.iter_mut().enumerate() {
+                *x = if self.l[r] > 0.0 {
+                    self.m[r] + self.l[r].ln()
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+    }
+}
+
+/// A run of keys and values of one head: key i at element `base + i * d` of `k` and `v`.
+#[derive(Clone, Copy)]
+pub struct Keys<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub base: usize,
+    pub len: usize,
+}
+
+/// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`: the
+/// block's keys and values when they must be widened (and the rows as bf16 for the bf16
+/// dot path), and the scores.
+pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool) -> usize {
+    let kv = if widen_kv {
+        2 * bk * d + (rows * d).div_ceil(2)
+    } else {
+        0
+    };
+    kv + rows * bk
+}
+
+/// The union of the rows' visible ranges (empty ranges ignored), and the number of
+/// (row, key) pairs they hold.
+pub fn span(rows: usize, range: &impl Fn(usize) -> Range<usize>) -> (Range<usize>, u64) {
+    let (mut lo, mut hi, mut pairs) = (usize::MAX, 0, 0u64);
+    for r in 0..rows {
+        let x = range(r);
+        if !x.is_empty() {
+            lo = lo.min(x.start);
+            hi = hi.max(x.end);
+            pairs += x.len() as u64;
+        }
+    }
+    if lo >= hi {
+        (0..0, 0)
+    } else {
+        (lo..hi, pairs)
+    }
+}
+
+/// Folds the keys of `keys` that each row may see (`range(r)`, indices into the run) into
+/// the running `state`, key block by key block (FA2's inner loop). `q` holds the `rows`
+/// rows (f32, `rows x d`); scores are scaled by `scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    d: usize,
+    scale: f32,
+    bk: usize,
+    state: &mut RowState,
+    scratch: &mut [f32],
+) {
+    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let w = if widen_kv { bk * d } else { 0 };
+    let qw = if widen_kv { (rows * d).div_ceil(2) } else { 0 };
+    let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, rows * bk]);
+    let (span, _) = span(rows, range);
+    // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
+    // products, exact products and f32 sums like the path below.
+    let q_bf16 = match keys.k {
+        crate::problem::Tensor::Bf16(_) if rows < GEMM_MIN_ROWS && vecops::has_bf16_dot() => {
+            vecops::to_bf16_bits(q, qs)
+        }
+        _ => None,
+    };
+    let mut k0 = span.start;
+    while k0 < span.end {
+        let kn = bk.min(span.end - k0);
+        let off = keys.base + k0 * d;
+        let s = &mut sc[..rows * kn];
+        if rows >= GEMM_MIN_ROWS {
+            let k = vecops::widen(keys.k, off, kn * d, ks);
+            sgemm(
+                scale,
+                MatRef::new(q, rows, d),
+                MatRef::new(k, kn, d).t(),
+                0.0,
+                s,
+                kn,
+            );
+        } else {
+            // Decode: memory-bound. In chunks of keys, start loading this chunk's values
+            // into L2 while its scores are computed (the keys stream in sequentially, which
+            // the hardware prefetcher handles; prefetching them too was slower).
+            let mut j = 0;
+            while j < kn {
+                let n = PREFETCH_KEYS.min(kn - j);
+                vecops::prefetch(keys.v, off + j * d, n * d, false);
+                let dims = Dims { rows, keys: n, d };
+                match (q_bf16, keys.k) {
+                    (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
+                        let kb = &kb[off + j * d..off + (j + n) * d];
+                        vecops::scores_bf16(qb, kb, dims, scale, &mut s[j..], kn);
+                    }
+                    _ => {
+                        let at = if widen_kv { j * d } else { 0 };
+                        let k = Elems::of(keys.k, off + j * d, n * d, &mut ks[at..]);
+                        vecops::scores(q, k, dims, scale, &mut s[j..], kn);
+                    }
+                }
+                j += n;
+            }
+        }
+        for (r, row) in s.chunks_mut(kn).enumerate() {
+            mask_row(row, &range(r), k0);
+            let m_new = state.m[r].max(vecops::row_max(row));
+            if m_new == f32::NEG_INFINITY {
+                row.fill(0.0); // nothing visible yet for this row
+                continue;
+            }
+            let correction = (state.m[r] - m_new).exp();
+            state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
+            if correction != 1.0 {
+                scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
+            }
+            state.m[r] = m_new;
+        }
+        if rows >= GEMM_MIN_ROWS {
+            let v = vecops::widen(keys.v, off, kn * d, vs);
+            sgemm(
+                1.0,
+                MatRef::new(s, rows, kn),
+                MatRef::new(v, kn, d),
+                1.0,
+                state.acc,
+                d,
+            );
+        } else {
+            let v = Elems::of(keys.v, off, kn * d, vs);
+            vecops::accumulate(s, kn, v, d, state.acc);
+        }
+        k0 += kn;
+    }
+}
+
+/// -inf outside the row's visible range, for the block of keys starting at index `k0`.
+fn mask_row(row: &mut [f32], range: &Range<usize>, k0: usize) {
+    let n = row.len();
+    let lo = range.start.saturating_sub(k0).min(n);
+    let hi = range.end.saturating_sub(k0).min(n).max(lo);
+    row[..lo].fill(f32::NEG_INFINITY);
+    row[hi..].fill(f32::NEG_INFINITY);
+}
+
+/// Scratch floats of `attend_sequential`: one widened key and value, and one score per row.
+pub fn sequential_scratch_len(rows: usize, d: usize, widen_kv: bool) -> usize {
+    (if widen_kv { 2 * d } else { 0 }) + rows
+}
+
+/// Rabe–Staats Section 3: keys one at a time; per row s = q.k, m' = max(m, s),
+/// v* <- v* e^(m - m') + v e^(s - m'), s* <- s* e^(m - m') + e^(s - m'). The key and value
+/// are loaded once for all rows of the group.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_sequential(
+    q: &[f32],
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    d: usize,
+    scale: f32,
+    state: &mut RowState,
+    scratch: &mut [f32],
+) {
+    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let w = if widen_kv { d } else { 0 };
+    let [ks, vs, sc] = carve(scratch, [w, w, rows]);
+    let (span, _) = span(rows, range);
+    for j in span {
+        let off = keys.base + j * d;
+        let k = Elems::of(keys.k, off, d, ks);
+        let v = Elems::of(keys.v, off, d, vs);
+        vecops::scores(q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
+        for (r, s) in sc.iter_mut().enumerate() {
+            if !range(r).contains(&j) {
+                *s = 0.0;
+                continue;
+            }
+            let m_new = state.m[r].max(*s);
+            if m_new > state.m[r] {
+                let c = (state.m[r] - m_new).exp();
+                state.l[r] *= c;
+                scale_row(&mut state.acc[r * d..(r + 1) * d], c);
+                state.m[r] = m_new;
+            }
+            *s = (*s - m_new).exp();
+            state.l[r] += *s;
+        }
+        vecops::accumulate(sc, 1, v, d, state.acc);
+    }
+}
+
+/// Scratch floats of `attend_materialized` besides the score rows: one widened key block.
+pub fn materialized_scratch_len(bk: usize, d: usize, widen_kv: bool) -> usize {
+    if widen_kv {
+        2 * bk * d
+    } else {
+        0
+    }
+}
+
+/// Standard attention for the rows: all scores (`scores`: rows x `keys.len`, the
+/// materialized matrix), then the safe softmax of each row, then `out` = P V (rows x d).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_materialized(
+    q: &[f32],
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    d: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let n = keys.len;
+    if n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let w = if widen_kv { KV_BLOCK * d } else { 0 };
+    let [ks, vs] = carve(scratch, [w, w]);
+    let (span, _) = span(rows, range);
+    for k0 in (span.start..span.end).step_by(KV_BLOCK) {
+        let kn = KV_BLOCK.min(span.end - k0);
+        let k = Elems::of(keys.k, keys.base + k0 * d, kn * d, ks);
+        vecops::scores(
+            q,
+            k,
+            Dims { rows, keys: kn, d },
+            scale,
+            &mut scores[k0..],
+            n,
+        );
+    }
+    for (r, row) in scores.chunks_mut(n).enumerate().take(rows) {
+        let range = range(r);
+        row[..range.start.min(n)].fill(0.0);
+        row[range.end.min(n)..].fill(0.0);
+        let vis = &mut row[range.start.min(range.end)..range.end];
+        let sum = exp_sub_sum(vis, row_max(vis));
+        scale_row(vis, if sum > 0.0 { 1.0 / sum } else { 0.0 });
+    }
+    out.fill(0.0);
+    for k0 in (span.start..span.end).step_by(KV_BLOCK) {
+        let kn = KV_BLOCK.min(span.end - k0);
+        let v = Elems::of(keys.v, keys.base + k0 * d, kn * d, vs);
+        vecops::accumulate(&scores[k0..], n, v, d, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_visibility_matches_the_shapes_key_range() {
+        use crate::problem::Shape;
+        for (nq, nkv) in [(1, 10), (3, 10), (12, 5)] {
+            for causal in [false, true] {
+                for window in [None, Some(1), Some(4), Some(50)] {
+                    let s = Shape {
+                        batch: 1,
+                        heads: 1,
+                        kv_heads: 1,
+                        seq_q: nq,
+                        seq_kv: nkv,
+                        head_dim: 1,
+                    };
+                    let mask = Mask {
+                        causal,
+                        window,
+                        kv_len: nkv,
+                    };
+                    for row in 0..nq {
+                        let qpos = nkv as i64 - nq as i64 + row as i64;
+                        let got = mask.visible(qpos, Positions::CONTIGUOUS, nkv);
+                        let want = s.key_range(causal, window, row);
+                        assert_eq!(
+                            (got.len(), if got.is_empty() { 0 } else { got.start }),
+                            (want.len(), if want.is_empty() { 0 } else { want.start }),
+                            "{nq} {nkv} {causal} {window:?} row {row}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_visibility_counts_exactly_the_earlier_positions() {
+        // p = 4 stripes of 10 keys: stripe j holds positions j, j+4, ...
+        let mask = Mask {
+            causal: true,
+            window: None,
+            kv_len: 40,
+        };
+        for j in 0..4 {
+            let keys = Positions {
+                start: j,
+                stride: 4,
+            };
+            for qpos in 0..40i64 {
+                let want = (0..10).filter(|&b| keys.at(b) <= qpos).count();
+                let r = mask.visible(qpos, keys, 10);
+                assert_eq!((r.start, r.end), (0, want), "stripe {j} qpos {qpos}");
+            }
+        }
+        let windowed = Mask {
+            window: Some(6),
+            ..mask
+        };
+        let keys = Positions {
+            start: 1,
+            stride: 4,
+        };
+        // Positions 16..=21 are visible: stripe 1 holds 17 and 21 there.
+        let r = windowed.visible(21, keys, 10);
+        let want: Vec<usize> = (0..10)
+            .filter(|&b| keys.at(b) <= 21 && keys.at(b) > 15)
+            .collect();
+        assert_eq!(r.collect::<Vec<_>>(), want);
+    }
+}

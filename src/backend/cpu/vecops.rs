@@ -1,0 +1,802 @@
+//! Vector primitives of the decode kernels: a block of scaled dot products (one key against
+//! a few query rows), the matching value accumulation (acc_r += p_r * v), and bf16/f16 ->
+//! f32 widening. Each is one streaming pass, O(rows * keys * d), no allocation. On x86_64
+//! with AVX2+FMA (checked at run time) hand-blocked intrinsics run instead of the portable
+//! loops: decode reads every key once and must keep up with memory, which the compiler's
+//! own vectorization of these loops (2-wide here) does not on 2 cores.
+
+use half::{bf16, f16};
+
+use crate::problem::Tensor;
+
+/// Lanes of the independent accumulators: enough for the compiler to keep two 8-wide
+/// FMA chains in flight per dot product.
+const LANES: usize = 16;
+
+/// Shape of a block of scores: `rows` query rows against `keys` keys, each `d` long.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub rows: usize,
+    pub keys: usize,
+    pub d: usize,
+}
+
+/// Keys or values as the kernels read them: f32 and bf16 in place (bf16 is widened in
+/// registers), f16 widened into scratch first.
+#[derive(Clone, Copy, Debug)]
+pub enum Elems<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Elems<'a> {
+    /// `len` elements of `t` from `offset`.
+    pub fn of(t: &'a Tensor, offset: usize, len: usize, scratch: &'a mut [f32]) -> Elems<'a> {
+        match t {
+            Tensor::F32(v) => Elems::F32(&v[offset..offset + len]),
+            Tensor::Bf16(v) => Elems::Bf16(&v[offset..offset + len]),
+            Tensor::F16(v) => {
+                widen_f16(&v[offset..offset + len], &mut scratch[..len]);
+                Elems::F32(&scratch[..len])
+            }
+        }
+    }
+}
+
+/// `scores[r * stride + j] = scale * q_r . k_j` for every query row r of `q` and every key j
+/// of `k` (row-major, `d` long each).
+pub fn scores(q: &[f32], k: Elems, dims: Dims, scale: f32, scores: &mut [f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        unsafe {
+            match k {
+                Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride),
+                Elems::Bf16(k) => avx2::scores(q, k, dims, scale, scores, stride),
+            }
+        };
+        return;
+    }
+    match k {
+        Elems::F32(k) => scores_body(q, k, dims, scale, scores, stride),
+        Elems::Bf16(k) => {
+            let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+            scores_body(q, &k, dims, scale, scores, stride)
+        }
+    }
+}
+
+/// Whether `scores_bf16` runs here (AVX512-BF16, e.g. Zen 4, Sapphire Rapids).
+pub fn has_bf16_dot() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `scores` for bf16 queries (`q`, rows of `d` bf16 bit patterns) against bf16 keys, with
+/// `vdpbf16ps`: products of bf16 are exact in f32 and accumulate in f32, so this is the
+/// arithmetic of the f32 path with a quarter of the instructions. Callers check
+/// `has_bf16_dot` (otherwise the portable path runs).
+pub fn scores_bf16(q: &[u16], k: &[bf16], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_bf16_dot() {
+        // SAFETY: the required AVX-512 features were detected just above.
+        unsafe { avx512::scores(q, k, dims, scale, s, stride) };
+        return;
+    }
+    let qf: Vec<f32> = q
+        .iter()
+        .map(|&b| f32::from_bits((b as u32) << 16))
+        .collect();
+    let kf: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+    scores_body(&qf, &kf, dims, scale, s, stride);
+}
+
+/// The bf16 bit patterns of `src`'s values into `dst` (f32 scratch viewed as u16 pairs), or
+/// `None` if some value is not exactly a bf16 (then the bf16 dot path must not be used).
+pub fn to_bf16_bits<'a>(src: &[f32], dst: &'a mut [f32]) -> Option<&'a [u16]> {
+    let n = src.len();
+    assert!(2 * dst.len() >= n, "to_bf16_bits: scratch too short");
+    // SAFETY: `dst` is at least n / 2 f32s, so n u16s fit; u16 needs less alignment than f32
+    // and every bit pattern is a valid u16.
+    let bits: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u16, n) };
+    let mut exact = true;
+    for (b, x) in bits.iter_mut().zip(src) {
+        let v = x.to_bits();
+        exact &= v & 0xffff == 0;
+        *b = (v >> 16) as u16;
+    }
+    exact.then_some(&*bits)
+}
+
+/// `acc_r += sum_j p[r * stride + j] * v_j` for every row r of `acc` (each `d` long) and
+/// every value row j of `v`.
+pub fn accumulate(p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        unsafe {
+            match v {
+                Elems::F32(v) => avx2::accumulate(p, stride, v, d, acc),
+                Elems::Bf16(v) => avx2::accumulate(p, stride, v, d, acc),
+            }
+        };
+        return;
+    }
+    match v {
+        Elems::F32(v) => accumulate_body(p, stride, v, d, acc),
+        Elems::Bf16(v) => {
+            let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+            accumulate_body(p, stride, &v, d, acc)
+        }
+    }
+}
+
+/// `len` elements of `t` from `offset`, as f32: borrowed for f32 storage, widened into
+/// `scratch[..len]` otherwise (bf16 by a shift of its bits, which vectorizes).
+pub fn widen<'a>(t: &'a Tensor, offset: usize, len: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+    match t {
+        Tensor::F32(v) => &v[offset..offset + len],
+        Tensor::Bf16(v) => {
+            widen_bf16(&v[offset..offset + len], &mut scratch[..len]);
+            &scratch[..len]
+        }
+        Tensor::F16(v) => {
+            widen_f16(&v[offset..offset + len], &mut scratch[..len]);
+            &scratch[..len]
+        }
+    }
+}
+
+/// The largest element (-inf for an empty row).
+pub fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        return unsafe { avx2::row_max(row) };
+    }
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Replaces each x by exp(x - m) and returns their sum; -inf (masked) becomes exactly 0, and
+/// m = -inf zeroes the row. The AVX2 path evaluates exp with Cephes' degree-6 polynomial
+/// after range reduction (about 1 ulp), 8 lanes at a time.
+pub fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
+    if m == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 0.0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        return unsafe { avx2::exp_sub_sum(row, m) };
+    }
+    super::softmax::exp_sub_sum(row, m)
+}
+
+/// Asks the cache to start loading elements `offset..offset + len` of `t` into L1
+/// (`near`) or L2 (no effect where prefetch instructions are unavailable). Decode issues it
+/// for the keys and values it will reach next, so memory keeps streaming while the
+/// current ones are computed on.
+pub fn prefetch(t: &Tensor, offset: usize, len: usize, near: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (ptr, size, n) = match t {
+            Tensor::F32(v) => (v.as_ptr() as *const i8, 4, v.len()),
+            Tensor::Bf16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+            Tensor::F16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+        };
+        let end = (offset + len).min(n) * size;
+        let mut at = offset.min(n) * size;
+        while at < end {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+            // SAFETY: `at` is inside the tensor's allocation; prefetch never faults anyway.
+            unsafe {
+                if near {
+                    _mm_prefetch::<_MM_HINT_T0>(ptr.add(at))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(ptr.add(at))
+                }
+            };
+            at += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (t, offset, len, near);
+}
+
+fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        unsafe { widen_bf16_avx2(src, dst) };
+        return;
+    }
+    widen_bf16_body(src, dst);
+}
+
+fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fast() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
+    avx2::widen_bf16(src, dst)
+}
+
+/// AVX-512 BF16: dot products of bf16 rows, 32 pairs per instruction. Built only by
+/// compilers with stable AVX-512 intrinsics (1.89+; `build.rs` sets the cfg), so the MSRV
+/// holds without it.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // rows index the accumulator array
+#[allow(clippy::incompatible_msrv)] // gated on the compiler version by build.rs
+mod avx512 {
+    use super::{bf16, Dims};
+    use std::arch::x86_64::*;
+
+    /// 32 bf16 (as 16-bit patterns) from `p`, the first `n` of them (rest zero).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn load32(p: *const u16, n: usize) -> __m512bh {
+        let v = if n >= 32 {
+            _mm512_loadu_si512(p as *const _)
+        } else {
+            _mm512_maskz_loadu_epi16(((1u64 << n) - 1) as __mmask32, p as *const i16)
+        };
+        std::mem::transmute::<__m512i, __m512bh>(v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn dots<const R: usize>(q: *const u16, kj: *const u16, d: usize) -> [f32; R] {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut x = 0;
+        while x < d {
+            let n = (d - x).min(32);
+            let kv = load32(kj.add(x), n);
+            for r in 0..R {
+                acc[r] = _mm512_dpbf16_ps(acc[r], load32(q.add(r * d + x), n), kv);
+            }
+            x += 32;
+        }
+        let mut out = [0.0f32; R];
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn scores(
+        q: &[u16],
+        k: &[bf16],
+        dims: Dims,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        let Dims { rows, keys, d } = dims;
+        assert!(
+            q.len() >= rows * d && k.len() >= keys * d,
+            "scores: inputs too short"
+        );
+        assert!(
+            rows == 0 || keys == 0 || s.len() >= (rows - 1) * stride + keys,
+            "scores: output too short"
+        );
+        // SAFETY: rows r < rows and keys j < keys stay inside q, k and s by the asserts;
+        // bf16 is a 16-bit pattern in memory.
+        let kp = k.as_ptr() as *const u16;
+        for j in 0..keys {
+            let kj = kp.add(j * d);
+            let mut r = 0;
+            while r + 4 <= rows {
+                let v = dots::<4>(q.as_ptr().add(r * d), kj, d);
+                for (i, x) in v.iter().enumerate() {
+                    *s.get_unchecked_mut((r + i) * stride + j) = scale * x;
+                }
+                r += 4;
+            }
+            while r < rows {
+                let [x] = dots::<1>(q.as_ptr().add(r * d), kj, d);
+                *s.get_unchecked_mut(r * stride + j) = scale * x;
+                r += 1;
+            }
+        }
+    }
+}
+
+/// AVX2 + FMA versions, register-blocked: four query rows share every key load in the
+/// scores, and four rows x 16 columns of the accumulator stay in registers across a chunk
+/// of keys in the value accumulation. Keys and values are f32 or bf16 (widened in
+/// registers: a bf16 is the top half of an f32).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+mod avx2 {
+    use super::{bf16, Dims};
+    use std::arch::x86_64::*;
+
+    /// A stored element the kernels read 8 at a time as f32.
+    pub trait Elem: Copy {
+        /// # Safety
+        /// `p..p + 8` must be readable; AVX2 must be available.
+        unsafe fn load8(p: *const Self) -> __m256;
+        fn f32(self) -> f32;
+    }
+
+    impl Elem for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        fn f32(self) -> f32 {
+            self
+        }
+    }
+
+    impl Elem for bf16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+        fn f32(self) -> f32 {
+            self.to_f32()
+        }
+    }
+
+    /// Sum of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        let x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+        _mm_cvtss_f32(x)
+    }
+
+    /// Dot products of `R` query rows (at `q`, `d` apart) with one key, two accumulators
+    /// per row for independent FMA chains; the tail of d beyond a multiple of 8 is scalar.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dots<T: Elem, const R: usize>(q: *const f32, kj: *const T, d: usize) -> [f32; R] {
+        let mut a = [_mm256_setzero_ps(); R];
+        let mut b = [_mm256_setzero_ps(); R];
+        let d16 = d / 16 * 16;
+        let mut x = 0;
+        while x < d16 {
+            let k0 = T::load8(kj.add(x));
+            let k1 = T::load8(kj.add(x + 8));
+            for r in 0..R {
+                let qr = q.add(r * d + x);
+                a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr), k0, a[r]);
+                b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr.add(8)), k1, b[r]);
+            }
+            x += 16;
+        }
+        if x + 8 <= d {
+            let k0 = T::load8(kj.add(x));
+            for r in 0..R {
+                a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + x)), k0, a[r]);
+            }
+            x += 8;
+        }
+        let mut out = [0.0f32; R];
+        for r in 0..R {
+            let mut t = hsum(_mm256_add_ps(a[r], b[r]));
+            for y in x..d {
+                t += *q.add(r * d + y) * (*kj.add(y)).f32();
+            }
+            out[r] = t;
+        }
+        out
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores<T: Elem>(
+        q: &[f32],
+        k: &[T],
+        dims: Dims,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        let Dims { rows, keys, d } = dims;
+        assert!(
+            q.len() >= rows * d && k.len() >= keys * d,
+            "scores: inputs too short"
+        );
+        assert!(
+            rows == 0 || keys == 0 || s.len() >= (rows - 1) * stride + keys,
+            "scores: output too short"
+        );
+        // SAFETY (every pointer below): row r < rows and key j < keys stay inside q, k
+        // and s by the asserts above.
+        for j in 0..keys {
+            let kj = k.as_ptr().add(j * d);
+            let mut r = 0;
+            while r + 4 <= rows {
+                let v = dots::<T, 4>(q.as_ptr().add(r * d), kj, d);
+                for (i, x) in v.iter().enumerate() {
+                    *s.get_unchecked_mut((r + i) * stride + j) = scale * x;
+                }
+                r += 4;
+            }
+            while r < rows {
+                let [x] = dots::<T, 1>(q.as_ptr().add(r * d), kj, d);
+                *s.get_unchecked_mut(r * stride + j) = scale * x;
+                r += 1;
+            }
+        }
+    }
+
+    /// `R` rows x 16 columns (from column `c`) of acc += P V over all `keys` keys.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pv_strip<T: Elem, const R: usize>(
+        p: *const f32,
+        stride: usize,
+        v: *const T,
+        keys: usize,
+        d: usize,
+        acc: *mut f32,
+        c: usize,
+    ) {
+        // The chunk's sum starts from zero and is added to acc at the end: blocked
+        // summation, so the error grows with keys / chunk, not with keys.
+        let mut a = [_mm256_setzero_ps(); R];
+        let mut b = [_mm256_setzero_ps(); R];
+        for j in 0..keys {
+            let v0 = T::load8(v.add(j * d + c));
+            let v1 = T::load8(v.add(j * d + c + 8));
+            for r in 0..R {
+                let w = _mm256_broadcast_ss(&*p.add(r * stride + j));
+                a[r] = _mm256_fmadd_ps(w, v0, a[r]);
+                b[r] = _mm256_fmadd_ps(w, v1, b[r]);
+            }
+        }
+        for r in 0..R {
+            let (pa, pb) = (acc.add(r * d + c), acc.add(r * d + c + 8));
+            _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), a[r]));
+            _mm256_storeu_ps(pb, _mm256_add_ps(_mm256_loadu_ps(pb), b[r]));
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn accumulate<T: Elem>(
+        p: &[f32],
+        stride: usize,
+        v: &[T],
+        d: usize,
+        acc: &mut [f32],
+    ) {
+        if d == 0 {
+            return;
+        }
+        let rows = acc.len() / d;
+        let keys = v.len() / d;
+        assert!(
+            rows == 0 || keys == 0 || p.len() >= (rows - 1) * stride + keys,
+            "accumulate: weights too short"
+        );
+        let d16 = d / 16 * 16;
+        // SAFETY: rows * d <= acc.len(), keys * d <= v.len(), and the weights of row r and
+        // key j are inside p by the assert; strips end at d16 <= d.
+        let mut r = 0;
+        while r < rows {
+            let n = if r + 4 <= rows { 4 } else { 1 };
+            let (pr, ar) = (p.as_ptr().add(r * stride), acc.as_mut_ptr().add(r * d));
+            // Keys in chunks, so every strip of a chunk's rows is touched close together and
+            // the chunk streams in from memory line after line.
+            let mut j0 = 0;
+            while j0 < keys {
+                let kn = KEY_CHUNK.min(keys - j0);
+                let (pj, vj) = (pr.add(j0), v.as_ptr().add(j0 * d));
+                let mut c = 0;
+                while c < d16 {
+                    if n == 4 {
+                        pv_strip::<T, 4>(pj, stride, vj, kn, d, ar, c);
+                    } else {
+                        pv_strip::<T, 1>(pj, stride, vj, kn, d, ar, c);
+                    }
+                    c += 16;
+                }
+                j0 += kn;
+            }
+            for i in 0..n {
+                for j in 0..keys {
+                    let w = *pr.add(i * stride + j);
+                    for x in d16..d {
+                        *ar.add(i * d + x) += w * (*v.as_ptr().add(j * d + x)).f32();
+                    }
+                }
+            }
+            r += n;
+        }
+    }
+
+    /// Keys per chunk of the value accumulation: 16 rows of V (8 KiB at d = 128) per pass
+    /// over the column strips.
+    const KEY_CHUNK: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn row_max(row: &[f32]) -> f32 {
+        let n8 = row.len() / 8 * 8;
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= row.len().
+        while i < n8 {
+            acc = _mm256_max_ps(acc, _mm256_loadu_ps(row.as_ptr().add(i)));
+            i += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes
+            .iter()
+            .chain(&row[n8..])
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// exp of 8 lanes (Cephes expf): x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6
+    /// polynomial, 2^n through the exponent bits; below -87.3 (and -inf) the result is 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let lo = _mm256_set1_ps(-87.336_54);
+        let dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        let x = _mm256_max_ps(x, lo);
+        let x = _mm256_min_ps(x, _mm256_set1_ps(88.376_26));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_fmadd_ps(
+            y,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let pow2 = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        let e = _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+        _mm256_andnot_ps(dead, e)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
+        let n8 = row.len() / 8 * 8;
+        let mv = _mm256_set1_ps(m);
+        let mut sum = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= row.len().
+        while i < n8 {
+            let p = row.as_mut_ptr().add(i);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            _mm256_storeu_ps(p, e);
+            sum = _mm256_add_ps(sum, e);
+            i += 8;
+        }
+        let mut total = hsum(sum);
+        for x in &mut row[n8..] {
+            *x = (*x - m).exp();
+            total += *x;
+        }
+        total
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= both lengths; bf16 is a u16 in memory.
+        while i < n8 {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            let w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_castsi256_ps(w));
+            i += 8;
+        }
+        for j in n8..n {
+            dst[j] = src[j].to_f32();
+        }
+    }
+}
+
+#[inline(always)]
+fn scores_body(q: &[f32], k: &[f32], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
+    let d = dims.d;
+    // Key-major: each key is loaded once and stays in L1 while every query row uses it.
+    for j in 0..dims.keys {
+        let kj = &k[j * d..(j + 1) * d];
+        for r in 0..dims.rows {
+            s[r * stride + j] = scale * dot(&q[r * d..(r + 1) * d], kj);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    // Pairwise lane sum: 8 + 4 + 2 + 1 additions.
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    acc[0] + tail
+}
+
+#[inline(always)]
+fn accumulate_body(p: &[f32], stride: usize, v: &[f32], d: usize, acc: &mut [f32]) {
+    if d == 0 {
+        return;
+    }
+    for (j, vj) in v.chunks_exact(d).enumerate() {
+        for (r, ar) in acc.chunks_exact_mut(d).enumerate() {
+            let w = p[r * stride + j];
+            if w != 0.0 {
+                for (a, x) in ar.iter_mut().zip(vj) {
+                    *a += w * x;
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f32::from_bits((s.to_bits() as u32) << 16);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_and_accumulate_match_plain_loops_on_ragged_sizes() {
+        for d in [1, 3, 8, 16, 17, 64, 130] {
+            let (rows, keys) = (6, 5);
+            let q: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
+            let k: Vec<f32> = (0..keys * d).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+            let mut s = vec![0.0f32; rows * (keys + 2)];
+            scores(
+                &q,
+                Elems::F32(&k),
+                Dims { rows, keys, d },
+                0.5,
+                &mut s,
+                keys + 2,
+            );
+            for r in 0..rows {
+                for j in 0..keys {
+                    let want: f32 = 0.5 * (0..d).map(|x| q[r * d + x] * k[j * d + x]).sum::<f32>();
+                    assert!((s[r * (keys + 2) + j] - want).abs() < 1e-4, "d {d}");
+                }
+            }
+            let mut acc = vec![1.0f32; rows * d];
+            accumulate(&s, keys + 2, Elems::F32(&k), d, &mut acc);
+            for r in 0..rows {
+                for x in 0..d {
+                    let want: f32 = 1.0
+                        + (0..keys)
+                            .map(|j| s[r * (keys + 2) + j] * k[j * d + x])
+                            .sum::<f32>();
+                    assert!((acc[r * d + x] - want).abs() < 1e-3, "d {d}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_exp_is_accurate_and_masks_to_zero() {
+        let mut row: Vec<f32> = (0..203).map(|i| -(i as f32) * 0.45).collect();
+        row[7] = f32::NEG_INFINITY;
+        row[100] = -200.0;
+        let m = 0.25f32;
+        // The argument x - m is rounded to f32 first, as in the kernel.
+        let want: Vec<f64> = row.iter().map(|&x| ((x - m) as f64).exp()).collect();
+        assert_eq!(row_max(&row), 0.0);
+        let sum = exp_sub_sum(&mut row, m);
+        for (i, (g, w)) in row.iter().zip(&want).enumerate() {
+            assert!(
+                ((*g as f64) - w).abs() <= 2.5e-7 * w.max(1e-30),
+                "{i}: {g} vs {w}"
+            );
+        }
+        assert_eq!((row[7], row[100]), (0.0, 0.0));
+        let total: f64 = want.iter().sum();
+        assert!((sum as f64 - total).abs() < 1e-6 * total);
+        let mut dead = vec![1.0f32; 5];
+        assert_eq!(exp_sub_sum(&mut dead, f32::NEG_INFINITY), 0.0);
+        assert_eq!(dead, vec![0.0; 5]);
+    }
+
+    #[test]
+    fn bf16_dot_path_equals_the_f32_path_on_bf16_values() {
+        for d in [1, 7, 32, 33, 128, 130] {
+            let (rows, keys) = (6, 5);
+            let qf: Vec<f32> = (0..rows * d)
+                .map(|i| bf16::from_f32((i % 11) as f32 * 0.37 - 1.5).to_f32())
+                .collect();
+            let kb: Vec<bf16> = (0..keys * d)
+                .map(|i| bf16::from_f32((i % 7) as f32 * 0.21 - 0.6))
+                .collect();
+            let kf: Vec<f32> = kb.iter().map(|x| x.to_f32()).collect();
+            let mut scratch = vec![0.0f32; rows * d];
+            let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
+            assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
+            let dims = Dims { rows, keys, d };
+            let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+            scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
+            scores(&qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "d {d}: {x} vs {y}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn widening_is_exact_for_every_storage_dtype() {
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 5.0).collect();
+        for dtype in crate::problem::DType::ALL {
+            let t = Tensor::from_f32(values.clone(), dtype);
+            let mut scratch = vec![0.0f32; 37];
+            let got = widen(&t, 2, 30, &mut scratch).to_vec();
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(*g as f64, t.get_f64(2 + i));
+            }
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `[model]`: the Ring-vs-Tree decode model a sweep also writes (seed 004 Sec. 6;
+//! REPRODUCTION.md 1.3, 2.8): the α–β topology (a preset, with any parameter overridden),
+//! the compute term (a GPU roofline or a probe on this machine), the (devices, tokens) grid
+//! of predictions, the decode shape, the allreduce of the tree, and the scaled-down shapes
+//! whose simulated counts are checked against eqs. (8)-(14). Errors name `model.KEY`.
+
+use serde::Serialize;
+use toml::Value;
+
+use super::schema::RawModel;
+use super::source::{Section, Source};
+use crate::error::Result;
+use crate::model::topology::{Gpu, Topology};
+use crate::problem::DType;
+use crate::sim::plan::Allreduce;
+
+/// Where the model's compute term comes from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeSpec {
+    /// A named GPU's roofline (`model::topology::Gpu`).
+    Roofline(String),
+    /// This machine: one device's local decode timed at `probe_tokens` cached tokens and
+    /// scaled linearly in t (decode is a stream over the cache).
+    Measured { probe_tokens: usize },
+}
+
+/// A scaled-down shape whose simulated communication and memory are compared with the
+/// paper's equations: b sequences, n_h heads of d_h, N tokens on p devices (N = t·p).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub tokens: usize,
+    pub devices: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelConfig {
+    pub topology: Topology,
+    pub compute: ComputeSpec,
+    pub devices: Vec<usize>,
+    pub tokens: Vec<usize>,
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub dtype: DType,
+    pub allreduce: Allreduce,
+    /// Ring overlaps each step's transfer with its compute (the paper's best case for it).
+    pub overlap: bool,
+    pub check: Vec<CheckShape>,
+}
+
+/// The paper's Section 6.1 grid and shape: p = 8 ... 128, N = 80k·2^k, 16 heads of 128.
+pub const DEFAULT_DEVICES: [usize; 5] = [8, 16, 32, 64, 128];
+pub const DEFAULT_TOKENS: [usize; 7] = [
+    80_000, 160_000, 320_000, 640_000, 1_280_000, 2_560_000, 5_120_000,
+];
+/// Probe length of the measured compute term.
+pub const DEFAULT_PROBE_TOKENS: usize = 32_768;
+/// Scaled-down versions of REPRODUCTION.md's fixtures (640k on 8 and 5.12M on 128 devices,
+/// t divided by 64 and 1000) and two ragged small shapes.
+pub const DEFAULT_CHECK: [CheckShape; 4] = [
+    CheckShape {
+        batch: 1,
+        heads: 16,
+        head_dim: 128,
+        tokens: 10_000,
+        devices: 8,
+    },
+    CheckShape {
+        batch: 1,
+        heads: 16,
+        head_dim: 128,
+        tokens: 5_120,
+        devices: 128,
+    },
+    CheckShape {
+        batch: 2,
+        heads: 4,
+        head_dim: 32,
+        tokens: 300,
+        devices: 3,
+    },
+    CheckShape {
+        batch: 3,
+        heads: 2,
+        head_dim: 8,
+        tokens: 35,
+        devices: 5,
+    },
+];
+
+/// The keys of `[model]` (kept equal to `RawModel`'s fields by a test).
+pub(super) const MODEL_KEYS: [&str; 17] = [
+    "topology",
+    "devices_per_node",
+    "alpha_intra_us",
+    "alpha_inter_us",
+    "beta_intra_gbs",
+    "beta_inter_gbs",
+    "compute",
+    "probe_tokens",
+    "devices",
+    "tokens",
+    "batch",
+    "heads",
+    "head_dim",
+    "dtype",
+    "allreduce",
+    "overlap",
+    "check",
+];
+
+struct Fields<'a>(&'a Source<'a>);
+
+impl Fields<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> crate::error::Error {
+        self.0.err(Section::Model, key, msg)
+    }
+
+    fn positive(&self, key: &str, v: &Option<Value>, default: usize) -> Result<usize> {
+        match v {
+            None => Ok(default),
+            Some(Value::Integer(n)) if *n > 0 => {
+                usize::try_from(*n).map_err(|_| self.err(key, format!("{n} is too large")))
+            }
+            Some(v) => Err(self.err(key, format!("expected a positive integer, got {}", show(v)))),
+        }
+    }
+
+    fn number(&self, key: &str, v: &Option<Value>, default: f64, positive: bool) -> Result<f64> {
+        let x = match v {
+            None => return Ok(default),
+            Some(Value::Integer(n)) => *n as f64,
+            Some(Value::Float(x)) => *x,
+            Some(v) => return Err(self.err(key, format!("expected a number, got {}", show(v)))),
+        };
+        if x.is_finite() && (x > 0.0 || (!positive && x >= 0.0)) {
+            Ok(x)
+        } else {
+            let want = if positive { "> 0" } else { ">= 0" };
+            Err(self.err(key, format!("expected a finite number {want}, got {x}")))
+        }
+    }
+
+    fn list(&self, key: &str, v: &Option<Value>, default: &[usize]) -> Result<Vec<usize>> {
+        let Some(v) = v else {
+            return Ok(default.to_vec());
+        };
+        let items = match v {
+            Value::Array(a) if !a.is_empty() => a.clone(),
+            Value::Integer(_) => vec![v.clone()],
+            _ => {
+                return Err(self.err(
+                    key,
+                    format!(
+                        "expected a non-empty list of positive integers, got {}",
+                        show(v)
+                    ),
+                ))
+            }
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match x {
+                Value::Integer(n) if *n > 0 => Ok(*n as usize),
+                _ => Err(self.err(
+                    key,
+                    format!(
+                        "item {} of the list: expected a positive integer, got {}",
+                        i + 1,
+                        show(x)
+                    ),
+                )),
+            })
+            .collect()
+    }
+
+    fn name(&self, key: &str, v: &Option<Value>) -> Result<Option<String>> {
+        match v {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(self.err(key, format!("expected a string, got {}", show(v)))),
+        }
+    }
+}
+
+fn show(v: &Value) -> String {
+    format!("{} {v}", v.type_str())
+}
+
+/// Check `[model]` and fill its defaults; `None` when the config has no `[model]`.
+pub(super) fn resolve_model(raw: Option<RawModel>, src: &Source) -> Result<Option<ModelConfig>> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let f = Fields(src);
+    let preset = f
+        .name("topology", &raw.topology)?
+        .unwrap_or_else(|| "dgx-h100".into());
+    let mut topology = Topology::preset(&preset).ok_or_else(|| {
+        f.err(
+            "topology",
+            format!(
+                "unknown preset `{preset}` (expected one of: {})",
+                Topology::PRESETS.join(", ")
+            ),
+        )
+    })?;
+    topology.per_node = f.positive("devices_per_node", &raw.devices_per_node, topology.per_node)?;
+    topology.intra.alpha_s = f.number(
+        "alpha_intra_us",
+        &raw.alpha_intra_us,
+        topology.intra.alpha_s * 1e6,
+        false,
+    )? * 1e-6;
+    topology.inter.alpha_s = f.number(
+        "alpha_inter_us",
+        &raw.alpha_inter_us,
+        topology.inter.alpha_s * 1e6,
+        false,
+    )? * 1e-6;
+    topology.intra.beta_bytes_per_s = f.number(
+        "beta_intra_gbs",
+        &raw.beta_intra_gbs,
+        topology.intra.beta_bytes_per_s / 1e9,
+        true,
+    )? * 1e9;
+    topology.inter.beta_bytes_per_s = f.number(
+        "beta_inter_gbs",
+        &raw.beta_inter_gbs,
+        topology.inter.beta_bytes_per_s / 1e9,
+        true,
+    )? * 1e9;
+
+    let probe_tokens = f.positive("probe_tokens", &raw.probe_tokens, DEFAULT_PROBE_TOKENS)?;
+    let compute = match f.name("compute", &raw.compute)?.as_deref() {
+        None => ComputeSpec::Roofline("h100".into()),
+        Some("measured") => ComputeSpec::Measured { probe_tokens },
+        Some(g) if Gpu::named(g).is_some() => ComputeSpec::Roofline(g.into()),
+        Some(g) => {
+            let gpus: Vec<&str> = Gpu::ALL.iter().map(|g| g.name).collect();
+            return Err(f.err(
+                "compute",
+                format!(
+                    "unknown `{g}` (expected \"measured\" or a GPU roofline: {})",
+                    gpus.join(", ")
+                ),
+            ));
+        }
+    };
+    let dtype = match f.name("dtype", &raw.dtype)? {
+        None => DType::Bf16,
+        Some(s) => s.parse().map_err(|e: String| f.err("dtype", e))?,
+    };
+    let allreduce = match f.name("allreduce", &raw.allreduce)?.as_deref() {
+        // Bare "two-level" follows the topology's node size.
+        None | Some("two-level") => Allreduce::TwoLevel {
+            per_node: topology.per_node,
+        },
+        Some(s) => s.parse().map_err(|e: String| f.err("allreduce", e))?,
+    };
+    let overlap = match &raw.overlap {
+        None => true,
+        Some(Value::Boolean(b)) => *b,
+        Some(v) => {
+            return Err(f.err(
+                "overlap",
+                format!("expected true or false, got {}", show(v)),
+            ))
+        }
+    };
+    let devices = f.list("devices", &raw.devices, &DEFAULT_DEVICES)?;
+    let tokens = f.list("tokens", &raw.tokens, &DEFAULT_TOKENS)?;
+    for &p in &devices {
+        if let Some(reason) = allreduce.unsupported(p) {
+            return Err(f.err("allreduce", format!("{reason} (model.devices has {p})")));
+        }
+    }
+    let check = match &raw.check {
+        None => DEFAULT_CHECK.to_vec(),
+        Some(v) => check_shapes(v).map_err(|m| f.err("check", m))?,
+    };
+    Ok(Some(ModelConfig {
+        topology,
+        compute,
+        devices,
+        tokens,
+        batch: f.positive("batch", &raw.batch, 1)?,
+        heads: f.positive("heads", &raw.heads, 16)?,
+        head_dim: f.positive("head_dim", &raw.head_dim, 128)?,
+        dtype,
+        allreduce,
+        overlap,
+        check,
+    }))
+}
+
+/// `[[b, n_h, d_h, N, p], ...]` with N a multiple of p (t = N/p whole, as the equations
+/// assume).
+fn check_shapes(v: &Value) -> Result<Vec<CheckShape>, String> {
+    let form =
+        "expected a list of [batch, heads, head_dim, tokens, devices] lists of positive integers";
+    let Value::Array(items) = v else {
+        return Err(format!("{form}, got {}", show(v)));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let nums: Option<Vec<usize>> = item.as_array().and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_integer().filter(|n| *n > 0).map(|n| n as usize))
+                    .collect()
+            });
+            match nums.as_deref() {
+                Some(&[batch, heads, head_dim, tokens, devices]) => {
+                    if tokens % devices != 0 {
+                        return Err(format!(
+                            "item {}: tokens ({tokens}) must be a multiple of devices ({devices}) so that t = N/p is whole",
+                            i + 1
+                        ));
+                    }
+                    Ok(CheckShape {
+                        batch,
+                        heads,
+                        head_dim,
+                        tokens,
+                        devices,
+                    })
+                }
+                _ => Err(format!("item {}: {form}, got {}", i + 1, show(item))),
+            }
+        })
+        .collect()
+}

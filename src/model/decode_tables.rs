@@ -1,0 +1,124 @@
+//! `decode.md` beside a sweep's CSV when it has single-device decode rows: achieved KV
+//! bandwidth against the calibrated copy bandwidth per case (decode streams the cache, so
+//! that is its roofline), and the best flash-decoding fraction for caches of at least
+//! 256 MiB per dtype (the issue's acceptance line). Until the report layer lands, this file
+//! is the table. O(rows).
+
+use std::path::{Path, PathBuf};
+
+use super::markdown::{seconds, table};
+use super::tree_vs_ring::write_file;
+use crate::error::Result;
+use crate::report::record::Record;
+
+pub const MARKDOWN: &str = "decode.md";
+
+/// Caches this large are past every cache level: the acceptance threshold.
+pub const LARGE_CACHE_BYTES: u64 = 256 << 20;
+
+/// Writes `decode.md` if `records` hold decode rows of single-device variants (those with
+/// no simulated communication).
+pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
+    let rows: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.mode == "decode" && r.comm_elements.is_none() && r.kv_read_bytes.is_some())
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut s = String::from("# Decode: KV-cache bandwidth\n\n");
+    s += "Written by `attnbench sweep` (module `src/model/decode_tables.rs`) from `runs.csv` \
+          until the report command takes this table over. `KV read` is the bytes of the \
+          cached keys and values the new queries attend, each read once; `GB/s` is that over \
+          the median time; `% copy` compares it with the copy bandwidth calibrated at the \
+          same thread count (`meta.json`, bytes read + written per second).\n\n";
+    s += "## Acceptance: flash-decoding on caches of at least 256 MiB\n\n";
+    let mut best = Vec::new();
+    for dtype in ["f32", "bf16", "f16"] {
+        let top = rows
+            .iter()
+            .filter(|r| {
+                r.variant == "flash-decoding"
+                    && r.dtype == dtype
+                    && r.kv_read_bytes.unwrap_or(0) >= LARGE_CACHE_BYTES
+                    && r.status.name() == "ok"
+            })
+            .filter_map(|r| r.copy_bw_frac.map(|f| (f, *r)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((f, r)) = top {
+            best.push(vec![
+                dtype.to_string(),
+                format!("{:.0}%", 100.0 * f),
+                format!("{:.1}", r.kv_gbytes_per_s.unwrap_or(0.0)),
+                format!("{:.1}", r.copy_gbytes_per_s.unwrap_or(0.0)),
+                mib(r.kv_read_bytes.unwrap_or(0)),
+                r.threads.to_string(),
+                if f >= 0.7 { "yes" } else { "no" }.into(),
+            ]);
+        }
+    }
+    if best.is_empty() {
+        s += "No flash-decoding row with a cache of at least 256 MiB and a calibration.\n\n";
+    } else {
+        s += &table(
+            &[
+                "dtype",
+                "best % of copy",
+                "GB/s",
+                "copy GB/s",
+                "cache",
+                "threads",
+                ">= 70%",
+            ],
+            &best,
+        );
+        s += "\n";
+    }
+    s += "## Every decode row\n\n";
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.variant.clone(),
+                r.dtype.clone(),
+                format!("{}/{}", r.heads, r.kv_heads),
+                r.seq_q.to_string(),
+                r.seq_kv.to_string(),
+                r.window.map_or("-".into(), |w| w.to_string()),
+                r.splits.map_or("-".into(), |s| s.to_string()),
+                r.threads.to_string(),
+                r.kv_read_bytes.map_or("-".into(), mib),
+                r.status.to_string(),
+                r.time_median_s.map_or("-".into(), seconds),
+                r.kv_gbytes_per_s.map_or("-".into(), |g| format!("{g:.2}")),
+                r.copy_bw_frac
+                    .map_or("-".into(), |f| format!("{:.0}%", 100.0 * f)),
+                r.max_rel_err.map_or("-".into(), |e| format!("{e:.1e}")),
+            ]
+        })
+        .collect();
+    s += &table(
+        &[
+            "variant",
+            "dtype",
+            "h/kv",
+            "new tokens",
+            "cache length",
+            "window",
+            "splits",
+            "threads",
+            "KV read",
+            "status",
+            "median",
+            "GB/s",
+            "% copy",
+            "max rel err",
+        ],
+        &body,
+    );
+    write_file(dir, MARKDOWN, &s).map(Some)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}

@@ -1,0 +1,382 @@
+//! Single-device decode: `seq_q` new queries (1 by default) against a KV cache of `seq_kv`
+//! keys, memory-bound (kernels: `backend::cpu::decode`, `combine`). Every variant reads
+//! each cached key and value once per call, for all query heads of a GQA group at once.
+//! - `decode-naive`: materialized scores over the cache, 4·b·h·seq_q·seq_kv bytes extra;
+//! - `decode-online`: one pass, running max and sums per row (seed 001 Sec. 3), O(G·d)
+//!   per worker;
+//! - `flash-decoding`: the attended cache cut into `splits` parts processed in parallel,
+//!   each giving (partial output, logsumexp), combined exactly (REPRODUCTION.md 2.5);
+//!   extra memory splits·b·h·seq_q·(d+1) floats plus tiles.
+//!
+//! All three support a sliding `window` (seed 003) and causal masks for seq_q > 1.
+
+use crate::backend::cpu::isa::Isa;
+use rayon::prelude::*;
+
+use super::{Variant, VariantInfo};
+use crate::backend::cpu::combine::combine;
+use crate::backend::cpu::decode::{
+    attend, attend_materialized, attend_sequential, materialized_scratch_len, scratch_len,
+    sequential_scratch_len, span, Keys, Mask, Positions, RowState, KV_BLOCK,
+};
+use crate::backend::cpu::vecops;
+use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
+use crate::error::Result;
+use crate::problem::{Case, DType, Inputs, Mode, Shape};
+use crate::sim::plan::even_chunks;
+
+/// Which loop order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Naive,
+    Online,
+    Split,
+}
+
+pub struct Decode {
+    kind: Kind,
+    info: VariantInfo,
+}
+
+pub static DECODE_NAIVE: Decode = Decode {
+    kind: Kind::Naive,
+    info: VariantInfo {
+        name: "decode-naive",
+        description:
+            "decode: all scores of the new queries over the cache materialized, softmax, then PV",
+        source: "seed 003 KV cache; REPRODUCTION.md 2.1 (standard attention)",
+        modes: &[Mode::Decode],
+        default_q_chunk: None,
+        default_kv_chunk: None,
+        numerically_safe: true,
+    },
+};
+
+pub static DECODE_ONLINE: Decode = Decode {
+    kind: Kind::Online,
+    info: VariantInfo {
+        name: "decode-online",
+        description:
+            "decode: one pass over the cache, key by key, running max and sums per query row",
+        source: "seed 001 Sec. 3 (Rabe-Staats sequential); seed 003 online softmax",
+        modes: &[Mode::Decode],
+        default_q_chunk: None,
+        default_kv_chunk: None,
+        numerically_safe: true,
+    },
+};
+
+pub static FLASH_DECODING: Decode = Decode {
+    kind: Kind::Split,
+    info: VariantInfo {
+        name: "flash-decoding",
+        description: "decode: cache cut into `splits` parts in parallel, each (partial output, logsumexp) by online softmax over key blocks, combined exactly",
+        source: "flash-decoding (Dao et al. 2023); REPRODUCTION.md 2.5 split-KV combine",
+        modes: &[Mode::Decode],
+        default_q_chunk: None,
+        default_kv_chunk: Some(KV_BLOCK),
+        numerically_safe: true,
+    },
+};
+
+/// Work items of flash-decoding wanted per thread: a few, so uneven splits still balance.
+const ITEMS_PER_THREAD: usize = 2;
+
+/// The default split count: enough (b, kv head, split) items to keep every thread busy,
+/// but no split shorter than one key block.
+pub fn default_splits(shape: &Shape, threads: usize) -> usize {
+    let heads = (shape.batch * shape.kv_heads).max(1);
+    let want = (ITEMS_PER_THREAD * threads).div_ceil(heads);
+    want.min(shape.seq_kv.div_ceil(KV_BLOCK)).max(1)
+}
+
+/// The rows and keys of a decode case: query row r of a group sits at position
+/// seq_kv - seq_q + (r mod seq_q); keys are the cache, contiguous.
+pub(super) struct Geometry {
+    pub mask: Mask,
+    pub qpos: Positions,
+    /// Rows per (batch, kv head) group: G * seq_q.
+    pub rows: usize,
+}
+
+impl Geometry {
+    pub fn of(case: &Case) -> Geometry {
+        let s = &case.shape;
+        Geometry {
+            mask: Mask {
+                causal: case.causal,
+                window: case.window,
+                kv_len: s.seq_kv,
+            },
+            qpos: Positions {
+                start: s.seq_kv as i64 - s.seq_q as i64,
+                stride: 1,
+            },
+            rows: s.group() * s.seq_q,
+        }
+    }
+
+    /// Visible keys of group row `r` among the `len` keys starting at cache index `start`.
+    pub fn range(
+        &self,
+        seq_q: usize,
+        r: usize,
+        start: usize,
+        len: usize,
+    ) -> std::ops::Range<usize> {
+        let keys = Positions {
+            start: start as i64,
+            stride: 1,
+        };
+        self.mask.visible(self.qpos.at(r % seq_q.max(1)), keys, len)
+    }
+}
+
+/// Bytes of the cached keys and values the queries attend (each once, every KV head): the
+/// traffic a decode step cannot avoid.
+pub(super) fn kv_read_bytes(case: &Case) -> u64 {
+    let s = &case.shape;
+    let geo = Geometry::of(case);
+    let (keys, _) = span(geo.rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
+    (2 * s.batch * s.kv_heads * keys.len() * s.head_dim * case.dtype.size_bytes()) as u64
+}
+
+impl Decode {
+    fn splits(&self, case: &Case) -> usize {
+        case.splits
+            .unwrap_or_else(|| default_splits(&case.shape, case.threads))
+            .max(1)
+    }
+
+    fn items(&self, case: &Case) -> usize {
+        let groups = case.shape.batch * case.shape.kv_heads;
+        match self.kind {
+            Kind::Split => groups * self.splits(case),
+            _ => groups,
+        }
+    }
+
+    /// (workers, floats per worker).
+    fn layout(&self, case: &Case) -> (usize, usize) {
+        let s = &case.shape;
+        let rows = s.group() * s.seq_q;
+        let d = s.head_dim;
+        let widen = case.dtype != DType::F32;
+        let q = if widen { rows * d } else { 0 };
+        let floats = match self.kind {
+            Kind::Naive => q + materialized_scratch_len(KV_BLOCK, d, widen),
+            Kind::Online => q + 2 * rows + sequential_scratch_len(rows, d, widen),
+            Kind::Split => q + 2 * rows + scratch_len(rows, bk(case), d, widen),
+        };
+        (case.threads.min(self.items(case)).max(1), floats)
+    }
+
+    /// Partial outputs and logsumexps of flash-decoding, or the naive score matrix.
+    fn buffers(&self, case: &Case) -> usize {
+        let s = &case.shape;
+        match self.kind {
+            Kind::Naive => s.batch * s.heads * s.seq_q * s.seq_kv,
+            Kind::Online => 0,
+            Kind::Split => self.splits(case) * s.batch * s.heads * s.seq_q * (s.head_dim + 1),
+        }
+    }
+}
+
+fn bk(case: &Case) -> usize {
+    case.kv_chunk.unwrap_or(KV_BLOCK).max(1)
+}
+
+impl Variant for Decode {
+    fn info(&self) -> &'static VariantInfo {
+        match self.kind {
+            Kind::Naive => &DECODE_NAIVE.info,
+            Kind::Online => &DECODE_ONLINE.info,
+            Kind::Split => &FLASH_DECODING.info,
+        }
+    }
+
+    fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
+        let (workers, floats) = self.layout(case);
+        4 * self.buffers(case) as u64 + Workspace::bytes(workers, floats)
+    }
+
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        (case.devices != 1).then(|| {
+            format!(
+                "variant {} runs on one device (devices = {} requested)",
+                self.info.name, case.devices
+            )
+        })
+    }
+
+    fn default_splits(&self, shape: &Shape, threads: usize) -> Option<usize> {
+        (self.kind == Kind::Split).then(|| default_splits(shape, threads))
+    }
+
+    fn kv_read_bytes(&self, case: &Case) -> Option<u64> {
+        Some(kv_read_bytes(case))
+    }
+
+    fn forward_cpu(&self, case: &Case, _isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let (workers, floats) = self.layout(case);
+        match self.kind {
+            Kind::Naive => {
+                let mut scores = try_zeroed(self.buffers(case), "decode-naive score matrix S")?;
+                let ws = Workspace::new(workers, floats, "decode-naive workspace")?;
+                naive(case, inputs, &mut scores, &ws, out);
+            }
+            Kind::Online => {
+                let ws = Workspace::new(workers, floats, "decode-online state")?;
+                online(case, inputs, &ws, out);
+            }
+            Kind::Split => {
+                let s = &case.shape;
+                let rows = s.batch * s.heads * s.seq_q;
+                let splits = self.splits(case);
+                let mut part_o =
+                    try_zeroed(splits * rows * s.head_dim, "flash-decoding partial outputs")?;
+                let mut part_lse = try_zeroed(splits * rows, "flash-decoding partial logsumexps")?;
+                let ws = Workspace::new(workers, floats, "flash-decoding tiles")?;
+                split_kv(case, inputs, splits, &mut part_o, &mut part_lse, &ws);
+                combine_splits(case, splits, &part_o, &part_lse, out);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Offsets of group `gi` = b * kv_heads + g: its first Q/O row element and its K/V base.
+fn group_offsets(s: &Shape, gi: usize) -> (usize, usize) {
+    let (b, g) = (gi / s.kv_heads, gi % s.kv_heads);
+    let q = s.q_head_offset(b, g * s.group());
+    let kv = (b * s.kv_heads + g) * s.seq_kv * s.head_dim;
+    (q, kv)
+}
+
+fn naive(case: &Case, inputs: &Inputs, scores: &mut [f32], ws: &Workspace, out: &mut [f32]) {
+    let s = &case.shape;
+    let geo = Geometry::of(case);
+    let (d, rows) = (s.head_dim, geo.rows);
+    out.par_chunks_mut(rows * d)
+        .zip(scores.par_chunks_mut(rows * s.seq_kv))
+        .enumerate()
+        .for_each(|(gi, (o, sc))| {
+            let (q_off, kv_off) = group_offsets(s, gi);
+            let mut guard = ws.acquire();
+            let widen = inputs.q.dtype() != DType::F32;
+            let [qs, scratch] = carve(
+                &mut guard,
+                [
+                    if widen { rows * d } else { 0 },
+                    materialized_scratch_len(KV_BLOCK, d, widen),
+                ],
+            );
+            let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
+            let keys = Keys {
+                k: &inputs.k,
+                v: &inputs.v,
+                base: kv_off,
+                len: s.seq_kv,
+            };
+            let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
+            attend_materialized(q, rows, &range, keys, d, s.scale(), sc, o, scratch);
+        });
+}
+
+fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
+    let s = &case.shape;
+    let geo = Geometry::of(case);
+    let (d, rows) = (s.head_dim, geo.rows);
+    out.par_chunks_mut(rows * d)
+        .enumerate()
+        .for_each(|(gi, o)| {
+            let (q_off, kv_off) = group_offsets(s, gi);
+            let mut guard = ws.acquire();
+            let widen = inputs.q.dtype() != DType::F32;
+            let [qs, m, l, scratch] = carve(
+                &mut guard,
+                [
+                    if widen { rows * d } else { 0 },
+                    rows,
+                    rows,
+                    sequential_scratch_len(rows, d, widen),
+                ],
+            );
+            let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
+            let keys = Keys {
+                k: &inputs.k,
+                v: &inputs.v,
+                base: kv_off,
+                len: s.seq_kv,
+            };
+            let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
+            let mut state = RowState { acc: o, m, l };
+            state.reset();
+            attend_sequential(q, rows, &range, keys, d, s.scale(), &mut state, scratch);
+            state.finish(None);
+        });
+}
+
+/// Every (split, group) item: the online softmax over its part of the attended cache, into
+/// its slots of `part_o` (`[splits, b, h, seq_q, d]`) and `part_lse` (`[splits, b, h, seq_q]`).
+fn split_kv(
+    case: &Case,
+    inputs: &Inputs,
+    splits: usize,
+    part_o: &mut [f32],
+    part_lse: &mut [f32],
+    ws: &Workspace,
+) {
+    let s = &case.shape;
+    let geo = Geometry::of(case);
+    let (d, rows) = (s.head_dim, geo.rows);
+    let groups = s.batch * s.kv_heads;
+    let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
+    let parts = even_chunks(attended, splits);
+    let bk = bk(case);
+    part_o
+        .par_chunks_mut(rows * d)
+        .zip(part_lse.par_chunks_mut(rows))
+        .enumerate()
+        .for_each(|(item, (o, lse))| {
+            let (split, gi) = (item / groups, item % groups);
+            let part = &parts[split];
+            let (q_off, kv_off) = group_offsets(s, gi);
+            let mut guard = ws.acquire();
+            let widen = inputs.q.dtype() != DType::F32;
+            let [qs, m, l, scratch] = carve(
+                &mut guard,
+                [
+                    if widen { rows * d } else { 0 },
+                    rows,
+                    rows,
+                    scratch_len(rows, bk, d, widen),
+                ],
+            );
+            let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
+            let keys = Keys {
+                k: &inputs.k,
+                v: &inputs.v,
+                base: kv_off + part.start * d,
+                len: part.len(),
+            };
+            let range = |r| geo.range(s.seq_q, r, part.start, part.len());
+            let mut state = RowState { acc: o, m, l };
+            state.reset();
+            attend(q, rows, &range, keys, d, s.scale(), bk, &mut state, scratch);
+            state.finish(Some(lse));
+        });
+}
+
+/// out[row] = the exact combination of the splits' (o, lse) of that row.
+fn combine_splits(case: &Case, splits: usize, part_o: &[f32], part_lse: &[f32], out: &mut [f32]) {
+    let d = case.shape.head_dim;
+    let rows = out.len() / d.max(1);
+    out.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
+        let parts = (0..splits).map(|sp| {
+            let i = sp * rows + r;
+            (&part_o[i * d..(i + 1) * d], part_lse[i])
+        });
+        combine(parts, o);
+    });
+}
