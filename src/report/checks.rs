@@ -10,7 +10,7 @@ use std::fmt;
 use super::fmt::{bytes, pow2, sci};
 use super::paper::{Cell, PaperTable};
 use super::record::{Record, Status};
-use super::select::{RsLayout, RsRows, MEMORY_EFFICIENT, STANDARD, TABLE2};
+use super::select::{RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, STANDARD, TABLE2};
 
 /// n of the ratio and error-bound checks (the paper's 2^14).
 pub const CHECK_N: usize = 16384;
@@ -103,11 +103,18 @@ fn ratio_check(t: &RsRows, layout: &RsLayout) -> Check {
             "memory overhead ratio standard / memory-efficient at n = {}",
             pow2(CHECK_N)
         ),
-        format!(
-            "{paper_ratio:.0}x (abstract); pass within {RATIO_FACTOR}x: {:.0}x ..= {:.0}x",
-            paper_ratio / RATIO_FACTOR,
-            paper_ratio * RATIO_FACTOR
-        ),
+        match layout.ratio_rule {
+            RatioRule::Within => format!(
+                "{paper_ratio:.0}x (abstract); pass within {RATIO_FACTOR}x: {:.0}x ..= {:.0}x",
+                paper_ratio / RATIO_FACTOR,
+                paper_ratio * RATIO_FACTOR
+            ),
+            RatioRule::AtLeast => format!(
+                "{paper_ratio:.0}x (abstract, with XLA's O(n) backward slab); ours should do better: \
+                 pass at >= {:.0}x",
+                paper_ratio / RATIO_FACTOR
+            ),
+        },
     );
     let get = |m: &std::collections::BTreeMap<usize, &Record>| {
         m.get(&CHECK_N)
@@ -123,7 +130,12 @@ fn ratio_check(t: &RsRows, layout: &RsLayout) -> Check {
                     bytes(s as f64),
                     bytes(m as f64)
                 ),
-                (paper_ratio / RATIO_FACTOR..=paper_ratio * RATIO_FACTOR).contains(&ratio),
+                match layout.ratio_rule {
+                    RatioRule::Within => {
+                        (paper_ratio / RATIO_FACTOR..=paper_ratio * RATIO_FACTOR).contains(&ratio)
+                    }
+                    RatioRule::AtLeast => ratio >= paper_ratio / RATIO_FACTOR,
+                },
             )
         }
         _ => c.missing(format!(

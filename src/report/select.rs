@@ -28,6 +28,19 @@ pub struct RsLayout {
     pub mode: &'static str,
     /// The abstract's overhead reduction standard / memory-efficient at n = 16384.
     pub paper_ratio: f64,
+    /// How our ratio is judged against the paper's.
+    pub ratio_rule: RatioRule,
+}
+
+/// The pass rule of the overhead-ratio check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RatioRule {
+    /// The same algorithm and memory behaviour as the paper: within a factor of its ratio.
+    Within,
+    /// The paper's figure includes an implementation cost we avoid (Table 3: XLA keeps one
+    /// query chunk's n-long score slab for the backward), so ours must be at least the
+    /// paper's ratio, within the same factor: better is the expected result, not a failure.
+    AtLeast,
 }
 
 pub const TABLE2: RsLayout = RsLayout {
@@ -35,6 +48,7 @@ pub const TABLE2: RsLayout = RsLayout {
     title: "Rabe–Staats Table 2 (inference)",
     mode: "fwd",
     paper_ratio: 59.0,
+    ratio_rule: RatioRule::Within,
 };
 
 pub const TABLE3: RsLayout = RsLayout {
@@ -42,6 +56,7 @@ pub const TABLE3: RsLayout = RsLayout {
     title: "Rabe–Staats Table 3 (differentiation)",
     mode: "fwd+bwd",
     paper_ratio: 32.0,
+    ratio_rule: RatioRule::AtLeast,
 };
 
 /// The layout of a paper table id, if this report knows it.
