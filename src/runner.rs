@@ -154,12 +154,12 @@ pub fn output_with(case: &Case, isa: Isa, inputs: &Inputs) -> Result<Vec<f32>> {
 }
 
 /// Bytes of `matrixmultiply` packing buffers a case may allocate beyond its prediction: one
-/// per thread for the backward passes (they still use that SGEMM); the forward kernels use
-/// only their own tiles and workspaces.
+/// per thread when its variant's kernels use that SGEMM (`Variant::uses_packing_gemm`).
 pub fn packing_bytes(case: &Case) -> u64 {
-    match case.mode {
-        Mode::FwdBwd => case.threads as u64 * PACK_BYTES_MAX,
-        _ => 0,
+    if case.variant.get().uses_packing_gemm(case) {
+        case.threads as u64 * PACK_BYTES_MAX
+    } else {
+        0
     }
 }
 

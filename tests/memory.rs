@@ -183,52 +183,6 @@ fn check_prediction(c: &Case, threads: usize) {
     }
 }
 
-/// Growing a block in place (realloc) is counted by its growth. Here, not among the unit
-/// tests: those run concurrently, and another test's free between the probe's baseline and
-/// the growth would hide it.
-#[test]
-fn realloc_growth_is_counted() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    const MIB: usize = 1 << 20;
-    let probe = alloc::MemoryProbe::start();
-    // black_box: in release builds unused allocations may be elided.
-    let mut v: Vec<u8> = std::hint::black_box(Vec::with_capacity(8 * MIB));
-    v.reserve_exact(40 * MIB);
-    let v = std::hint::black_box(v);
-    let cap = v.capacity() as u64;
-    drop(v);
-    assert!(probe.finish() >= cap);
-}
-
-/// The per-block lists kernels build (split outputs, locked accumulation blocks) allocate
-/// exactly what the predictions count for them.
-#[test]
-fn block_bookkeeping_allocates_what_predictions_count() {
-    use attnbench::backend::cpu::blocks::{head_row_blocks, split_bytes, LockedBlocks};
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (heads, rows, width, block) = (3usize, 1000usize, 8, 7);
-    let blocks = heads * rows.div_ceil(block);
-    let mut a = vec![0.0f32; heads * rows * width];
-    let mut b = vec![0.0f32; heads * rows * width];
-    let probe = alloc::MemoryProbe::start();
-    let split = head_row_blocks(&mut a, rows, width, block);
-    assert_eq!(split.len(), blocks);
-    drop(split);
-    assert_eq!(probe.finish(), split_bytes(blocks));
-    for second in [false, true] {
-        let probe = alloc::MemoryProbe::start();
-        let locked = LockedBlocks::new(&mut a, second.then_some(&mut b[..]), rows, width, block);
-        locked.add(blocks - 1, &[&[1.0; 8], &[1.0; 8]]);
-        drop(locked);
-        assert_eq!(probe.finish(), LockedBlocks::bytes(blocks));
-    }
-    // The last block holds the last 1000 % 7 = 6 rows; `add` filled its first 8 values.
-    let last = a.len() - (rows % block) * width;
-    assert_eq!(a[last..last + 8], [2.0; 8]);
-    assert_eq!(b[last..last + 8], [1.0; 8]);
-    assert_eq!(a[last + 8..], [0.0; 40]);
-}
-
 #[test]
 fn budget_makes_naive_oom_by_prediction_without_running_it() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

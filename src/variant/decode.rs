@@ -187,6 +187,12 @@ fn bk(case: &Case) -> usize {
 }
 
 impl Variant for Decode {
+    /// The decode kernels (`backend::cpu::decode`) run their score and value products
+    /// through the packing SGEMM.
+    fn uses_packing_gemm(&self, _case: &Case) -> bool {
+        true
+    }
+
     fn info(&self) -> &'static VariantInfo {
         match self.kind {
             Kind::Naive => &DECODE_NAIVE.info,

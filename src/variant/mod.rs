@@ -68,6 +68,14 @@ pub trait Variant: Sync {
         None
     }
 
+    /// Whether the case's kernels call the `matrixmultiply` SGEMM (`backend::cpu::gemm`),
+    /// whose packing buffers (up to `gemm::PACK_BYTES_MAX` per thread) are allocated
+    /// infallibly and left out of the predictions. The forward microkernels do not; the
+    /// backward passes still do.
+    fn uses_packing_gemm(&self, case: &Case) -> bool {
+        case.mode == Mode::FwdBwd
+    }
+
     /// Bytes of K and V the call must read, for the memory-bound decode variants (the
     /// denominator of their achieved bandwidth); `None` for the others.
     fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {

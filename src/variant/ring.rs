@@ -88,6 +88,12 @@ impl Ring {
 }
 
 impl Variant for Ring {
+    /// The decode kernels (`backend::cpu::decode`) run their score and value products
+    /// through the packing SGEMM.
+    fn uses_packing_gemm(&self, _case: &Case) -> bool {
+        true
+    }
+
     fn info(&self) -> &'static VariantInfo {
         match (self.decode, self.placement) {
             (true, _) => &RING_DECODE.info,

@@ -44,6 +44,12 @@ fn spec(case: &Case) -> Spec {
 }
 
 impl Variant for Tree {
+    /// The decode kernels (`backend::cpu::decode`) run their score and value products
+    /// through the packing SGEMM.
+    fn uses_packing_gemm(&self, _case: &Case) -> bool {
+        true
+    }
+
     fn info(&self) -> &'static VariantInfo {
         &INFO
     }
