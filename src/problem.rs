@@ -400,6 +400,15 @@ impl Case {
             + &self.allreduce.map_or(String::new(), |a| format!("|ar{a}"))
     }
 
+    /// Effective (query, key/value) chunk sizes: the case's, else the given defaults, each
+    /// clamped to `1..=n` (the paper's `min(chunk, n)`).
+    pub fn chunks_or(&self, q_default: usize, kv_default: usize) -> (usize, usize) {
+        let s = &self.shape;
+        let q = self.q_chunk.unwrap_or(q_default).min(s.seq_q).max(1);
+        let kv = self.kv_chunk.unwrap_or(kv_default).min(s.seq_kv).max(1);
+        (q, kv)
+    }
+
     /// FLOPs by the FlashAttention convention: the forward's, and 3.5x that for forward +
     /// backward (the backward counted as 2.5 forwards).
     pub fn flops(&self) -> f64 {

@@ -25,18 +25,7 @@ static INFO: VariantInfo = VariantInfo {
 
 /// (B_r, B_c): the case's chunks, else the defaults, clamped to n.
 fn chunks(case: &Case) -> (usize, usize) {
-    let s = &case.shape;
-    let bq = case
-        .q_chunk
-        .unwrap_or(kernel::DEFAULT_Q_CHUNK)
-        .min(s.seq_q)
-        .max(1);
-    let bk = case
-        .kv_chunk
-        .unwrap_or(kernel::DEFAULT_KV_CHUNK)
-        .min(s.seq_kv)
-        .max(1);
-    (bq, bk)
+    case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK)
 }
 
 /// (operand path, workers, floats per worker) of the forward on kernel path `isa`; `exact`

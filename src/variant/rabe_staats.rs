@@ -39,18 +39,7 @@ static SEQ_INFO: VariantInfo = VariantInfo {
 
 /// Effective (query, key) chunks: the case's, else the paper's defaults, clamped to n.
 fn chunks(case: &Case) -> (usize, usize) {
-    let s = &case.shape;
-    let qc = case
-        .q_chunk
-        .unwrap_or(kernel::DEFAULT_Q_CHUNK)
-        .min(s.seq_q)
-        .max(1);
-    let kc = case
-        .kv_chunk
-        .unwrap_or(kernel::DEFAULT_KV_CHUNK)
-        .min(s.seq_kv)
-        .max(1);
-    (qc, kc)
+    case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK)
 }
 
 /// (workers, floats per worker) of the chunk workspace on kernel path `isa`.
