@@ -10,6 +10,7 @@ pub mod compare;
 pub mod config;
 pub mod error;
 pub mod extrapolate;
+pub mod layer;
 pub mod listing;
 pub mod measure;
 pub mod model;

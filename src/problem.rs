@@ -412,6 +412,9 @@ impl Case {
     /// FLOPs by the FlashAttention convention: the forward's, and 3.5x that for forward +
     /// backward (the backward counted as 2.5 forwards).
     pub fn flops(&self) -> f64 {
+        if crate::layer::is_layer_mode(self.mode) {
+            return crate::layer::flops(self);
+        }
         let s = &self.shape;
         let fwd = 4.0
             * s.batch as f64
@@ -427,6 +430,9 @@ impl Case {
     /// Bytes of Q, K, V (storage dtype) and O (f32); for `fwd+bwd` also dO, dQ, dK and dV
     /// (f32). These are live before the call and excluded from the memory overhead.
     pub fn io_bytes(&self) -> u64 {
+        if crate::layer::is_layer_mode(self.mode) {
+            return crate::layer::io_bytes(self);
+        }
         let s = &self.shape;
         let fwd = (s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4;
         let train = match self.mode {

@@ -15,6 +15,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::extrapolate::{self, Extrapolation};
+use crate::layer;
 use crate::measure::alloc::{self, MemoryProbe};
 use crate::measure::rss;
 use crate::measure::stats::Summary;
@@ -38,6 +39,9 @@ pub struct Settings {
     pub extrapolate: Option<Extrapolation>,
     /// Also run this variant on the same inputs and record `max_abs_diff`.
     pub diff_against: Option<VariantId>,
+    /// Layer modes: the depth of the model the measured layer belongs to; its static bytes
+    /// (`layer::static_bytes`) count against the memory budget.
+    pub model_layers: Option<usize>,
 }
 
 /// Set by the Ctrl-C handler: the current case stops after its current repetition and no
@@ -193,12 +197,18 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         // The backward GEMM's packing buffers are allocated infallibly (an allocation over
         // the limit there would abort), so they must fit too: one per thread at most.
         let packing = packing_bytes(case);
-        let need = predicted + case.io_bytes() + packing;
+        let fixed = static_bytes(case, settings);
+        let need = predicted + case.io_bytes() + packing + fixed;
         if need > budget {
+            let model = if fixed > 0 {
+                format!(" + {} rest of the model", human_bytes(fixed))
+            } else {
+                String::new()
+            };
             let mut r = row(
                 Status::Oom,
                 format!(
-                    "predicted {} workspace + {} inputs/outputs + {} GEMM packing = {} exceeds the memory budget {}",
+                    "predicted {} workspace + {} inputs/outputs + {} GEMM packing{model} = {} exceeds the memory budget {}",
                     human_bytes(predicted),
                     human_bytes(case.io_bytes()),
                     human_bytes(packing),
@@ -215,10 +225,20 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             });
         }
     }
-    alloc::set_limit(settings.memory_budget);
+    let fixed = static_bytes(case, settings);
+    alloc::set_limit(settings.memory_budget.map(|b| b.saturating_sub(fixed)));
     let result = measure_case(case, settings, given, predicted);
     alloc::set_limit(None);
     result
+}
+
+/// Bytes of the rest of the model a layer case belongs to (`Settings::model_layers`),
+/// which are not allocated but count against the budget; 0 for attention cases.
+pub fn static_bytes(case: &Case, settings: &Settings) -> u64 {
+    match settings.model_layers {
+        Some(l) if layer::is_layer_mode(case.mode) => layer::static_bytes(case, l),
+        _ => 0,
+    }
 }
 
 fn measure(
@@ -362,6 +382,87 @@ fn measure_train(
     })
 }
 
+/// A transformer-layer case (`crate::layer`): seeded parameters and input, timed calls
+/// (a forward, or a checkpointed training step), one call under the memory probe (x, out,
+/// parameters and, for training, dout, dx and the parameter gradient are live before it),
+/// then output and gradient errors against the f64 oracle.
+fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Outcome> {
+    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    record.mem_predicted_bytes = Some(predicted);
+    let train = case.mode == Mode::LayerTrain;
+    let params = layer::params::generate(layer::hidden(case), case.seed);
+    let x = layer::generate_input(case);
+    let d_out = if train {
+        case.d_out.make(&case.shape, case.seed)
+    } else {
+        Vec::new()
+    };
+    let n = layer::tokens_len(case);
+    let buffers = (|| -> Result<_> {
+        let out = try_zeroed(n, "layer output")?;
+        let (dx, dp) = if train {
+            (
+                try_zeroed(n, "dx")?,
+                try_zeroed(params.len(), "parameter gradient")?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Ok((out, dx, dp))
+    })();
+    let (mut out, mut dx, mut dp) = match buffers {
+        Ok(b) => b,
+        Err(e) => return Ok(failed(record, Status::Oom, e, None)),
+    };
+    let isa = Isa::detect();
+    let threads = pool(case.threads)?;
+    let call = |out: &mut [f32], dx: &mut [f32], dp: &mut [f32]| {
+        threads.install(|| layer::run_once(case, isa, &params, &x, &d_out, out, dx, dp))
+    };
+    let timing = time_repetitions(&settings.stop, &INTERRUPTED, || {
+        call(&mut out, &mut dx, &mut dp)
+    });
+    let timing = match timing {
+        Ok(t) => t,
+        Err(e) => {
+            let status = oom_or_error(&e);
+            return Ok(failed(record, status, e, None));
+        }
+    };
+    record_timing(&mut record, case, &timing);
+    for v in [&mut out, &mut dx, &mut dp] {
+        layer::poison(v);
+    }
+    if let Err(e) = probe_pass(&mut record, || call(&mut out, &mut dx, &mut dp)) {
+        let status = oom_or_error(&e);
+        return Ok(failed(record, status, e, None));
+    }
+    let grads = train.then_some((&d_out[..], &dx[..], &dp[..]));
+    let err = layer::check(case, &params, &x, &out, grads);
+    record.max_abs_err = Some(err.out_max_abs);
+    record.max_rel_err = Some(err.out_max_rel);
+    record.err_rows = Some(err.out_rows);
+    if let Some((abs, rel)) = err.grad {
+        record.grad_max_abs_err = Some(abs);
+        record.grad_max_rel_err = Some(rel);
+        record.grad_err_rows = Some(err.out_rows);
+        record.grad_err_scope = "all".into();
+    } else if train {
+        record.grad_err_scope = "none: too large for the f64 oracle".into();
+    }
+    if err.non_finite > 0 {
+        record.status = Status::Error;
+        record.reason = format!("{} checked values are NaN or infinite", err.non_finite);
+    }
+    record.timed_rows = Some(case.shape.seq_q);
+    Ok(Outcome {
+        record,
+        output: Some(out),
+        inputs: None,
+        samples: timing.samples,
+    })
+}
+
 /// One training step of the case's variant inside its pool: the forward that keeps what
 /// its backward needs, then the backward. Returns the backward's own time in seconds.
 pub fn train_step(
@@ -487,6 +588,9 @@ fn measure_case(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Result<Outcome> {
+    if layer::is_layer_mode(case.mode) {
+        return measure_layer(case, settings, predicted);
+    }
     let mut outcome = match settings.extrapolate {
         Some(x) => measure_extrapolated(case, settings, given, predicted, x)?,
         None => measure_mode(case, settings, given, predicted)?,

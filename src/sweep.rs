@@ -113,6 +113,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             q_chunks: config.run.extrapolate_q_chunks,
         }),
         diff_against: config.run.diff_against,
+        model_layers: config.run.model_layers,
     };
     let mut sink = CsvSink::open(&csv_path)?;
     let mut samples_sink = SamplesSink::open(&dir.join(SAMPLES_NAME))?;

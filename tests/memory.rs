@@ -67,6 +67,7 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         error_rows: 16,
         extrapolate: None,
         diff_against: None,
+        model_layers: None,
     };
     run_case(c, &settings, None).expect("harness runs").record
 }
@@ -133,7 +134,31 @@ fn measured_overhead_matches_the_prediction() {
             (300, 3, DType::F16, 2),
         ] {
             let c = native(case(v, n, heads, dtype, threads));
+            if let Some(why) = v.get().unsupported(&c) {
+                println!("{v} {dtype}: not applicable ({why})");
+                continue;
+            }
             check_prediction(&c, threads);
+            if v.info().modes.contains(&Mode::LayerTrain) {
+                // Training; and BPT with several query blocks, the last one short.
+                check_prediction(
+                    &Case {
+                        mode: Mode::LayerTrain,
+                        ..c
+                    },
+                    threads,
+                );
+                if v == VariantId::LayerBpt {
+                    for mode in [Mode::LayerFwd, Mode::LayerTrain] {
+                        let blocks = Case {
+                            mode,
+                            q_chunk: Some(384),
+                            ..c
+                        };
+                        check_prediction(&blocks, threads);
+                    }
+                }
+            }
             if v.info().modes.contains(&Mode::FwdBwd) {
                 check_prediction(
                     &Case {

@@ -45,6 +45,10 @@ pub struct RunConfig {
     /// Also run this variant on the same inputs (untimed) and record the max abs difference
     /// of the outputs (`max_abs_diff`): the paper's error measure.
     pub diff_against: Option<VariantId>,
+    /// Layer modes: depth of the model the measured layer stands for; its static bytes (16
+    /// per parameter per layer, plus the other layers' checkpointed inputs) count against
+    /// `memory_budget` (`layer::static_bytes`).
+    pub model_layers: Option<usize>,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -81,6 +85,7 @@ impl RunConfig {
             extrapolate_above_s: None,
             extrapolate_q_chunks: DEFAULT_EXTRAPOLATE_Q_CHUNKS,
             diff_against: None,
+            model_layers: None,
         }
     }
 }
@@ -152,6 +157,13 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
             ))
         }
     };
+    let model_layers = match raw.model_layers {
+        None => None,
+        Some(_) => Some(f.count("model_layers", &raw.model_layers, 1)?),
+    };
+    if model_layers == Some(0) {
+        return Err(f.err("model_layers", "must be at least 1"));
+    }
     let memory_budget = raw
         .memory_budget
         .as_ref()
@@ -201,6 +213,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         extrapolate_above_s,
         extrapolate_q_chunks,
         diff_against,
+        model_layers,
     })
 }
 

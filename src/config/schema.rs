@@ -59,6 +59,7 @@ pub(super) struct RawRun {
     pub extrapolate_above_s: Option<Value>,
     pub extrapolate_q_chunks: Option<Value>,
     pub diff_against: Option<Value>,
+    pub model_layers: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -72,7 +73,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 15] = [
+pub(super) const RUN_KEYS: [&str; 16] = [
     "name",
     "seed",
     "warmup",
@@ -88,6 +89,7 @@ pub(super) const RUN_KEYS: [&str; 15] = [
     "extrapolate_above_s",
     "extrapolate_q_chunks",
     "diff_against",
+    "model_layers",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

@@ -1,4 +1,5 @@
-//! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`), and of
+//! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`) and the
+//! layer sweeps' Tables 2-4 (`bpt_tables`), and of
 //! attention across devices: the Tree Attention paper's closed forms
 //! (`formulas`, eqs. (8)-(14)), the α–β two-level link model with its presets
 //! (`topology`), predicted Ring vs Tree decode latency priced on the simulator's own
@@ -8,6 +9,7 @@
 
 pub mod bpt_memory;
 pub mod bpt_table;
+pub mod bpt_tables;
 pub mod cost;
 pub mod decode_tables;
 pub mod formulas;
@@ -30,6 +32,12 @@ pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<Path
     let records = read_records(csv)?;
     let mut paths = Vec::new();
     paths.extend(decode_tables::write(dir, &records)?);
+    paths.extend(bpt_tables::write(
+        dir,
+        &records,
+        config.run.model_layers,
+        config.run.memory_budget.map(|b| b.0),
+    )?);
     if let Some(model) = &config.model {
         paths.extend(tree_vs_ring::write(
             dir,

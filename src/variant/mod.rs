@@ -4,6 +4,7 @@
 
 mod decode;
 mod flash;
+mod layer;
 mod naive;
 mod rabe_staats;
 mod ring;
@@ -48,6 +49,12 @@ pub trait Variant: Sync {
     /// allocated fallibly up front: an allocation that fails or exceeds the memory budget
     /// is `Error::OutOfMemory`, never an abort.
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
+
+    /// The layer design of the transformer-layer variants (modes `layer-fwd`,
+    /// `layer-train`, run by `crate::layer`); `None` for attention variants.
+    fn layer_design(&self) -> Option<crate::layer::Design> {
+        None
+    }
 
     /// Why this variant cannot run `case`, beyond mode, device and head grouping (which the
     /// runner checks for every variant). By default a variant runs on one device without a
@@ -180,10 +187,13 @@ pub enum VariantId {
     TreeDecode,
     RingPrefill,
     StripePrefill,
+    LayerVanilla,
+    LayerMemEff,
+    LayerBpt,
 }
 
 impl VariantId {
-    pub const ALL: [VariantId; 12] = [
+    pub const ALL: [VariantId; 15] = [
         VariantId::Naive,
         VariantId::NaiveUnsafe,
         VariantId::RabeStaats,
@@ -196,6 +206,9 @@ impl VariantId {
         VariantId::TreeDecode,
         VariantId::RingPrefill,
         VariantId::StripePrefill,
+        VariantId::LayerVanilla,
+        VariantId::LayerMemEff,
+        VariantId::LayerBpt,
     ];
 
     pub fn get(self) -> &'static dyn Variant {
@@ -212,6 +225,9 @@ impl VariantId {
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
             VariantId::StripePrefill => &ring::STRIPE_PREFILL,
+            VariantId::LayerVanilla => &layer::LAYER_VANILLA,
+            VariantId::LayerMemEff => &layer::LAYER_MEMEFF,
+            VariantId::LayerBpt => &layer::LAYER_BPT,
         }
     }
 

@@ -1,0 +1,226 @@
+//! A transformer layer (GPT block: pre-LN, QKV projection, causal attention, output
+//! projection, residual, LN, GELU FFN with n_inner = 4h, residual) in the three memory
+//! designs BPT compares (seed 002 Sec. 3 and Algorithm 1; REPRODUCTION.md 1.2, 2.3):
+//! vanilla, memory-efficient and blockwise parallel. Forward 24*b*s*h^2 FLOPs plus
+//! attention; f32 storage and arithmetic (the paper's GPU runs were fp32).
+
+pub mod ops;
+pub mod oracle;
+pub mod params;
+pub mod pipeline;
+pub mod plan;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+
+pub use crate::model::bpt_memory::Design;
+use crate::problem::{Case, InputDist, Mode};
+
+/// Whether a case measures a whole layer.
+pub fn is_layer_mode(mode: Mode) -> bool {
+    matches!(mode, Mode::LayerFwd | Mode::LayerTrain)
+}
+
+/// Hidden size of the case's layer (`heads * head_dim`).
+pub fn hidden(case: &Case) -> usize {
+    case.shape.heads * case.shape.head_dim
+}
+
+/// Elements of the layer input (and output): `b * s * h`.
+pub fn tokens_len(case: &Case) -> usize {
+    case.shape.batch * case.shape.seq_q * hidden(case)
+}
+
+/// FLOPs of one call: the forward's GEMMs (QKV 6h^2, output 2h^2, FFN 16h^2 per token) plus
+/// the attention's (FlashAttention convention); a training step counts the forward, its
+/// recomputation and a backward of twice the GEMMs and 2.5x the attention.
+pub fn flops(case: &Case) -> f64 {
+    let s = &case.shape;
+    let h = hidden(case) as f64;
+    let tokens = (s.batch * s.seq_q) as f64;
+    let gemm = 24.0 * tokens * h * h;
+    let attn = s.fwd_flops(case.causal);
+    match case.mode {
+        Mode::LayerTrain => 4.0 * gemm + 4.5 * attn,
+        _ => gemm + attn,
+    }
+}
+
+/// Bytes live before a layer call and excluded from its activation memory: x and out, the
+/// parameters; for training also dout, dx and the parameter gradient.
+pub fn io_bytes(case: &Case) -> u64 {
+    let io = 2 * tokens_len(case) + params::count(hidden(case));
+    let train = match case.mode {
+        Mode::LayerTrain => 2 * tokens_len(case) + params::count(hidden(case)),
+        _ => 0,
+    };
+    4 * (io + train) as u64
+}
+
+/// The static share of a `layers`-deep model beside the measured layer (REPRODUCTION.md
+/// 1.2, "inferred floor"): 16 bytes per parameter (weights, gradients and two Adam moments)
+/// for every layer, and the checkpointed inputs of the other layers (4 bytes per value).
+pub fn static_bytes(case: &Case, layers: usize) -> u64 {
+    let per_layer = 16 * params::count(hidden(case)) as u64;
+    let inputs = 4 * tokens_len(case) as u64;
+    layers as u64 * per_layer + layers.saturating_sub(1) as u64 * inputs
+}
+
+/// The layer input x (`[b, s, h]`), seeded like attention inputs (distribution, scale).
+pub fn generate_input(case: &Case) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
+    let f = case.input_scale as f32;
+    (0..tokens_len(case))
+        .map(|_| {
+            let x: f32 = match case.input_dist {
+                InputDist::Normal => StandardNormal.sample(&mut rng),
+                InputDist::Uniform => rng.random::<f32>(),
+            };
+            x * f
+        })
+        .collect()
+}
+
+/// Error of a layer call against the f64 oracle.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerError {
+    pub out_max_abs: f64,
+    /// `out_max_abs` over the largest |reference| of the checked rows.
+    pub out_max_rel: f64,
+    /// Tokens whose output was checked.
+    pub out_rows: usize,
+    /// Gradients: the largest |difference| over dx and every parameter tensor, and the
+    /// largest per-tensor ratio of that to the tensor's largest |reference|.
+    pub grad: Option<(f64, f64)>,
+    pub non_finite: usize,
+}
+
+/// Oracle cost, in multiply-adds, under which every output and gradient is checked.
+pub const FULL_CHECK_MAX_MACS: u64 = 1 << 30;
+
+/// Checks `out` (and, with `grads = (d_out, dx, dp)`, the gradients) against the f64
+/// oracle: everything when affordable; otherwise the outputs of the first tokens of the
+/// first sequence (a causal prefix is a layer of its own), as many as the budget allows.
+pub fn check(
+    case: &Case,
+    params: &[f32],
+    x: &[f32],
+    out: &[f32],
+    grads: Option<(&[f32], &[f32], &[f32])>,
+) -> LayerError {
+    let s = &case.shape;
+    let (h, n) = (hidden(case), s.seq_q);
+    let macs = |n: usize| (n * n * h + 12 * n * h * h) as u64 * if grads.is_some() { 3 } else { 1 };
+    let mut e = LayerError::default();
+    let mut ref_max = 0.0f64;
+    let fold = |got: &[f32], want: &[f64], max_abs: &mut f64, ref_max: &mut f64, nf: &mut usize| {
+        for (g, w) in got.iter().zip(want) {
+            if !g.is_finite() {
+                *nf += 1;
+                continue;
+            }
+            *max_abs = max_abs.max((*g as f64 - w).abs());
+            *ref_max = ref_max.max(w.abs());
+        }
+    };
+    if (s.batch as u64) * macs(n) <= FULL_CHECK_MAX_MACS || !case.causal {
+        let seq = n * h;
+        let mut dp_ref = vec![0.0f64; params.len()];
+        let mut dx_err = (0.0f64, 0.0f64);
+        let mut non_finite = 0usize;
+        for b in 0..s.batch {
+            let xs = &x[b * seq..(b + 1) * seq];
+            let dout = grads.map(|(d, _, _)| &d[b * seq..(b + 1) * seq]);
+            let ex = oracle::sequence(s.heads, case.causal, params, xs, dout);
+            fold(
+                &out[b * seq..(b + 1) * seq],
+                &ex.out,
+                &mut e.out_max_abs,
+                &mut ref_max,
+                &mut non_finite,
+            );
+            if let Some((_, dx, _)) = grads {
+                fold(
+                    &dx[b * seq..(b + 1) * seq],
+                    &ex.dx,
+                    &mut dx_err.0,
+                    &mut dx_err.1,
+                    &mut non_finite,
+                );
+                dp_ref.iter_mut().zip(&ex.dp).for_each(|(a, b)| *a += b);
+            }
+        }
+        e.out_rows = s.batch * n;
+        if let Some((_, _, dp)) = grads {
+            let mut worst = (dx_err.0, dx_err.0 / dx_err.1.max(f64::MIN_POSITIVE));
+            for q in params::Param::ALL {
+                let r = q.range(h);
+                let (mut ma, mut rm) = (0.0, 0.0);
+                fold(
+                    &dp[r.clone()],
+                    &dp_ref[r],
+                    &mut ma,
+                    &mut rm,
+                    &mut non_finite,
+                );
+                worst.0 = f64::max(worst.0, ma);
+                worst.1 = worst.1.max(ma / rm.max(f64::MIN_POSITIVE));
+            }
+            e.grad = Some(worst);
+        }
+        e.non_finite = non_finite;
+    } else {
+        let mut m = n;
+        while m > 1 && macs(m) > FULL_CHECK_MAX_MACS {
+            m /= 2;
+        }
+        let ex = oracle::sequence(s.heads, true, params, &x[..m * h], None);
+        let mut nf = 0;
+        fold(
+            &out[..m * h],
+            &ex.out,
+            &mut e.out_max_abs,
+            &mut ref_max,
+            &mut nf,
+        );
+        e.out_rows = m;
+        e.non_finite = nf;
+    }
+    e.out_max_rel = e.out_max_abs / ref_max.max(f64::MIN_POSITIVE);
+    e
+}
+
+/// Runs a layer case once on the CPU (inside the caller's pool): `out`, and for training
+/// also `dx` and `dp`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_once(
+    case: &Case,
+    isa: crate::backend::cpu::isa::Isa,
+    params: &[f32],
+    x: &[f32],
+    d_out: &[f32],
+    out: &mut [f32],
+    dx: &mut [f32],
+    dp: &mut [f32],
+) -> crate::error::Result<()> {
+    let design = case.variant.get().layer_design().ok_or_else(|| {
+        crate::error::Error::Runtime(format!("{} is not a layer variant", case.variant))
+    })?;
+    let plan = plan::Plan::new(design, case);
+    if case.mode == Mode::LayerTrain {
+        pipeline::train(&plan, isa, params, x, d_out, out, dx, dp)
+    } else {
+        pipeline::forward(&plan, isa, params, x, out)
+    }
+}
+
+/// Fills `v` with NaN: outputs and gradients are poisoned before the probe pass, so a value
+/// the layer forgets to write shows as an error.
+pub fn poison(v: &mut [f32]) {
+    v.par_iter_mut().for_each(|x| *x = f32::NAN);
+}
+
+#[cfg(test)]
+mod tests;

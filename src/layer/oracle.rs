@@ -1,0 +1,319 @@
+//! The f64 oracle of the GPT block: the forward with materialized attention and its
+//! hand-derived backward (checked by central differences in the tests), one sequence at a
+//! time. Cost O(s^2 h + 24 s h^2) per sequence, memory O(s^2) per head.
+
+use rayon::prelude::*;
+
+use super::params::{Param, View};
+
+/// C (`m x n`) = A (`m x k`) B (`k x n`), with A or B read transposed when flagged
+/// (`at`: A is stored `k x m`; `bt`: B is stored `n x k`).
+fn mm(a: &[f64], b: &[f64], (m, k, n): (usize, usize, usize), at: bool, bt: bool) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    c.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
+        for p in 0..k {
+            let aip = if at { a[p * m + i] } else { a[i * k + p] };
+            if aip == 0.0 {
+                continue;
+            }
+            if bt {
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r += aip * b[j * k + p];
+                }
+            } else {
+                let brow = &b[p * n..(p + 1) * n];
+                for (r, bv) in row.iter_mut().zip(brow) {
+                    *r += aip * bv;
+                }
+            }
+        }
+    });
+    c
+}
+
+fn f64s(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+fn gelu(z: f64) -> f64 {
+    let t = (0.797_884_560_802_865_4 * (z + 0.044_715 * z * z * z)).tanh();
+    0.5 * z * (1.0 + t)
+}
+
+fn gelu_grad(z: f64) -> f64 {
+    let c = 0.797_884_560_802_865_4;
+    let t = (c * (z + 0.044_715 * z * z * z)).tanh();
+    0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044_715 * z * z)
+}
+
+/// Row-wise layer norm: (output, xhat, 1/std).
+fn layer_norm(x: &[f64], g: &[f64], b: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let h = g.len();
+    let rows = x.len() / h;
+    let (mut out, mut xhat, mut rstd) = (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.0; rows]);
+    for r in 0..rows {
+        let xr = &x[r * h..(r + 1) * h];
+        let mean = xr.iter().sum::<f64>() / h as f64;
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / h as f64;
+        rstd[r] = 1.0 / (var + super::ops::LN_EPS as f64).sqrt();
+        for j in 0..h {
+            xhat[r * h + j] = (xr[j] - mean) * rstd[r];
+            out[r * h + j] = xhat[r * h + j] * g[j] + b[j];
+        }
+    }
+    (out, xhat, rstd)
+}
+
+/// dx of a layer norm for upstream `dy`; adds the gain and bias gradients.
+fn layer_norm_backward(
+    dy: &[f64],
+    xhat: &[f64],
+    rstd: &[f64],
+    g: &[f64],
+    dg: &mut [f64],
+    db: &mut [f64],
+) -> Vec<f64> {
+    let h = g.len();
+    let mut dx = vec![0.0; dy.len()];
+    for (r, &rs) in rstd.iter().enumerate() {
+        let (mut mg, mut mgx) = (0.0, 0.0);
+        for j in 0..h {
+            let t = dy[r * h + j] * g[j];
+            mg += t;
+            mgx += t * xhat[r * h + j];
+            dg[j] += dy[r * h + j] * xhat[r * h + j];
+            db[j] += dy[r * h + j];
+        }
+        mg /= h as f64;
+        mgx /= h as f64;
+        for j in 0..h {
+            dx[r * h + j] = rs * (dy[r * h + j] * g[j] - mg - xhat[r * h + j] * mgx);
+        }
+    }
+    dx
+}
+
+fn add_rows(m: &mut [f64], bias: &[f64]) {
+    for row in m.chunks_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+    }
+}
+
+fn column_sums(m: &[f64], n: usize) -> Vec<f64> {
+    let mut s = vec![0.0; n];
+    for row in m.chunks(n) {
+        s.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+    }
+    s
+}
+
+/// The exact layer on one sequence of `s` tokens (`x`: `s x h`).
+pub struct Exact {
+    pub out: Vec<f64>,
+    /// With an upstream gradient: dx (`s x h`) and the flat parameter gradient.
+    pub dx: Vec<f64>,
+    pub dp: Vec<f64>,
+}
+
+/// Forward (and, with `d_out`, backward) of one sequence in f64.
+pub fn sequence(
+    heads: usize,
+    causal: bool,
+    params: &[f32],
+    x: &[f32],
+    d_out: Option<&[f32]>,
+) -> Exact {
+    let h = params_h(params);
+    let p = View::new(h, params);
+    let get = |q: Param| f64s(p.get(q));
+    let s = x.len() / h;
+    let (a, d) = (heads, h / heads);
+    let scale = 1.0 / (d as f64).sqrt();
+    let x = f64s(x);
+    let (g1, b1ln) = (get(Param::Ln1Gain), get(Param::Ln1Bias));
+    let (u, xhat1, rstd1) = layer_norm(&x, &g1, &b1ln);
+    let wqkv = get(Param::Wqkv);
+    let mut qkv = mm(&u, &wqkv, (s, h, 3 * h), false, false);
+    add_rows(&mut qkv, &get(Param::Bqkv));
+    // Per head: P (s x s) and O into att (s x h).
+    let mut probs = vec![vec![0.0; s * s]; a];
+    let mut att = vec![0.0; s * h];
+    for (hd, pm) in probs.iter_mut().enumerate() {
+        pm.par_chunks_mut(s).enumerate().for_each(|(i, prow)| {
+            let vis = if causal { i + 1 } else { s };
+            let qi = &qkv[i * 3 * h + hd * d..][..d];
+            let mut mx = f64::NEG_INFINITY;
+            for (j, pj) in prow.iter_mut().enumerate().take(vis) {
+                let kj = &qkv[j * 3 * h + h + hd * d..][..d];
+                *pj = scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
+                mx = mx.max(*pj);
+            }
+            let mut sum = 0.0;
+            for pj in prow.iter_mut().take(vis) {
+                *pj = (*pj - mx).exp();
+                sum += *pj;
+            }
+            prow.iter_mut().take(vis).for_each(|pj| *pj /= sum);
+        });
+        for i in 0..s {
+            for j in 0..s {
+                let pij = pm[i * s + j];
+                if pij != 0.0 {
+                    let vj = &qkv[j * 3 * h + 2 * h + hd * d..][..d];
+                    for (o, v) in att[i * h + hd * d..][..d].iter_mut().zip(vj) {
+                        *o += pij * v;
+                    }
+                }
+            }
+        }
+    }
+    let wo = get(Param::Wo);
+    let mut y = mm(&att, &wo, (s, h, h), false, false);
+    add_rows(&mut y, &get(Param::Bo));
+    y.iter_mut().zip(&x).for_each(|(y, x)| *y += x);
+    let (g2, b2ln) = (get(Param::Ln2Gain), get(Param::Ln2Bias));
+    let (vn, xhat2, rstd2) = layer_norm(&y, &g2, &b2ln);
+    let w1 = get(Param::W1);
+    let mut z = mm(&vn, &w1, (s, h, 4 * h), false, false);
+    add_rows(&mut z, &get(Param::B1));
+    let g: Vec<f64> = z.iter().map(|&v| gelu(v)).collect();
+    let w2 = get(Param::W2);
+    let mut out = mm(&g, &w2, (s, 4 * h, h), false, false);
+    add_rows(&mut out, &get(Param::B2));
+    out.iter_mut().zip(&y).for_each(|(o, y)| *o += y);
+
+    let Some(d_out) = d_out else {
+        return Exact {
+            out,
+            dx: Vec::new(),
+            dp: Vec::new(),
+        };
+    };
+    let dout = f64s(d_out);
+    let mut dp = vec![0.0; params.len()];
+    let mut put = |q: Param, v: &[f64]| {
+        dp[q.range(h)].iter_mut().zip(v).for_each(|(a, b)| *a += b);
+    };
+    put(Param::W2, &mm(&g, &dout, (4 * h, s, h), true, false));
+    put(Param::B2, &column_sums(&dout, h));
+    let mut dz = mm(&dout, &w2, (s, h, 4 * h), false, true);
+    dz.iter_mut().zip(&z).for_each(|(d, z)| *d *= gelu_grad(*z));
+    put(Param::W1, &mm(&vn, &dz, (h, s, 4 * h), true, false));
+    put(Param::B1, &column_sums(&dz, 4 * h));
+    let dvn = mm(&dz, &w1, (s, 4 * h, h), false, true);
+    let (mut dg2, mut db2) = (vec![0.0; h], vec![0.0; h]);
+    let mut dy = layer_norm_backward(&dvn, &xhat2, &rstd2, &g2, &mut dg2, &mut db2);
+    put(Param::Ln2Gain, &dg2);
+    put(Param::Ln2Bias, &db2);
+    dy.iter_mut().zip(&dout).for_each(|(a, b)| *a += b);
+    put(Param::Wo, &mm(&att, &dy, (h, s, h), true, false));
+    put(Param::Bo, &column_sums(&dy, h));
+    let datt = mm(&dy, &wo, (s, h, h), false, true);
+    let mut dqkv = vec![0.0; s * 3 * h];
+    for (hd, pm) in probs.iter().enumerate() {
+        for i in 0..s {
+            let dai = &datt[i * h + hd * d..][..d];
+            // dP_ij = dO_i . V_j; dS = P (dP - sum_j P dP).
+            let dpr: Vec<f64> = (0..s)
+                .map(|j| {
+                    let vj = &qkv[j * 3 * h + 2 * h + hd * d..][..d];
+                    dai.iter().zip(vj).map(|(a, b)| a * b).sum()
+                })
+                .collect();
+            let dot: f64 = (0..s).map(|j| pm[i * s + j] * dpr[j]).sum();
+            for j in 0..s {
+                let pij = pm[i * s + j];
+                if pij == 0.0 {
+                    continue;
+                }
+                let ds = pij * (dpr[j] - dot) * scale;
+                for t in 0..d {
+                    let qit = qkv[i * 3 * h + hd * d + t];
+                    let kjt = qkv[j * 3 * h + h + hd * d + t];
+                    dqkv[i * 3 * h + hd * d + t] += ds * kjt;
+                    dqkv[j * 3 * h + h + hd * d + t] += ds * qit;
+                    dqkv[j * 3 * h + 2 * h + hd * d + t] += pij * dai[t];
+                }
+            }
+        }
+    }
+    put(Param::Wqkv, &mm(&u, &dqkv, (h, s, 3 * h), true, false));
+    put(Param::Bqkv, &column_sums(&dqkv, 3 * h));
+    let du = mm(&dqkv, &wqkv, (s, 3 * h, h), false, true);
+    let (mut dg1, mut db1) = (vec![0.0; h], vec![0.0; h]);
+    let mut dx = layer_norm_backward(&du, &xhat1, &rstd1, &g1, &mut dg1, &mut db1);
+    put(Param::Ln1Gain, &dg1);
+    put(Param::Ln1Bias, &db1);
+    dx.iter_mut().zip(&dy).for_each(|(a, b)| *a += b);
+    Exact { out, dx, dp }
+}
+
+/// The hidden size of a flat parameter vector (12h^2 + 13h values).
+fn params_h(params: &[f32]) -> usize {
+    let n = params.len() as f64;
+    let h = ((-13.0 + (169.0 + 48.0 * n).sqrt()) / 24.0).round() as usize;
+    assert_eq!(
+        super::params::count(h),
+        params.len(),
+        "not a layer's parameters"
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::params;
+
+    fn loss(heads: usize, causal: bool, p: &[f32], x: &[f32], dout: &[f32]) -> f64 {
+        let e = sequence(heads, causal, p, x, None);
+        e.out.iter().zip(dout).map(|(o, g)| o * *g as f64).sum()
+    }
+
+    /// The hand-derived backward equals central differences of the forward, for the
+    /// input and entries of every parameter tensor.
+    #[test]
+    fn gradients_match_central_differences() {
+        let (h, heads, s) = (8, 2, 5);
+        let p = params::generate(h, 3);
+        let x: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let dout: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+            .collect();
+        for causal in [true, false] {
+            let ex = sequence(heads, causal, &p, &x, Some(&dout));
+            let eps = 1e-3f32;
+            let fd = |f: &dyn Fn(f32) -> f64| (f(eps) - f(-eps)) / (2.0 * eps as f64);
+            for i in [0, 7, 13, 39] {
+                let g = fd(&|e| {
+                    let mut xx = x.clone();
+                    xx[i] += e;
+                    loss(heads, causal, &p, &xx, &dout)
+                });
+                assert!(
+                    (ex.dx[i] - g).abs() < 2e-3 * (1.0 + g.abs()),
+                    "dx[{i}]: {} vs {g}",
+                    ex.dx[i]
+                );
+            }
+            for q in params::Param::ALL {
+                let r = q.range(h);
+                for i in [r.start, r.start + r.len() / 2, r.end - 1] {
+                    let g = fd(&|e| {
+                        let mut pp = p.clone();
+                        pp[i] += e;
+                        loss(heads, causal, &pp, &x, &dout)
+                    });
+                    assert!(
+                        (ex.dp[i] - g).abs() < 2e-3 * (1.0 + g.abs()),
+                        "{} [{i}]: {} vs {g}",
+                        q.name(),
+                        ex.dp[i]
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! How a layer design runs a case: query blocks, the attention kernel, every buffer it
+//! allocates, and from those the exact memory prediction. Vanilla and memory-efficient run
+//! one block of the whole sequence (their activations are full-sequence); BPT runs blocks of
+//! `q_chunk` rows of one sequence (seed 002 Algorithm 1). O(blocks) arithmetic.
+
+use crate::backend::cpu::isa::Isa;
+use crate::model::bpt_memory::Design;
+use crate::problem::{Case, Mode, Shape};
+use crate::variant::{Saved, VariantId};
+
+/// BPT's default query block (`blockwise_parallel_v1`'s `q_chunk_size`).
+pub const DEFAULT_Q_BLOCK: usize = 1024;
+
+/// Layer dimensions: `b` sequences of `s` tokens, hidden `h = a * d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub b: usize,
+    pub s: usize,
+    pub a: usize,
+    pub d: usize,
+    pub h: usize,
+}
+
+impl Dims {
+    pub fn of(shape: &Shape) -> Dims {
+        Dims {
+            b: shape.batch,
+            s: shape.seq_q,
+            a: shape.heads,
+            d: shape.head_dim,
+            h: shape.heads * shape.head_dim,
+        }
+    }
+    /// Elements of one full-sequence activation, `b * s * h`.
+    pub fn full(&self) -> usize {
+        self.b * self.s * self.h
+    }
+}
+
+/// One query block: tokens `q0..q0 + c` of sequences `bb0..bb0 + nb`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub bb0: usize,
+    pub nb: usize,
+    pub q0: usize,
+    pub c: usize,
+}
+
+impl Block {
+    pub fn rows(&self) -> usize {
+        self.nb * self.c
+    }
+    /// Offset of sequence `bbl` (local) of the block in a `[b, s, h]` activation.
+    pub fn row_offset(&self, dims: &Dims, bbl: usize) -> usize {
+        ((self.bb0 + bbl) * dims.s + self.q0) * dims.h
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub design: Design,
+    pub dims: Dims,
+    /// Rows per query block within one sequence (`s` for the whole-sequence designs).
+    pub c: usize,
+    pub causal: bool,
+    pub train: bool,
+    /// The attention kernel's case for the whole sequence (its kv_chunk, threads).
+    base: Case,
+}
+
+impl Plan {
+    pub fn new(design: Design, case: &Case) -> Plan {
+        let dims = Dims::of(&case.shape);
+        let c = match design {
+            Design::Bpt => case.q_chunk.unwrap_or(DEFAULT_Q_BLOCK).clamp(1, dims.s),
+            Design::Vanilla | Design::MemEff => dims.s,
+        };
+        Plan {
+            design,
+            dims,
+            c,
+            causal: case.causal,
+            train: case.mode == Mode::LayerTrain,
+            base: case.clone(),
+        }
+    }
+
+    /// Whole-sequence designs run one attention call over all heads and sequences.
+    pub fn whole(&self) -> bool {
+        self.design != Design::Bpt
+    }
+
+    pub fn attention_variant(&self) -> VariantId {
+        match self.design {
+            Design::Vanilla => VariantId::Naive,
+            Design::MemEff | Design::Bpt => VariantId::Flash,
+        }
+    }
+
+    /// Rows of the largest block.
+    pub fn rows(&self) -> usize {
+        if self.whole() {
+            self.dims.b * self.dims.s
+        } else {
+            self.c
+        }
+    }
+
+    pub fn blocks(&self) -> Vec<Block> {
+        let Dims { b, s, .. } = self.dims;
+        if self.whole() {
+            return vec![Block {
+                bb0: 0,
+                nb: b,
+                q0: 0,
+                c: s,
+            }];
+        }
+        let mut out = Vec::new();
+        for bb in 0..b {
+            for q0 in (0..s).step_by(self.c) {
+                out.push(Block {
+                    bb0: bb,
+                    nb: 1,
+                    q0,
+                    c: self.c.min(s - q0),
+                });
+            }
+        }
+        out
+    }
+
+    /// Keys a block's queries see: its causal prefix, or the whole sequence.
+    pub fn kv_len(&self, blk: &Block) -> usize {
+        if self.causal {
+            blk.q0 + blk.c
+        } else {
+            self.dims.s
+        }
+    }
+
+    /// The attention case of one call: all heads of the whole sequence, or (BPT) one head
+    /// of one block against its keys.
+    pub fn attention_case(&self, blk: &Block) -> Case {
+        let Dims { a, d, .. } = self.dims;
+        let (heads, batch) = if self.whole() { (a, blk.nb) } else { (1, 1) };
+        let mut case = self.base.clone();
+        case.variant = self.attention_variant();
+        case.mode = if self.train { Mode::FwdBwd } else { Mode::Fwd };
+        case.shape = Shape {
+            batch,
+            heads,
+            kv_heads: heads,
+            seq_q: blk.c,
+            seq_kv: self.kv_len(blk),
+            head_dim: d,
+        };
+        case.q_chunk = None;
+        case.window = None;
+        case.devices = 1;
+        case.splits = None;
+        case.allreduce = None;
+        case
+    }
+
+    /// Every buffer the layer allocates, (what, floats), in allocation order.
+    pub fn buffers(&self) -> Vec<(&'static str, usize)> {
+        let Dims { d, h, s, .. } = self.dims;
+        let full = self.dims.full();
+        let r = self.rows();
+        let mut v = vec![
+            ("K (all tokens)", full),
+            ("V (all tokens)", full),
+            ("LN1 output", r * h),
+            ("LN1 statistics", 2 * r),
+            ("Q (block, by head)", r * h),
+            ("attention output (block, by head)", r * h),
+            ("residual y (block)", r * h),
+            ("LN2 output", r * h),
+            ("LN2 statistics", 2 * r),
+            ("FFN pre-activation", 4 * r * h),
+        ];
+        if self.train {
+            v.extend([
+                ("GELU output", 4 * r * h),
+                ("dK (all tokens)", full),
+                ("dV (all tokens)", full),
+                ("dZ", 4 * r * h),
+                ("d LN2 output", r * h),
+                ("dy", r * h),
+                ("d attention output (by head)", r * h),
+                ("dQ (by head)", r * h),
+                ("d LN1 output", r * h),
+            ]);
+        }
+        if !self.whole() {
+            let c = self.c;
+            v.extend([
+                ("Q of one head", c * d),
+                ("O of one head", c * d),
+                ("K prefix of one head", s * d),
+                ("V prefix of one head", s * d),
+            ]);
+            if self.train {
+                v.extend([
+                    ("dO of one head", c * d),
+                    ("dQ of one head", c * d),
+                    ("dK prefix of one head", s * d),
+                    ("dV prefix of one head", s * d),
+                ]);
+            }
+        }
+        v
+    }
+
+    /// Bytes the attention kernels allocate at their peak, beyond the buffers above: the
+    /// largest over blocks of the kernel's own prediction; BPT training keeps every head's
+    /// logsumexp of a block (and the list holding them) until the block's backward.
+    pub fn attention_peak_bytes(&self, isa: Isa) -> u64 {
+        let variant = self.attention_variant().get();
+        let a = self.dims.a as u64;
+        self.blocks()
+            .iter()
+            .map(|blk| {
+                let case = self.attention_case(blk);
+                if !self.train {
+                    return variant.predict_workspace_bytes(&case, isa);
+                }
+                let one = variant.predict_train_workspace_bytes(&case, isa);
+                if self.whole() {
+                    one
+                } else {
+                    one + (a - 1) * 4 * blk.c as u64 + a * std::mem::size_of::<Saved>() as u64
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The layer call's exact activation bytes (GEMM packing buffers aside).
+    pub fn predict_bytes(&self, isa: Isa) -> u64 {
+        let floats: usize = self.buffers().iter().map(|(_, n)| n).sum();
+        4 * floats as u64 + self.attention_peak_bytes(isa)
+    }
+}

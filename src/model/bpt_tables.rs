@@ -1,0 +1,335 @@
+//! `bpt.md` beside a sweep's CSV when it has transformer-layer rows: BPT's Tables 2-4 in
+//! their layouts (largest context under the budget, peak activation memory against
+//! context, tokens per second and speed-up over vanilla), the Sec. 3.1 prediction beside the
+//! measured memory, the paper's figures as trend data, and the issue's acceptance checks.
+//! Per (variant, context) the best cell over the block-size grid is shown, as the paper
+//! reports the best over its grid. O(rows).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::bpt_memory::{layer_activation, Design};
+use super::markdown::table;
+use super::tree_vs_ring::write_file;
+use crate::error::Result;
+use crate::report::record::Record;
+
+pub const MARKDOWN: &str = "bpt.md";
+
+const VARIANTS: [(&str, Design); 3] = [
+    ("layer-vanilla", Design::Vanilla),
+    ("layer-memeff", Design::MemEff),
+    ("layer-bpt", Design::Bpt),
+];
+
+/// The paper's Table 3, 3B model on one A100 (GB), and Table 4 speed-ups over vanilla.
+const PAPER_TABLE3_3B: [(usize, &str, &str, &str); 5] = [
+    (8192, "64", "44", "43"),
+    (16384, "oom", "47", "45"),
+    (32768, "oom", "55", "52"),
+    (65536, "oom", "75", "70"),
+    (131072, "oom", "oom", "79"),
+];
+const PAPER_TABLE4: [(usize, &str, &str, &str); 6] = [
+    (2048, "1x", "1.14x", "1.04x"),
+    (4096, "1x", "1.1x", "1.15x"),
+    (8192, "1x", "1.13x", "1.17x"),
+    (16384, "1x", "1.11x", "1.2x"),
+    (32768, "oom", "1x", "1.1x"),
+    (65536, "oom", "oom", "1x"),
+];
+
+fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / (1u64 << 20) as f64)
+}
+
+/// The best (lowest-memory, fastest) ok rows of one variant, mode and shape per context.
+struct Cells<'a> {
+    /// context -> (lowest activation bytes, its row)
+    memory: BTreeMap<usize, (u64, &'a Record)>,
+    /// context -> highest tokens/s
+    speed: BTreeMap<usize, f64>,
+    /// contexts with an oom row and no ok row
+    oom: Vec<usize>,
+}
+
+fn cells<'a>(rows: &[&'a Record], variant: &str) -> Cells<'a> {
+    let mut c = Cells {
+        memory: BTreeMap::new(),
+        speed: BTreeMap::new(),
+        oom: Vec::new(),
+    };
+    for r in rows.iter().filter(|r| r.variant == variant) {
+        let s = r.seq_q;
+        match r.status.name() {
+            "ok" => {
+                if let Some(m) = r.mem_overhead_bytes {
+                    let e = c.memory.entry(s).or_insert((m, r));
+                    if m < e.0 {
+                        *e = (m, r);
+                    }
+                }
+                if let Some(t) = r.time_median_s.filter(|t| *t > 0.0) {
+                    let tps = (r.batch * s) as f64 / t;
+                    let e = c.speed.entry(s).or_insert(tps);
+                    *e = e.max(tps);
+                }
+            }
+            "oom" => c.oom.push(s),
+            _ => {}
+        }
+    }
+    c.oom.retain(|s| !c.memory.contains_key(s));
+    c
+}
+
+/// Writes `bpt.md` if `records` hold layer rows; `model_layers` and `budget` as the
+/// config has them.
+pub fn write(
+    dir: &Path,
+    records: &[Record],
+    model_layers: Option<usize>,
+    budget: Option<u64>,
+) -> Result<Option<PathBuf>> {
+    let rows: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.mode == "layer-train" || r.mode == "layer-fwd")
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut s =
+        String::from("# Blockwise Parallel Transformer: one GPT layer in three designs\n\n");
+    s += "Written by `attnbench sweep` (module `src/model/bpt_tables.rs`) from `runs.csv`. \
+          Memory is the counting allocator's peak during one call minus what was live before \
+          it (x, out, parameters, and for training dout, dx and the parameter gradient): the \
+          layer's activation memory, f32. Per context the best cell over the config's block \
+          grid is shown (the paper reports the best over its grid). `Sec. 3.1` is the \
+          paper's per-layer formula for the same b, s, h, a and block c, at 4 bytes per \
+          value (the paper's fp32 GPU runs); our implementation keeps more than the formula \
+          counts (K, V and their gradients for every token in BPT, full-sequence Q, LN and \
+          FFN activations in memory-efficient), so compare the growth, not the bytes. The \
+          paper's figures are from A100s and TPUs with 1B-70B models: trend comparisons only.\n\n";
+    let modes: Vec<&str> = ["layer-train", "layer-fwd"]
+        .into_iter()
+        .filter(|m| rows.iter().any(|r| r.mode == *m))
+        .collect();
+    let mut checks = Vec::new();
+    for mode in modes {
+        let mode_rows: Vec<&Record> = rows.iter().copied().filter(|r| r.mode == mode).collect();
+        let first = mode_rows[0];
+        let (b, a, d) = (first.batch, first.heads, first.head_dim);
+        let h = a * d;
+        s += &format!(
+            "## `{mode}`, batch {b}, hidden {h} ({a} heads of {d}), {} threads\n\n",
+            first.threads
+        );
+        let per: Vec<(&str, Design, Cells)> = VARIANTS
+            .iter()
+            .map(|(v, dsg)| (*v, *dsg, cells(&mode_rows, v)))
+            .collect();
+        let contexts: Vec<usize> = {
+            let mut c: Vec<usize> = mode_rows.iter().map(|r| r.seq_q).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        // Table 2: the largest context that ran.
+        s += "### Largest context that fits (Table 2's layout)\n\n";
+        if let Some(b) = budget {
+            let fixed = model_layers.map_or(String::new(), |l| {
+                format!(" for a {l}-layer model (16 bytes per parameter per layer and the other layers' checkpointed inputs count against it)")
+            });
+            s += &format!("Memory budget {}{fixed}.\n\n", mib(b as f64));
+        }
+        let max_ctx: Vec<Option<usize>> = per
+            .iter()
+            .map(|(_, _, c)| c.memory.keys().max().copied())
+            .collect();
+        let show = |m: Option<usize>| m.map_or("none".to_string(), |m| m.to_string());
+        s += &table(
+            &[
+                "",
+                "vanilla",
+                "memory-efficient",
+                "BPT",
+                "BPT / memory-efficient",
+            ],
+            &[
+                vec![
+                    "this CPU".into(),
+                    show(max_ctx[0]),
+                    show(max_ctx[1]),
+                    show(max_ctx[2]),
+                    match (max_ctx[1], max_ctx[2]) {
+                        (Some(m), Some(p)) => format!("{:.1}x", p as f64 / m as f64),
+                        _ => "-".into(),
+                    },
+                ],
+                vec![
+                    "paper, 1B on 1 A100".into(),
+                    "16K".into(),
+                    "65K".into(),
+                    "131K".into(),
+                    "2.0x".into(),
+                ],
+                vec![
+                    "paper, 3B on 1 A100".into(),
+                    "8K".into(),
+                    "16K".into(),
+                    "65K".into(),
+                    "4.0x".into(),
+                ],
+            ],
+        );
+        s += "\n";
+        if budget.is_some() {
+            if let (Some(m), Some(p)) = (max_ctx[1], max_ctx[2]) {
+                checks.push((
+                    format!("{mode}: BPT's largest context is at least 2x memory-efficient's ({p} vs {m})"),
+                    p >= 2 * m,
+                ));
+            }
+        }
+        // Table 3: activation memory against context.
+        s += "### Activation memory against context (Table 3's layout)\n\n";
+        let mut mem_rows = Vec::new();
+        for &ctx in &contexts {
+            let mut row = vec![ctx.to_string()];
+            for (_, dsg, c) in &per {
+                row.push(match c.memory.get(&ctx) {
+                    Some((m, r)) => {
+                        let block = r.q_chunk.unwrap_or(ctx) as f64;
+                        let paper = layer_activation(
+                            *dsg, b as f64, ctx as f64, h as f64, a as f64, block, 2.0,
+                        );
+                        format!("{} (Sec. 3.1: {})", mib(*m as f64), mib(paper.per_layer()))
+                    }
+                    None if c.oom.contains(&ctx) => "oom".into(),
+                    None => "-".into(),
+                });
+            }
+            mem_rows.push(row);
+        }
+        s += &table(
+            &["context", "vanilla", "memory-efficient", "BPT"],
+            &mem_rows,
+        );
+        s += "\nThe paper's Table 3, 3B model on one A100, total peak GB (weights, optimizer and activations):\n\n";
+        s += &table(
+            &["context", "vanilla", "memory-efficient", "BPT"],
+            &PAPER_TABLE3_3B
+                .iter()
+                .map(|(c, v, m, p)| {
+                    vec![c.to_string(), v.to_string(), m.to_string(), p.to_string()]
+                })
+                .collect::<Vec<_>>(),
+        );
+        s += "\n";
+        // Checks on memory: BPT below memory-efficient, linear vs quadratic growth.
+        let common = per[1]
+            .2
+            .memory
+            .keys()
+            .filter(|k| per[2].2.memory.contains_key(k))
+            .max()
+            .copied();
+        if let Some(ctx) = common {
+            let (m, p) = (
+                per[1].2.memory[&ctx].0 as f64,
+                per[2].2.memory[&ctx].0 as f64,
+            );
+            checks.push((
+                format!("{mode}: at the largest common context {ctx}, BPT's activation memory is at least 2x below memory-efficient's ({} vs {}, {:.1}x)", mib(p), mib(m), m / p),
+                m >= 2.0 * p,
+            ));
+        }
+        for (i, want) in [(2usize, "linear"), (0, "quadratic")] {
+            let pts: Vec<(f64, f64)> = per[i]
+                .2
+                .memory
+                .iter()
+                .map(|(k, (m, _))| (*k as f64, *m as f64))
+                .collect();
+            if let Some(g) = growth_exponent(&pts) {
+                let ok = if want == "linear" { g < 1.2 } else { g > 1.5 };
+                checks.push((
+                    format!("{mode}: {} memory grows {want}ly with context (log-log slope of the increments over the last doublings: {g:.2})", per[i].0),
+                    ok,
+                ));
+            }
+        }
+        // Table 4: throughput.
+        s += "### Tokens per second against context (Table 4's layout)\n\n";
+        let mut t_rows = Vec::new();
+        for &ctx in &contexts {
+            let base = per[0].2.speed.get(&ctx).copied();
+            let mut row = vec![ctx.to_string()];
+            for (_, _, c) in &per {
+                row.push(match (c.speed.get(&ctx), base) {
+                    (Some(t), Some(bv)) => format!("{t:.0} ({:.2}x)", t / bv),
+                    (Some(t), None) => format!("{t:.0}"),
+                    (None, _) if c.oom.contains(&ctx) => "oom".into(),
+                    _ => "-".into(),
+                });
+            }
+            t_rows.push(row);
+        }
+        s += &table(&["context", "vanilla", "memory-efficient", "BPT"], &t_rows);
+        s += "\nThe paper's Table 4 (GPT 1B, 8 A100s), speed-up over vanilla:\n\n";
+        s += &table(
+            &["context", "vanilla", "memory-efficient", "BPT"],
+            &PAPER_TABLE4
+                .iter()
+                .map(|(c, v, m, p)| {
+                    vec![c.to_string(), v.to_string(), m.to_string(), p.to_string()]
+                })
+                .collect::<Vec<_>>(),
+        );
+        s += "\n";
+    }
+    if !checks.is_empty() {
+        s += "## Checks\n\n";
+        for (what, ok) in &checks {
+            s += &format!("- {}: {what}\n", if *ok { "PASS" } else { "FAIL" });
+        }
+    }
+    write_file(dir, MARKDOWN, &s).map(Some)
+}
+
+/// Growth exponent of memory in context from the increments of the last three points
+/// (an affine function gives 1, a quadratic term tends to 2): log2 of the ratio of
+/// successive increments over doublings.
+fn growth_exponent(pts: &[(f64, f64)]) -> Option<f64> {
+    if pts.len() < 3 {
+        return None;
+    }
+    let n = pts.len();
+    let (a, b, c) = (pts[n - 3], pts[n - 2], pts[n - 1]);
+    let (d1, d2) = ((b.1 - a.1) / (b.0 - a.0), (c.1 - b.1) / (c.0 - b.0));
+    if d1 <= 0.0 || d2 <= 0.0 {
+        return None;
+    }
+    // Slope per unit of context grows as s^(e-1); over a doubling of the midpoints:
+    let mid = ((b.0 + c.0) / (a.0 + b.0)).log2();
+    Some(1.0 + (d2 / d1).log2() / mid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::growth_exponent;
+
+    #[test]
+    fn growth_exponent_tells_linear_from_quadratic() {
+        let lin: Vec<(f64, f64)> = [1024.0, 2048.0, 4096.0]
+            .iter()
+            .map(|&s| (s, 5e6 + 300.0 * s))
+            .collect();
+        let quad: Vec<(f64, f64)> = [1024.0, 2048.0, 4096.0]
+            .iter()
+            .map(|&s| (s, 1e6 + 3.0 * s * s))
+            .collect();
+        assert!((growth_exponent(&lin).unwrap() - 1.0).abs() < 1e-9);
+        assert!((growth_exponent(&quad).unwrap() - 2.0).abs() < 1e-9);
+    }
+}
