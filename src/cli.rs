@@ -187,8 +187,10 @@ pub struct RunArgs {
     pub dtype: Option<DType>,
     #[arg(long, default_value = "cpu")]
     pub device: Device,
-    /// What to measure: fwd, fwd+bwd (forward and backward, gradients checked too), or
-    /// decode (--seq-len new queries against a cache of --seq-kv keys).
+    /// What to measure: fwd, fwd+bwd (forward and backward, gradients checked too), decode
+    /// (--seq-len new queries against a cache of --seq-kv keys), or for the layer-* variants
+    /// layer-fwd / layer-train (a GPT layer of hidden heads x head-dim; training is
+    /// checkpointed).
     #[arg(long, default_value = "fwd")]
     pub mode: Mode,
     /// Sliding window: each query attends to the last N keys up to its causal bound.

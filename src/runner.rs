@@ -390,8 +390,7 @@ fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Out
     let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
     let train = case.mode == Mode::LayerTrain;
-    let params = layer::params::generate(layer::hidden(case), case.seed);
-    let x = layer::generate_input(case);
+    let (params, x) = layer::generate(case);
     let d_out = if train {
         case.d_out.make(&case.shape, case.seed)
     } else {

@@ -2,13 +2,16 @@
 //! projection, residual, LN, GELU FFN with n_inner = 4h, residual) in the three memory
 //! designs BPT compares (seed 002 Sec. 3 and Algorithm 1; REPRODUCTION.md 1.2, 2.3):
 //! vanilla, memory-efficient and blockwise parallel. Forward 24*b*s*h^2 FLOPs plus
-//! attention; f32 storage and arithmetic (the paper's GPU runs were fp32).
+//! attention. Arithmetic is f32; with a bf16 or f16 case the attention operands Q, K, V are
+//! stored in that dtype (K and V of every token are BPT's largest buffers) and the
+//! parameters and input are rounded to it.
 
 pub mod ops;
 pub mod oracle;
 pub mod params;
 pub mod pipeline;
 pub mod plan;
+pub mod store;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,8 +71,32 @@ pub fn static_bytes(case: &Case, layers: usize) -> u64 {
     layers as u64 * per_layer + layers.saturating_sub(1) as u64 * inputs
 }
 
-/// The layer input x (`[b, s, h]`), seeded like attention inputs (distribution, scale).
-pub fn generate_input(case: &Case) -> Vec<f32> {
+/// The case's seeded parameters and layer input x (`[b, s, h]`, distributed like attention
+/// inputs), both rounded to the storage dtype's values: the oracle sees the same numbers.
+pub fn generate(case: &Case) -> (Vec<f32>, Vec<f32>) {
+    let mut p = params::generate(hidden(case), case.seed);
+    let mut x = generate_input(case);
+    for v in [&mut p, &mut x] {
+        round_to(case.dtype, v);
+    }
+    (p, x)
+}
+
+/// Rounds every value to the nearest value of `dtype`.
+pub fn round_to(dtype: crate::problem::DType, v: &mut [f32]) {
+    use crate::problem::DType;
+    match dtype {
+        DType::F32 => {}
+        DType::Bf16 => v
+            .par_iter_mut()
+            .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+        DType::F16 => v
+            .par_iter_mut()
+            .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+    }
+}
+
+fn generate_input(case: &Case) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
     let f = case.input_scale as f32;
     (0..tokens_len(case))

@@ -11,7 +11,8 @@ use super::ops::{
     gemm, layer_norm, layer_norm_backward, layer_norm_param_grads,
 };
 use super::params::{Param, View};
-use super::plan::{Block, Dims, Plan};
+use super::plan::{self, Block, Dims, Plan};
+use super::store::{self, try_tensor};
 use crate::backend::cpu::gemm::MatRef;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
@@ -20,13 +21,13 @@ use crate::problem::{Grads, Inputs, Tensor};
 use crate::variant::Saved;
 
 /// The layer's buffers, allocated once per call in `Plan::buffers` order.
-#[derive(Default)]
+/// K, V, Q and the per-head copies are in the storage dtype; everything else is f32.
 struct Bufs {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Tensor,
+    v: Tensor,
     u: Vec<f32>,
     st1: Vec<f32>,
-    qb: Vec<f32>,
+    qb: Tensor,
     ob: Vec<f32>,
     y: Vec<f32>,
     vn: Vec<f32>,
@@ -41,10 +42,12 @@ struct Bufs {
     dob: Vec<f32>,
     dqb: Vec<f32>,
     du: Vec<f32>,
-    q_h: Vec<f32>,
+    /// One head's projection of a block (f32), before it is rounded into its store.
+    proj: Vec<f32>,
+    q_h: Tensor,
     o_h: Vec<f32>,
-    k_h: Vec<f32>,
-    v_h: Vec<f32>,
+    k_h: Tensor,
+    v_h: Tensor,
     do_h: Vec<f32>,
     dq_h: Vec<f32>,
     dk_h: Vec<f32>,
@@ -53,50 +56,56 @@ struct Bufs {
 
 impl Bufs {
     fn new(plan: &Plan) -> Result<Bufs> {
-        let lens = plan.buffers();
-        let mut all = Vec::with_capacity(lens.len());
-        for (what, n) in &lens {
-            all.push(try_zeroed(*n, what)?);
-        }
-        let mut it = all.into_iter();
-        let mut next = || it.next().unwrap_or_default();
-        let mut b = Bufs {
-            k: next(),
-            v: next(),
-            u: next(),
-            st1: next(),
-            qb: next(),
-            ob: next(),
-            y: next(),
-            vn: next(),
-            st2: next(),
-            z: next(),
-            ..Bufs::default()
-        };
-        if plan.train {
-            b.g = next();
-            b.dk = next();
-            b.dv = next();
-            b.dz = next();
-            b.dvn = next();
-            b.dy = next();
-            b.dob = next();
-            b.dqb = next();
-            b.du = next();
-        }
-        if !plan.whole() {
-            b.q_h = next();
-            b.o_h = next();
-            b.k_h = next();
-            b.v_h = next();
-            if plan.train {
-                b.do_h = next();
-                b.dq_h = next();
-                b.dk_h = next();
-                b.dv_h = next();
+        let dt = plan.dtype;
+        let f = |what: &str| -> Result<Vec<f32>> { try_zeroed(plan.floats(what), what) };
+        let t = |what: &str| -> Result<Tensor> { try_tensor(plan.floats(what), dt, what) };
+        let none = || Tensor::F32(Vec::new());
+        let train = plan.train;
+        let per_head = !plan.whole();
+        let opt = |on: bool, what: &str| -> Result<Vec<f32>> {
+            if on {
+                f(what)
+            } else {
+                Ok(Vec::new())
             }
-        }
-        Ok(b)
+        };
+        let opt_t = |on: bool, what: &str| -> Result<Tensor> {
+            if on {
+                t(what)
+            } else {
+                Ok(none())
+            }
+        };
+        Ok(Bufs {
+            k: t(plan::K)?,
+            v: t(plan::V)?,
+            u: f(plan::U)?,
+            st1: f(plan::ST1)?,
+            qb: t(plan::Q)?,
+            ob: f(plan::O)?,
+            y: f(plan::Y)?,
+            vn: f(plan::VN)?,
+            st2: f(plan::ST2)?,
+            z: f(plan::Z)?,
+            proj: f(plan::PROJ)?,
+            g: opt(train, plan::G)?,
+            dk: opt(train, plan::DK)?,
+            dv: opt(train, plan::DV)?,
+            dz: opt(train, plan::DZ)?,
+            dvn: opt(train, plan::DVN)?,
+            dy: opt(train, plan::DY)?,
+            dob: opt(train, plan::DO)?,
+            dqb: opt(train, plan::DQ)?,
+            du: opt(train, plan::DU)?,
+            q_h: opt_t(per_head, plan::Q_H)?,
+            o_h: opt(per_head, plan::O_H)?,
+            k_h: opt_t(per_head, plan::K_H)?,
+            v_h: opt_t(per_head, plan::V_H)?,
+            do_h: opt(per_head && train, plan::DO_H)?,
+            dq_h: opt(per_head && train, plan::DQ_H)?,
+            dk_h: opt(per_head && train, plan::DK_H)?,
+            dv_h: opt(per_head && train, plan::DV_H)?,
+        })
     }
 }
 
@@ -154,26 +163,28 @@ impl Layer<'_> {
         );
     }
 
-    /// Projection `which` (0 = Q, 1 = K, 2 = V) of the block's `u`, head by head, written
-    /// with row stride `d` from `dst(bbl, head)` in `out`.
+    /// Projection `which` (0 = Q, 1 = K, 2 = V) of the block's `u`, head by head, rounded
+    /// into `out` (storage dtype) with row stride `d` from `dst(bbl, head)`.
     fn project(
         &self,
         blk: &Block,
         u: &[f32],
         which: usize,
-        out: &mut [f32],
+        proj: &mut [f32],
+        out: &mut Tensor,
         dst: impl Fn(usize, usize) -> usize,
     ) {
         let Dims { a, d, h, .. } = self.dims();
         let w = self.p.get(Param::Wqkv);
         let bias = self.p.get(Param::Bqkv);
+        let o = &mut proj[..blk.c * d];
         for bbl in 0..blk.nb {
             let ub = rows(u, bbl * blk.c, blk.c, h);
             for hd in 0..a {
                 let col = which * h + hd * d;
-                let o = &mut out[dst(bbl, hd)..][..blk.c * d];
                 gemm(1.0, ub, cols(w, h, 3 * h, col, d), 0.0, o, d);
                 add_bias(o, d, &bias[col..col + d]);
+                store::write(out, dst(bbl, hd), o);
             }
         }
     }
@@ -184,10 +195,8 @@ impl Layer<'_> {
         for blk in self.plan.blocks() {
             self.ln1(&blk, bufs);
             let at = |bbl: usize, hd: usize| (((blk.bb0 + bbl) * a + hd) * s + blk.q0) * d;
-            let u = take(&mut bufs.u);
-            self.project(&blk, &u, 1, &mut bufs.k, at);
-            self.project(&blk, &u, 2, &mut bufs.v, at);
-            bufs.u = u;
+            self.project(&blk, &bufs.u, 1, &mut bufs.proj, &mut bufs.k, at);
+            self.project(&blk, &bufs.u, 2, &mut bufs.proj, &mut bufs.v, at);
         }
     }
 
@@ -203,9 +212,8 @@ impl Layer<'_> {
         let Dims { a, d, h, .. } = self.dims();
         let c = blk.c;
         self.ln1(blk, bufs);
-        let u = take(&mut bufs.u);
-        self.project(blk, &u, 0, &mut bufs.qb, |bbl, hd| (bbl * a + hd) * c * d);
-        bufs.u = u;
+        let at = |bbl: usize, hd: usize| (bbl * a + hd) * c * d;
+        self.project(blk, &bufs.u, 0, &mut bufs.proj, &mut bufs.qb, at);
         self.attend(blk, bufs, saved)?;
         // y = x + b_o + sum_heads O_head W_o[head rows]
         let n = blk.rows() * h;
@@ -254,9 +262,9 @@ impl Layer<'_> {
         if plan.whole() {
             let inputs = Inputs {
                 shape: case.shape,
-                q: Tensor::F32(take(&mut bufs.qb)),
-                k: Tensor::F32(take(&mut bufs.k)),
-                v: Tensor::F32(take(&mut bufs.v)),
+                q: store::take(&mut bufs.qb),
+                k: store::take(&mut bufs.k),
+                v: store::take(&mut bufs.v),
             };
             let r = if let Some(saved) = saved {
                 variant
@@ -272,15 +280,15 @@ impl Layer<'_> {
         let (c, kv) = (blk.c, plan.kv_len(blk));
         for hd in 0..a {
             let kv_at = ((blk.bb0 * a + hd) * s) * d;
-            refill(&mut bufs.q_h, &bufs.qb[hd * c * d..][..c * d]);
-            refill(&mut bufs.k_h, &bufs.k[kv_at..][..kv * d]);
-            refill(&mut bufs.v_h, &bufs.v[kv_at..][..kv * d]);
+            store::refill(&mut bufs.q_h, &bufs.qb, hd * c * d, c * d);
+            store::refill(&mut bufs.k_h, &bufs.k, kv_at, kv * d);
+            store::refill(&mut bufs.v_h, &bufs.v, kv_at, kv * d);
             bufs.o_h.resize(c * d, 0.0);
             let inputs = Inputs {
                 shape: case.shape,
-                q: Tensor::F32(take(&mut bufs.q_h)),
-                k: Tensor::F32(take(&mut bufs.k_h)),
-                v: Tensor::F32(take(&mut bufs.v_h)),
+                q: store::take(&mut bufs.q_h),
+                k: store::take(&mut bufs.k_h),
+                v: store::take(&mut bufs.v_h),
             };
             let r = if let Some(saved) = saved.as_deref_mut() {
                 variant
@@ -491,9 +499,9 @@ impl Layer<'_> {
         if plan.whole() {
             let inputs = Inputs {
                 shape: case.shape,
-                q: Tensor::F32(take(&mut bufs.qb)),
-                k: Tensor::F32(take(&mut bufs.k)),
-                v: Tensor::F32(take(&mut bufs.v)),
+                q: store::take(&mut bufs.qb),
+                k: store::take(&mut bufs.k),
+                v: store::take(&mut bufs.v),
             };
             let mut grads = Grads {
                 dq: take(&mut bufs.dqb),
@@ -515,11 +523,11 @@ impl Layer<'_> {
         for hd in 0..a {
             let kv_at = ((blk.bb0 * a + hd) * s) * d;
             let at = hd * c * d;
-            refill(&mut bufs.q_h, &bufs.qb[at..][..c * d]);
+            store::refill(&mut bufs.q_h, &bufs.qb, at, c * d);
             refill(&mut bufs.o_h, &bufs.ob[at..][..c * d]);
             refill(&mut bufs.do_h, &bufs.dob[at..][..c * d]);
-            refill(&mut bufs.k_h, &bufs.k[kv_at..][..kv * d]);
-            refill(&mut bufs.v_h, &bufs.v[kv_at..][..kv * d]);
+            store::refill(&mut bufs.k_h, &bufs.k, kv_at, kv * d);
+            store::refill(&mut bufs.v_h, &bufs.v, kv_at, kv * d);
             for (g, len) in [
                 (&mut bufs.dq_h, c * d),
                 (&mut bufs.dk_h, kv * d),
@@ -530,9 +538,9 @@ impl Layer<'_> {
             }
             let inputs = Inputs {
                 shape: case.shape,
-                q: Tensor::F32(take(&mut bufs.q_h)),
-                k: Tensor::F32(take(&mut bufs.k_h)),
-                v: Tensor::F32(take(&mut bufs.v_h)),
+                q: store::take(&mut bufs.q_h),
+                k: store::take(&mut bufs.k_h),
+                v: store::take(&mut bufs.v_h),
             };
             let mut grads = Grads {
                 dq: take(&mut bufs.dq_h),
@@ -566,13 +574,9 @@ fn refill(dst: &mut Vec<f32>, src: &[f32]) {
     dst.extend_from_slice(src);
 }
 
-/// Q, K and V back out of an `Inputs` that was built from f32 buffers.
-fn into_parts(inputs: Inputs) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let f32s = |t: Tensor| match t {
-        Tensor::F32(v) => v,
-        _ => Vec::new(),
-    };
-    (f32s(inputs.q), f32s(inputs.k), f32s(inputs.v))
+/// Q, K and V back out of an `Inputs`.
+fn into_parts(inputs: Inputs) -> (Tensor, Tensor, Tensor) {
+    (inputs.q, inputs.k, inputs.v)
 }
 
 /// Named, disjoint views of the flat parameter gradient.

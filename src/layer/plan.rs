@@ -5,8 +5,38 @@
 
 use crate::backend::cpu::isa::Isa;
 use crate::model::bpt_memory::Design;
-use crate::problem::{Case, Mode, Shape};
+use crate::problem::{Case, DType, Mode, Shape};
 use crate::variant::{Saved, VariantId};
+
+// The layer's buffers (`Plan::buffers`).
+pub const K: &str = "K (all tokens)";
+pub const V: &str = "V (all tokens)";
+pub const U: &str = "LN1 output";
+pub const ST1: &str = "LN1 statistics";
+pub const Q: &str = "Q (block, by head)";
+pub const O: &str = "attention output (block, by head)";
+pub const Y: &str = "residual y (block)";
+pub const VN: &str = "LN2 output";
+pub const ST2: &str = "LN2 statistics";
+pub const Z: &str = "FFN pre-activation";
+pub const PROJ: &str = "one head's projection";
+pub const G: &str = "GELU output";
+pub const DK: &str = "dK (all tokens)";
+pub const DV: &str = "dV (all tokens)";
+pub const DZ: &str = "dZ";
+pub const DVN: &str = "d LN2 output";
+pub const DY: &str = "dy";
+pub const DO: &str = "d attention output (by head)";
+pub const DQ: &str = "dQ (by head)";
+pub const DU: &str = "d LN1 output";
+pub const Q_H: &str = "Q of one head";
+pub const O_H: &str = "O of one head";
+pub const K_H: &str = "K prefix of one head";
+pub const V_H: &str = "V prefix of one head";
+pub const DO_H: &str = "dO of one head";
+pub const DQ_H: &str = "dQ of one head";
+pub const DK_H: &str = "dK prefix of one head";
+pub const DV_H: &str = "dV prefix of one head";
 
 /// BPT's default query block (`blockwise_parallel_v1`'s `q_chunk_size`).
 pub const DEFAULT_Q_BLOCK: usize = 1024;
@@ -64,6 +94,8 @@ pub struct Plan {
     pub c: usize,
     pub causal: bool,
     pub train: bool,
+    /// Storage of the attention operands Q, K, V (and their per-head copies).
+    pub dtype: DType,
     /// The attention kernel's case for the whole sequence (its kv_chunk, threads).
     base: Case,
 }
@@ -81,6 +113,7 @@ impl Plan {
             c,
             causal: case.causal,
             train: case.mode == Mode::LayerTrain,
+            dtype: case.dtype,
             base: case.clone(),
         }
     }
@@ -163,50 +196,61 @@ impl Plan {
         case
     }
 
-    /// Every buffer the layer allocates, (what, floats), in allocation order.
-    pub fn buffers(&self) -> Vec<(&'static str, usize)> {
+    /// Elements of buffer `what` (one of the names below; 0 for a name this plan does not
+    /// allocate).
+    pub fn floats(&self, what: &str) -> usize {
+        self.buffers()
+            .iter()
+            .find(|(w, _, _)| *w == what)
+            .map_or(0, |(_, n, _)| *n)
+    }
+
+    /// Every buffer the layer allocates: (what, elements, bytes per element).
+    pub fn buffers(&self) -> Vec<(&'static str, usize, usize)> {
         let Dims { d, h, s, .. } = self.dims;
         let full = self.dims.full();
         let r = self.rows();
+        let st = self.dtype.size_bytes();
         let mut v = vec![
-            ("K (all tokens)", full),
-            ("V (all tokens)", full),
-            ("LN1 output", r * h),
-            ("LN1 statistics", 2 * r),
-            ("Q (block, by head)", r * h),
-            ("attention output (block, by head)", r * h),
-            ("residual y (block)", r * h),
-            ("LN2 output", r * h),
-            ("LN2 statistics", 2 * r),
-            ("FFN pre-activation", 4 * r * h),
+            (K, full, st),
+            (V, full, st),
+            (U, r * h, 4),
+            (ST1, 2 * r, 4),
+            (Q, r * h, st),
+            (O, r * h, 4),
+            (Y, r * h, 4),
+            (VN, r * h, 4),
+            (ST2, 2 * r, 4),
+            (Z, 4 * r * h, 4),
+            (PROJ, self.c * d, 4),
         ];
         if self.train {
             v.extend([
-                ("GELU output", 4 * r * h),
-                ("dK (all tokens)", full),
-                ("dV (all tokens)", full),
-                ("dZ", 4 * r * h),
-                ("d LN2 output", r * h),
-                ("dy", r * h),
-                ("d attention output (by head)", r * h),
-                ("dQ (by head)", r * h),
-                ("d LN1 output", r * h),
+                (G, 4 * r * h, 4),
+                (DK, full, 4),
+                (DV, full, 4),
+                (DZ, 4 * r * h, 4),
+                (DVN, r * h, 4),
+                (DY, r * h, 4),
+                (DO, r * h, 4),
+                (DQ, r * h, 4),
+                (DU, r * h, 4),
             ]);
         }
         if !self.whole() {
             let c = self.c;
             v.extend([
-                ("Q of one head", c * d),
-                ("O of one head", c * d),
-                ("K prefix of one head", s * d),
-                ("V prefix of one head", s * d),
+                (Q_H, c * d, st),
+                (O_H, c * d, 4),
+                (K_H, s * d, st),
+                (V_H, s * d, st),
             ]);
             if self.train {
                 v.extend([
-                    ("dO of one head", c * d),
-                    ("dQ of one head", c * d),
-                    ("dK prefix of one head", s * d),
-                    ("dV prefix of one head", s * d),
+                    (DO_H, c * d, 4),
+                    (DQ_H, c * d, 4),
+                    (DK_H, s * d, 4),
+                    (DV_H, s * d, 4),
                 ]);
             }
         }
@@ -239,7 +283,7 @@ impl Plan {
 
     /// The layer call's exact activation bytes (GEMM packing buffers aside).
     pub fn predict_bytes(&self, isa: Isa) -> u64 {
-        let floats: usize = self.buffers().iter().map(|(_, n)| n).sum();
-        4 * floats as u64 + self.attention_peak_bytes(isa)
+        let bytes: usize = self.buffers().iter().map(|(_, n, b)| n * b).sum();
+        bytes as u64 + self.attention_peak_bytes(isa)
     }
 }

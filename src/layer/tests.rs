@@ -11,7 +11,12 @@ const DESIGNS: [VariantId; 3] = [
     VariantId::LayerBpt,
 ];
 
-fn case(
+fn case(v: VariantId, mode: Mode, dims: Dims4, causal: bool, q_chunk: usize) -> Case {
+    case_in(DType::F32, v, mode, dims, causal, q_chunk)
+}
+
+fn case_in(
+    dtype: DType,
     v: VariantId,
     mode: Mode,
     (b, s, a, d): Dims4,
@@ -22,7 +27,7 @@ fn case(
         variant: v,
         mode,
         device: Device::Cpu,
-        dtype: DType::F32,
+        dtype,
         shape: Shape {
             batch: b,
             heads: a,
@@ -53,8 +58,7 @@ struct Run {
 }
 
 fn run(c: &Case) -> (Run, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let params = params::generate(hidden(c), c.seed);
-    let x = generate_input(c);
+    let (params, x) = generate(c);
     let d_out = c.d_out.make(&c.shape, c.seed);
     let n = tokens_len(c);
     let train = c.mode == Mode::LayerTrain;
@@ -123,6 +127,36 @@ fn every_design_matches_the_oracle_forward_and_training() {
                     let (abs, r) = e.grad.expect("gradients checked");
                     assert!(r <= 1e-5, "{what}: gradient rel err {r:e} (abs {abs:e})");
                 }
+            }
+        }
+    }
+}
+
+/// bf16 and f16 storage of Q, K and V: outputs within the dtype's tolerance, gradients
+/// within twice it (the backward reads the rounded operands as well).
+#[test]
+fn half_precision_storage_stays_within_the_dtype_tolerance() {
+    for dtype in [DType::Bf16, DType::F16] {
+        for (dims, causal, qc) in SHAPES {
+            for v in DESIGNS {
+                let c = case_in(dtype, v, Mode::LayerTrain, dims, causal, qc);
+                let (r, params, x, d_out) = run(&c);
+                let e = check(&c, &params, &x, &r.out, Some((&d_out, &r.dx, &r.dp)));
+                let what = format!("{v} {dtype} {dims:?} causal {causal}");
+                let tol = dtype.tolerance();
+                assert!(
+                    e.out_max_rel <= tol,
+                    "{what}: output rel err {:e}",
+                    e.out_max_rel
+                );
+                let (_, g) = e.grad.expect("gradients checked");
+                assert!(g <= 2.0 * tol, "{what}: gradient rel err {g:e}");
+                // Not a disguised f32 run: rounding Q, K, V shows in the error.
+                assert!(
+                    e.out_max_rel > 1e-6,
+                    "{what}: error {:e} looks like f32",
+                    e.out_max_rel
+                );
             }
         }
     }

@@ -146,7 +146,18 @@ pub fn write(
             .iter()
             .map(|(_, _, c)| c.memory.keys().max().copied())
             .collect();
-        let show = |m: Option<usize>| m.map_or("none".to_string(), |m| m.to_string());
+        // A design's largest context is bounded by the budget only if a longer one was `oom`;
+        // otherwise it is the config's longest context, a lower bound (shown with >=).
+        let bounded: Vec<bool> = per
+            .iter()
+            .zip(&max_ctx)
+            .map(|((_, _, c), m)| m.is_some_and(|m| c.oom.iter().any(|o| *o > m)))
+            .collect();
+        let show = |i: usize| match max_ctx[i] {
+            Some(m) if bounded[i] => m.to_string(),
+            Some(m) => format!(">= {m}"),
+            None => "none".to_string(),
+        };
         s += &table(
             &[
                 "",
@@ -158,11 +169,15 @@ pub fn write(
             &[
                 vec![
                     "this CPU".into(),
-                    show(max_ctx[0]),
-                    show(max_ctx[1]),
-                    show(max_ctx[2]),
+                    show(0),
+                    show(1),
+                    show(2),
                     match (max_ctx[1], max_ctx[2]) {
-                        (Some(m), Some(p)) => format!("{:.1}x", p as f64 / m as f64),
+                        (Some(m), Some(p)) if bounded[1] => format!(
+                            "{}{:.1}x",
+                            if bounded[2] { "" } else { ">= " },
+                            p as f64 / m as f64
+                        ),
                         _ => "-".into(),
                     },
                 ],
@@ -183,13 +198,13 @@ pub fn write(
             ],
         );
         s += "\n";
-        if budget.is_some() {
-            if let (Some(m), Some(p)) = (max_ctx[1], max_ctx[2]) {
-                checks.push((
-                    format!("{mode}: BPT's largest context is at least 2x memory-efficient's ({p} vs {m})"),
-                    p >= 2 * m,
-                ));
-            }
+        if let (Some(m), Some(p), Some(_), true) = (max_ctx[1], max_ctx[2], budget, bounded[1]) {
+            checks.push((
+                format!(
+                    "{mode}: BPT's largest context is at least 2x memory-efficient's ({p} vs {m})"
+                ),
+                p >= 2 * m,
+            ));
         }
         // Table 3: activation memory against context.
         s += "### Activation memory against context (Table 3's layout)\n\n";
@@ -244,7 +259,7 @@ pub fn write(
                 m >= 2.0 * p,
             ));
         }
-        for (i, want) in [(2usize, "linear"), (0, "quadratic")] {
+        for (i, want) in [(2usize, "linearly"), (0, "quadratically")] {
             let pts: Vec<(f64, f64)> = per[i]
                 .2
                 .memory
@@ -252,9 +267,9 @@ pub fn write(
                 .map(|(k, (m, _))| (*k as f64, *m as f64))
                 .collect();
             if let Some(g) = growth_exponent(&pts) {
-                let ok = if want == "linear" { g < 1.2 } else { g > 1.5 };
+                let ok = if want == "linearly" { g < 1.2 } else { g > 1.5 };
                 checks.push((
-                    format!("{mode}: {} memory grows {want}ly with context (log-log slope of the increments over the last doublings: {g:.2})", per[i].0),
+                    format!("{mode}: {} memory grows {want} with context (log-log slope of the increments over the last doublings: {g:.2})", per[i].0),
                     ok,
                 ));
             }

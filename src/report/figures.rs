@@ -131,6 +131,14 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
             points: ooms,
         });
     }
+    // Whole-layer runs grow as n (BPT, memory-efficient) or n² (vanilla); attention runs
+    // are compared with n² and Rabe–Staats' √n.
+    let layers = results.records.iter().any(|r| r.mode.starts_with("layer-"));
+    let (low, low_label) = if layers {
+        (1.0, "∝ n (linear)")
+    } else {
+        (0.5, "∝ √n (Rabe–Staats, kv_chunk = √n)")
+    };
     let guides = anchor.map_or_else(Vec::new, |a| {
         vec![
             Guide {
@@ -140,9 +148,9 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
                 anchor: a,
             },
             Guide {
-                label: "∝ √n (Rabe–Staats, kv_chunk = √n)".into(),
+                label: low_label.into(),
                 color: LIGHT_GUIDE,
-                exponent: 0.5,
+                exponent: low,
                 anchor: a,
             },
         ]

@@ -8,7 +8,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
 use crate::layer::plan::{Plan, DEFAULT_Q_BLOCK};
 use crate::layer::Design;
-use crate::problem::{Case, DType, Inputs, Mode};
+use crate::problem::{Case, Inputs, Mode};
 
 pub struct Layer {
     design: Design,
@@ -79,12 +79,6 @@ impl Variant for Layer {
     fn unsupported(&self, case: &Case) -> Option<String> {
         let s = &case.shape;
         let name = self.info.name;
-        if case.dtype != DType::F32 {
-            return Some(format!(
-                "{name} runs f32 only (the paper's GPU runs were fp32); {} is not implemented",
-                case.dtype
-            ));
-        }
         if s.seq_q != s.seq_kv || s.kv_heads != s.heads {
             return Some(format!(
                 "{name} is self-attention with one key/value head per head (seq_q = seq_kv, kv_heads = heads)"
