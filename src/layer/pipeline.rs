@@ -17,7 +17,7 @@ use crate::backend::cpu::gemm::MatRef;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
-use crate::problem::{Grads, Inputs, Tensor};
+use crate::problem::{Grads, Inputs, Shape, Tensor};
 use crate::variant::Saved;
 
 /// The layer's buffers, allocated once per call in `Plan::buffers` order.
@@ -260,21 +260,17 @@ impl Layer<'_> {
         let variant = plan.attention_variant().get();
         let case = plan.attention_case(blk);
         if plan.whole() {
-            let inputs = Inputs {
-                shape: case.shape,
-                q: store::take(&mut bufs.qb),
-                k: store::take(&mut bufs.k),
-                v: store::take(&mut bufs.v),
-            };
-            let r = if let Some(saved) = saved {
-                variant
-                    .forward_train_cpu(&case, self.isa, &inputs, &mut bufs.ob)
-                    .map(|s| saved.push(s))
-            } else {
-                variant.forward_cpu(&case, self.isa, &inputs, &mut bufs.ob)
-            };
-            (bufs.qb, bufs.k, bufs.v) = into_parts(inputs);
-            return r;
+            let ob = &mut bufs.ob;
+            return lend(
+                [&mut bufs.qb, &mut bufs.k, &mut bufs.v],
+                case.shape,
+                |inputs| match saved {
+                    Some(saved) => variant
+                        .forward_train_cpu(&case, self.isa, inputs, ob)
+                        .map(|s| saved.push(s)),
+                    None => variant.forward_cpu(&case, self.isa, inputs, ob),
+                },
+            );
         }
         let Dims { a, d, s, .. } = self.dims();
         let (c, kv) = (blk.c, plan.kv_len(blk));
@@ -284,21 +280,18 @@ impl Layer<'_> {
             store::refill(&mut bufs.k_h, &bufs.k, kv_at, kv * d);
             store::refill(&mut bufs.v_h, &bufs.v, kv_at, kv * d);
             bufs.o_h.resize(c * d, 0.0);
-            let inputs = Inputs {
-                shape: case.shape,
-                q: store::take(&mut bufs.q_h),
-                k: store::take(&mut bufs.k_h),
-                v: store::take(&mut bufs.v_h),
-            };
-            let r = if let Some(saved) = saved.as_deref_mut() {
-                variant
-                    .forward_train_cpu(&case, self.isa, &inputs, &mut bufs.o_h)
-                    .map(|sv| saved.push(sv))
-            } else {
-                variant.forward_cpu(&case, self.isa, &inputs, &mut bufs.o_h)
-            };
-            (bufs.q_h, bufs.k_h, bufs.v_h) = into_parts(inputs);
-            r?;
+            let o_h = &mut bufs.o_h;
+            let saved = saved.as_deref_mut();
+            lend(
+                [&mut bufs.q_h, &mut bufs.k_h, &mut bufs.v_h],
+                case.shape,
+                |inputs| match saved {
+                    Some(saved) => variant
+                        .forward_train_cpu(&case, self.isa, inputs, o_h)
+                        .map(|sv| saved.push(sv)),
+                    None => variant.forward_cpu(&case, self.isa, inputs, o_h),
+                },
+            )?;
             bufs.ob[hd * c * d..][..c * d].copy_from_slice(&bufs.o_h);
         }
         Ok(())
@@ -497,26 +490,18 @@ impl Layer<'_> {
         let missing =
             || Error::Runtime("layer: attention backward without its forward state".into());
         if plan.whole() {
-            let inputs = Inputs {
-                shape: case.shape,
-                q: store::take(&mut bufs.qb),
-                k: store::take(&mut bufs.k),
-                v: store::take(&mut bufs.v),
-            };
-            let mut grads = Grads {
-                dq: take(&mut bufs.dqb),
-                dk: take(&mut bufs.dk),
-                dv: take(&mut bufs.dv),
-            };
-            let r = match saved.first() {
-                Some(sv) => {
-                    variant.backward_cpu(&case, &inputs, &bufs.ob, sv, &bufs.dob, &mut grads)
-                }
-                None => Err(missing()),
-            };
-            (bufs.qb, bufs.k, bufs.v) = into_parts(inputs);
-            (bufs.dqb, bufs.dk, bufs.dv) = (grads.dq, grads.dk, grads.dv);
-            return r;
+            let sv = saved.first().ok_or_else(missing)?;
+            let (ob, dob) = (&bufs.ob, &bufs.dob);
+            let grads = [&mut bufs.dqb, &mut bufs.dk, &mut bufs.dv];
+            return lend(
+                [&mut bufs.qb, &mut bufs.k, &mut bufs.v],
+                case.shape,
+                |inputs| {
+                    lend_grads(grads, |g| {
+                        variant.backward_cpu(&case, inputs, ob, sv, dob, g)
+                    })
+                },
+            );
         }
         let Dims { a, d, s, .. } = self.dims();
         let (c, kv) = (blk.c, plan.kv_len(blk));
@@ -536,26 +521,18 @@ impl Layer<'_> {
                 g.clear();
                 g.resize(len, 0.0);
             }
-            let inputs = Inputs {
-                shape: case.shape,
-                q: store::take(&mut bufs.q_h),
-                k: store::take(&mut bufs.k_h),
-                v: store::take(&mut bufs.v_h),
-            };
-            let mut grads = Grads {
-                dq: take(&mut bufs.dq_h),
-                dk: take(&mut bufs.dk_h),
-                dv: take(&mut bufs.dv_h),
-            };
-            let r = match saved.get(hd) {
-                Some(sv) => {
-                    variant.backward_cpu(&case, &inputs, &bufs.o_h, sv, &bufs.do_h, &mut grads)
-                }
-                None => Err(missing()),
-            };
-            (bufs.q_h, bufs.k_h, bufs.v_h) = into_parts(inputs);
-            (bufs.dq_h, bufs.dk_h, bufs.dv_h) = (grads.dq, grads.dk, grads.dv);
-            r?;
+            let sv = saved.get(hd).ok_or_else(missing)?;
+            let (o_h, do_h) = (&bufs.o_h, &bufs.do_h);
+            let grads = [&mut bufs.dq_h, &mut bufs.dk_h, &mut bufs.dv_h];
+            lend(
+                [&mut bufs.q_h, &mut bufs.k_h, &mut bufs.v_h],
+                case.shape,
+                |inputs| {
+                    lend_grads(grads, |g| {
+                        variant.backward_cpu(&case, inputs, o_h, sv, do_h, g)
+                    })
+                },
+            )?;
             bufs.dqb[at..][..c * d].copy_from_slice(&bufs.dq_h);
             for (store, part) in [(&mut bufs.dk, &bufs.dk_h), (&mut bufs.dv, &bufs.dv_h)] {
                 store[kv_at..][..kv * d]
@@ -574,9 +551,32 @@ fn refill(dst: &mut Vec<f32>, src: &[f32]) {
     dst.extend_from_slice(src);
 }
 
-/// Q, K and V back out of an `Inputs`.
-fn into_parts(inputs: Inputs) -> (Tensor, Tensor, Tensor) {
-    (inputs.q, inputs.k, inputs.v)
+/// Lends the Q, K, V buffers to an attention kernel call as its `Inputs` (moved, not
+/// copied) and takes them back.
+fn lend<R>(qkv: [&mut Tensor; 3], shape: Shape, call: impl FnOnce(&Inputs) -> R) -> R {
+    let [q, k, v] = qkv;
+    let inputs = Inputs {
+        shape,
+        q: store::take(q),
+        k: store::take(k),
+        v: store::take(v),
+    };
+    let r = call(&inputs);
+    (*q, *k, *v) = (inputs.q, inputs.k, inputs.v);
+    r
+}
+
+/// Lends the dQ, dK, dV buffers to a backward call as its `Grads` and takes them back.
+fn lend_grads<R>(g: [&mut Vec<f32>; 3], call: impl FnOnce(&mut Grads) -> R) -> R {
+    let [dq, dk, dv] = g;
+    let mut grads = Grads {
+        dq: take(dq),
+        dk: take(dk),
+        dv: take(dv),
+    };
+    let r = call(&mut grads);
+    (*dq, *dk, *dv) = (grads.dq, grads.dk, grads.dv);
+    r
 }
 
 /// Named, disjoint views of the flat parameter gradient.
