@@ -147,6 +147,14 @@ pub struct SweepArgs {
     /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
     #[arg(long)]
     pub no_report: bool,
+    /// MPI variants: seconds one exchange or collective may take before every rank is
+    /// aborted with a message (a rank died, hung or diverged).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::dist::DEFAULT_TIMEOUT_S)]
+    pub mpi_timeout: f64,
+    /// Test hook: `stall:RANK` (the rank stops answering) or `die:RANK` (it exits) at its
+    /// first exchange.
+    #[arg(long, value_name = "FAULT", hide = true)]
+    pub mpi_test_fault: Option<crate::dist::Fault>,
 }
 
 #[derive(Debug, Args)]
@@ -256,7 +264,13 @@ pub struct RunArgs {
 /// Runs a parsed command line and returns the exit code: 0, or `compare`'s verdict (3, 4).
 pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
     match &cli.command {
-        Command::Sweep(a) => crate::sweep::sweep(a),
+        Command::Sweep(a) => {
+            crate::dist::set_timeout(a.mpi_timeout);
+            if let Some(f) = a.mpi_test_fault {
+                crate::dist::set_fault(f);
+            }
+            crate::sweep::sweep(a)
+        }
         Command::Run(a) => crate::single::run(a),
         Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
         Command::List => {
