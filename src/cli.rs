@@ -92,6 +92,20 @@ pub enum ModelCommand {
     /// BPT Sec. 3.1: activation memory per layer for vanilla, memory-efficient and BPT
     /// layers, a whole-model estimate, and the largest context that fits a device.
     BptMemory(BptMemoryArgs),
+    /// Fit the α–β link model (latency α, bandwidth β) to measured MPI runs: reads the
+    /// runs.csv of each DIR, prints predicted vs measured communication, writes fit.md and
+    /// fit.json to --out.
+    Fit(FitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// Results directories of MPI sweeps (each holding runs.csv).
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Write fit.md and fit.json here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -278,6 +292,10 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
             Ok(())
         }
         Command::Model(ModelCommand::BptMemory(a)) => bpt_memory(a),
+        Command::Model(ModelCommand::Fit(a)) => {
+            print!("{}", crate::model::fit::run(&a.dirs, a.out.as_deref())?);
+            Ok(())
+        }
         Command::Compare(a) => return crate::compare::command(a),
     }
     .map(|()| 0)

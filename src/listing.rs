@@ -55,6 +55,17 @@ pub fn list() -> String {
         })
         .collect();
     s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
+    s += &format!(
+        "  mpi   {}\n",
+        match crate::dist::unavailable(crate::dist::size()) {
+            None => format!(
+                "available: rank {} of {}",
+                crate::dist::rank(),
+                crate::dist::size()
+            ),
+            Some(why) => format!("not active: {why}"),
+        }
+    );
     s += "\ndtypes (storage of Q, K, V; compute accumulates in f32, output f32):\n";
     for d in DType::ALL {
         s += &format!(

@@ -27,7 +27,7 @@ fn main() {
             attnbench::dist::abort_all(e.exit_code());
         }
     }
-    drop(session);
+    attnbench::dist::finish(session);
     match result {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),

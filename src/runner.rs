@@ -73,6 +73,12 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             s.heads, s.kv_heads
         ));
     }
+    if crate::dist::size() > 1 && case.variant.engine() == crate::variant::Engine::InProcess {
+        return Some(format!(
+            "variant {} runs in one process: under mpirun only the MPI variants run (run it without mpirun)",
+            info.name
+        ));
+    }
     case.variant.get().unsupported(case)
 }
 

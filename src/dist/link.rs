@@ -368,6 +368,19 @@ impl Link {
         self.comm += t0.elapsed();
     }
 
+    /// Waits until every rank gets here (MPI_Ibarrier, polled), off the communication
+    /// clock: placed before a collective, it keeps the wait for the slowest rank's compute
+    /// out of `comm_time_s`, which then measures the transfers (as MPI benchmarks time
+    /// collectives after a barrier). Costs one barrier's latency in the step time.
+    pub fn sync(&mut self, what: &str) {
+        maybe_stall(self.rank);
+        let world = &self.world;
+        mpi::request::scope(|sc| {
+            let r = world.immediate_barrier().shrink_scope_to(sc);
+            wait_all(world, vec![r], what);
+        });
+    }
+
     /// Every rank's `mine` (equal lengths), rank by rank.
     fn all_gather(&self, mine: &[u64], what: &str) -> Vec<u64> {
         let mut all = vec![0u64; mine.len() * self.p];

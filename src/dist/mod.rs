@@ -94,6 +94,7 @@ pub fn set_fault(fault: Fault) {
     let _ = FAULT.set(fault);
 }
 
+#[cfg(feature = "mpi")]
 fn fault() -> Option<Fault> {
     FAULT.get().copied()
 }
@@ -129,6 +130,9 @@ pub struct Session {
     #[cfg(feature = "mpi")]
     _universe: mpi::environment::Universe,
 }
+
+/// Finalizes MPI (when a session was started): the session is dropped here.
+pub fn finish(_session: Option<Session>) {}
 
 /// Initializes MPI when the process was started by an MPI launcher (mpirun sets its
 /// variables); otherwise `None` and everything runs as one process. A build without the

@@ -104,6 +104,10 @@ pub fn run(
     };
     let work = [local::step(vec![w], &geo, &ws, p)[me]];
 
+    // The allreduces start together, so that their clock measures them and not the wait
+    // for the slowest rank's local attention (which stays in the step time either way).
+    link.sync("waiting for every rank's local attention");
+
     // 3. m = Allreduce(max, lse).
     let mut m = lse.clone();
     mem.hold("m", rows, 4);

@@ -1,4 +1,5 @@
-//! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`), and of
+//! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`), the α–β
+//! link fitted to measured MPI runs (`fit`), and of
 //! attention across devices: the Tree Attention paper's closed forms
 //! (`formulas`, eqs. (8)-(14)), the α–β two-level link model with its presets
 //! (`topology`), predicted Ring vs Tree decode latency priced on the simulator's own
@@ -10,6 +11,7 @@ pub mod bpt_memory;
 pub mod bpt_table;
 pub mod cost;
 pub mod decode_tables;
+pub mod fit;
 pub mod formulas;
 pub mod markdown;
 pub mod probe;
