@@ -99,7 +99,10 @@ fn check_run(p: usize) {
         );
         let es: u64 = if r.dtype == "f32" { 4 } else { 2 };
         let pp = p as u64;
-        let q_bcast = (pp - 1) * b * n_h * d_h * es;
+        // The smoke config decodes seq_q = seq_len new tokens at once: the paper's
+        // one-query equations then hold per new token (b·seq_q rows in place of b).
+        let sq = r.seq_q as u64;
+        let q_bcast = (pp - 1) * b * sq * n_h * d_h * es;
         if r.variant == "tree-decode-mpi" {
             // The library's collectives: not counted, so not 0 either.
             assert_eq!((r.comm_bytes, r.sim_comm_bytes), (None, None));
@@ -133,11 +136,19 @@ fn check_run(p: usize) {
                     d_h,
                     p: pp,
                 };
+                let rows = Dims { b: b * sq, ..x };
                 // Eq. (14) summed over the ranks, f32 on the wire, plus the q broadcast.
-                assert_eq!(bytes, v_tree_total(&x) * 4 + q_bcast, "{}", r.case_id);
-                // Eq. (9): the fullest rank holds kv shard + q + n + d + m.
+                assert_eq!(bytes, v_tree_total(&rows) * 4 + q_bcast, "{}", r.case_id);
+                // Eq. (9): the fullest rank holds kv shard + q + n + d + m (the last three
+                // once per new token).
                 if kvh == n_h {
-                    assert_eq!(r.device_peak_elements, Some(mem_tree(&x)), "{}", r.case_id);
+                    let extra = (sq - 1) * (2 * b * n_h * d_h + 2 * b * n_h);
+                    assert_eq!(
+                        r.device_peak_elements,
+                        Some(mem_tree(&x) + extra),
+                        "{}",
+                        r.case_id
+                    );
                 }
             }
             v => panic!("unexpected variant {v}"),
