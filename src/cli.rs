@@ -288,7 +288,10 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
         Command::Run(a) => crate::single::run(a),
         Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
         Command::List => {
-            print!("{}", crate::listing::list());
+            // Under mpirun, rank 0 speaks for all.
+            if crate::dist::is_root() {
+                print!("{}", crate::listing::list());
+            }
             Ok(())
         }
         Command::Model(ModelCommand::BptMemory(a)) => bpt_memory(a),

@@ -57,13 +57,14 @@ pub fn list() -> String {
     s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
     s += &format!(
         "  mpi   {}\n",
-        match crate::dist::unavailable(crate::dist::size()) {
-            None => format!(
-                "available: rank {} of {}",
+        match (cfg!(feature = "mpi"), crate::dist::active()) {
+            (_, true) => format!(
+                "active: rank {} of {}",
                 crate::dist::rank(),
                 crate::dist::size()
             ),
-            Some(why) => format!("not active: {why}"),
+            (true, false) => "built in; the -mpi variants run under `mpirun -np P` with devices = P (README \"On real devices: MPI\")".to_string(),
+            (false, false) => crate::dist::unavailable(1).unwrap_or_default(),
         }
     );
     s += "\ndtypes (storage of Q, K, V; compute accumulates in f32, output f32):\n";
