@@ -92,6 +92,20 @@ pub enum ModelCommand {
     /// BPT Sec. 3.1: activation memory per layer for vanilla, memory-efficient and BPT
     /// layers, a whole-model estimate, and the largest context that fits a device.
     BptMemory(BptMemoryArgs),
+    /// Fit the α–β link model (latency α, bandwidth β) to measured MPI runs: reads the
+    /// runs.csv of each DIR, prints predicted vs measured communication, writes fit.md and
+    /// fit.json to --out.
+    Fit(FitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// Results directories of MPI sweeps (each holding runs.csv).
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Write fit.md and fit.json here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -147,6 +161,14 @@ pub struct SweepArgs {
     /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
     #[arg(long)]
     pub no_report: bool,
+    /// MPI variants: seconds one exchange or collective may take before every rank is
+    /// aborted with a message (a rank died, hung or diverged).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::dist::DEFAULT_TIMEOUT_S)]
+    pub mpi_timeout: f64,
+    /// Test hook: `stall:RANK` (the rank stops answering) or `die:RANK` (it exits) at its
+    /// first exchange.
+    #[arg(long, value_name = "FAULT", hide = true)]
+    pub mpi_test_fault: Option<crate::dist::Fault>,
 }
 
 #[derive(Debug, Args)]
@@ -258,14 +280,27 @@ pub struct RunArgs {
 /// Runs a parsed command line and returns the exit code: 0, or `compare`'s verdict (3, 4).
 pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
     match &cli.command {
-        Command::Sweep(a) => crate::sweep::sweep(a),
+        Command::Sweep(a) => {
+            crate::dist::set_timeout(a.mpi_timeout);
+            if let Some(f) = a.mpi_test_fault {
+                crate::dist::set_fault(f);
+            }
+            crate::sweep::sweep(a)
+        }
         Command::Run(a) => crate::single::run(a),
         Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
         Command::List => {
-            print!("{}", crate::listing::list());
+            // Under mpirun, rank 0 speaks for all.
+            if crate::dist::is_root() {
+                print!("{}", crate::listing::list());
+            }
             Ok(())
         }
         Command::Model(ModelCommand::BptMemory(a)) => bpt_memory(a),
+        Command::Model(ModelCommand::Fit(a)) => {
+            print!("{}", crate::model::fit::run(&a.dirs, a.out.as_deref())?);
+            Ok(())
+        }
         Command::Compare(a) => return crate::compare::command(a),
     }
     .map(|()| 0)

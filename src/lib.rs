@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod dist;
 pub mod error;
 pub mod extrapolate;
 pub mod layer;

@@ -55,6 +55,18 @@ pub fn list() -> String {
         })
         .collect();
     s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
+    s += &format!(
+        "  mpi   {}\n",
+        match (cfg!(feature = "mpi"), crate::dist::active()) {
+            (_, true) => format!(
+                "active: rank {} of {}",
+                crate::dist::rank(),
+                crate::dist::size()
+            ),
+            (true, false) => "built in; the -mpi variants run under `mpirun -np P` with devices = P (README \"On real devices: MPI\")".to_string(),
+            (false, false) => crate::dist::unavailable(1).unwrap_or_default(),
+        }
+    );
     s += "\ndtypes (storage of Q, K, V; compute accumulates in f32, output f32):\n";
     for d in DType::ALL {
         s += &format!(

@@ -77,6 +77,12 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             s.heads, s.kv_heads
         ));
     }
+    if crate::dist::size() > 1 && case.variant.engine() == crate::variant::Engine::InProcess {
+        return Some(format!(
+            "variant {} runs in one process: under mpirun only the MPI variants run (run it without mpirun)",
+            info.name
+        ));
+    }
     case.variant.get().unsupported(case)
 }
 
@@ -264,9 +270,8 @@ fn measure(
         Err(e) => return Ok(failed(record, Status::Oom, e, Some(inputs))),
     };
 
-    let timing = time_repetitions(&settings.stop, &INTERRUPTED, || {
-        forward(case, &inputs, &mut out)
-    });
+    let stop = stop_rule(case, &settings.stop);
+    let timing = time_repetitions(&stop, &INTERRUPTED, || forward(case, &inputs, &mut out));
     let timing = match timing {
         Ok(t) => t,
         Err(e) => {
@@ -289,13 +294,33 @@ fn measure(
         Ok(None) => {}
     }
 
-    record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
+    // Under MPI only rank 0 writes the record, and only it has every output row (prefill).
+    if crate::dist::is_root() {
+        record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
+    }
     Ok(Outcome {
         record,
         output: Some(out),
         inputs: Some(inputs),
         samples: timing.samples,
     })
+}
+
+/// The stopping rule of a case. Every rank of an MPI variant must make the same number of
+/// calls (each is a collective), so those stop after exactly `min_reps` timed calls, not
+/// on their own clocks.
+fn stop_rule(case: &Case, rule: &StopRule) -> StopRule {
+    if case.variant.engine() != crate::variant::Engine::Mpi {
+        return rule.clone();
+    }
+    let reps = rule.min_reps.max(1);
+    StopRule {
+        min_reps: reps,
+        max_reps: reps,
+        min_time_s: 0.0,
+        max_time_s: f64::INFINITY,
+        ..rule.clone()
+    }
 }
 
 /// Forward + backward: times the pair (and the backward alone within the same calls),

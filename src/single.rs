@@ -138,6 +138,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         model_layers: None,
     };
     let outcome = run_case(&case, &settings, given)?;
+    // Under mpirun every rank ran the case; rank 0 alone prints and writes files.
+    if !crate::dist::is_root() {
+        return Ok(());
+    }
     print!("{}", record_table(&outcome.record));
     if let (Some(dir), Some(inputs)) = (&args.save_inputs, &outcome.inputs) {
         npy::save_inputs(dir, inputs)?;

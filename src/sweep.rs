@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::SweepArgs;
 use crate::config::Config;
+use crate::dist;
 use crate::error::{Error, Result};
 use crate::extrapolate::Extrapolation;
 use crate::measure::calibrate::calibrate;
@@ -46,7 +47,26 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("results").join(&config.run.name));
-    prepare_dir(&dir, args.resume, args.force)?;
+    // Under MPI every rank runs every case (each call is collective), but only rank 0
+    // writes files, progress and summaries.
+    let root = dist::is_root();
+    if dist::size() > 1 && args.resume {
+        return Err(Error::Usage(
+            "--resume is not supported under mpirun: rerun the sweep with --force".into(),
+        ));
+    }
+    let prepared = if root {
+        prepare_dir(&dir, args.resume, args.force)
+    } else {
+        Ok(())
+    };
+    if !dist::all_ok(prepared.is_ok())? {
+        prepared?;
+        return Err(Error::Runtime(format!(
+            "rank 0 could not prepare {}",
+            dir.display()
+        )));
+    }
     let csv_path = dir.join(CSV_NAME);
     let done = if args.resume {
         done_case_ids(&csv_path)?
@@ -71,7 +91,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .into_iter()
         .collect();
     let meta_path = dir.join(META_NAME);
-    let calibration = if args.resume && meta_path.exists() {
+    let calibration = if !root {
+        Vec::new()
+    } else if args.resume && meta_path.exists() {
         Meta::read(&meta_path)
             .map(|m| m.calibration)
             .unwrap_or_default()
@@ -95,6 +117,8 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             .map(|c| c.copy_gbytes_per_s)
     };
 
+    // The other ranks wait here while rank 0 calibrates.
+    dist::all_ok(true)?;
     install_interrupt_handler();
     let settings = Settings {
         run_name: config.run.name.clone(),
@@ -115,9 +139,15 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         diff_against: config.run.diff_against,
         model_layers: config.run.model_layers,
     };
-    let mut sink = CsvSink::open(&csv_path)?;
-    let mut samples_sink = SamplesSink::open(&dir.join(SAMPLES_NAME))?;
-    let mut progress = Progress::new(todo.len());
+    let mut sinks = if root {
+        Some((
+            CsvSink::open(&csv_path)?,
+            SamplesSink::open(&dir.join(SAMPLES_NAME))?,
+        ))
+    } else {
+        None
+    };
+    let mut progress = Progress::new(todo.len(), root);
     let mut records = Vec::new();
     let started = Instant::now();
     for (i, case) in todo.iter().enumerate() {
@@ -133,12 +163,17 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         }
         // Samples first: a case in runs.csv always has its samples (a crash in between
         // leaves samples that the rerun of the case replaces).
-        samples_sink.append(&outcome.record.case_id, &outcome.samples)?;
-        sink.append(&outcome.record)?;
+        if let Some((sink, samples_sink)) = &mut sinks {
+            samples_sink.append(&outcome.record.case_id, &outcome.samples)?;
+            sink.append(&outcome.record)?;
+        }
         progress.finish(i, &outcome.record);
         records.push(outcome.record);
     }
     progress.done();
+    if !root {
+        return Ok(());
+    }
     println!("{}", summary_table(&records));
     println!(
         "{} rows written to {} in {}",
@@ -254,11 +289,13 @@ fn install_interrupt_handler() {
 struct Progress {
     bar: Option<ProgressBar>,
     total: usize,
+    /// False on MPI ranks other than 0: they print nothing.
+    shown: bool,
 }
 
 impl Progress {
-    fn new(total: usize) -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(total: usize, shown: bool) -> Progress {
+        let bar = (shown && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(total as u64);
             let style = ProgressStyle::with_template(
                 "{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}",
@@ -268,7 +305,7 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(200));
             bar
         });
-        Progress { bar, total }
+        Progress { bar, total, shown }
     }
 
     fn start(&mut self, _i: usize, case: &Case) {
@@ -278,6 +315,9 @@ impl Progress {
     }
 
     fn finish(&mut self, i: usize, r: &Record) {
+        if !self.shown {
+            return;
+        }
         let time = r.time_median_s.map_or(String::new(), human_seconds);
         match &self.bar {
             Some(bar) => {

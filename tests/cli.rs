@@ -15,7 +15,7 @@ seed,input_dist,input_scale,stopped_by,time_bwd_median_s,grad_max_abs_err,grad_m
 grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_diff,splits,\
 allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
-critical_path_pairs";
+critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes";
 
 fn attnbench() -> Command {
     Command::cargo_bin("attnbench").expect("binary built")

@@ -127,7 +127,8 @@ fn memory_efficient_backwards_hold_no_quadratic_buffer_at_8k() {
 #[test]
 fn measured_overhead_matches_the_prediction() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for v in VariantId::ALL {
+    // The MPI variants' per-rank predictions are checked under mpirun (tests/mpi.rs).
+    for v in VariantId::in_process() {
         for (n, heads, dtype, threads) in [
             (1000, 2, DType::F32, 2),
             (1536, 1, DType::Bf16, 1),

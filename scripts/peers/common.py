@@ -83,6 +83,10 @@ HEADER = [
     "device_peak_bytes",
     "device_pairs_max",
     "critical_path_pairs",
+    "comm_time_s",
+    "comm_time_min_s",
+    "sim_comm_bytes",
+    "sim_comm_max_device_bytes",
 ]
 
 # reference::ALL_ROWS_MAX_MACS: above this the oracle checks `error_rows` sampled rows.

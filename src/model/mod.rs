@@ -1,5 +1,6 @@
 //! Analytic models: BPT's Sec. 3.1 memory calculator (`bpt_memory`, `bpt_table`) and the
-//! layer sweeps' Tables 2-4 (`bpt_tables`), and of
+//! layer sweeps' Tables 2-4 (`bpt_tables`), the α–β link fitted to measured MPI runs
+//! (`fit`), and of
 //! attention across devices: the Tree Attention paper's closed forms
 //! (`formulas`, eqs. (8)-(14)), the α–β two-level link model with its presets
 //! (`topology`), predicted Ring vs Tree decode latency priced on the simulator's own
@@ -12,6 +13,7 @@ pub mod bpt_table;
 pub mod bpt_tables;
 pub mod cost;
 pub mod decode_tables;
+pub mod fit;
 pub mod formulas;
 pub mod markdown;
 pub mod probe;

@@ -16,7 +16,7 @@ pub const CSV_NAME: &str = "runs.csv";
 pub const META_NAME: &str = "meta.json";
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 22] = [
+pub const OPTIONAL_COLUMNS: [&str; 26] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -39,6 +39,10 @@ pub const OPTIONAL_COLUMNS: [&str; 22] = [
     "device_peak_bytes",
     "device_pairs_max",
     "critical_path_pairs",
+    "comm_time_s",
+    "comm_time_min_s",
+    "sim_comm_bytes",
+    "sim_comm_max_device_bytes",
 ];
 
 /// The contents of a results directory.

@@ -153,6 +153,18 @@ pub struct Record {
     /// Multi-device: sum over steps of the busiest device's pairs in that step.
     #[serde(default)]
     pub critical_path_pairs: Option<u64>,
+    /// MPI: median seconds per call spent communicating, on the slowest rank.
+    #[serde(default)]
+    pub comm_time_s: Option<f64>,
+    /// MPI: the same on the fastest rank (less waiting for slower peers).
+    #[serde(default)]
+    pub comm_time_min_s: Option<f64>,
+    /// MPI: bytes the simulation sends for the same case and p (all devices).
+    #[serde(default)]
+    pub sim_comm_bytes: Option<u64>,
+    /// MPI: bytes the simulation's busiest device sends.
+    #[serde(default)]
+    pub sim_comm_max_device_bytes: Option<u64>,
 }
 
 impl Record {
@@ -225,6 +237,10 @@ impl Record {
             device_peak_bytes: None,
             device_pairs_max: None,
             critical_path_pairs: None,
+            comm_time_s: None,
+            comm_time_min_s: None,
+            sim_comm_bytes: None,
+            sim_comm_max_device_bytes: None,
         }
     }
 
@@ -247,14 +263,20 @@ impl Record {
 
     /// Fills the simulated cluster's counters.
     pub fn set_sim(&mut self, stats: &crate::sim::stats::SimStats) {
-        self.comm_bytes = Some(stats.bytes());
-        self.comm_steps = Some(stats.steps());
-        self.comm_elements = Some(stats.elements());
-        self.comm_max_device_bytes = Some(stats.max_device_bytes());
+        // Traffic the MPI library moved itself is not ours to count: empty, not 0.
+        let counted = |x: u64| (!stats.uncounted).then_some(x);
+        self.comm_bytes = counted(stats.bytes());
+        self.comm_steps = counted(stats.steps());
+        self.comm_elements = counted(stats.elements());
+        self.comm_max_device_bytes = counted(stats.max_device_bytes());
         self.device_peak_elements = Some(stats.peak_elements());
         self.device_peak_bytes = Some(stats.peak_bytes());
         self.device_pairs_max = Some(stats.pairs_max());
         self.critical_path_pairs = Some(stats.pairs_critical());
+        self.comm_time_s = stats.comm_time_s;
+        self.comm_time_min_s = stats.comm_time_min_s;
+        self.sim_comm_bytes = stats.sim_bytes;
+        self.sim_comm_max_device_bytes = stats.sim_max_device_bytes;
     }
 
     pub fn fields(&self) -> Vec<(String, String)> {

@@ -21,7 +21,7 @@ use super::exec;
 use super::local::{self, Carry, Geometry, KvRef, Work};
 use super::plan;
 use super::shard::{gather, Layout, Placement};
-use super::stats::SimStats;
+use super::stats::{Planned, SimStats};
 use crate::backend::cpu::decode::{Mask, Positions};
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::{Error, Result};
@@ -46,11 +46,11 @@ pub struct Spec {
 }
 
 impl Spec {
-    fn p(&self) -> usize {
+    pub(crate) fn p(&self) -> usize {
         self.devices.max(1)
     }
 
-    fn layout(&self, s: &Shape) -> Layout {
+    pub(crate) fn layout(&self, s: &Shape) -> Layout {
         Layout {
             placement: self.placement,
             p: self.p(),
@@ -58,7 +58,7 @@ impl Spec {
         }
     }
 
-    fn geometry(&self, s: &Shape) -> Geometry {
+    pub(crate) fn geometry(&self, s: &Shape) -> Geometry {
         Geometry {
             shape: *s,
             mask: Mask {
@@ -76,7 +76,7 @@ impl Spec {
     }
 
     /// Query rows per device.
-    fn tq(&self, s: &Shape) -> Vec<usize> {
+    pub(crate) fn tq(&self, s: &Shape) -> Vec<usize> {
         let l = self.layout(s);
         (0..self.p())
             .map(|i| if self.decode { s.seq_q } else { l.len(i) })
@@ -84,7 +84,7 @@ impl Spec {
     }
 
     /// (workers, floats per worker) of the kernel scratch.
-    fn workspace(&self, s: &Shape, dtype: DType) -> (usize, usize) {
+    pub(crate) fn workspace(&self, s: &Shape, dtype: DType) -> (usize, usize) {
         let geo = self.geometry(s);
         let tq = self.tq(s);
         let rows = tq
@@ -116,8 +116,25 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// What the simulation sends for this case, from its schedules alone: the q broadcast
+    /// (decode) and the rotation of the key/value shards.
+    pub fn planned(&self, s: &Shape, dtype: DType) -> Planned {
+        let (p, es) = (self.p(), dtype.size_bytes());
+        let layout = self.layout(s);
+        let sizes: Vec<usize> = (0..p).map(|j| shard_elements(s, &layout, j)).collect();
+        let rotation = plan::rotation(&sizes);
+        let bcast = plan::broadcast(p - 1, p, s.q_len());
+        if self.decode {
+            Planned::of(p, &[(&bcast, es), (&rotation, es)])
+        } else {
+            Planned::of(p, &[(&rotation, es)])
+        }
+    }
+}
+
 /// Elements of shard j's keys and values.
-fn shard_elements(s: &Shape, layout: &Layout, j: usize) -> usize {
+pub(crate) fn shard_elements(s: &Shape, layout: &Layout, j: usize) -> usize {
     2 * s.batch * s.kv_heads * layout.len(j) * s.head_dim
 }
 
@@ -287,11 +304,12 @@ pub fn run(
         collectives: comm.finish()?,
         memory: mem,
         work,
+        ..SimStats::default()
     })
 }
 
 /// Positions of device i's query rows.
-fn query_positions(spec: &Spec, s: &Shape, layout: &Layout, i: usize) -> Positions {
+pub(crate) fn query_positions(spec: &Spec, s: &Shape, layout: &Layout, i: usize) -> Positions {
     if spec.decode {
         Positions {
             start: s.seq_kv as i64 - s.seq_q as i64,
@@ -365,7 +383,13 @@ pub(super) fn distribute_queries(
 
 /// Decode: every device holds the whole answer; the last device's is returned. Prefill:
 /// each device's rows go back to their token positions.
-fn write_output(spec: &Spec, s: &Shape, layout: &Layout, o: &[Vec<f32>], out: &mut [f32]) {
+pub(crate) fn write_output(
+    spec: &Spec,
+    s: &Shape,
+    layout: &Layout,
+    o: &[Vec<f32>],
+    out: &mut [f32],
+) {
     let d = s.head_dim;
     if spec.decode {
         if let Some(last) = o.last() {

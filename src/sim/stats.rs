@@ -4,6 +4,7 @@
 
 use super::comm::CollectiveStats;
 use super::device::DeviceMemory;
+use super::plan::Plan;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SimStats {
@@ -11,6 +12,17 @@ pub struct SimStats {
     pub memory: Vec<DeviceMemory>,
     /// Query-key pairs each device attended, per compute step: `work[step][device]`.
     pub work: Vec<Vec<u64>>,
+    /// Real devices (`dist`): the library's collectives moved the data, so `collectives`
+    /// is empty and the communication columns stay empty rather than read 0.
+    pub uncounted: bool,
+    /// Real devices: median seconds per call spent communicating, on the slowest and the
+    /// fastest rank.
+    pub comm_time_s: Option<f64>,
+    pub comm_time_min_s: Option<f64>,
+    /// Real devices: what the simulation counts for the same case (bytes sent by all
+    /// devices, by the busiest one), to set beside the measured counts.
+    pub sim_bytes: Option<u64>,
+    pub sim_max_device_bytes: Option<u64>,
 }
 
 impl SimStats {
@@ -86,5 +98,37 @@ impl SimStats {
 
     pub fn pairs_total(&self) -> u64 {
         self.work.iter().flatten().sum()
+    }
+}
+
+/// What a call's schedules send, from the plans alone (no data): the simulation's counts for
+/// a case too large to simulate on one machine, set beside the real devices' counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Planned {
+    /// Bytes sent by all devices.
+    pub bytes: u64,
+    /// Bytes sent by the device that sends the most.
+    pub max_device_bytes: u64,
+    /// Rounds of all collectives, one after the other.
+    pub steps: u64,
+}
+
+impl Planned {
+    /// The traffic of `plans` run one after the other on `p` devices, each with its
+    /// element size in bytes.
+    pub fn of(p: usize, plans: &[(&Plan, usize)]) -> Planned {
+        let mut per_device = vec![0u64; p];
+        let mut steps = 0;
+        for (plan, es) in plans {
+            for (d, e) in plan.sent_per_device(p).into_iter().enumerate() {
+                per_device[d] += e * *es as u64;
+            }
+            steps += plan.steps() as u64;
+        }
+        Planned {
+            bytes: per_device.iter().sum(),
+            max_device_bytes: per_device.iter().copied().max().unwrap_or(0),
+            steps,
+        }
     }
 }

@@ -357,3 +357,60 @@ fn striped_placement_balances_causal_work() {
     let gain = ring.pairs_critical() as f64 / stripe.pairs_critical() as f64;
     assert!(gain > 1.7, "balance gain {gain}");
 }
+
+/// The schedules alone (`Spec::planned`, what the MPI rows set beside their counts) give
+/// exactly what the simulated comm layer counts, on ragged shapes.
+#[test]
+fn planned_traffic_equals_the_counted_traffic() {
+    for (p, n) in [(2, 37), (3, 301), (4, 64)] {
+        let s = shape(4, 2, 1, n, 8);
+        let x = inputs(s);
+        let mut out = vec![0.0; s.out_len()];
+        for decode in [true, false] {
+            let s = if decode { s } else { shape(4, 2, n, n, 8) };
+            let x = if decode { x.clone() } else { inputs(s) };
+            let mut out = vec![0.0; s.out_len()];
+            let spec = ring::Spec {
+                placement: Placement::Contiguous,
+                decode,
+                causal: false,
+                window: None,
+                devices: p,
+                bq: 16,
+                bk: 16,
+                threads: 1,
+            };
+            let stats = ring::run(&spec, &x, &mut out, None).unwrap();
+            let planned = spec.planned(&s, DType::F32);
+            assert_eq!(
+                (planned.bytes, planned.max_device_bytes, planned.steps),
+                (stats.bytes(), stats.max_device_bytes(), stats.steps()),
+                "ring p {p} n {n} decode {decode}"
+            );
+        }
+        for alg in [
+            Allreduce::Ring,
+            Allreduce::Tree,
+            Allreduce::TwoLevel { per_node: 2 },
+        ] {
+            if alg.unsupported(p).is_some() {
+                continue;
+            }
+            let spec = tree::Spec {
+                causal: false,
+                window: None,
+                devices: p,
+                allreduce: alg,
+                bk: 16,
+                threads: 1,
+            };
+            let stats = tree::run(&spec, &x, &mut out, None).unwrap();
+            let planned = spec.planned(&s, DType::F32).unwrap();
+            assert_eq!(
+                (planned.bytes, planned.max_device_bytes, planned.steps),
+                (stats.bytes(), stats.max_device_bytes(), stats.steps()),
+                "tree {alg} p {p} n {n}"
+            );
+        }
+    }
+}

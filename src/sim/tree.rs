@@ -14,7 +14,7 @@ use super::local::{self, Carry, Geometry, KvRef, Work};
 use super::plan::{self, Allreduce, Plan};
 use super::ring::distribute_queries;
 use super::shard::{Layout, Placement};
-use super::stats::SimStats;
+use super::stats::{Planned, SimStats};
 use crate::backend::cpu::decode::{Mask, Positions};
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::error::{Error, Result};
@@ -35,11 +35,11 @@ pub struct Spec {
 }
 
 impl Spec {
-    fn p(&self) -> usize {
+    pub(crate) fn p(&self) -> usize {
         self.devices.max(1)
     }
 
-    fn layout(&self, s: &Shape) -> Layout {
+    pub(crate) fn layout(&self, s: &Shape) -> Layout {
         Layout {
             placement: Placement::Contiguous,
             p: self.p(),
@@ -47,7 +47,7 @@ impl Spec {
         }
     }
 
-    fn geometry(&self, s: &Shape) -> Geometry {
+    pub(crate) fn geometry(&self, s: &Shape) -> Geometry {
         Geometry {
             shape: *s,
             mask: Mask {
@@ -60,7 +60,7 @@ impl Spec {
         }
     }
 
-    fn workspace(&self, s: &Shape, dtype: DType) -> (usize, usize) {
+    pub(crate) fn workspace(&self, s: &Shape, dtype: DType) -> (usize, usize) {
         let geo = self.geometry(s);
         let tq = vec![s.seq_q; self.p()];
         let workers = self.threads.min(local::items(&geo, &tq)).max(1);
@@ -69,11 +69,28 @@ impl Spec {
 
     /// The three allreduce plans: over the row statistics (b·h·seq_q) and over the
     /// numerator (b·h·seq_q·d).
-    fn plans(&self, s: &Shape) -> Result<(Plan, Plan)> {
+    pub(crate) fn plans(&self, s: &Shape) -> Result<(Plan, Plan)> {
         let rows = s.batch * s.heads * s.seq_q;
         let p = self.p();
         let ar = |m| plan::allreduce(self.allreduce, p, m).map_err(Error::Runtime);
         Ok((ar(rows)?, ar(rows * s.head_dim)?))
+    }
+
+    /// What the simulation sends for this case, from its schedules alone: the q broadcast,
+    /// then the allreduces of the max, the numerator and the denominator (f32).
+    pub fn planned(&self, s: &Shape, dtype: DType) -> Result<Planned> {
+        let p = self.p();
+        let (rows, num) = self.plans(s)?;
+        let bcast = plan::broadcast(p - 1, p, s.q_len());
+        Ok(Planned::of(
+            p,
+            &[
+                (&bcast, dtype.size_bytes()),
+                (&rows, 4),
+                (&num, 4),
+                (&rows, 4),
+            ],
+        ))
     }
 
     /// Host bytes one call allocates besides inputs and output: each device's q, o (then n),
@@ -205,5 +222,6 @@ pub fn run(
         collectives: comm.finish()?,
         memory: mem,
         work,
+        ..SimStats::default()
     })
 }

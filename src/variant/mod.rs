@@ -5,6 +5,7 @@
 mod decode;
 mod flash;
 mod layer;
+mod mpi;
 mod naive;
 mod rabe_staats;
 mod ring;
@@ -35,9 +36,24 @@ pub struct VariantInfo {
     pub numerically_safe: bool,
 }
 
+/// Where a variant's devices live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// This process: one device, or simulated devices with counted links (`sim`).
+    InProcess,
+    /// One MPI rank per device (`dist`): needs the `mpi` feature and `mpirun -np devices`.
+    Mpi,
+}
+
 /// One attention algorithm family member.
 pub trait Variant: Sync {
     fn info(&self) -> &'static VariantInfo;
+
+    /// Where its devices live; tests and CI's in-process sweeps take the `InProcess` ones,
+    /// the MPI smoke test the others.
+    fn engine(&self) -> Engine {
+        Engine::InProcess
+    }
 
     /// Bytes the forward call allocates beyond inputs and output (its workspace), from the
     /// variant's own formula, for the kernels of instruction-set path `isa` (tile layouts
@@ -190,10 +206,14 @@ pub enum VariantId {
     LayerVanilla,
     LayerMemEff,
     LayerBpt,
+    RingDecodeMpi,
+    RingPrefillMpi,
+    TreeDecodeMpi,
+    TreeDecodeMpiExplicit,
 }
 
 impl VariantId {
-    pub const ALL: [VariantId; 15] = [
+    pub const ALL: [VariantId; 19] = [
         VariantId::Naive,
         VariantId::NaiveUnsafe,
         VariantId::RabeStaats,
@@ -209,6 +229,10 @@ impl VariantId {
         VariantId::LayerVanilla,
         VariantId::LayerMemEff,
         VariantId::LayerBpt,
+        VariantId::RingDecodeMpi,
+        VariantId::RingPrefillMpi,
+        VariantId::TreeDecodeMpi,
+        VariantId::TreeDecodeMpiExplicit,
     ];
 
     pub fn get(self) -> &'static dyn Variant {
@@ -228,6 +252,10 @@ impl VariantId {
             VariantId::LayerVanilla => &layer::LAYER_VANILLA,
             VariantId::LayerMemEff => &layer::LAYER_MEMEFF,
             VariantId::LayerBpt => &layer::LAYER_BPT,
+            VariantId::RingDecodeMpi => &mpi::RING_DECODE_MPI,
+            VariantId::RingPrefillMpi => &mpi::RING_PREFILL_MPI,
+            VariantId::TreeDecodeMpi => &mpi::TREE_DECODE_MPI,
+            VariantId::TreeDecodeMpiExplicit => &mpi::TREE_DECODE_MPI_EXPLICIT,
         }
     }
 
@@ -237,6 +265,17 @@ impl VariantId {
 
     pub fn name(self) -> &'static str {
         self.info().name
+    }
+
+    pub fn engine(self) -> Engine {
+        self.get().engine()
+    }
+
+    /// The variants this process runs itself (no MPI launcher needed).
+    pub fn in_process() -> impl Iterator<Item = VariantId> {
+        Self::ALL
+            .into_iter()
+            .filter(|v| v.engine() == Engine::InProcess)
     }
 
     pub fn names() -> Vec<&'static str> {

@@ -413,9 +413,9 @@ fn decode_case(
     }
 }
 
+/// The in-process ones: the MPI variants run under mpirun (tests/mpi.rs).
 fn decode_variants() -> Vec<VariantId> {
-    VariantId::ALL
-        .into_iter()
+    VariantId::in_process()
         .filter(|v| v.info().modes.contains(&Mode::Decode))
         .collect()
 }
