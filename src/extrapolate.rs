@@ -236,6 +236,7 @@ mod tests {
                 q_chunks: 1,
             }),
             diff_against: Some(VariantId::Naive),
+            gpu: Default::default(),
         }
     }
 

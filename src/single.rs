@@ -135,6 +135,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         error_rows: args.error_rows,
         extrapolate: None,
         diff_against: None,
+        gpu: Default::default(),
     };
     let outcome = run_case(&case, &settings, given)?;
     print!("{}", record_table(&outcome.record));

@@ -67,6 +67,7 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         error_rows: 16,
         extrapolate: None,
         diff_against: None,
+        gpu: Default::default(),
     };
     run_case(c, &settings, None).expect("harness runs").record
 }

@@ -59,6 +59,8 @@ pub(super) struct RawRun {
     pub extrapolate_above_s: Option<Value>,
     pub extrapolate_q_chunks: Option<Value>,
     pub diff_against: Option<Value>,
+    pub cold: Option<Value>,
+    pub tf32: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -72,7 +74,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 15] = [
+pub(super) const RUN_KEYS: [&str; 17] = [
     "name",
     "seed",
     "warmup",
@@ -88,6 +90,8 @@ pub(super) const RUN_KEYS: [&str; 15] = [
     "extrapolate_above_s",
     "extrapolate_q_chunks",
     "diff_against",
+    "cold",
+    "tf32",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

@@ -4,7 +4,7 @@
 //! accepts, its grid geometry and its device-workspace formula. Every function is O(1) or
 //! O(number of define sets); nothing touches a device.
 
-use crate::problem::{Case, DType, Mode};
+use crate::problem::{Case, DType, Mode, Shape};
 
 /// Prepended to every kernel source (element types, conversions, reductions, causal bound).
 pub const COMMON: &str = include_str!("kernels/common.cuh");
@@ -239,6 +239,18 @@ pub fn unsupported(algo: GpuAlgo, case: &Case) -> Option<String> {
     if too_big {
         return Some("a dimension exceeds the kernels' 32-bit launch parameters".into());
     }
+    // Grid y (and decode's z) is at most 65535 blocks.
+    let grid_yz = match algo {
+        GpuAlgo::FlashDecoding => {
+            (s.batch * s.kv_heads).max((s.group() * s.seq_q).div_ceil(DECODE_ROWS))
+        }
+        _ => s.batch * s.heads,
+    };
+    if grid_yz > 65_535 {
+        return Some(format!(
+            "the CUDA {name} launch grid would need {grid_yz} blocks in y/z (at most 65535)"
+        ));
+    }
     None
 }
 
@@ -258,7 +270,7 @@ pub fn workspace_bytes(algo: GpuAlgo, case: &Case) -> u64 {
         }
         GpuAlgo::Flash => 0,
         GpuAlgo::FlashDecoding => {
-            let splits = case.splits.unwrap_or(1) as u64;
+            let splits = decode_splits(case) as u64;
             4 * splits * bh * s.seq_q as u64 * (s.head_dim as u64 + 1)
         }
     }
@@ -339,12 +351,20 @@ pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 256;
 
 /// flash-decoding's default split count on the GPU: enough blocks for two waves of an
 /// H100, but no split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
-pub fn decode_default_splits(case: &Case) -> usize {
-    let s = &case.shape;
+pub fn decode_default_splits(s: &Shape) -> usize {
     let blocks = s.batch * s.kv_heads * (s.group() * s.seq_q).div_ceil(DECODE_ROWS);
     let want = DECODE_TARGET_BLOCKS.div_ceil(blocks.max(1));
     let most = s.seq_kv.div_ceil(DECODE_MIN_KEYS_PER_SPLIT).max(1);
     want.clamp(1, most)
+}
+
+/// The split count a flash-decoding case runs with: the case's (the config's `splits`, or
+/// [`decode_default_splits`]), at most one per key.
+pub fn decode_splits(case: &Case) -> usize {
+    let s = &case.shape;
+    case.splits
+        .unwrap_or_else(|| decode_default_splits(s))
+        .clamp(1, s.seq_kv.max(1))
 }
 
 /// (grid, block, keys per split) of the decode split pass for `splits` parts.
@@ -364,6 +384,26 @@ pub fn decode_launch(case: &Case, splits: usize) -> ((u32, u32, u32), (u32, u32,
 /// line of the previous call survives.
 pub fn l2_flush_bytes(l2_bytes: usize) -> usize {
     2 * l2_bytes.max(1 << 20)
+}
+
+/// What `meta.json` records of the GPU a sweep ran on (clocks are the driver's reported
+/// maximum application clocks, not a measurement under load).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GpuInfo {
+    pub name: String,
+    pub compute_capability: String,
+    pub multiprocessors: Option<i32>,
+    pub memory_bytes: Option<u64>,
+    pub l2_bytes: Option<u64>,
+    pub sm_clock_mhz: Option<i32>,
+    pub memory_clock_mhz: Option<i32>,
+    pub memory_bus_bits: Option<i32>,
+    pub driver_version: Option<String>,
+    pub nvrtc_version: Option<String>,
+    /// Device-to-device copy bandwidth, bytes read + written per second / 1e9 (median of
+    /// repeated 256 MiB copies when the device was opened): decode rows' `copy_bw_frac`
+    /// denominator.
+    pub copy_gbytes_per_s: Option<f64>,
 }
 
 #[cfg(test)]

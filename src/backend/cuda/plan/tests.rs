@@ -201,11 +201,11 @@ fn workspace_formulas() {
 fn decode_splits_fill_the_device_but_not_below_the_minimum_split() {
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1 << 17, 128);
     // b 2 x kv 2 x ceil(2 / 8) = 4 blocks per split: 66 splits for 264 blocks.
-    assert_eq!(decode_default_splits(&c), 66);
+    assert_eq!(decode_default_splits(&c.shape), 66);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 600, 128);
-    assert_eq!(decode_default_splits(&c), 3);
+    assert_eq!(decode_default_splits(&c.shape), 3);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1, 128);
-    assert_eq!(decode_default_splits(&c), 1);
+    assert_eq!(decode_default_splits(&c.shape), 1);
     let (grid, block, per) = decode_launch(&c, 5);
     assert_eq!((grid, block, per), ((1, 4, 1), (128, 1, 1), 1));
     let c = case(VariantId::FlashDecoding, DType::Bf16, 5, 1000, 64);
