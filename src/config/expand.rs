@@ -145,6 +145,8 @@ fn build(
             kv_chunk = Some(bn.min(seq_kv));
         }
         (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
+            // The GPU kernel cuts the cache into splits only (no key blocks).
+            (q_chunk, kv_chunk) = (None, None);
             default_splits = default_splits.map(|_| cuda_plan::decode_default_splits(&shape));
         }
         _ => {}
