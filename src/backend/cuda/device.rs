@@ -187,10 +187,10 @@ impl Gpu {
         let module = match modules.get(&key) {
             Some(m) => m.clone(),
             None => {
-                let ptx = nvrtc::cached(kernel, defines, &self.arch).map_err(Error::Runtime)?;
+                let cubin = nvrtc::cached(kernel, defines, &self.arch).map_err(Error::Runtime)?;
                 let m = self
                     .ctx
-                    .load_module(ptx)
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
                     .map_err(|e| drv_err(&format!("loading {}", kernel.file()), e))?;
                 modules.insert(key, m.clone());
                 m

@@ -1,12 +1,16 @@
 //! NVRTC compilation of the embedded kernels (`plan::Kernel`): source = defines + common.cuh +
-//! the kernel, compiled at run time for the device's architecture (libnvrtc loaded
-//! dynamically) and cached per (kernel, defines, architecture). A compile costs tens to
-//! hundreds of milliseconds once; a cache hit is a map lookup.
+//! the kernel, compiled at run time for the device's real architecture (libnvrtc loaded
+//! dynamically) to a CUBIN, so the driver loads machine code and never JIT-compiles PTX (a
+//! toolkit newer than the driver would otherwise fail with an unsupported PTX version);
+//! cached per (kernel, defines, architecture). A compile costs tens to hundreds of
+//! milliseconds once; a cache hit is a map lookup.
 
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+use cudarc::nvrtc::sys::{self as nv, nvrtcResult};
+use cudarc::nvrtc::{compile_ptx_with_opts, result, CompileError, CompileOptions, Ptx};
 
 use super::plan::{Defines, Kernel};
 
@@ -14,7 +18,7 @@ use super::plan::{Defines, Kernel};
 /// is missing, so callers check this first).
 pub fn nvrtc_missing() -> Option<String> {
     // SAFETY: only tries to open the shared library by its candidate names.
-    let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    let present = unsafe { nv::is_culib_present() };
     (!present).then(|| {
         "NVRTC not found (libnvrtc.so.13 / libnvrtc.so: add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)"
             .to_string()
@@ -28,23 +32,31 @@ pub fn version() -> Option<(i32, i32)> {
     }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: the library is present (checked above); the call writes two ints.
-    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+    let r = unsafe { nv::nvrtcVersion(&mut major, &mut minor) };
+    (r == nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
-/// Compiles `kernel` with `defines` to PTX for architecture flag `arch`
-/// (`plan::arch_flag`). The error carries NVRTC's log.
+/// The options of every compile: exact f32 semantics (the error columns compare against an
+/// f64 oracle), C++17, the architecture flag (`plan::arch_flag`).
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        "--ftz=false".into(),
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+        "--fmad=true".into(),
+        "--std=c++17".into(),
+        arch.to_string(),
+    ]
+}
+
+/// Compiles `kernel` with `defines` to PTX for architecture flag `arch` (the NVRTC check and
+/// ptxas read it). The error carries NVRTC's log.
 pub fn compile(kernel: Kernel, defines: &Defines, arch: &str) -> Result<Ptx, String> {
     if let Some(why) = nvrtc_missing() {
         return Err(why);
     }
     let opts = CompileOptions {
-        // Exact f32 semantics: the error columns compare against an f64 oracle.
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        fmad: Some(true),
-        options: vec![arch.to_string(), "--std=c++17".to_string()],
+        options: options(arch),
         name: Some(kernel.file().to_string()),
         ..Default::default()
     };
@@ -68,22 +80,78 @@ fn describe(kernel: Kernel, defines: &Defines, e: CompileError) -> String {
     }
 }
 
+/// Compiles `kernel` with `defines` to a CUBIN for the real architecture `arch`
+/// (`--gpu-architecture=sm_XY`): NVRTC runs its own ptxas, so register and shared-memory
+/// limits are checked here too.
+pub fn compile_cubin(kernel: Kernel, defines: &Defines, arch: &str) -> Result<Vec<u8>, String> {
+    if let Some(why) = nvrtc_missing() {
+        return Err(why);
+    }
+    let fail = |what: &str| {
+        format!(
+            "NVRTC {what} for {} [{}]",
+            kernel.file(),
+            defines.describe()
+        )
+    };
+    let src = CString::new(kernel.program(defines)).map_err(|_| fail("source has a NUL"))?;
+    let name = CString::new(kernel.file()).map_err(|_| fail("name has a NUL"))?;
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| format!("{}: {e:?}", fail("create")))?;
+    // SAFETY: `prog` is live until destroyed below; `src` and `name` outlive it.
+    let out = unsafe {
+        match result::compile_program(prog, &options(arch)) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(format!(
+                    "{} failed ({e:?}) with {arch}:\n{log}",
+                    fail("compile")
+                ))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                if nv::nvrtcGetCUBINSize(prog, &mut size) != nvrtcResult::NVRTC_SUCCESS || size == 0
+                {
+                    Err(format!(
+                        "{}: no CUBIN ({arch} must name a real architecture)",
+                        fail("output")
+                    ))
+                } else {
+                    let mut buf = vec![0u8; size];
+                    if nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                        == nvrtcResult::NVRTC_SUCCESS
+                    {
+                        Ok(buf)
+                    } else {
+                        Err(fail("nvrtcGetCUBIN"))
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
 type Key = (Kernel, Defines, String);
 
-/// PTX per (kernel, defines, architecture), compiled on first use.
-pub fn cached(kernel: Kernel, defines: &Defines, arch: &str) -> Result<Ptx, String> {
-    static CACHE: OnceLock<Mutex<HashMap<Key, String>>> = OnceLock::new();
+/// CUBIN per (kernel, defines, architecture), compiled on first use.
+pub fn cached(kernel: Kernel, defines: &Defines, arch: &str) -> Result<Vec<u8>, String> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Vec<u8>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let key = (kernel, defines.clone(), arch.to_string());
-    if let Some(src) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(Ptx::from_src(src.clone()));
+    if let Some(bin) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(bin.clone());
     }
-    let ptx = compile(kernel, defines, arch)?;
+    let bin = compile_cubin(kernel, defines, arch)?;
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(key, ptx.to_src());
-    Ok(ptx)
+        .insert(key, bin.clone());
+    Ok(bin)
 }
 
 #[cfg(test)]
@@ -92,7 +160,7 @@ mod tests {
     use crate::backend::cuda::plan::arch_flag;
 
     /// Every embedded kernel with every define set a launcher may request, for sm_80 and
-    /// sm_90. Needs only libnvrtc (a CPU library: `pip install nvidia-cuda-nvrtc` and put its
+    /// sm_90, to PTX and to CUBIN (NVRTC's own ptxas: resource limits are checked). Needs only libnvrtc (a CPU library: `pip install nvidia-cuda-nvrtc` and put its
     /// lib directory on LD_LIBRARY_PATH, see README "GPU"); skips with the reason otherwise.
     /// With `ATTNBENCH_PTXAS` naming a ptxas binary, each PTX is also assembled for its
     /// architecture, which catches register and shared-memory overruns.
@@ -109,6 +177,9 @@ mod tests {
             let arch = arch_flag(major, minor);
             for kernel in Kernel::ALL {
                 for defines in kernel.define_sets() {
+                    if let Err(e) = compile_cubin(kernel, &defines, &arch) {
+                        failures.push(e);
+                    }
                     match compile(kernel, &defines, &arch) {
                         Ok(ptx) => {
                             let src = ptx.to_src();
@@ -140,7 +211,7 @@ mod tests {
         let per_arch: usize = Kernel::ALL.iter().map(|k| k.define_sets().len()).sum();
         assert_eq!(compiled, 2 * per_arch);
         eprintln!(
-            "NVRTC {:?}: {compiled} programs compiled{}",
+            "NVRTC {:?}: {compiled} programs compiled to PTX and CUBIN{}",
             version(),
             if ptxas.is_some() {
                 " and assembled by ptxas"
@@ -173,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn cache_returns_the_same_ptx() {
+    fn cache_returns_the_same_cubin() {
         if nvrtc_missing().is_some() {
             eprintln!("skipped: NVRTC not found");
             return;
@@ -181,6 +252,8 @@ mod tests {
         let d = Kernel::Softmax.define_sets()[0].clone();
         let a = cached(Kernel::Softmax, &d, "--gpu-architecture=sm_90").unwrap();
         let b = cached(Kernel::Softmax, &d, "--gpu-architecture=sm_90").unwrap();
-        assert_eq!(a.to_src(), b.to_src());
+        // An ELF image (CUBIN), the same bytes from the cache.
+        assert_eq!(&a[..4], b"\x7fELF");
+        assert_eq!(a, b);
     }
 }
