@@ -343,14 +343,15 @@ pub fn flash_tiles_visited(case: &Case, block: usize) -> usize {
 /// Query rows one decode block handles (`D_ROWS` in decode.cu).
 pub const DECODE_ROWS: usize = 8;
 
-/// Blocks the default split count aims for: two waves on an H100 SXM's 132 SMs.
-pub const DECODE_TARGET_BLOCKS: usize = 264;
+/// Blocks the default split count aims for: four per SM of an H100 SXM's 132 (decode is
+/// memory-bound; more resident warps keep more loads in flight).
+pub const DECODE_TARGET_BLOCKS: usize = 528;
 
 /// Fewest keys a split should read (below that the combine costs more than it saves).
 pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 256;
 
-/// flash-decoding's default split count on the GPU: enough blocks for two waves of an
-/// H100, but no split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
+/// flash-decoding's default split count on the GPU: [`DECODE_TARGET_BLOCKS`] blocks, but no
+/// split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
 pub fn decode_default_splits(s: &Shape) -> usize {
     let blocks = s.batch * s.kv_heads * (s.group() * s.seq_q).div_ceil(DECODE_ROWS);
     let want = DECODE_TARGET_BLOCKS.div_ceil(blocks.max(1));

@@ -200,8 +200,8 @@ fn workspace_formulas() {
 #[test]
 fn decode_splits_fill_the_device_but_not_below_the_minimum_split() {
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1 << 17, 128);
-    // b 2 x kv 2 x ceil(2 / 8) = 4 blocks per split: 66 splits for 264 blocks.
-    assert_eq!(decode_default_splits(&c.shape), 66);
+    // b 2 x kv 2 x ceil(2 / 8) = 4 blocks per split: 132 splits for 528 blocks.
+    assert_eq!(decode_default_splits(&c.shape), 132);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 600, 128);
     assert_eq!(decode_default_splits(&c.shape), 3);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1, 128);
