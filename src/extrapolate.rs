@@ -237,6 +237,7 @@ mod tests {
             }),
             diff_against: Some(VariantId::Naive),
             model_layers: None,
+            gpu: Default::default(),
         }
     }
 

@@ -8,6 +8,8 @@ pub mod backend;
 pub mod cli;
 pub mod compare;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda_runner;
 pub mod dist;
 pub mod error;
 pub mod extrapolate;

@@ -37,9 +37,26 @@ pub fn list() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
+    s += &format!("\ndevices:\n  cpu   available: {model}, {cpus} logical CPUs\n");
+    s += &match (cuda_unavailable_reason(), crate::backend::cuda::gpu_info()) {
+        (Some(why), _) => format!("  cuda  unavailable: {why}\n"),
+        (None, Some(g)) => format!(
+            "  cuda  available: {} (compute capability {}, driver {}, NVRTC {})\n",
+            g.name,
+            g.compute_capability,
+            g.driver_version.as_deref().unwrap_or("?"),
+            g.nvrtc_version.as_deref().unwrap_or("?")
+        ),
+        (None, None) => "  cuda  available\n".to_string(),
+    };
+    let gpu: Vec<&str> = VariantId::ALL
+        .iter()
+        .filter(|v| v.get().cuda().is_some())
+        .map(|v| v.name())
+        .collect();
     s += &format!(
-        "\ndevices:\n  cpu   available: {model}, {cpus} logical CPUs\n  cuda  unavailable: {}\n",
-        cuda_unavailable_reason()
+        "  cuda variants: {} (mode fwd/decode; flash and flash-decoding: head_dim 64, 128)\n",
+        gpu.join(", ")
     );
     let paths: Vec<String> = Isa::ALL
         .iter()

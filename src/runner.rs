@@ -13,6 +13,7 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
+use crate::backend::cuda;
 use crate::error::{Error, Result};
 use crate::extrapolate::{self, Extrapolation};
 use crate::layer;
@@ -42,6 +43,17 @@ pub struct Settings {
     /// Layer modes: the depth of the model the measured layer belongs to; its static bytes
     /// (`layer::static_bytes`) count against the memory budget.
     pub model_layers: Option<usize>,
+    /// How CUDA cases are timed and computed.
+    pub gpu: GpuSettings,
+}
+
+/// `[run]` keys that only CUDA cases read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// Flush the L2 cache (a memset of twice its size) before every timed repetition.
+    pub cold: bool,
+    /// f32 GEMMs (naive, rabe-staats) on TF32 tensor cores instead of exact FP32.
+    pub tf32: bool,
 }
 
 /// Set by the Ctrl-C handler: the current case stops after its current repetition and no
@@ -68,10 +80,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             modes.join(", ")
         ));
     }
-    if case.device == Device::Cuda {
-        return Some(cuda_unavailable_reason());
-    }
-    if s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
+    if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",
             s.heads, s.kv_heads
@@ -83,12 +92,34 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             info.name
         ));
     }
+    if case.device == Device::Cuda {
+        return cuda_skip_reason(case);
+    }
     case.variant.get().unsupported(case)
 }
 
-/// Why CUDA cases are skipped in this build (`attnbench list` shows it too).
-pub fn cuda_unavailable_reason() -> String {
-    "this attnbench was built without the `cuda` feature (GPU backend not available)".to_string()
+/// Why a CUDA case cannot run: the variant has no CUDA kernels, its GPU algorithm does not
+/// take the case, or there is no usable GPU here (no `cuda` feature, driver, device, NVRTC
+/// or cuBLAS). The case's own reasons come first, so they read the same on every machine.
+pub fn cuda_skip_reason(case: &Case) -> Option<String> {
+    let Some(algo) = case.variant.get().cuda() else {
+        let gpu: Vec<&str> = VariantId::ALL
+            .iter()
+            .filter(|v| v.get().cuda().is_some())
+            .map(|v| v.name())
+            .collect();
+        return Some(format!(
+            "variant {} has no CUDA kernels (on the GPU: {})",
+            case.variant,
+            gpu.join(", ")
+        ));
+    };
+    cuda::plan::unsupported(algo, case).or_else(cuda_unavailable_reason)
+}
+
+/// Why CUDA cases are skipped in this process, if they are (`attnbench list` shows it too).
+pub fn cuda_unavailable_reason() -> Option<String> {
+    cuda::unavailable_reason()
 }
 
 /// A rayon pool with exactly `threads` workers, built once per thread count.
@@ -197,6 +228,10 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             inputs: None,
             samples: Vec::new(),
         });
+    }
+    #[cfg(feature = "cuda")]
+    if case.device == Device::Cuda {
+        return crate::cuda_runner::run_case(case, settings, given);
     }
     let predicted = predicted_bytes(case);
     if let Some(budget) = settings.memory_budget {
@@ -531,7 +566,7 @@ fn probe_pass<T>(record: &mut Record, pass: impl FnOnce() -> Result<T>) -> Resul
     Ok(value)
 }
 
-fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
+pub(crate) fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
     let sm = &timing.summary;
     record.reps = sm.reps;
     record.time_median_s = Some(sm.median);
@@ -544,7 +579,7 @@ fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
 }
 
 /// The output's error against the oracle; a non-finite value makes the row `error`.
-fn record_output_error(
+pub(crate) fn record_output_error(
     record: &mut Record,
     case: &Case,
     inputs: &Inputs,
@@ -570,14 +605,19 @@ fn record_output_error(
     }
 }
 
-fn oom_or_error(e: &Error) -> Status {
+pub(crate) fn oom_or_error(e: &Error) -> Status {
     match e {
         Error::OutOfMemory(_) => Status::Oom,
         _ => Status::Error,
     }
 }
 
-fn failed(mut record: Record, status: Status, e: Error, inputs: Option<Inputs>) -> Outcome {
+pub(crate) fn failed(
+    mut record: Record,
+    status: Status,
+    e: Error,
+    inputs: Option<Inputs>,
+) -> Outcome {
     record.status = status;
     record.reason = e.to_string();
     Outcome {

@@ -136,6 +136,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         extrapolate: None,
         diff_against: None,
         model_layers: None,
+        gpu: Default::default(),
     };
     let outcome = run_case(&case, &settings, given)?;
     // Under mpirun every rank ran the case; rank 0 alone prints and writes files.

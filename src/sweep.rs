@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::extrapolate::Extrapolation;
 use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
-use crate::problem::Case;
+use crate::problem::{Case, Device};
 use crate::report::csv::{done_case_ids, CsvSink};
 use crate::report::generate;
 use crate::report::meta::Meta;
@@ -27,7 +27,7 @@ use crate::report::plot::Format;
 use crate::report::record::Record;
 use crate::report::samples::SamplesSink;
 use crate::report::table::{human_seconds, summary_table};
-use crate::runner::{run_case, Settings, INTERRUPTED};
+use crate::runner::{run_case, GpuSettings, Settings, INTERRUPTED};
 
 pub use crate::report::load::{CSV_NAME, META_NAME};
 /// Every timed repetition of every case (for `compare`), beside `runs.csv`.
@@ -106,7 +106,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         };
         let resolved = serde_json::to_value(&config)
             .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
-        Meta::collect(resolved, threads, calibration.clone()).write(&meta_path)?;
+        let mut meta = Meta::collect(resolved, threads, calibration.clone());
+        if todo.iter().any(|c| c.device == Device::Cuda) {
+            meta.gpu = crate::backend::cuda::gpu_info();
+        }
+        meta.write(&meta_path)?;
         calibration
     };
     // Decode rows report their KV bandwidth against the copy bandwidth at their threads.
@@ -119,6 +123,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
 
     // The other ranks wait here while rank 0 calibrates.
     dist::all_ok(true)?;
+    let gpu_copy = if todo.iter().any(|c| c.device == Device::Cuda) {
+        crate::backend::cuda::gpu_info().and_then(|g| g.copy_gbytes_per_s)
+    } else {
+        None
+    };
     install_interrupt_handler();
     let settings = Settings {
         run_name: config.run.name.clone(),
@@ -138,6 +147,10 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         }),
         diff_against: config.run.diff_against,
         model_layers: config.run.model_layers,
+        gpu: GpuSettings {
+            cold: config.run.cold,
+            tf32: config.run.tf32,
+        },
     };
     let mut sinks = if root {
         Some((
@@ -156,7 +169,12 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         }
         progress.start(i, case);
         let mut outcome = run_case(case, &settings, None)?;
-        outcome.record.set_bandwidth(copy_bandwidth(case.threads));
+        // CUDA rows: against the GPU's device-to-device copy (measured when it was opened).
+        let copy = match case.device {
+            Device::Cuda => gpu_copy,
+            Device::Cpu => copy_bandwidth(case.threads),
+        };
+        outcome.record.set_bandwidth(copy);
         // A case cut short by Ctrl-C is not written: its numbers would be partial.
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;

@@ -68,6 +68,7 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         extrapolate: None,
         diff_against: None,
         model_layers: None,
+        gpu: Default::default(),
     };
     run_case(c, &settings, None).expect("harness runs").record
 }

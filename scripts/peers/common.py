@@ -96,11 +96,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def attnbench_bin() -> str:
-    """The release binary of this checkout (built by `cargo build --release`)."""
-    exe = REPO / "target" / "release" / "attnbench"
-    if not exe.exists():
-        raise SystemExit(f"error: {exe} not found: run `cargo build --release` first")
-    return str(exe)
+    """The attnbench binary: $ATTNBENCH_BIN if set, else this checkout's release build
+    (`cargo build --release`), else `.gpu/attnbench` (the copy GPU.md's batch runs from, on a
+    machine without a Rust toolchain)."""
+    if os.environ.get("ATTNBENCH_BIN"):
+        return os.environ["ATTNBENCH_BIN"]
+    for exe in (REPO / "target" / "release" / "attnbench", REPO / ".gpu" / "attnbench"):
+        if exe.exists():
+            return str(exe)
+    raise SystemExit("error: no attnbench binary: run `cargo build --release` (or set ATTNBENCH_BIN)")
 
 
 def load_cases(config: str, sets: list[str]) -> tuple[dict, list[dict]]:
@@ -165,7 +169,8 @@ def time_repetitions(call, rule: dict) -> tuple[list[float], str]:
     """attnbench's rule (src/measure/timer.rs): warm-up (stopping once it alone exceeds
     max_time_s), then timed calls until max_reps, the max_time_s cap (which wins over
     min_reps), or min_reps and min_time_s with MAD/median < rel_spread. `call` must return
-    only when its work is done (synchronize inside it)."""
+    only when its work is done (synchronize inside it). When `call` returns a float, that is
+    its time in seconds (a GPU peer's CUDA-event time) instead of the wall clock."""
     t0 = time.perf_counter()
     for _ in range(rule["warmup"]):
         call()
@@ -176,8 +181,8 @@ def time_repetitions(call, rule: dict) -> tuple[list[float], str]:
     total = 0.0
     while True:
         t = time.perf_counter()
-        call()
-        dt = time.perf_counter() - t
+        r = call()
+        dt = r if isinstance(r, float) else time.perf_counter() - t
         samples.append(dt)
         total += dt
         reps = len(samples)

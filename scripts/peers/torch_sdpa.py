@@ -2,18 +2,28 @@
 """PyTorch `scaled_dot_product_attention` as a peer of attnbench's variants.
 
 Reads an attnbench config, runs every distinct problem of it (attnbench's variant and chunk
-axes dropped) with SDPA's flash backend (`torch-sdpa-flash`) and math backend
-(`torch-sdpa-math`), pinned with `torch.nn.attention.sdpa_kernel`, timed by attnbench's rule
-(warm-up, repetitions until convergence or the cap, median), and appends rows in attnbench's
-CSV schema to DIR/runs.csv, so `attnbench report` and `compare` treat them like its own.
+axes dropped) with SDPA's flash backend (`torch-sdpa-flash`), memory-efficient backend
+(`torch-sdpa-efficient`, CUDA only) and math backend (`torch-sdpa-math`), pinned with
+`torch.nn.attention.sdpa_kernel`, timed by attnbench's rule (warm-up, repetitions until
+convergence or the cap, median), and appends rows in attnbench's CSV schema to
+DIR/runs.csv, so `attnbench report` and `compare` treat them like its own.
 
     python scripts/peers/torch_sdpa.py --config configs/cpu_perf.toml --out results/cpu_perf
+    python scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out OUT/gpu_perf
+
+On `--device cuda` each call is timed with CUDA events (the GPU time between two events
+around the SDPA call, as attnbench's CUDA backend times its kernels), the L2 cache is
+flushed before each call when the config says `[run] cold = true`, `[run] tf32` sets
+PyTorch's TF32 switches for f32, and the memory overhead is measured: the caching
+allocator's peak during one untimed call beyond what was allocated before it and the
+output (`torch.cuda.max_memory_allocated`).
 
 Modes: `fwd`, and `fwd+bwd` (out = SDPA(q, k, v); out.backward(dO); `time_bwd_median_s` is
 the backward alone within the same calls; dQ checked on attnbench's sampled rows). Inputs:
 NumPy's seeded stream rounded to the storage dtype (the same distribution and shapes as
 attnbench's, not the same bits); the output stays in the storage dtype, as SDPA returns it.
-Threads: `torch.set_num_threads(threads)` per case. Not measured: memory (empty columns).
+Threads: `torch.set_num_threads(threads)` per case (CPU). Not measured on the CPU: memory
+(empty columns).
 """
 
 from __future__ import annotations
@@ -26,7 +36,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-VARIANTS = {"torch-sdpa-flash": "FLASH_ATTENTION", "torch-sdpa-math": "MATH"}
+VARIANTS = {
+    "torch-sdpa-flash": "FLASH_ATTENTION",
+    "torch-sdpa-efficient": "EFFICIENT_ATTENTION",
+    "torch-sdpa-math": "MATH",
+}
+# The defaults per device (the efficient backend is a CUDA kernel).
+DEFAULT_VARIANTS = {
+    "cpu": "torch-sdpa-flash,torch-sdpa-math",
+    "cuda": "torch-sdpa-flash,torch-sdpa-efficient,torch-sdpa-math",
+}
 
 
 def main() -> None:
@@ -35,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", help="results directory [default: results/<run name>]")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="as attnbench sweep --set")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every case runs (the config's device axis is replaced)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", help="comma-separated subset of " + ", ".join(VARIANTS) + " [default: flash and math on cpu, all three on cuda]")
     ap.add_argument("--resume", action="store_true", help="skip cases already in DIR/runs.csv")
     args = ap.parse_args()
 
@@ -48,7 +67,7 @@ def main() -> None:
     rule = common.stop_rule(run)
     out = common.CsvOut(args.out or f"results/{run['name']}")
     done = out.done_ids() if args.resume else set()
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [v for v in (args.variants or DEFAULT_VARIANTS[args.device]).split(",") if v]
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"error: unknown variant {v} (expected one of {', '.join(VARIANTS)})")
@@ -61,6 +80,15 @@ def main() -> None:
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize()
+
+    cuda = dev.type == "cuda"
+    flush = None
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = bool(run.get("tf32", False))
+        torch.backends.cudnn.allow_tf32 = bool(run.get("tf32", False))
+        if run.get("cold", False):
+            l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+            flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device=dev)
 
     for i, (variant, entry) in enumerate(todo, 1):
         c = entry["case"]
@@ -94,18 +122,32 @@ def main() -> None:
         result = {}
 
         def call():
+            if flush is not None:
+                flush.add_(1)  # a write of twice the L2 size evicts the previous call's lines
+            if cuda:
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                ev[0].record()
             with sdpa_kernel(backend):
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
                 if train:
                     for t in (q, k, v):
                         t.grad = None
-                    sync()
-                    t0 = time.perf_counter()
+                    if cuda:
+                        ev[1].record()
+                    else:
+                        sync()
+                        t0 = time.perf_counter()
                     o.backward(go)
-                    sync()
-                    bwd_times.append(time.perf_counter() - t0)
-                sync()
+                    if not cuda:
+                        bwd_times.append(time.perf_counter() - t0)
             result["o"] = o
+            if cuda:
+                ev[2].record()
+                ev[2].synchronize()
+                if train:
+                    bwd_times.append(ev[1].elapsed_time(ev[2]) / 1e3)
+                return ev[0].elapsed_time(ev[2]) / 1e3
+            return None
 
         try:
             samples, stopped = common.time_repetitions(call, rule)
@@ -116,6 +158,19 @@ def main() -> None:
             common.progress(i, len(todo), rec)
             continue
         common.fill_timing(rec, samples, stopped, entry["flops"])
+        if cuda and not train:
+            # One untimed call under the caching allocator's peak counter: what it allocates
+            # beyond what is live (inputs) and its output, as attnbench's overhead.
+            del result["o"]
+            sync()
+            torch.cuda.reset_peak_memory_stats(dev)
+            before = torch.cuda.memory_allocated(dev)
+            with sdpa_kernel(backend):
+                o_probe = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
+            sync()
+            out_bytes = o_probe.numel() * o_probe.element_size()
+            rec["mem_overhead_bytes"] = max(0, torch.cuda.max_memory_allocated(dev) - before - out_bytes)
+            result["o"] = o_probe
         if train:
             timed = bwd_times[len(bwd_times) - len(samples):]
             rec["time_bwd_median_s"] = common.summary(timed)["median"]

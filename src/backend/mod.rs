@@ -2,3 +2,4 @@
 //! slots in beside it: variants call their backend's kernels, the runner picks by `Device`.
 
 pub mod cpu;
+pub mod cuda;

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 
 use super::axes::{Axes, ZipGroup};
 use super::axis::{self, Axis, AxisDefault, AxisValue};
-use crate::problem::{Case, Shape};
+use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
+use crate::problem::{Case, Device, Shape};
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
@@ -130,20 +131,38 @@ fn build(
     let chunk = |default: Option<usize>, given: Option<usize>, n: usize| {
         default.map(|d| given.unwrap_or(d).min(n))
     };
+    let (mut q_chunk, mut kv_chunk) = (
+        chunk(info.default_q_chunk, q_chunk, seq_q),
+        chunk(info.default_kv_chunk, kv_chunk, seq_kv),
+    );
+    let mut default_splits = v.default_splits(&shape, threads);
+    // On the GPU, flash's tiles are fixed by its kernel (the record shows them) and
+    // flash-decoding's default split count fills the device instead of the CPU threads.
+    match (device, v.cuda()) {
+        (Device::Cuda, Some(GpuAlgo::Flash)) => {
+            let (bm, bn) = cuda_plan::flash_tiles(dtype);
+            q_chunk = Some(bm.min(seq_q));
+            kv_chunk = Some(bn.min(seq_kv));
+        }
+        (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
+            // The GPU kernel cuts the cache into splits only (no key blocks).
+            (q_chunk, kv_chunk) = (None, None);
+            default_splits = default_splits.map(|_| cuda_plan::decode_default_splits(&shape));
+        }
+        _ => {}
+    }
     Some(Case {
         variant,
         mode,
         device,
         dtype,
         shape,
-        q_chunk: chunk(info.default_q_chunk, q_chunk, seq_q),
-        kv_chunk: chunk(info.default_kv_chunk, kv_chunk, seq_kv),
+        q_chunk,
+        kv_chunk,
         causal,
         window,
         devices,
-        splits: v
-            .default_splits(&shape, threads)
-            .map(|d| splits.unwrap_or(d)),
+        splits: default_splits.map(|d| splits.unwrap_or(d)),
         allreduce: v.default_allreduce().map(|d| allreduce.unwrap_or(d)),
         threads,
         input_dist,

@@ -49,6 +49,10 @@ pub struct RunConfig {
     /// per parameter per layer, plus the other layers' checkpointed inputs) count against
     /// `memory_budget` (`layer::static_bytes`).
     pub model_layers: Option<usize>,
+    /// CUDA cases: flush the L2 cache before every timed repetition (cold timing).
+    pub cold: bool,
+    /// CUDA cases: f32 GEMMs (naive, rabe-staats) on TF32 tensor cores instead of FP32.
+    pub tf32: bool,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -86,6 +90,8 @@ impl RunConfig {
             extrapolate_q_chunks: DEFAULT_EXTRAPOLATE_Q_CHUNKS,
             diff_against: None,
             model_layers: None,
+            cold: false,
+            tf32: false,
         }
     }
 }
@@ -116,16 +122,14 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     let min_time_s = f.number("min_time_s", &raw.min_time_s, DEFAULT_MIN_TIME_S)?;
     let max_time_s = f.number("max_time_s", &raw.max_time_s, DEFAULT_MAX_TIME_S)?;
     let rel_spread = f.number("rel_spread", &raw.rel_spread, DEFAULT_REL_SPREAD)?;
-    let calibrate = match &raw.calibrate {
-        None => true,
-        Some(Value::Boolean(b)) => *b,
-        Some(v) => {
-            return Err(f.err(
-                "calibrate",
-                format!("expected true or false, got {}", show(v)),
-            ))
-        }
+    let flag = |key: &str, v: &Option<Value>, default: bool| match v {
+        None => Ok(default),
+        Some(Value::Boolean(b)) => Ok(*b),
+        Some(v) => Err(f.err(key, format!("expected true or false, got {}", show(v)))),
     };
+    let calibrate = flag("calibrate", &raw.calibrate, true)?;
+    let cold = flag("cold", &raw.cold, false)?;
+    let tf32 = flag("tf32", &raw.tf32, false)?;
     let extrapolate_above_s = match raw.extrapolate_above_s {
         None => None,
         Some(_) => Some(f.number("extrapolate_above_s", &raw.extrapolate_above_s, 0.0)?),
@@ -214,6 +218,8 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         extrapolate_q_chunks,
         diff_against,
         model_layers,
+        cold,
+        tf32,
     })
 }
 

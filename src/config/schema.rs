@@ -60,6 +60,8 @@ pub(super) struct RawRun {
     pub extrapolate_q_chunks: Option<Value>,
     pub diff_against: Option<Value>,
     pub model_layers: Option<Value>,
+    pub cold: Option<Value>,
+    pub tf32: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -73,7 +75,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 16] = [
+pub(super) const RUN_KEYS: [&str; 18] = [
     "name",
     "seed",
     "warmup",
@@ -90,6 +92,8 @@ pub(super) const RUN_KEYS: [&str; 16] = [
     "extrapolate_q_chunks",
     "diff_against",
     "model_layers",
+    "cold",
+    "tf32",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

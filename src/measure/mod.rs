@@ -13,4 +13,4 @@ pub use alloc::{
 pub use calibrate::{calibrate, calibrate_with, Calibration};
 pub use rss::{current_rss_bytes, peak_rss_bytes, reset_peak_rss};
 pub use stats::Summary;
-pub use timer::{time_repetitions, StopReason, StopRule, Timing};
+pub use timer::{time_measured_repetitions, time_repetitions, StopReason, StopRule, Timing};

@@ -107,6 +107,24 @@ pub fn time_repetitions<F>(rule: &StopRule, interrupted: &AtomicBool, mut f: F) 
 where
     F: FnMut() -> Result<()>,
 {
+    time_measured_repetitions(rule, interrupted, || {
+        let t0 = Instant::now();
+        f()?;
+        Ok(t0.elapsed().as_secs_f64())
+    })
+}
+
+/// [`time_repetitions`] for calls that measure themselves: `f` returns the seconds of its
+/// own call (the GPU backend's CUDA-event time, which excludes the host's launch overhead
+/// and the L2 flush before it). The stopping rule is the same.
+pub fn time_measured_repetitions<F>(
+    rule: &StopRule,
+    interrupted: &AtomicBool,
+    mut f: F,
+) -> Result<Timing>
+where
+    F: FnMut() -> Result<f64>,
+{
     let is_interrupted = || interrupted.load(Ordering::Relaxed);
 
     let warm_start = Instant::now();
@@ -124,9 +142,7 @@ where
     let mut samples = Vec::with_capacity(max_reps.min(1024));
     let mut total = 0.0f64;
     loop {
-        let t0 = Instant::now();
-        f()?;
-        let dt = t0.elapsed().as_secs_f64();
+        let dt = f()?;
         samples.push(dt);
         total += dt;
 

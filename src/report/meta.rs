@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::process::Command;
 
+use crate::backend::cuda::plan::GpuInfo;
 use crate::error::{Error, Result};
 use crate::measure::calibrate::Calibration;
 
@@ -24,6 +25,10 @@ pub struct Meta {
     pub started_unix_s: u64,
     pub calibration: Vec<Calibration>,
     pub config: serde_json::Value,
+    /// The GPU CUDA cases ran on (name, compute capability, clocks, driver, NVRTC, copy
+    /// bandwidth); absent for CPU-only runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuInfo>,
 }
 
 impl Meta {
@@ -54,6 +59,7 @@ impl Meta {
                 .map_or(0, |d| d.as_secs()),
             calibration,
             config,
+            gpu: None,
         }
     }
 

@@ -21,6 +21,7 @@ use crate::backend::cpu::decode::{
 };
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
+use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, DType, Inputs, Mode, Shape};
 use crate::sim::plan::even_chunks;
@@ -187,6 +188,11 @@ fn bk(case: &Case) -> usize {
 }
 
 impl Variant for Decode {
+    /// flash-decoding only; the other two decode variants have no CUDA kernels.
+    fn cuda(&self) -> Option<GpuAlgo> {
+        matches!(self.kind, Kind::Split).then_some(GpuAlgo::FlashDecoding)
+    }
+
     /// The decode kernels (`backend::cpu::decode`) run their score and value products
     /// through the packing SGEMM.
     fn uses_packing_gemm(&self, _case: &Case) -> bool {

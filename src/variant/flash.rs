@@ -6,6 +6,7 @@ use crate::backend::cpu::flash as kernel;
 use crate::backend::cpu::flash_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
+use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
 
@@ -40,6 +41,10 @@ fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::Path, usize, usize) {
 }
 
 impl Variant for Flash {
+    fn cuda(&self) -> Option<GpuAlgo> {
+        Some(GpuAlgo::Flash)
+    }
+
     fn info(&self) -> &'static VariantInfo {
         &INFO
     }

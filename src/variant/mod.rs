@@ -16,6 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::backend::cpu::isa::Isa;
+use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::{Error, Result};
 use crate::problem::{Case, Grads, Inputs, Mode, Shape};
 use crate::sim::plan::Allreduce;
@@ -102,6 +103,12 @@ pub trait Variant: Sync {
     /// Bytes of K and V the call must read, for the memory-bound decode variants (the
     /// denominator of their achieved bandwidth); `None` for the others.
     fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {
+        None
+    }
+
+    /// How this variant runs on a GPU (`device = "cuda"`), or `None` when it has no CUDA
+    /// kernels (its CUDA cases are skipped rows saying so).
+    fn cuda(&self) -> Option<GpuAlgo> {
         None
     }
 

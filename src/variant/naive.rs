@@ -8,6 +8,7 @@ use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
 use crate::backend::cpu::tiles::Path;
 use crate::backend::cpu::workspace::{try_zeroed, Workspace};
+use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
 
@@ -58,6 +59,12 @@ fn worker_floats(case: &Case, isa: Isa) -> usize {
 }
 
 impl Variant for Naive {
+    /// cuBLAS S, the softmax kernel (with or without max subtraction, like the CPU pair),
+    /// cuBLAS P V.
+    fn cuda(&self) -> Option<GpuAlgo> {
+        Some(GpuAlgo::Naive { safe: self.safe })
+    }
+
     fn info(&self) -> &'static VariantInfo {
         // Statics live for 'static; `self` is always one of the two statics above.
         if self.safe {

@@ -7,6 +7,7 @@ use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
 use crate::backend::cpu::workspace::Workspace;
+use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
 
@@ -57,6 +58,10 @@ fn chunked_layout(case: &Case, isa: Isa) -> (usize, usize) {
 }
 
 impl Variant for RabeStaats {
+    fn cuda(&self) -> Option<GpuAlgo> {
+        Some(GpuAlgo::Chunked)
+    }
+
     fn info(&self) -> &'static VariantInfo {
         &CHUNKED_INFO
     }

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# GPU.md "Run there" in one go, on the GPU machine (no Rust, no network), from the repository
+# root with .gpu/ built by scripts/gpu_build.sh. Everything goes to one folder OUT:
+#
+#   scripts/gpu_batch.sh OUT [STEP ...]        STEP: check smoke perf table2 (default: all)
+#
+#   check   nvidia-smi, `attnbench list`, the unit tests of the CUDA backend (NVRTC compiles
+#           every kernel for this device) and tests/gpu.rs with --include-ignored
+#   smoke   configs/gpu_smoke.toml, then the PyTorch SDPA peer on the same cases
+#   perf    configs/gpu_perf.toml, then the PyTorch SDPA peer (flash, efficient, math)
+#   table2  configs/rabe_staats_table2_gpu.toml
+# then reports again (with the peers' rows), scripts/gpu_acceptance.py -> OUT/acceptance.md,
+# and OUT/gpu_results.tar.gz of the lot.
+#
+# The whole batch keeps under a time budget (GPU_BATCH_BUDGET_S, default 570 s: one device
+# call is capped at 600 s): each step gets what is left, a step cut short leaves its rows
+# (CSV rows are flushed one by one) and a line in OUT/steps.txt, and running the same
+# command again resumes the sweeps (`--resume`) where they stopped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:?usage: scripts/gpu_batch.sh OUT [check|smoke|perf|table2 ...]}"
+shift
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(check smoke perf table2)
+BUDGET="${GPU_BATCH_BUDGET_S:-570}"
+START=$(date +%s)
+mkdir -p "$OUT"
+BIN=.gpu/attnbench
+export ATTNBENCH_BIN="$PWD/$BIN"
+# NVRTC and cuBLAS from the toolkit when the loader does not find them by itself.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+# run CAP_S LOG CMD...: runs CMD with min(CAP_S, budget left - 20 s) seconds, appends its
+# outcome to OUT/steps.txt.
+run() {
+    local cap=$1 log=$2
+    shift 2
+    local t
+    t=$(left)
+    t=$(( t - 20 < cap ? t - 20 : cap ))
+    if [ "$t" -le 5 ]; then
+        echo "not run (time budget spent): $*" >> "$OUT/steps.txt"
+        return 0
+    fi
+    local t0
+    t0=$(date +%s)
+    timeout "$t" "$@" >> "$OUT/$log" 2>&1
+    local rc=$?
+    echo "rc=$rc ($(( $(date +%s) - t0 )) s, cap ${t} s): $*" >> "$OUT/steps.txt"
+    return 0
+}
+
+for step in "${STEPS[@]}"; do
+    case "$step" in
+    check)
+        { nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE; } > "$OUT/nvidia-smi.txt" 2>&1
+        run 30 list.txt "$BIN" list
+        for t in .gpu/attnbench-*; do
+            run 120 tests-unit.txt "$t" backend::cuda --include-ignored
+        done
+        for t in .gpu/gpu-*; do
+            run 240 tests-gpu.txt "$t" --include-ignored --test-threads 1
+        done
+        ;;
+    smoke)
+        run 150 smoke.log "$BIN" sweep --config configs/gpu_smoke.toml --out "$OUT/gpu_smoke" --resume
+        run 90 smoke.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_smoke.toml --out "$OUT/gpu_smoke" --resume
+        ;;
+    perf)
+        run 300 perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        run 200 perf.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        ;;
+    table2)
+        run 240 table2.log "$BIN" sweep --config configs/rabe_staats_table2_gpu.toml --out "$OUT/rabe_staats_table2_gpu" --resume
+        ;;
+    *)
+        echo "unknown step $step (expected check, smoke, perf, table2)" >> "$OUT/steps.txt"
+        ;;
+    esac
+done
+
+for d in gpu_smoke gpu_perf rabe_staats_table2_gpu; do
+    [ -f "$OUT/$d/runs.csv" ] && "$BIN" report "$OUT/$d" >> "$OUT/report.log" 2>&1
+done
+python3 scripts/gpu_acceptance.py "$OUT" > "$OUT/acceptance.md" 2>> "$OUT/report.log"
+echo "total $(( $(date +%s) - START )) s" >> "$OUT/steps.txt"
+tmp="$(mktemp -d)"
+tar czf "$tmp/gpu_results.tar.gz" -C "$OUT" --exclude gpu_results.tar.gz . \
+    && mv "$tmp/gpu_results.tar.gz" "$OUT/gpu_results.tar.gz"
+rm -rf "$tmp"
+cat "$OUT/steps.txt"
