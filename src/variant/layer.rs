@@ -81,7 +81,7 @@ impl Variant for Layer {
         let name = self.info.name;
         if s.seq_q != s.seq_kv || s.kv_heads != s.heads {
             return Some(format!(
-                "{name} is self-attention with one key/value head per head (seq_q = seq_kv, kv_heads = heads)"
+                "variant {name} is self-attention with one key/value head per head (seq_q = seq_kv, kv_heads = heads)"
             ));
         }
         super::single_device_full_attention(self.info, case)
