@@ -141,6 +141,13 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
     Ok(p)
 }
 
+/// Runs a timing loop on a worker of the case's pool: each timed call then starts on that
+/// worker (a kernel's `install` of the same pool runs inline), so no call pays a hand-off
+/// to a sleeping thread, which on a small case can cost as much as the kernel.
+fn on_worker<T: Send>(case: &Case, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    pool(case.threads)?.install(f)
+}
+
 /// One forward call of the case's variant into `out`, inside its thread pool, with the
 /// fastest kernel path of this CPU.
 pub fn forward(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
@@ -306,7 +313,9 @@ fn measure(
     };
 
     let stop = stop_rule(case, &settings.stop);
-    let timing = time_repetitions(&stop, &INTERRUPTED, || forward(case, &inputs, &mut out));
+    let timing = on_worker(case, || {
+        time_repetitions(&stop, &INTERRUPTED, || forward(case, &inputs, &mut out))
+    });
     let timing = match timing {
         Ok(t) => t,
         Err(e) => {
@@ -395,9 +404,11 @@ fn measure_train(
     };
 
     let mut bwd_times = Vec::new();
-    let timing = time_repetitions(&settings.stop, &INTERRUPTED, || {
-        bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
-        Ok(())
+    let timing = on_worker(case, || {
+        time_repetitions(&settings.stop, &INTERRUPTED, || {
+            bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
+            Ok(())
+        })
     });
     let timing = match timing {
         Ok(t) => t,
@@ -478,8 +489,10 @@ fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Out
     let call = |out: &mut [f32], dx: &mut [f32], dp: &mut [f32]| {
         threads.install(|| layer::run_once(case, isa, &params, &x, &d_out, out, dx, dp))
     };
-    let timing = time_repetitions(&settings.stop, &INTERRUPTED, || {
-        call(&mut out, &mut dx, &mut dp)
+    let timing = on_worker(case, || {
+        time_repetitions(&settings.stop, &INTERRUPTED, || {
+            call(&mut out, &mut dx, &mut dp)
+        })
     });
     let timing = match timing {
         Ok(t) => t,
