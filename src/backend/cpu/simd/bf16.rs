@@ -57,7 +57,7 @@ pub unsafe fn tile<const MR: usize, const NV: usize, const PARTIAL: bool>(t: &Ti
             ap = ap.add(acs);
             bp = bp.add(ldb);
         }
-        epilogue::<MR, NV, PARTIAL>(&acc, t.c, t.ldc, epi, lastm);
+        epilogue::<MR, NV, PARTIAL>(acc, t.c, t.ldc, epi, lastm);
         p0 += kc;
         if p0 >= t.k {
             break;
