@@ -15,8 +15,8 @@ use crate::measure::timer::{time_measured_repetitions, Timing};
 use crate::problem::{Case, Inputs};
 use crate::report::record::{Record, Status};
 use crate::runner::{
-    failed, human_bytes, oom_or_error, record_output_error, record_timing, Outcome, Settings,
-    INTERRUPTED,
+    failed, human_bytes, oom_by_prediction, oom_or_error, record_output_error, record_timing,
+    Outcome, Settings, INTERRUPTED,
 };
 
 /// The driver's allocation granularity assumed by the `cuMemGetInfo` cross-check.
@@ -45,23 +45,14 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
     if let Some(budget) = settings.memory_budget {
         let need = predicted + case.io_bytes();
         if need > budget {
-            let mut r = row(
-                Status::Oom,
-                format!(
-                    "predicted {} device workspace + {} inputs/outputs = {} exceeds the memory budget {}",
-                    human_bytes(predicted),
-                    human_bytes(case.io_bytes()),
-                    human_bytes(need),
-                    human_bytes(budget)
-                ),
+            let reason = format!(
+                "predicted {} device workspace + {} inputs/outputs = {} exceeds the memory budget {}",
+                human_bytes(predicted),
+                human_bytes(case.io_bytes()),
+                human_bytes(need),
+                human_bytes(budget)
             );
-            r.mem_predicted_bytes = Some(predicted);
-            return Ok(Outcome {
-                record: r,
-                output: None,
-                inputs: None,
-                samples: Vec::new(),
-            });
+            return Ok(oom_by_prediction(row(Status::Oom, reason), predicted));
         }
     }
     let inputs = given.unwrap_or_else(|| {

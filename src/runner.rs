@@ -241,11 +241,11 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         return crate::cuda_runner::run_case(case, settings, given);
     }
     let predicted = predicted_bytes(case);
+    let fixed = static_bytes(case, settings);
     if let Some(budget) = settings.memory_budget {
         // The backward GEMM's packing buffers are allocated infallibly (an allocation over
         // the limit there would abort), so they must fit too: one per thread at most.
         let packing = packing_bytes(case);
-        let fixed = static_bytes(case, settings);
         let need = predicted + case.io_bytes() + packing + fixed;
         if need > budget {
             let model = if fixed > 0 {
@@ -253,31 +253,32 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
             } else {
                 String::new()
             };
-            let mut r = row(
-                Status::Oom,
-                format!(
-                    "predicted {} workspace + {} inputs/outputs + {} GEMM packing{model} = {} exceeds the memory budget {}",
-                    human_bytes(predicted),
-                    human_bytes(case.io_bytes()),
-                    human_bytes(packing),
-                    human_bytes(need),
-                    human_bytes(budget)
-                ),
+            let reason = format!(
+                "predicted {} workspace + {} inputs/outputs + {} GEMM packing{model} = {} exceeds the memory budget {}",
+                human_bytes(predicted),
+                human_bytes(case.io_bytes()),
+                human_bytes(packing),
+                human_bytes(need),
+                human_bytes(budget)
             );
-            r.mem_predicted_bytes = Some(predicted);
-            return Ok(Outcome {
-                record: r,
-                output: None,
-                inputs: None,
-                samples: Vec::new(),
-            });
+            return Ok(oom_by_prediction(row(Status::Oom, reason), predicted));
         }
     }
-    let fixed = static_bytes(case, settings);
     alloc::set_limit(settings.memory_budget.map(|b| b.saturating_sub(fixed)));
     let result = measure_case(case, settings, given, predicted);
     alloc::set_limit(None);
     result
+}
+
+/// The row of a case that was not run because its predicted memory exceeds the budget.
+pub(crate) fn oom_by_prediction(mut record: Record, predicted: u64) -> Outcome {
+    record.mem_predicted_bytes = Some(predicted);
+    Outcome {
+        record,
+        output: None,
+        inputs: None,
+        samples: Vec::new(),
+    }
 }
 
 /// Bytes of the rest of the model a layer case belongs to (`Settings::model_layers`),

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::markdown::seconds;
 use crate::error::{Error, Result};
 use crate::report::record::{Record, Status};
 
@@ -232,9 +233,9 @@ fn render(
             p.seq_kv,
             p.steps,
             p.bytes,
-            secs(p.comm_min_s),
-            secs(p.comm_max_s),
-            secs(pred),
+            seconds(p.comm_min_s),
+            seconds(p.comm_max_s),
+            seconds(pred),
             pred / p.comm_min_s
         );
     }
@@ -255,22 +256,12 @@ fn render(
             },
             r.devices,
             r.seq_kv,
-            r.time_median_s.map_or("-".into(), secs),
-            r.comm_time_s.map_or("-".into(), secs),
+            r.time_median_s.map_or("-".into(), seconds),
+            r.comm_time_s.map_or("-".into(), seconds),
             r.max_rel_err.map_or("-".into(), |e| format!("{e:.1e}"))
         );
     }
     s
-}
-
-fn secs(t: f64) -> String {
-    if t >= 1.0 {
-        format!("{t:.3} s")
-    } else if t >= 1e-3 {
-        format!("{:.3} ms", t * 1e3)
-    } else {
-        format!("{:.1} µs", t * 1e6)
-    }
 }
 
 #[cfg(test)]
