@@ -121,10 +121,29 @@ def targets(rows, g, peaks):
     if jr:
         worst = min(jr)
         k = worst[1]
+        # 3x the reference is out of reach where it exceeds the calibrated peak of the
+        # dtype's instructions on that many threads: say how many cases that is, and how the
+        # others fare.
+        def peak_of(k):
+            fma, bf = peaks.get(k[6], (0.0, None))
+            return bf if k[1] == "bf16" and bf else fma
+
+        beyond = [(r, k) for r, k in jr if peak_of(k) and 3.0 * g[("jax-rabe-staats",) + k[1:]] > peak_of(k)]
+        feasible = [x for x in jr if x not in beyond]
+        note = ""
+        if beyond:
+            note = f"; in {len(beyond)} of {len(jr)} cases 3x the reference is above the calibrated peak"
+            if feasible:
+                fw = min(feasible)
+                fk = fw[1]
+                note += (
+                    f", worst of the other {len(feasible)}: {fw[0]:.1f}x "
+                    f"({fk[1]} h={fk[2]} d={fk[3]} n={fk[4]} t={fk[6]})"
+                )
         lines.append(
             f"| rabe-staats ≥ 3x the JAX reference (every non-causal case) | worst {worst[0]:.1f}x "
-            f"({k[1]} h={k[2]} d={k[3]} n={k[4]} t={k[6]}), median {statistics.median(r for r, _ in jr):.1f}x "
-            f"| {verdict(worst[0] >= 3.0)} |"
+            f"({k[1]} h={k[2]} d={k[3]} n={k[4]} t={k[6]}), median {statistics.median(r for r, _ in jr):.1f}x"
+            f"{note} | {verdict(worst[0] >= 3.0)} |"
         )
     for variant in ("flash", "rabe-staats", "naive"):
         sc = []

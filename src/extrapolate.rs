@@ -9,10 +9,10 @@
 //! costs the same (dK and dV accumulate over the chunks). Causal rows see different numbers
 //! of keys, so causal cases are never extrapolated. Memory is never extrapolated: a case is
 //! eligible only when its variant
-//! predicts the same workspace for the part as for the whole (true of `rabe-staats` once
-//! there are at least `threads` query chunks: the workspace is per worker and depends on
-//! n_kv, not on how many query chunks there are), so the memory probe of the part measures
-//! the full case's overhead. The error is checked on the rows computed (`err_rows`).
+//! predicts the same workspace for the part as for the whole (true of `rabe-staats`: its one
+//! chunk buffer, shared by the workers, depends on the chunk sizes and n_kv, not on how
+//! many query chunks there are), so the memory probe of the part measures the full case's
+//! overhead. The error is checked on the rows computed (`err_rows`).
 
 use crate::problem::{Case, Inputs, Mode, Shape, Tensor};
 use crate::report::record::Record;

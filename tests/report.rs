@@ -248,8 +248,12 @@ paper_table = "{}"
     assert_eq!(&rs[col("extrapolated")], "true");
     assert_eq!(&rs[col("timed_rows")], "128");
     assert_eq!(&rs[col("diff_variant")], "naive");
+    // Both round P to bf16 for their `vdpbf16ps` PV (rabe-staats the per-chunk exp values,
+    // naive the normalized probabilities), each within 2^-9 relative per entry: with
+    // |v| < 5 the two outputs agree to about 2 * 2^-9 * 5 = 0.02 at worst, and rows from the
+    // wrong place would differ by O(1).
     let diff: f64 = rs[col("max_abs_diff")].parse().unwrap();
-    assert!(diff < 1e-5, "rabe-staats vs naive differ by {diff}");
+    assert!(diff < 2e-2, "rabe-staats vs naive differ by {diff}");
     assert_eq!(&get("naive", "1024")[col("extrapolated")], "false");
     assert_eq!(&get("naive", "1024")[col("max_abs_diff")], "");
     assert!(md.contains("†"));

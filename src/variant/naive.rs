@@ -52,10 +52,11 @@ fn widen(case: &Case) -> bool {
     case.dtype.size_bytes() != 4
 }
 
-/// Floats per worker of the forward on kernel path `isa`.
-fn worker_floats(case: &Case, isa: Isa) -> usize {
+/// Floats per worker of the forward on kernel path `isa`; `exact` when its output feeds
+/// the backward.
+fn worker_floats(case: &Case, isa: Isa, exact: bool) -> usize {
     let path = Path::of(case.dtype, isa, case.shape.head_dim);
-    kernel::worker_lens(&case.shape, path).iter().sum()
+    kernel::worker_lens(&case.shape, path, exact).iter().sum()
 }
 
 impl Variant for Naive {
@@ -76,13 +77,26 @@ impl Variant for Naive {
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         4 * kernel::scores_len(&case.shape) as u64
-            + Workspace::bytes(workers(case), worker_floats(case, isa))
+            + Workspace::bytes(workers(case), worker_floats(case, isa, false))
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let mut scores = try_zeroed(kernel::scores_len(&case.shape), "naive score matrix S")?;
-        let ws = Workspace::new(workers(case), worker_floats(case, isa), "naive workspace")?;
-        kernel::forward(inputs, case.causal, self.safe, isa, &mut scores, &ws, out);
+        let ws = Workspace::new(
+            workers(case),
+            worker_floats(case, isa, false),
+            "naive workspace",
+        )?;
+        kernel::forward(
+            inputs,
+            case.causal,
+            self.safe,
+            false,
+            isa,
+            &mut scores,
+            &ws,
+            out,
+        );
         Ok(())
     }
 
@@ -91,7 +105,7 @@ impl Variant for Naive {
     fn predict_train_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         let s = &case.shape;
         let scores = 4 * kernel::scores_len(s) as u64;
-        let fwd = Workspace::bytes(workers(case), worker_floats(case, isa));
+        let fwd = Workspace::bytes(workers(case), worker_floats(case, isa, true));
         let bwd_workers = case.threads.min(bwd::items(s)).max(1);
         let bwd = scores
             + Workspace::bytes(bwd_workers, bwd::worker_floats(s, widen(case)))
@@ -107,8 +121,21 @@ impl Variant for Naive {
         out: &mut [f32],
     ) -> Result<Saved> {
         let mut probs = try_zeroed(kernel::scores_len(&case.shape), "naive probabilities P")?;
-        let ws = Workspace::new(workers(case), worker_floats(case, isa), "naive workspace")?;
-        kernel::forward(inputs, case.causal, self.safe, isa, &mut probs, &ws, out);
+        let ws = Workspace::new(
+            workers(case),
+            worker_floats(case, isa, true),
+            "naive workspace",
+        )?;
+        kernel::forward(
+            inputs,
+            case.causal,
+            self.safe,
+            true,
+            isa,
+            &mut probs,
+            &ws,
+            out,
+        );
         Ok(Saved::Probabilities(probs))
     }
 

@@ -6,7 +6,7 @@ use crate::backend::cpu::chunked as kernel;
 use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
-use crate::backend::cpu::workspace::Workspace;
+use crate::backend::cpu::workspace::{try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -43,18 +43,19 @@ fn chunks(case: &Case) -> (usize, usize) {
     case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK)
 }
 
-/// (workers, floats per worker) of the chunk workspace on kernel path `isa`.
-fn chunked_layout(case: &Case, isa: Isa) -> (usize, usize) {
+/// Floats of the forward's one chunk buffer on kernel path `isa` (shared by the workers).
+fn chunk_floats(case: &Case, isa: Isa) -> usize {
     let (qc, kc) = chunks(case);
-    let workers = case
-        .threads
-        .min(kernel::chunked_items(&case.shape, qc))
-        .max(1);
     let path = Path::of(case.dtype, isa, case.shape.head_dim);
-    let floats = kernel::chunked_worker_lens(&case.shape, qc, kc, path)
-        .iter()
-        .sum();
-    (workers, floats)
+    kernel::chunked_lens(&case.shape, qc, kc, path).iter().sum()
+}
+
+/// Figure 1 into `out`; `exact` when the output feeds the backward.
+fn forward(case: &Case, isa: Isa, inputs: &Inputs, exact: bool, out: &mut [f32]) -> Result<()> {
+    let mut buf = try_zeroed(chunk_floats(case, isa), "rabe-staats chunk buffer")?;
+    let (causal, chunks) = (case.causal, chunks(case));
+    kernel::forward_chunked(inputs, causal, exact, chunks, isa, &mut buf, out);
+    Ok(())
 }
 
 impl Variant for RabeStaats {
@@ -67,26 +68,22 @@ impl Variant for RabeStaats {
     }
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
-        let (workers, floats) = chunked_layout(case, isa);
-        Workspace::bytes(workers, floats)
+        Workspace::bytes(1, chunk_floats(case, isa))
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let (workers, floats) = chunked_layout(case, isa);
-        let ws = Workspace::new(workers, floats, "rabe-staats chunk workspace")?;
-        kernel::forward_chunked(inputs, case.causal, chunks(case), isa, &ws, out);
-        Ok(())
+        forward(case, isa, inputs, false, out)
     }
 
     /// Nothing is kept between the passes; the backward's chunk slabs and summaries are
     /// allocated per worker.
     fn predict_train_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
-        let (workers, floats) = chunked_layout(case, isa);
+        let fwd = Workspace::bytes(1, chunk_floats(case, isa));
         let (bwd_workers, bwd_floats) = bwd_layout(case);
         let (_, kc) = chunks(case);
         let bwd =
             Workspace::bytes(bwd_workers, bwd_floats) + bwd::bookkeeping_bytes(&case.shape, kc);
-        Workspace::bytes(workers, floats).max(bwd)
+        fwd.max(bwd)
     }
 
     fn forward_train_cpu(
@@ -96,7 +93,7 @@ impl Variant for RabeStaats {
         inputs: &Inputs,
         out: &mut [f32],
     ) -> Result<Saved> {
-        self.forward_cpu(case, isa, inputs, out)?;
+        forward(case, isa, inputs, true, out)?;
         Ok(Saved::Nothing)
     }
 

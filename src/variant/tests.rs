@@ -194,6 +194,25 @@ fn every_dtype_on_every_thread_count() {
     }
 }
 
+/// bf16 with a head dim of whole vectors takes the pair path for PV too (P rounded to bf16)
+/// in `naive`, `rabe-staats` and `flash` on AVX512_BF16: odd key counts (a zero-padded last
+/// pair), causal masks that cut the panels, ragged chunks, one and two threads.
+#[test]
+fn bf16_pair_products_on_ragged_shapes() {
+    for (nq, nkv, d) in [(37, 53, 16), (50, 65, 64), (1, 9, 32)] {
+        for (causal, threads) in [(false, 1), (true, 2)] {
+            let mut s = setup(nq, nkv, d);
+            s.dtype = DType::Bf16;
+            s.threads = threads;
+            s.causal = causal;
+            for chunks in [None, Some((16, 23))] {
+                s.chunks = chunks;
+                assert_all_variants(&s);
+            }
+        }
+    }
+}
+
 #[test]
 fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
     // q, k ~ N(0, 12^2): scores q.k/sqrt(d) have standard deviation 144, far above 89.

@@ -16,11 +16,11 @@
 use rayon::prelude::*;
 
 use super::isa::Isa;
-use super::sched::{for_each_item, Blocks};
+use super::sched::{for_each_index, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, bf16_bits, gemm, gemm_bf16, pack_pairs_t, pack_t, softmax_row, AOp, BOp, Out, Path,
-    PANEL,
+    as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, round_bf16_in_place,
+    softmax_row, AOp, BOp, Out, Path, LANES_MAX, PANEL,
 };
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
@@ -38,12 +38,10 @@ pub const STRIP: usize = 64;
 /// Query rows per work item of the sequential loop (its memory does not depend on it).
 pub const SEQ_ROW_BLOCK: usize = 64;
 
-pub fn chunked_items(shape: &Shape, q_chunk: usize) -> usize {
-    shape.batch * shape.heads * shape.seq_q.div_ceil(q_chunk)
-}
-
-/// Per-worker scratch floats of `forward_chunked`, in the order they are carved.
-pub fn chunked_worker_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 7] {
+/// Floats of the one chunk buffer of `forward_chunked`, in the order they are carved. One
+/// query chunk is in flight at a time, shared by all workers, as in the paper's `lax.map`
+/// over query chunks: the memory does not grow with the thread count.
+pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 7] {
     let d = shape.head_dim;
     let nkc = shape.seq_kv.div_ceil(kc);
     let kt = kc.div_ceil(PANEL) * PANEL * d;
@@ -63,185 +61,323 @@ pub fn chunked_worker_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [
     ]
 }
 
+/// Figure 1 into `out`, with `buf` of `chunked_lens` floats in all; `exact` when the output
+/// feeds the backward (bf16 P is then not rounded for PV). Query chunks run one at
+/// a time (heads in order); the workers share each chunk: they pack K_j^T panel by panel,
+/// then take its 64-row strips (`STRIP`) for every key chunk, then its rows for the final
+/// rescaling. A chunk thus splits into q_c/64 balanced items whatever the number of heads
+/// and chunks, so one head with n = q_c still keeps every core busy.
 pub fn forward_chunked(
     inputs: &Inputs,
     causal: bool,
+    exact: bool,
     (qc, kc): (usize, usize),
     isa: Isa,
-    ws: &Workspace,
+    buf: &mut [f32],
     out: &mut [f32],
 ) {
     let s = inputs.shape;
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
     let nkc = nkv.div_ceil(kc);
-    let nqc = nq.div_ceil(qc);
-    let bh = s.batch * s.heads;
     let path = Path::of(inputs.dtype(), isa, d);
-    let lens = chunked_worker_lens(&s, qc, kc, path);
-    let scale = s.scale();
-    let c = scale * LOG2E;
-    let outs = Blocks::new(out, nq, d, qc);
-    let (q16, k16) = (bf16_bits(&inputs.q), bf16_bits(&inputs.k));
-    for_each_item(ws, bh * nqc, |buf, i| {
-        // Head by head; causal: within a head the query chunks that see the most key
-        // chunks first, so the last items handed out are the cheapest.
-        let (head, qi) = if causal {
-            (i / nqc, nqc - 1 - i % nqc)
-        } else {
-            (i / nqc, i % nqc)
-        };
+    // bf16 on AVX512_BF16: both products by `vdpbf16ps` (P rounded to bf16 for PV, as
+    // `flash` does) when V's rows are whole vectors, unless the output feeds the backward
+    // (`exact`); else PV in f32 on a widened V_j.
+    let bf16_pv = path == Path::Bf16Dot && !exact && d.is_multiple_of(LANES_MAX);
+    let [qw, kt, vw, sc, values, weights, maxes] = carve(buf, chunked_lens(&s, qc, kc, path));
+    let q16 = bf16_bits(&inputs.q).unwrap_or_default();
+    let k16 = bf16_bits(&inputs.k).unwrap_or_default();
+    for (head, out_h) in out.chunks_mut(nq * d).enumerate() {
         let (b, h) = (head / s.heads, head % s.heads);
         let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-        let o = outs.take(head, qi);
-        let row0 = qi * qc;
-        let rows = o.len() / d;
-        let [qw, kt, vw, sc, values, weights, maxes] = carve(buf, lens);
-        // The scale 1/sqrt(d) is applied to the scores inside the exp (c), not to a copy of
-        // the query chunk: the same scaled scores, and bf16 queries stay bf16 pairs.
-        let q = match path {
-            Path::Bf16Dot => &[][..],
-            _ => inputs.q.rows_f32(q_off + row0 * d, rows * d, qw),
-        };
-        let q16 = q16.unwrap_or_default();
-        let last_visible = s.visible_keys(causal, row0 + rows - 1);
-        for j in 0..nkc {
-            let k0 = j * kc;
-            let kn = kc.min(nkv - k0);
-            let (m_j, w_j) = (&mut maxes[j * qc..][..rows], &mut weights[j * qc..][..rows]);
-            let v_j = &mut values[j * qc * d..][..rows * d];
-            if k0 >= last_visible {
-                // Every key of this chunk is masked for every row: an empty summary.
-                m_j.fill(f32::NEG_INFINITY);
-                w_j.fill(0.0);
-                v_j.fill(0.0);
-                continue;
-            }
-            let kv_at = kv_off + k0 * d;
-            match path {
-                Path::Bf16Dot => {
-                    let k = &k16.unwrap_or_default()[kv_at..];
-                    pack_pairs_t(k, kn, d, PANEL, as_u16(kt));
-                }
-                _ => pack_t(&inputs.k, kv_at, kn, d, PANEL, kt),
-            }
-            let v: &[f32] = match inputs.v.as_f32() {
-                Some(v) => &v[kv_at..][..kn * d],
-                None => {
-                    inputs.v.copy_to_f32(kv_at, &mut vw[..kn * d]);
-                    &vw[..kn * d]
-                }
+        for (qi, o) in out_h.chunks_mut(qc * d).enumerate() {
+            let row0 = qi * qc;
+            let rows = o.len() / d;
+            // The scale 1/sqrt(d) is applied to the scores inside the exp, not to a copy of
+            // the query chunk: the same scaled scores, and bf16 queries stay bf16 pairs.
+            let q = match path {
+                Path::Bf16Dot => Query::Pairs(&q16[q_off + row0 * d..][..rows * d]),
+                _ => Query::F32(inputs.q.rows_f32(q_off + row0 * d, rows * d, qw)),
             };
-            // The strips of the chunk write disjoint rows of the slab and the summaries, so
-            // they may run on any worker: when there are fewer query chunks than threads
-            // (one head, n <= 2 q_c) the idle workers take strips of the busy chunk.
-            let (kt, kt16) = match path {
-                Path::Bf16Dot => (&[][..], &*as_u16(kt)),
-                _ => (&*kt, &[][..]),
-            };
-            let strips = sc[..rows * kn]
-                .par_chunks_mut(STRIP * kn)
-                .zip(m_j.par_chunks_mut(STRIP))
-                .zip(w_j.par_chunks_mut(STRIP))
-                .zip(v_j.par_chunks_mut(STRIP * d))
-                .enumerate();
-            strips.for_each(|(si, (((p, m_s), w_s), v_s))| {
-                let r0 = si * STRIP;
-                let sr = m_s.len();
-                if s.visible_keys(causal, row0 + r0 + sr - 1) <= k0 {
-                    m_s.fill(f32::NEG_INFINITY);
-                    w_s.fill(0.0);
-                    v_s.fill(0.0);
-                    return;
+            let last_visible = s.visible_keys(causal, row0 + rows - 1);
+            for j in 0..nkc {
+                let k0 = j * kc;
+                let kn = kc.min(nkv - k0);
+                let m_j = &mut maxes[j * qc..][..rows];
+                let w_j = &mut weights[j * qc..][..rows];
+                let v_j = &mut values[j * qc * d..][..rows * d];
+                if k0 >= last_visible {
+                    // Every key of this chunk is masked for every row: an empty summary.
+                    m_j.fill(f32::NEG_INFINITY);
+                    w_j.fill(0.0);
+                    v_j.fill(0.0);
+                    continue;
                 }
-                for (pi, j0) in (0..kn).step_by(PANEL).enumerate() {
-                    let jn = PANEL.min(kn - j0);
-                    let panel = pi * PANEL * d;
-                    match path {
-                        Path::Bf16Dot => {
-                            let q = &q16[q_off + (row0 + r0) * d..][..sr * d];
-                            let a = AOp {
-                                data: q,
-                                rows: sr,
-                                k: d / 2,
-                                rs: d,
-                                cs: 2,
-                            };
-                            let b = BOp {
-                                data: &kt16[panel..][..PANEL * d],
-                                k: d / 2,
-                                n: jn,
-                                ld: 2 * PANEL,
-                            };
-                            gemm_bf16(isa, a, b, &mut p[j0..], kn, Out::Store);
-                        }
-                        _ => {
-                            let a = AOp {
-                                data: &q[r0 * d..][..sr * d],
-                                rows: sr,
-                                k: d,
-                                rs: d,
-                                cs: 1,
-                            };
-                            let b = BOp {
-                                data: &kt[panel..][..PANEL * d],
-                                k: d,
-                                n: jn,
-                                ld: PANEL,
-                            };
-                            gemm(isa, a, b, &mut p[j0..], kn, Out::Store);
-                        }
+                let kv_at = kv_off + k0 * d;
+                let key_chunk = match path {
+                    Path::Bf16Dot => {
+                        let kt = as_u16(kt);
+                        kt.par_chunks_mut(PANEL * d)
+                            .take(kn.div_ceil(PANEL))
+                            .enumerate()
+                            .for_each(|(pi, panel)| {
+                                let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
+                                let k = &k16[kv_at + j0 * d..];
+                                pack_pairs_t(k, jn, d, PANEL, panel);
+                            });
+                        KeyChunk::Pairs(&*kt)
                     }
+                    _ => {
+                        kt.par_chunks_mut(PANEL * d)
+                            .take(kn.div_ceil(PANEL))
+                            .enumerate()
+                            .for_each(|(pi, panel)| {
+                                let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
+                                pack_t(&inputs.k, kv_at + j0 * d, jn, d, PANEL, panel);
+                            });
+                        KeyChunk::F32(&*kt)
+                    }
+                };
+                let values_j = if bf16_pv {
+                    // V_j as bf16 row pairs for the bf16 PV tile, 64 rows (32 pairs) a piece.
+                    let vp = as_u16(vw);
+                    let v16 = bf16_bits(&inputs.v).unwrap_or_default();
+                    vp[..kn.div_ceil(2) * 2 * d]
+                        .par_chunks_mut(PANEL * d)
+                        .enumerate()
+                        .for_each(|(pi, dst)| {
+                            let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
+                            interleave_rows(isa, &v16[kv_at + j0 * d..][..jn * d], jn, d, dst);
+                        });
+                    Values::Pairs(&vp[..kn.div_ceil(2) * 2 * d])
+                } else {
+                    Values::F32(match inputs.v.as_f32() {
+                        Some(v) => &v[kv_at..][..kn * d],
+                        None => {
+                            vw[..kn * d].par_chunks_mut(PANEL * d).enumerate().for_each(
+                                |(pi, w)| inputs.v.copy_to_f32(kv_at + pi * PANEL * d, w),
+                            );
+                            &vw[..kn * d]
+                        }
+                    })
+                };
+                let chunk = Chunk {
+                    isa,
+                    d,
+                    kn,
+                    scale: s.scale(),
+                    q,
+                    k: key_chunk,
+                    v: values_j,
+                };
+                // Causal: the strips that see the most keys first, so the last ones handed
+                // out are the cheapest.
+                let strips = rows.div_ceil(STRIP);
+                let scores = Blocks::new(&mut sc[..rows * kn], rows, kn, STRIP);
+                let (m_j, w_j) = (
+                    Blocks::new(m_j, rows, 1, STRIP),
+                    Blocks::new(w_j, rows, 1, STRIP),
+                );
+                let v_j = Blocks::new(v_j, rows, d, STRIP);
+                for_each_index(strips, |i| {
+                    let si = if causal { strips - 1 - i } else { i };
+                    let r0 = si * STRIP;
+                    let visible =
+                        |r: usize| s.visible_keys(causal, row0 + r0 + r).saturating_sub(k0);
+                    let (p, m_s) = (scores.take(0, si), m_j.take(0, si));
+                    let (w_s, v_s) = (w_j.take(0, si), v_j.take(0, si));
+                    chunk.summarize_strip(r0, visible, p, m_s, w_s, v_s);
+                });
+            }
+            let (maxes, weights, values) = (&*maxes, &*weights, &*values);
+            o.par_chunks_mut(STRIP * d)
+                .enumerate()
+                .for_each(|(si, o_s)| {
+                    for (r, o_r) in o_s.chunks_mut(d).enumerate() {
+                        combine_row(si * STRIP + r, qc, nkc, maxes, weights, values, o_r);
+                    }
+                });
+        }
+    }
+}
+
+/// The query chunk as the QK^T tile reads it: f32 rows, or bf16 pairs for `vdpbf16ps`.
+#[derive(Clone, Copy)]
+enum Query<'a> {
+    F32(&'a [f32]),
+    Pairs(&'a [u16]),
+}
+
+/// V_j as the PV tile reads it: f32 rows, or bf16 row pairs `[ceil(k_n/2)][d][2]`.
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    F32(&'a [f32]),
+    Pairs(&'a [u16]),
+}
+
+/// K_j^T packed in 64-key panels: f32, or bf16 key pairs.
+#[derive(Clone, Copy)]
+enum KeyChunk<'a> {
+    F32(&'a [f32]),
+    Pairs(&'a [u16]),
+}
+
+/// One (query chunk, key chunk) pair of Figure 1's `summarize_chunk`, shared by the workers.
+struct Chunk<'a> {
+    isa: Isa,
+    d: usize,
+    kn: usize,
+    scale: f32,
+    q: Query<'a>,
+    k: KeyChunk<'a>,
+    v: Values<'a>,
+}
+
+impl Chunk<'_> {
+    /// Rows `r0..r0 + m_s.len()` of the chunk against the key chunk: their scores `p`
+    /// (exponentiated in place), chunk max `m_s` (of the scaled scores), exp sums `w_s` and
+    /// exp-values `v_s`. `visible(r)` is how many keys of the chunk row `r0 + r` sees.
+    fn summarize_strip(
+        &self,
+        r0: usize,
+        visible: impl Fn(usize) -> usize,
+        p: &mut [f32],
+        m_s: &mut [f32],
+        w_s: &mut [f32],
+        v_s: &mut [f32],
+    ) {
+        let (d, kn, isa) = (self.d, self.kn, self.isa);
+        let sr = m_s.len();
+        if visible(sr - 1) == 0 {
+            m_s.fill(f32::NEG_INFINITY);
+            w_s.fill(0.0);
+            v_s.fill(0.0);
+            return;
+        }
+        // Causal: the strip's last row sees the most keys; the panels past them are not
+        // computed, and the product with V stops there too.
+        let seen = visible(sr - 1).min(kn);
+        for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
+            let jn = PANEL.min(seen - j0);
+            let panel = pi * PANEL * d;
+            match (self.q, self.k) {
+                (Query::Pairs(q), KeyChunk::Pairs(kt)) => {
+                    let a = AOp {
+                        data: &q[r0 * d..][..sr * d],
+                        rows: sr,
+                        k: d / 2,
+                        rs: d,
+                        cs: 2,
+                    };
+                    let b = BOp {
+                        data: &kt[panel..][..PANEL * d],
+                        k: d / 2,
+                        n: jn,
+                        ld: 2 * PANEL,
+                    };
+                    gemm_bf16(isa, a, b, &mut p[j0..], kn, Out::Store);
                 }
-                for (r, row) in p.chunks_mut(kn).enumerate() {
-                    let visible = s.visible_keys(causal, row0 + r0 + r).saturating_sub(k0);
-                    let (m, w) = softmax_row(isa, row, visible, c, true, false);
-                    m_s[r] = m * scale;
-                    w_s[r] = w;
+                (Query::F32(q), KeyChunk::F32(kt)) => {
+                    let a = AOp {
+                        data: &q[r0 * d..][..sr * d],
+                        rows: sr,
+                        k: d,
+                        rs: d,
+                        cs: 1,
+                    };
+                    let b = BOp {
+                        data: &kt[panel..][..PANEL * d],
+                        k: d,
+                        n: jn,
+                        ld: PANEL,
+                    };
+                    gemm(isa, a, b, &mut p[j0..], kn, Out::Store);
                 }
+                _ => unreachable!("query and keys take the same operand path"),
+            }
+        }
+        let c = self.scale * LOG2E;
+        for (r, row) in p.chunks_mut(kn).enumerate() {
+            let (m, w) = softmax_row(isa, &mut row[..seen], visible(r), c, true, false);
+            m_s[r] = m * self.scale;
+            w_s[r] = w;
+        }
+        match self.v {
+            Values::Pairs(vp) => {
+                for row in p.chunks_mut(kn) {
+                    round_bf16_in_place(isa, row, seen);
+                }
+                let pairs = seen.div_ceil(2);
+                let a = AOp {
+                    data: &*as_u16(p),
+                    rows: sr,
+                    k: pairs,
+                    rs: 2 * kn,
+                    cs: 2,
+                };
+                let b = BOp {
+                    data: &vp[..pairs * 2 * d],
+                    k: pairs,
+                    n: d,
+                    ld: 2 * d,
+                };
+                gemm_bf16(isa, a, b, v_s, d, Out::Store);
+            }
+            Values::F32(v) => {
                 let a = AOp {
                     data: &*p,
                     rows: sr,
-                    k: kn,
+                    k: seen,
                     rs: kn,
                     cs: 1,
                 };
                 let b = BOp {
-                    data: v,
-                    k: kn,
+                    data: &v[..seen * d],
+                    k: seen,
                     n: d,
                     ld: d,
                 };
                 gemm(isa, a, b, v_s, d, Out::Store);
-            });
-        }
-        // global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums.
-        for r in 0..rows {
-            let global = (0..nkc)
-                .map(|j| maxes[j * qc + r])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let o_r = &mut o[r * d..(r + 1) * d];
-            o_r.fill(0.0);
-            if global == f32::NEG_INFINITY {
-                continue; // no visible key: output 0
-            }
-            let mut all_weights = 0.0f32;
-            for j in 0..nkc {
-                let m = maxes[j * qc + r];
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let diff = (m - global).exp();
-                all_weights += weights[j * qc + r] * diff;
-                let v_jr = &values[(j * qc + r) * d..][..d];
-                for (acc, x) in o_r.iter_mut().zip(v_jr) {
-                    *acc += x * diff;
-                }
-            }
-            for x in o_r.iter_mut() {
-                *x /= all_weights;
             }
         }
-    });
+    }
+}
+
+/// Row `r` of the chunk's output from its summaries: global_max, max_diffs =
+/// exp(chunk_max - global_max), then the weighted sums divided by the weighted exp sums.
+fn combine_row(
+    r: usize,
+    qc: usize,
+    nkc: usize,
+    maxes: &[f32],
+    weights: &[f32],
+    values: &[f32],
+    o_r: &mut [f32],
+) {
+    let d = o_r.len();
+    let global = (0..nkc)
+        .map(|j| maxes[j * qc + r])
+        .fold(f32::NEG_INFINITY, f32::max);
+    o_r.fill(0.0);
+    if global == f32::NEG_INFINITY {
+        return; // no visible key: output 0
+    }
+    let mut all_weights = 0.0f32;
+    for j in 0..nkc {
+        let m = maxes[j * qc + r];
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let diff = (m - global).exp();
+        all_weights += weights[j * qc + r] * diff;
+        let v_jr = &values[(j * qc + r) * d..][..d];
+        for (acc, x) in o_r.iter_mut().zip(v_jr) {
+            *acc += x * diff;
+        }
+    }
+    for x in o_r.iter_mut() {
+        *x /= all_weights;
+    }
 }
 
 pub fn sequential_items(shape: &Shape) -> usize {

@@ -12,6 +12,21 @@ use rayon::prelude::*;
 
 use super::workspace::Workspace;
 
+/// Runs `f(i)` for every `i` in `0..n`, each exactly once, on up to all the pool's threads,
+/// `i` handed out in increasing order (items that need no scratch of their own: the strips
+/// of a shared chunk buffer).
+pub fn for_each_index(n: usize, f: impl Fn(usize) + Sync) {
+    let next = AtomicUsize::new(0);
+    let workers = rayon::current_num_threads().min(n);
+    (0..workers).into_par_iter().for_each(|_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        f(i);
+    });
+}
+
 /// Runs `f(scratch, i)` for every `i` in `0..n`, each exactly once, on up to
 /// `ws.workers()` workers; `i` is handed out in increasing order.
 pub fn for_each_item(ws: &Workspace, n: usize, f: impl Fn(&mut [f32], usize) + Sync) {

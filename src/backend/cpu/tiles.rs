@@ -459,7 +459,9 @@ pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, 
     let panels = rows.div_ceil(pw);
     let dst = &mut dst[..panels * cols * pw];
     let tail0 = (panels - 1.min(panels)) * cols * pw;
-    dst[tail0..].fill(0.0);
+    if !rows.is_multiple_of(pw) {
+        dst[tail0..].fill(0.0);
+    }
     let mut put = |r: usize, c: usize, x: f32| dst[(r / pw) * cols * pw + c * pw + r % pw] = x;
     match src {
         Tensor::F32(v) => {
@@ -494,7 +496,9 @@ pub fn pack_pairs_t(src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut 
     let panels = rows.div_ceil(pw);
     let dst = &mut dst[..panels * cols * pw];
     let tail0 = (panels - 1.min(panels)) * cols * pw;
-    dst[tail0..].fill(0);
+    if !rows.is_multiple_of(pw) {
+        dst[tail0..].fill(0);
+    }
     for r in 0..rows {
         let base = (r / pw) * cols * pw + 2 * (r % pw);
         for (p, pair) in src[r * cols..][..cols].chunks_exact(2).enumerate() {
@@ -551,6 +555,47 @@ pub fn bf16_bits(t: &Tensor) -> Option<&[u16]> {
     match t {
         Tensor::Bf16(v) => Some(v.reinterpret_cast()),
         _ => None,
+    }
+}
+
+/// `src` rounded to bf16 into `dst`, then one zero when `src.len()` is odd (so whole pairs
+/// can be read): a row of the A operand of a bf16 PV tile ([`Isa::Avx512Bf16`] only).
+pub fn round_bf16(isa: Isa, src: &[f32], dst: &mut [u16]) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    let n = src.len();
+    assert!(dst.len() >= 2 * n.div_ceil(2), "bf16 row too short");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `src` holds n f32s and `dst` n (+1) u16s (checked), distinct borrows; isa
+    // available (checked).
+    unsafe {
+        bf16::round_row(src.as_ptr(), n, dst.as_mut_ptr())
+    }
+    if n % 2 == 1 {
+        dst[n] = 0;
+    }
+}
+
+/// The first `n` values of `row` rounded to bf16 in place: afterwards the row's u16 view
+/// begins with them, followed by one zero when `n` is odd (so whole pairs can be read), as
+/// the A operand of a bf16 PV tile ([`Isa::Avx512Bf16`] only). `row` must hold more than
+/// `n / 2` floats.
+pub fn round_bf16_in_place(isa: Isa, row: &mut [f32], n: usize) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    assert!(
+        n <= row.len() && n.div_ceil(2) <= row.len(),
+        "row too short"
+    );
+    let ptr = row.as_mut_ptr();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `row` holds n f32s to read and n (+1) u16s to write (checked); the output
+    // starts at the input, which `round_row` allows; isa available (checked).
+    unsafe {
+        bf16::round_row(ptr, n, ptr as *mut u16)
+    }
+    if n % 2 == 1 {
+        as_u16(row)[n] = 0;
     }
 }
 

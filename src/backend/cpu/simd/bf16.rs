@@ -230,6 +230,25 @@ pub unsafe fn interleave_rows(src: *const u16, kn: usize, d: usize, dst: *mut u1
     }
 }
 
+/// `src[..n]` rounded to bf16 (nearest even) into `dst[..n]`. `dst` may be `src` itself
+/// viewed as u16: each 16-value step stores 32 bytes below the 64 it has just loaded.
+///
+/// # Safety
+/// `src` valid for `n` f32 reads, `dst` for `n` u16 writes; if they overlap, `dst` starts
+/// at `src`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn round_row(src: *const f32, n: usize, dst: *mut u16) {
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(W);
+        let m: __mmask16 = if k == W { u16::MAX } else { (1u16 << k) - 1 };
+        let x = _mm512_maskz_loadu_ps(m, src.add(i));
+        let y: __m256i = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(x));
+        _mm256_mask_storeu_epi16(dst.add(i) as *mut i16, m, y);
+        i += k;
+    }
+}
+
 /// `iters` rounds of 12 independent `vdpbf16ps` chains: the bf16 pair multiply-add issue
 /// rate (32 multiply-adds per instruction), for the calibrated peak.
 ///
