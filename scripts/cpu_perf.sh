@@ -2,33 +2,63 @@
 # Regenerates results/cpu_perf (issue 3) in one go: attnbench's sweep of configs/cpu_perf.toml
 # plus the long causal case (h = 1, n = 16384) of the flash target, then the peers on the
 # same cases (PyTorch SDPA flash and math, the JAX Rabe-Staats reference), all into one
-# runs.csv, then the tables in results/cpu_perf/README.md. About 18 minutes on a quiet 2-core
-# machine. Run it on a quiet machine (`uptime` load well under 0.5): the figures are timings.
+# runs.csv, then the tables in results/cpu_perf/README.md. About 20 minutes a pass on a quiet
+# 2-core machine. Run it on a quiet machine (`uptime` load well under 0.5): the figures are
+# timings.
 #
-#   scripts/cpu_perf.sh [--python /path/to/python-with-torch-and-jax] [--out DIR]
+# --passes N (odd, default 1) repeats the whole measurement N times into DIR/pass-1 .. pass-N
+# and keeps, for every case of every implementation alike, the pass with the median time
+# (scripts/cpu_perf_combine.py; DIR/passes.csv lists every pass's figure). On a shared VM
+# whose host takes a core away for minutes at a time, one pass can time a 2-thread case on
+# one core; the median of three discards that pass.
+#
+#   scripts/cpu_perf.sh [--python /path/to/python-with-torch-and-jax] [--out DIR] [--passes N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
 OUT=results/cpu_perf
+PASSES=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PY="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    *) echo "usage: $0 [--python PYTHON] [--out DIR]" >&2; exit 2 ;;
+    --passes) PASSES="$2"; shift 2 ;;
+    *) echo "usage: $0 [--python PYTHON] [--out DIR] [--passes N]" >&2; exit 2 ;;
   esac
 done
+if ! [[ "$PASSES" =~ ^[1-9][0-9]*$ ]] || [ $((PASSES % 2)) -eq 0 ]; then
+  echo "--passes must be an odd number >= 1 (the median pass is kept), not '$PASSES'" >&2
+  exit 2
+fi
 CONFIG=configs/cpu_perf.toml
 LONG=(--set variant=flash --set heads=1 --set head_dim=64 --set seq_len=16384 --set causal=true --set dtype=f32)
 
+# One complete measurement (ours, the long case, the peers) into $1.
+measure() {
+  local dir="$1"
+  ./target/release/attnbench sweep --config "$CONFIG" --out "$dir" --force --no-report
+  ./target/release/attnbench sweep --config "$CONFIG" --out "$dir" --resume --no-report "${LONG[@]}"
+  "$PY" scripts/peers/torch_sdpa.py --config "$CONFIG" --out "$dir"
+  "$PY" scripts/peers/torch_sdpa.py --config "$CONFIG" --out "$dir" --variants torch-sdpa-flash "${LONG[@]}"
+  "$PY" scripts/peers/jax_rabe_staats.py --config "$CONFIG" --out "$dir"
+}
+
 echo "load: $(uptime)"
 cargo build --release
-# The README (method and the table markers) survives --force, which replaces only
-# runs.csv and meta.json.
-./target/release/attnbench sweep --config "$CONFIG" --out "$OUT" --force
-./target/release/attnbench sweep --config "$CONFIG" --out "$OUT" --resume "${LONG[@]}"
-"$PY" scripts/peers/torch_sdpa.py --config "$CONFIG" --out "$OUT"
-"$PY" scripts/peers/torch_sdpa.py --config "$CONFIG" --out "$OUT" --variants torch-sdpa-flash "${LONG[@]}"
-"$PY" scripts/peers/jax_rabe_staats.py --config "$CONFIG" --out "$OUT"
+if [ "$PASSES" -eq 1 ]; then
+  # The README (method and the table markers) survives --force, which replaces only
+  # runs.csv and meta.json.
+  measure "$OUT"
+else
+  dirs=()
+  for k in $(seq "$PASSES"); do
+    echo "pass $k of $PASSES (load: $(uptime))"
+    measure "$OUT/pass-$k"
+    dirs+=("$OUT/pass-$k")
+  done
+  python3 scripts/cpu_perf_combine.py "$OUT" "${dirs[@]}"
+fi
+./target/release/attnbench report "$OUT"
 "$PY" scripts/cpu_perf_table.py "$OUT" --readme
 echo "load: $(uptime)"
 echo "done: $OUT/runs.csv, $OUT/meta.json, $OUT/README.md, $OUT/table_full.md"

@@ -213,7 +213,14 @@ def main():
         for t, (fma, bf) in sorted(peaks.items())
     )
     cpu = meta.get("cpu_model") or "unknown CPU"
-    rev = (meta.get("git_revision") or "?")[:10] + (" (dirty)" if meta.get("git_dirty") else "")
+    def rev_of(m):
+        return (m.get("git_revision") or "?")[:10] + (" (dirty)" if m.get("git_dirty") else "")
+
+    rev = rev_of(meta)
+    passes = meta.get("passes") or []
+    if passes:
+        revs = sorted({rev_of(p) for p in passes})
+        rev = f"{' / '.join(revs)}, median of {len(passes)} passes (`passes.csv`)"
     out = [
         f"Measured on {cpu}, attnbench {rev}; calibrated peaks (GFLOP/s) {peak_line}. "
         "Percent of peak is of the FMA peak for f32 rows and of the `vdpbf16ps` peak for bf16 rows.",
