@@ -1,15 +1,17 @@
 //! Kernel micro-benchmark for tuning on a shared machine: runs one case's forward `reps`
 //! times on a given kernel path and prints GFLOP/s by wall time and per CPU-second of the
 //! process's threads (from /proc/self/task/*/schedstat), which stays meaningful when other
-//! processes share the cores.
+//! processes share the cores. Calls are timed as the runner times them: warm, on a worker
+//! of the case's thread pool.
 //!
 //!   cargo run --release --example kbench -- flash 4096 8 64 f32 0 1 avx512-bf16 5
 
 use std::time::Instant;
 
 use attnbench::backend::cpu::isa::Isa;
+use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
-use attnbench::runner::forward_with;
+use attnbench::runner::{forward_with, pool};
 use attnbench::variant::VariantId;
 
 fn cpu_ns() -> u64 {
@@ -44,7 +46,7 @@ fn main() {
         .into_iter()
         .find(|i| i.name() == isa_name)
         .expect("isa");
-    let reps: usize = arg(9, "5").parse().expect("reps");
+    let reps: usize = arg(9, "5").parse::<usize>().expect("reps").max(1);
     let qc: Option<usize> = a.get(10).and_then(|x| x.parse().ok());
     let kc: Option<usize> = a.get(11).and_then(|x| x.parse().ok());
     let info = variant.info();
@@ -76,23 +78,34 @@ fn main() {
     };
     let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);
     let mut out = vec![0.0f32; case.shape.out_len()];
-    forward_with(&case, isa, &inputs, &mut out).expect("forward");
-    let mut best_wall = f64::INFINITY;
-    let mut best_cpu = f64::INFINITY;
-    for _ in 0..reps {
-        let (c0, t0) = (cpu_ns(), Instant::now());
+    // As the runner times: the loop on a worker of the case's pool, warm (each call reuses
+    // the scratch buffers the previous one freed), after one warm-up call.
+    let (walls, best_cpu) = pool(threads).expect("thread pool").install(|| {
+        let _warm = WarmCalls::start();
         forward_with(&case, isa, &inputs, &mut out).expect("forward");
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = (cpu_ns() - c0) as f64 * 1e-9;
-        best_wall = best_wall.min(wall);
-        best_cpu = best_cpu.min(cpu);
-    }
+        let mut walls = Vec::with_capacity(reps);
+        let mut best_cpu = f64::INFINITY;
+        for _ in 0..reps {
+            let (c0, t0) = (cpu_ns(), Instant::now());
+            forward_with(&case, isa, &inputs, &mut out).expect("forward");
+            let wall = t0.elapsed().as_secs_f64();
+            let cpu = (cpu_ns() - c0) as f64 * 1e-9;
+            walls.push(wall);
+            best_cpu = best_cpu.min(cpu);
+        }
+        (walls, best_cpu)
+    });
+    let mut walls = walls;
+    walls.sort_by(f64::total_cmp);
+    let best_wall = walls[0];
+    let median_wall = walls[walls.len() / 2];
     let gf = case.flops() / 1e9;
     println!(
-        "{} {} n={n} h={heads} d={d} causal={causal} t={threads} {isa}: wall {:.1} GFLOP/s, {:.1} GFLOP/cpu-s ({:.1} per thread-second x {threads})",
+        "{} {} n={n} h={heads} d={d} causal={causal} t={threads} {isa}: wall {:.1} GFLOP/s (median {:.1}), {:.1} GFLOP/cpu-s ({:.1} per thread-second x {threads})",
         variant.name(),
         dtype,
         gf / best_wall,
+        gf / median_wall,
         gf / best_cpu * threads as f64,
         gf / best_cpu,
     );

@@ -12,7 +12,7 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::workspace::try_zeroed;
+use crate::backend::cpu::workspace::{try_zeroed, WarmCalls};
 use crate::backend::cuda;
 use crate::error::{Error, Result};
 use crate::extrapolate::{self, Extrapolation};
@@ -143,9 +143,14 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
 
 /// Runs a timing loop on a worker of the case's pool: each timed call then starts on that
 /// worker (a kernel's `install` of the same pool runs inline), so no call pays a hand-off
-/// to a sleeping thread, which on a small case can cost as much as the kernel.
+/// to a sleeping thread, which on a small case can cost as much as the kernel. The loop
+/// runs warm (`WarmCalls`): a kernel's scratch buffers are those the previous call freed,
+/// not fresh pages the operating system must zero. The memory probe runs after it, cold.
 fn on_worker<T: Send>(case: &Case, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    pool(case.threads)?.install(f)
+    pool(case.threads)?.install(|| {
+        let _warm = WarmCalls::start();
+        f()
+    })
 }
 
 /// One forward call of the case's variant into `out`, inside its thread pool, with the

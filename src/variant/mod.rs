@@ -16,6 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::workspace::Scratch;
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::{Error, Result};
 use crate::problem::{Case, Grads, Inputs, Mode, Shape};
@@ -161,7 +162,7 @@ pub enum Saved {
     /// Nothing: the backward recomputes (Rabe–Staats checkpointing).
     Nothing,
     /// The softmax probabilities P, `[b, h, n_q, n_kv]` (standard attention).
-    Probabilities(Vec<f32>),
+    Probabilities(Scratch),
     /// The row logsumexp L, `[b, h, n_q]` (FlashAttention).
     LogSumExp(Vec<f32>),
 }

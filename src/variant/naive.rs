@@ -7,7 +7,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
 use crate::backend::cpu::tiles::Path;
-use crate::backend::cpu::workspace::{try_zeroed, Workspace};
+use crate::backend::cpu::workspace::{try_scratch, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -81,8 +81,8 @@ impl Variant for Naive {
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let mut scores = try_zeroed(kernel::scores_len(&case.shape), "naive score matrix S")?;
-        let ws = Workspace::new(
+        let mut scores = try_scratch(kernel::scores_len(&case.shape), "naive score matrix S")?;
+        let ws = Workspace::scratch(
             workers(case),
             worker_floats(case, isa, false),
             "naive workspace",
@@ -120,8 +120,8 @@ impl Variant for Naive {
         inputs: &Inputs,
         out: &mut [f32],
     ) -> Result<Saved> {
-        let mut probs = try_zeroed(kernel::scores_len(&case.shape), "naive probabilities P")?;
-        let ws = Workspace::new(
+        let mut probs = try_scratch(kernel::scores_len(&case.shape), "naive probabilities P")?;
+        let ws = Workspace::scratch(
             workers(case),
             worker_floats(case, isa, true),
             "naive workspace",

@@ -6,7 +6,7 @@ use crate::backend::cpu::chunked as kernel;
 use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
-use crate::backend::cpu::workspace::{try_zeroed, Workspace};
+use crate::backend::cpu::workspace::{try_scratch, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -52,7 +52,7 @@ fn chunk_floats(case: &Case, isa: Isa) -> usize {
 
 /// Figure 1 into `out`; `exact` when the output feeds the backward.
 fn forward(case: &Case, isa: Isa, inputs: &Inputs, exact: bool, out: &mut [f32]) -> Result<()> {
-    let mut buf = try_zeroed(chunk_floats(case, isa), "rabe-staats chunk buffer")?;
+    let mut buf = try_scratch(chunk_floats(case, isa), "rabe-staats chunk buffer")?;
     let (causal, chunks) = (case.causal, chunks(case));
     kernel::forward_chunked(inputs, causal, exact, chunks, isa, &mut buf, out);
     Ok(())

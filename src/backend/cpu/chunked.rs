@@ -16,11 +16,11 @@
 use rayon::prelude::*;
 
 use super::isa::Isa;
-use super::sched::{for_each_index, Blocks};
+use super::sched::{team, Blocks, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, round_bf16_in_place,
-    softmax_row, AOp, BOp, Out, Path, LANES_MAX, PANEL,
+    as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
+    softmax_row, softmax_row_bf16, AOp, BOp, Out, Path, LANES_MAX, PANEL,
 };
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
@@ -41,32 +41,47 @@ pub const SEQ_ROW_BLOCK: usize = 64;
 /// Floats of the one chunk buffer of `forward_chunked`, in the order they are carved. One
 /// query chunk is in flight at a time, shared by all workers, as in the paper's `lax.map`
 /// over query chunks: the memory does not grow with the thread count.
-pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 7] {
+pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 6] {
     let d = shape.head_dim;
     let nkc = shape.seq_kv.div_ceil(kc);
-    let kt = kc.div_ceil(PANEL) * PANEL * d;
+    let panels = kc.div_ceil(PANEL) * PANEL * d;
+    // V_j is widened to f32 on the bf16 pair path too when the output feeds the backward.
     let (qw, kt, vw) = match path {
-        Path::F32 => (0, kt, 0),
-        Path::Widen => (qc * d, kt, kc * d),
-        Path::Bf16Dot => (0, kt / 2, kc * d),
+        Path::F32 => (0, panels, 0),
+        Path::Widen => (qc * d, panels, panels),
+        Path::Bf16Dot => (0, panels / 2, panels),
     };
     [
         qw,           // widened query chunk
         kt,           // K_j^T in 64-key panels (bf16 pairs take half)
-        vw,           // widened value chunk
+        vw,           // V_j widened, or in bf16 row pairs, 64 keys a panel
         qc * kc,      // attn_weights of one key chunk, exponentiated in place
         nkc * qc * d, // exp_values of every key chunk
-        nkc * qc,     // exp_weights sums of every key chunk
-        nkc * qc,     // max_score of every key chunk
+        nkc * qc * 2, // max_score and exp_weights of every key chunk
     ]
 }
 
-/// Figure 1 into `out`, with `buf` of `chunked_lens` floats in all; `exact` when the output
-/// feeds the backward (bf16 P is then not rounded for PV). Query chunks run one at
-/// a time (heads in order); the workers share each chunk: they pack K_j^T panel by panel,
-/// then take its 64-row strips (`STRIP`) for every key chunk, then its rows for the final
-/// rescaling. A chunk thus splits into q_c/64 balanced items whatever the number of heads
-/// and chunks, so one head with n = q_c still keeps every core busy.
+/// Floats of one 64-key panel of K_j^T on `path` (bf16 pairs take half).
+fn panel_floats(d: usize, path: Path) -> usize {
+    match path {
+        Path::Bf16Dot => PANEL * d / 2,
+        _ => PANEL * d,
+    }
+}
+
+/// Figure 1 into `out`, with `buf` of `chunked_lens` floats in all (any contents: every
+/// value is written before it is read); `exact` when the output feeds the backward (bf16 P
+/// is then not rounded for PV).
+///
+/// Query chunks run one at a time (heads in order), shared by all workers in one parallel
+/// region (`sched::team`): for each key chunk the query chunk sees, the workers pack the
+/// panels of K_j^T (and V_j) it needs that are not packed yet, then take the chunk's 64-row
+/// strips (`STRIP`), the most expensive first; with the last key chunk a strip also combines
+/// its rows' summaries into the output. A chunk thus splits into q_c/64 balanced items
+/// whatever the number of heads and chunks, so one head with n = q_c keeps every core busy.
+/// The key chunks of consecutive query chunks run in alternating order, so a packed key
+/// chunk is reused by the next query chunk (with one key chunk, K and V are packed once per
+/// head, and under a causal mask each key is packed once, when it first becomes visible).
 pub fn forward_chunked(
     inputs: &Inputs,
     causal: bool,
@@ -84,124 +99,145 @@ pub fn forward_chunked(
     // `flash` does) when V's rows are whole vectors, unless the output feeds the backward
     // (`exact`); else PV in f32 on a widened V_j.
     let bf16_pv = path == Path::Bf16Dot && !exact && d.is_multiple_of(LANES_MAX);
-    let [qw, kt, vw, sc, values, weights, maxes] = carve(buf, chunked_lens(&s, qc, kc, path));
-    let q16 = bf16_bits(&inputs.q).unwrap_or_default();
-    let k16 = bf16_bits(&inputs.k).unwrap_or_default();
-    for (head, out_h) in out.chunks_mut(nq * d).enumerate() {
-        let (b, h) = (head / s.heads, head % s.heads);
-        let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
-        for (qi, o) in out_h.chunks_mut(qc * d).enumerate() {
-            let row0 = qi * qc;
-            let rows = o.len() / d;
-            // The scale 1/sqrt(d) is applied to the scores inside the exp, not to a copy of
-            // the query chunk: the same scaled scores, and bf16 queries stay bf16 pairs.
-            let q = match path {
-                Path::Bf16Dot => Query::Pairs(&q16[q_off + row0 * d..][..rows * d]),
-                _ => Query::F32(inputs.q.rows_f32(q_off + row0 * d, rows * d, qw)),
-            };
-            let last_visible = s.visible_keys(causal, row0 + rows - 1);
-            for j in 0..nkc {
-                let k0 = j * kc;
-                let kn = kc.min(nkv - k0);
-                let m_j = &mut maxes[j * qc..][..rows];
-                let w_j = &mut weights[j * qc..][..rows];
-                let v_j = &mut values[j * qc * d..][..rows * d];
-                if k0 >= last_visible {
-                    // Every key of this chunk is masked for every row: an empty summary.
-                    m_j.fill(f32::NEG_INFINITY);
-                    w_j.fill(0.0);
-                    v_j.fill(0.0);
-                    continue;
-                }
-                let kv_at = kv_off + k0 * d;
-                let key_chunk = match path {
-                    Path::Bf16Dot => {
-                        let kt = as_u16(kt);
-                        kt.par_chunks_mut(PANEL * d)
-                            .take(kn.div_ceil(PANEL))
-                            .enumerate()
-                            .for_each(|(pi, panel)| {
-                                let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
-                                let k = &k16[kv_at + j0 * d..];
-                                pack_pairs_t(k, jn, d, PANEL, panel);
-                            });
-                        KeyChunk::Pairs(&*kt)
-                    }
-                    _ => {
-                        kt.par_chunks_mut(PANEL * d)
-                            .take(kn.div_ceil(PANEL))
-                            .enumerate()
-                            .for_each(|(pi, panel)| {
-                                let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
-                                pack_t(&inputs.k, kv_at + j0 * d, jn, d, PANEL, panel);
-                            });
-                        KeyChunk::F32(&*kt)
-                    }
-                };
-                let values_j = if bf16_pv {
-                    // V_j as bf16 row pairs for the bf16 PV tile, 64 rows (32 pairs) a piece.
-                    let vp = as_u16(vw);
-                    let v16 = bf16_bits(&inputs.v).unwrap_or_default();
-                    vp[..kn.div_ceil(2) * 2 * d]
-                        .par_chunks_mut(PANEL * d)
-                        .enumerate()
-                        .for_each(|(pi, dst)| {
-                            let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
-                            interleave_rows(isa, &v16[kv_at + j0 * d..][..jn * d], jn, d, dst);
-                        });
-                    Values::Pairs(&vp[..kn.div_ceil(2) * 2 * d])
-                } else {
-                    Values::F32(match inputs.v.as_f32() {
-                        Some(v) => &v[kv_at..][..kn * d],
-                        None => {
-                            vw[..kn * d].par_chunks_mut(PANEL * d).enumerate().for_each(
-                                |(pi, w)| inputs.v.copy_to_f32(kv_at + pi * PANEL * d, w),
-                            );
-                            &vw[..kn * d]
-                        }
-                    })
-                };
-                let chunk = Chunk {
-                    isa,
-                    d,
-                    kn,
-                    scale: s.scale(),
-                    q,
-                    k: key_chunk,
-                    v: values_j,
-                };
-                // Causal: the strips that see the most keys first, so the last ones handed
-                // out are the cheapest.
+    let [qw, kt, vw, sc, values, stats] = carve(buf, chunked_lens(&s, qc, kc, path));
+    let npanels = kc.div_ceil(PANEL);
+    let kt = Blocks::new(kt, npanels, panel_floats(d, path), 1);
+    // V_j as bf16 pairs takes half a widened panel's floats.
+    let v_panel = if bf16_pv { PANEL * d / 2 } else { PANEL * d };
+    let vw = Blocks::new(vw, npanels, v_panel, 1);
+    let qw = Blocks::new(qw, qc, d, STRIP);
+    let sc = Blocks::new(sc, qc, kc, STRIP);
+    // Per row, the exp-values, and the (max, weight sum), of every key chunk: a strip's
+    // summaries are a block of each that its item owns.
+    let values = Blocks::new(values, qc, nkc * d, STRIP);
+    let stats = Blocks::new(stats, qc, nkc * 2, STRIP);
+    let outs = Windows::new(out, d, STRIP, qc);
+    let (q16, k16, v16) = (
+        bf16_bits(&inputs.q).unwrap_or_default(),
+        bf16_bits(&inputs.k).unwrap_or_default(),
+        bf16_bits(&inputs.v).unwrap_or_default(),
+    );
+    let scale = s.scale();
+    team(|team| {
+        // Which key chunk kt/vw hold (its offset in K) and how many of its keys; every
+        // worker follows the same sequence, so all agree.
+        let mut packed: Option<(usize, usize)> = None;
+        for head in 0..s.batch * s.heads {
+            let (b, h) = (head / s.heads, head % s.heads);
+            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+            for (qi, row0) in (0..nq).step_by(qc).enumerate() {
+                let rows = qc.min(nq - row0);
                 let strips = rows.div_ceil(STRIP);
-                let scores = Blocks::new(&mut sc[..rows * kn], rows, kn, STRIP);
-                let (m_j, w_j) = (
-                    Blocks::new(m_j, rows, 1, STRIP),
-                    Blocks::new(w_j, rows, 1, STRIP),
-                );
-                let v_j = Blocks::new(v_j, rows, d, STRIP);
-                for_each_index(strips, |i| {
-                    let si = if causal { strips - 1 - i } else { i };
-                    let r0 = si * STRIP;
-                    let visible =
-                        |r: usize| s.visible_keys(causal, row0 + r0 + r).saturating_sub(k0);
-                    let (p, m_s) = (scores.take(0, si), m_j.take(0, si));
-                    let (w_s, v_s) = (w_j.take(0, si), v_j.take(0, si));
-                    chunk.summarize_strip(r0, visible, p, m_s, w_s, v_s);
-                });
-            }
-            let (maxes, weights, values) = (&*maxes, &*weights, &*values);
-            o.par_chunks_mut(STRIP * d)
-                .enumerate()
-                .for_each(|(si, o_s)| {
-                    for (r, o_r) in o_s.chunks_mut(d).enumerate() {
-                        combine_row(si * STRIP + r, qc, nkc, maxes, weights, values, o_r);
+                // Key chunks from the last one any row of the query chunk sees are skipped
+                // (their summaries would be empty).
+                let last_visible = s.visible_keys(causal, row0 + rows - 1).min(nkv);
+                let chunks = last_visible.div_ceil(kc);
+                for step in 0..chunks.max(1) {
+                    let j = if qi % 2 == 0 {
+                        step
+                    } else {
+                        chunks.max(1) - 1 - step
+                    };
+                    let k0 = j * kc;
+                    let kn = kc.min(nkv - k0).min(last_visible.saturating_sub(k0));
+                    let kv_at = kv_off + k0 * d;
+                    let have = match packed {
+                        Some((at, keys)) if at == kv_at => keys,
+                        _ => 0,
+                    };
+                    if have < kn {
+                        // A partly packed last panel is packed again, whole.
+                        let first = have / PANEL;
+                        team.for_each(kn.div_ceil(PANEL) - first, |ph, i| {
+                            let pi = first + i;
+                            let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
+                            let kp = kt.take_in(ph, 0, pi);
+                            match path {
+                                Path::Bf16Dot => {
+                                    pack_pairs_t(&k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
+                                }
+                                _ => pack_t(&inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
+                            }
+                            // f32 V is read in place.
+                            if bf16_pv {
+                                let v = &v16[kv_at + j0 * d..][..jn * d];
+                                interleave_rows(isa, v, jn, d, as_u16(vw.take_in(ph, 0, pi)));
+                            } else if path != Path::F32 {
+                                let vp = &mut vw.take_in(ph, 0, pi)[..jn * d];
+                                inputs.v.copy_to_f32(kv_at + j0 * d, vp);
+                            }
+                        });
+                        packed = Some((kv_at, kn));
                     }
-                });
+                    let last = step + 1 == chunks.max(1);
+                    team.for_each(strips, |ph, i| {
+                        // Causal: the strips that see the most keys first, so the last ones
+                        // handed out are the cheapest.
+                        let si = if causal { strips - 1 - i } else { i };
+                        let r0 = si * STRIP;
+                        let sr = STRIP.min(rows - r0);
+                        let visible = |r: usize| {
+                            s.visible_keys(causal, row0 + r0 + r)
+                                .saturating_sub(k0)
+                                .min(kn)
+                        };
+                        let mut sums = Sums {
+                            values: values.take_in(ph, 0, si),
+                            stats: stats.take_in(ph, 0, si),
+                            chunks: nkc,
+                            d,
+                        };
+                        if kn > 0 {
+                            let q = match path {
+                                Path::Bf16Dot => {
+                                    Query::Pairs(&q16[q_off + (row0 + r0) * d..][..sr * d])
+                                }
+                                // f32 queries are read in place, others widened.
+                                Path::F32 => Query::F32(inputs.q.rows_f32(
+                                    q_off + (row0 + r0) * d,
+                                    sr * d,
+                                    &mut [],
+                                )),
+                                Path::Widen => {
+                                    let w = qw.take_in(ph, 0, si);
+                                    let at = q_off + (row0 + r0) * d;
+                                    Query::F32(inputs.q.rows_f32(at, sr * d, w))
+                                }
+                            };
+                            let k = kt.view_in(ph);
+                            let strip = Strip {
+                                isa,
+                                d,
+                                kn,
+                                scale,
+                                q,
+                                k: match path {
+                                    Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
+                                    _ => KeyChunk::F32(k),
+                                },
+                                v: match inputs.v.as_f32() {
+                                    Some(v) => Values::F32(&v[kv_at..][..kn * d]),
+                                    None if bf16_pv => Values::Pairs(as_u16_ref(vw.view_in(ph))),
+                                    None => Values::F32(&vw.view_in(ph)[..kn * d]),
+                                },
+                            };
+                            let p = &mut sc.take_in(ph, 0, si)[..sr * kn];
+                            strip.summarize(visible, p, &mut sums, j);
+                        }
+                        if last {
+                            let o = outs.take_in(ph, head * nq + row0, rows, si);
+                            for (r, o_r) in o.chunks_mut(d).enumerate() {
+                                sums.combine_row(r, chunks, o_r);
+                            }
+                        }
+                    });
+                }
+            }
         }
-    }
+    });
 }
 
-/// The query chunk as the QK^T tile reads it: f32 rows, or bf16 pairs for `vdpbf16ps`.
+/// The query strip as the QK^T tile reads it: f32 rows, or bf16 pairs for `vdpbf16ps`.
 #[derive(Clone, Copy)]
 enum Query<'a> {
     F32(&'a [f32]),
@@ -222,8 +258,9 @@ enum KeyChunk<'a> {
     Pairs(&'a [u16]),
 }
 
-/// One (query chunk, key chunk) pair of Figure 1's `summarize_chunk`, shared by the workers.
-struct Chunk<'a> {
+/// One strip of a query chunk against one key chunk of `kn` keys: Figure 1's
+/// `summarize_chunk` for the strip's rows.
+struct Strip<'a> {
     isa: Isa,
     d: usize,
     kn: usize,
@@ -233,37 +270,40 @@ struct Chunk<'a> {
     v: Values<'a>,
 }
 
-impl Chunk<'_> {
-    /// Rows `r0..r0 + m_s.len()` of the chunk against the key chunk: their scores `p`
-    /// (exponentiated in place), chunk max `m_s` (of the scaled scores), exp sums `w_s` and
-    /// exp-values `v_s`. `visible(r)` is how many keys of the chunk row `r0 + r` sees.
-    fn summarize_strip(
+impl Strip<'_> {
+    /// The strip's scores against the key chunk `j` in `p` (rows of `kn`, exponentiated
+    /// in place), and its rows' summaries of chunk `j` in `sums`: the chunk max of the
+    /// scaled scores, the exp sum and the d exp-values. `visible(r)` is how many keys of
+    /// the chunk row r sees.
+    fn summarize(
         &self,
-        r0: usize,
         visible: impl Fn(usize) -> usize,
         p: &mut [f32],
-        m_s: &mut [f32],
-        w_s: &mut [f32],
-        v_s: &mut [f32],
+        sums: &mut Sums,
+        j: usize,
     ) {
         let (d, kn, isa) = (self.d, self.kn, self.isa);
-        let sr = m_s.len();
-        if visible(sr - 1) == 0 {
-            m_s.fill(f32::NEG_INFINITY);
-            w_s.fill(0.0);
-            v_s.fill(0.0);
-            return;
-        }
+        let sr = p.len() / kn;
+        let (vs, ss) = (sums.chunks * d, sums.chunks * 2);
+        let (values, stats) = (&mut *sums.values, &mut *sums.stats);
         // Causal: the strip's last row sees the most keys; the panels past them are not
         // computed, and the product with V stops there too.
-        let seen = visible(sr - 1).min(kn);
+        let seen = visible(sr - 1);
+        if seen == 0 {
+            for r in 0..sr {
+                stats[r * ss + 2 * j] = f32::NEG_INFINITY;
+                stats[r * ss + 2 * j + 1] = 0.0;
+                values[r * vs + j * d..][..d].fill(0.0);
+            }
+            return;
+        }
         for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
             let jn = PANEL.min(seen - j0);
             let panel = pi * PANEL * d;
             match (self.q, self.k) {
                 (Query::Pairs(q), KeyChunk::Pairs(kt)) => {
                     let a = AOp {
-                        data: &q[r0 * d..][..sr * d],
+                        data: q,
                         rows: sr,
                         k: d / 2,
                         rs: d,
@@ -279,7 +319,7 @@ impl Chunk<'_> {
                 }
                 (Query::F32(q), KeyChunk::F32(kt)) => {
                     let a = AOp {
-                        data: &q[r0 * d..][..sr * d],
+                        data: q,
                         rows: sr,
                         k: d,
                         rs: d,
@@ -296,17 +336,22 @@ impl Chunk<'_> {
                 _ => unreachable!("query and keys take the same operand path"),
             }
         }
+        // Softmax of each row, max subtracted, not normalized; for the bf16 PV tile the
+        // probabilities are written as bf16 over the row itself.
         let c = self.scale * LOG2E;
+        let pairs_pv = matches!(self.v, Values::Pairs(_));
         for (r, row) in p.chunks_mut(kn).enumerate() {
-            let (m, w) = softmax_row(isa, &mut row[..seen], visible(r), c, true, false);
-            m_s[r] = m * self.scale;
-            w_s[r] = w;
+            let (m, w) = if pairs_pv {
+                softmax_row_bf16(isa, &mut row[..seen], visible(r), c)
+            } else {
+                softmax_row(isa, &mut row[..seen], visible(r), c, true, false)
+            };
+            stats[r * ss + 2 * j] = m * self.scale;
+            stats[r * ss + 2 * j + 1] = w;
         }
+        let v_s = &mut values[j * d..];
         match self.v {
             Values::Pairs(vp) => {
-                for row in p.chunks_mut(kn) {
-                    round_bf16_in_place(isa, row, seen);
-                }
                 let pairs = seen.div_ceil(2);
                 let a = AOp {
                     data: &*as_u16(p),
@@ -321,7 +366,7 @@ impl Chunk<'_> {
                     n: d,
                     ld: 2 * d,
                 };
-                gemm_bf16(isa, a, b, v_s, d, Out::Store);
+                gemm_bf16(isa, a, b, v_s, vs, Out::Store);
             }
             Values::F32(v) => {
                 let a = AOp {
@@ -337,46 +382,51 @@ impl Chunk<'_> {
                     n: d,
                     ld: d,
                 };
-                gemm(isa, a, b, v_s, d, Out::Store);
+                gemm(isa, a, b, v_s, vs, Out::Store);
             }
         }
     }
 }
 
-/// Row `r` of the chunk's output from its summaries: global_max, max_diffs =
-/// exp(chunk_max - global_max), then the weighted sums divided by the weighted exp sums.
-fn combine_row(
-    r: usize,
-    qc: usize,
-    nkc: usize,
-    maxes: &[f32],
-    weights: &[f32],
-    values: &[f32],
-    o_r: &mut [f32],
-) {
-    let d = o_r.len();
-    let global = (0..nkc)
-        .map(|j| maxes[j * qc + r])
-        .fold(f32::NEG_INFINITY, f32::max);
-    o_r.fill(0.0);
-    if global == f32::NEG_INFINITY {
-        return; // no visible key: output 0
-    }
-    let mut all_weights = 0.0f32;
-    for j in 0..nkc {
-        let m = maxes[j * qc + r];
-        if m == f32::NEG_INFINITY {
-            continue;
+/// A strip's summaries of every key chunk: per row, the exp-values of each chunk
+/// (`[rows][chunks][d]`) and its (max, exp sum) (`[rows][chunks][2]`).
+struct Sums<'p> {
+    values: &'p mut [f32],
+    stats: &'p mut [f32],
+    chunks: usize,
+    d: usize,
+}
+
+impl Sums<'_> {
+    /// Output row `r` of the strip from its summaries of the first `chunks` key chunks:
+    /// global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums
+    /// divided by the weighted exp sums.
+    fn combine_row(&self, r: usize, chunks: usize, o_r: &mut [f32]) {
+        let d = self.d;
+        let values = &self.values[r * self.chunks * d..][..chunks * d];
+        let stats = &self.stats[r * self.chunks * 2..][..chunks * 2];
+        let global = stats
+            .chunks_exact(2)
+            .map(|x| x[0])
+            .fold(f32::NEG_INFINITY, f32::max);
+        o_r.fill(0.0);
+        if global == f32::NEG_INFINITY {
+            return; // no visible key: output 0
         }
-        let diff = (m - global).exp();
-        all_weights += weights[j * qc + r] * diff;
-        let v_jr = &values[(j * qc + r) * d..][..d];
-        for (acc, x) in o_r.iter_mut().zip(v_jr) {
-            *acc += x * diff;
+        let mut all_weights = 0.0f32;
+        for (st, v) in stats.chunks_exact(2).zip(values.chunks_exact(d)) {
+            if st[0] == f32::NEG_INFINITY {
+                continue;
+            }
+            let diff = (st[0] - global).exp();
+            all_weights += st[1] * diff;
+            for (acc, x) in o_r.iter_mut().zip(v) {
+                *acc += x * diff;
+            }
         }
-    }
-    for x in o_r.iter_mut() {
-        *x /= all_weights;
+        for x in o_r.iter_mut() {
+            *x /= all_weights;
+        }
     }
 }
 
@@ -427,4 +477,68 @@ pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &m
                     }
                 });
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{DType, InputDist};
+
+    /// The chunk buffer may hold anything (a warm timing loop hands it over from the
+    /// previous call): the output is bit for bit that of a zero-filled buffer, on every
+    /// path, mask and dtype, with several query and key chunks (partial ones included).
+    #[test]
+    fn a_buffer_of_any_contents_gives_the_same_output() {
+        for (nq, nkv, d, qc, kc) in [
+            (200, 150, 16, 64, 64),
+            (70, 100, 12, 32, 40),
+            (9, 200, 32, 4, 128),
+        ] {
+            let shape = Shape {
+                batch: 2,
+                heads: 2,
+                kv_heads: 1,
+                seq_q: nq,
+                seq_kv: nkv,
+                head_dim: d,
+            };
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 5);
+                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                    for causal in [false, true] {
+                        for exact in [false, true] {
+                            let run = |fill: f32| {
+                                let path = Path::of(dtype, isa, d);
+                                let mut buf =
+                                    vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
+                                let mut out = vec![fill; shape.out_len()];
+                                rayon::ThreadPoolBuilder::new()
+                                    .num_threads(3)
+                                    .build()
+                                    .unwrap()
+                                    .install(|| {
+                                        forward_chunked(
+                                            &inputs,
+                                            causal,
+                                            exact,
+                                            (qc, kc),
+                                            isa,
+                                            &mut buf,
+                                            &mut out,
+                                        )
+                                    });
+                                out
+                            };
+                            let what = format!(
+                                "{dtype} {isa} causal {causal} exact {exact} {nq}x{nkv}x{d}"
+                            );
+                            let (o0, o1) = (run(0.0), run(f32::NAN));
+                            assert!(o1.iter().all(|x| x.is_finite()), "{what}");
+                            assert_eq!(o0, o1, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -2,22 +2,27 @@
 //! `[batch, heads, seq_q, seq_kv]` f32 tensor, as a framework materializes it), softmax of
 //! each row (max subtracted unless `safe` is false, which shows the exp overflow once scores
 //! reach 89), then O = PV. Time O(b*h*n_q*n_kv*d); extra memory 4*b*h*n_q*n_kv bytes plus
-//! per-worker K^T panels of one key/value head (and, for bf16/f16 inputs, f32 copies of its
-//! V and of a query row block, or on AVX512_BF16 its V in row pairs and a bf16 copy of one
-//! row block of P): the list is `worker_lens`.
+//! per-worker K^T panels of one key/value head, one row block of scores (and, for bf16/f16
+//! inputs, f32 copies of its V and of a query row block, or on AVX512_BF16 its V in row
+//! pairs and a bf16 copy of the row block of P): the list is `worker_lens`.
 //!
 //! Built from the same tiles as `chunked` and `flash` (`tiles`): QK^T row block x 64-key
 //! K^T panels, the vectorized row softmax, and PV with V read in place, its key loop summed
 //! in partial sums of <= 256 terms. bf16 inputs on AVX512_BF16 use `vdpbf16ps` for QK^T and,
 //! unless the output feeds the backward (`exact`), for PV with P rounded to bf16, as `flash`
-//! and `rabe-staats` do; S itself always holds the f32 probabilities.
+//! and `rabe-staats` do; the materialized P always holds the f32 probabilities.
+//!
+//! A row block's scores are computed, exponentiated and multiplied by V in the worker's
+//! cached copy, and every probability is written to the n^2 matrix by non-temporal stores:
+//! the matrix is far larger than the caches, so its lines go straight to memory instead of
+//! being read first and written back later (a third of the matrix's memory traffic).
 
 use super::isa::Isa;
 use super::sched::{for_each_item_with, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, round_bf16,
-    softmax_row, AOp, BOp, Out, Path, LANES_MAX, PANEL,
+    as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, scale_stream,
+    scale_stream_pairs, softmax_row, store_fence, AOp, BOp, Out, Path, LANES_MAX, PANEL,
 };
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
@@ -44,23 +49,29 @@ pub fn bf16_pv(path: Path, head_dim: usize, exact: bool) -> bool {
 
 /// Per-worker scratch floats, in the order they are carved: the K^T panels of one key/value
 /// head (bf16 pairs take half), its V widened to f32 or paired as bf16 rows, a widened
-/// query row block (f16, and bf16 off the pair path), and the bf16 copy of one row block of
-/// P (bf16 PV).
-pub fn worker_lens(shape: &Shape, path: Path, exact: bool) -> [usize; 4] {
+/// query row block (f16, and bf16 off the pair path), the bf16 copy of one row block of P
+/// (bf16 PV), and the cached copy of one row block of scores.
+pub fn worker_lens(shape: &Shape, path: Path, exact: bool) -> [usize; 5] {
     let d = shape.head_dim;
     let nkv = shape.seq_kv;
     let kt = nkv.div_ceil(PANEL) * PANEL * d;
+    let block = ROW_BLOCK * nkv;
     match path {
-        Path::F32 => [kt, 0, 0, 0],
-        Path::Widen => [kt, nkv * d, ROW_BLOCK * d, 0],
-        Path::Bf16Dot if bf16_pv(path, d, exact) => {
-            [kt / 2, nkv.div_ceil(2) * d, 0, ROW_BLOCK * nkv.div_ceil(2)]
-        }
-        Path::Bf16Dot => [kt / 2, nkv * d, 0, 0],
+        Path::F32 => [kt, 0, 0, 0, block],
+        Path::Widen => [kt, nkv * d, ROW_BLOCK * d, 0, block],
+        Path::Bf16Dot if bf16_pv(path, d, exact) => [
+            kt / 2,
+            nkv.div_ceil(2) * d,
+            0,
+            ROW_BLOCK * nkv.div_ceil(2),
+            block,
+        ],
+        Path::Bf16Dot => [kt / 2, nkv * d, 0, 0, block],
     }
 }
 
-/// `scores` has `scores_len` elements; `ws` buffers have `worker_lens` floats in all.
+/// `scores` has `scores_len` elements, of any contents: every entry is written (P, zero
+/// where a key is masked). `ws` buffers have `worker_lens` floats in all, of any contents.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     inputs: &Inputs,
@@ -98,7 +109,8 @@ pub fn forward(
             let (o, p) = (outs.take(head, blk), probs.take(head, blk));
             let row0 = blk * ROW_BLOCK;
             let rows = o.len() / d;
-            let [kt, vw, qw, pw] = carve(buf, lens);
+            let [kt, vw, qw, pw, sc] = carve(buf, lens);
+            let sc = &mut sc[..rows * nkv];
             if *packed != Some(kv_off) {
                 match path {
                     Path::Bf16Dot => {
@@ -122,10 +134,13 @@ pub fn forward(
             };
             let q16 = q16.unwrap_or_default();
             // Causal: the block's last row sees the most keys; the panels past them are not
-            // computed (the softmax writes their zeros) and PV stops there.
+            // computed (P gets their zeros) and PV stops there.
             let seen = s.visible_keys(causal, row0 + rows - 1).min(nkv);
             if seen == 0 {
-                p.fill(0.0);
+                for dst in p.chunks_mut(nkv) {
+                    scale_stream(isa, &mut [], 0.0, dst, false);
+                }
+                store_fence(isa);
                 o.fill(0.0);
                 return;
             }
@@ -149,7 +164,7 @@ pub fn forward(
                             n: jn,
                             ld: 2 * PANEL,
                         };
-                        gemm_bf16(isa, a, b, &mut p[j0..], nkv, Out::Store);
+                        gemm_bf16(isa, a, b, &mut sc[j0..], nkv, Out::Store);
                     }
                     _ => {
                         let b = BOp {
@@ -165,20 +180,28 @@ pub fn forward(
                             rs: d,
                             cs: 1,
                         };
-                        gemm(isa, a, b, &mut p[j0..], nkv, Out::Store);
+                        gemm(isa, a, b, &mut sc[j0..], nkv, Out::Store);
                     }
                 }
             }
-            for (r, row) in p.chunks_mut(nkv).enumerate() {
-                softmax_row(isa, row, s.visible_keys(causal, row0 + r), c, safe, true);
-            }
-            if pv16 {
-                // P's row block rounded to bf16 pairs (S keeps the f32 probabilities).
-                let stride = 2 * nkv.div_ceil(2);
-                let p16 = as_u16(pw);
-                for (row, dst) in p.chunks(nkv).zip(p16.chunks_mut(stride)) {
-                    round_bf16(isa, &row[..seen], dst);
+            // Softmax of each row in the cached copy, the probabilities streamed to P (and,
+            // for bf16 PV, rounded into the pairs the PV tile reads).
+            let stride = 2 * nkv.div_ceil(2);
+            let p16 = as_u16(pw);
+            for (r, (row, dst)) in sc.chunks_mut(nkv).zip(p.chunks_mut(nkv)).enumerate() {
+                let visible = s.visible_keys(causal, row0 + r);
+                let row = &mut row[..seen];
+                let (_, sum) = softmax_row(isa, row, visible, c, safe, false);
+                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                if pv16 {
+                    let pairs = &mut p16[r * stride..][..stride];
+                    scale_stream_pairs(isa, row, inv, dst, pairs);
+                } else {
+                    scale_stream(isa, row, inv, dst, true);
                 }
+            }
+            store_fence(isa);
+            if pv16 {
                 let pairs = seen.div_ceil(2);
                 let a = AOp {
                     data: &p16[..rows * stride],
@@ -201,7 +224,7 @@ pub fn forward(
                 None => &vw[..nkv * d],
             };
             let a = AOp {
-                data: &*p,
+                data: &*sc,
                 rows,
                 k: seen,
                 rs: nkv,
@@ -216,4 +239,76 @@ pub fn forward(
             gemm(isa, a, b, o, d, Out::Store);
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{DType, InputDist};
+
+    /// The score matrix and the workspace may hold anything (a warm timing loop hands them
+    /// over from the previous call): the kernel writes every entry of P, and its output and
+    /// P are bit for bit those of zero-filled buffers, on every path, mask and dtype.
+    #[test]
+    fn buffers_of_any_contents_give_the_same_probabilities_and_output() {
+        // Rows not a multiple of the row block; more keys than queries (causal rows see
+        // different counts); a head dim that is a multiple of 16 (bf16 PV) and one that is not.
+        for (nq, nkv, d) in [(70, 100, 16), (5, 37, 12), (130, 130, 32)] {
+            let shape = Shape {
+                batch: 1,
+                heads: 2,
+                kv_heads: 1,
+                seq_q: nq,
+                seq_kv: nkv,
+                head_dim: d,
+            };
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 3);
+                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                    for causal in [false, true] {
+                        for exact in [false, true] {
+                            let run = |fill: f32| {
+                                let path = Path::of(dtype, isa, d);
+                                let floats = worker_lens(&shape, path, exact).iter().sum();
+                                let ws = Workspace::scratch(2, floats, "test").unwrap();
+                                ws.fill(fill);
+                                let mut p = vec![fill; scores_len(&shape)];
+                                let mut out = vec![fill; shape.out_len()];
+                                rayon::ThreadPoolBuilder::new()
+                                    .num_threads(2)
+                                    .build()
+                                    .unwrap()
+                                    .install(|| {
+                                        forward(
+                                            &inputs, causal, true, exact, isa, &mut p, &ws,
+                                            &mut out,
+                                        )
+                                    });
+                                (p, out)
+                            };
+                            let (p0, o0) = run(0.0);
+                            let (p1, o1) = run(f32::NAN);
+                            let what = format!(
+                                "{dtype} {isa} causal {causal} exact {exact} {nq}x{nkv}x{d}"
+                            );
+                            assert!(o1.iter().all(|x| x.is_finite()), "{what}: output");
+                            assert_eq!(
+                                p0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                p1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "{what}: P"
+                            );
+                            assert_eq!(o0, o1, "{what}: output");
+                            // Each row of P is a distribution over the keys it sees.
+                            for (r, row) in p1.chunks(nkv).enumerate() {
+                                let vis = shape.visible_keys(causal, r % nq);
+                                assert!(row[vis..].iter().all(|x| *x == 0.0), "{what}: masked");
+                                let sum: f32 = row.iter().sum();
+                                assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} sums to {sum}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

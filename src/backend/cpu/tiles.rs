@@ -414,6 +414,53 @@ pub fn scale(isa: Isa, x: &mut [f32], f: f32) {
     row_op!(isa, scale(x.as_mut_ptr(), x.len(), f))
 }
 
+/// `dst[..x.len()] = x * f` and the rest of `dst` zero, written by non-temporal stores
+/// where `dst` is vector-aligned (a large buffer nothing reads soon, such as naive's
+/// materialized P), and `x *= f` too when `keep`. Call [`store_fence`] before the result is
+/// handed to another thread.
+pub fn scale_stream(isa: Isa, x: &mut [f32], f: f32, dst: &mut [f32], keep: bool) {
+    assert!(dst.len() >= x.len(), "stream destination too short");
+    let (n, n_dst) = (x.len(), dst.len());
+    row_op!(
+        isa,
+        scale_stream(x.as_mut_ptr(), n, f, dst.as_mut_ptr(), n_dst, keep)
+    )
+}
+
+/// [`scale_stream`] (`dst` gets `x * f`, then zeros) with the values `x * f` also rounded
+/// to bf16 into `pairs`, then one zero when `x.len()` is odd (so whole pairs can be read):
+/// a normalized probability row to naive's P and to the A operand of its bf16 PV tile
+/// ([`Isa::Avx512Bf16`] only).
+pub fn scale_stream_pairs(isa: Isa, x: &[f32], f: f32, dst: &mut [f32], pairs: &mut [u16]) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    let (n, n_dst) = (x.len(), dst.len());
+    assert!(n_dst >= n, "stream destination too short");
+    assert!(pairs.len() >= 2 * n.div_ceil(2), "bf16 row too short");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `x` holds n values, `dst` n_dst >= n, `pairs` n (checked); distinct borrows;
+    // isa available (checked).
+    unsafe {
+        bf16::scale_stream_pairs(
+            x.as_ptr(),
+            n,
+            f,
+            dst.as_mut_ptr(),
+            n_dst,
+            pairs.as_mut_ptr(),
+        )
+    }
+    if n % 2 == 1 {
+        pairs[n] = 0;
+    }
+}
+
+/// Orders the calling thread's non-temporal stores before its later stores: call it once a
+/// work item's streamed rows are complete, before the item is handed over.
+pub fn store_fence(isa: Isa) {
+    row_op!(isa, store_fence())
+}
+
 /// 2^x in place, by the kernels' vector exp.
 pub fn exp2(isa: Isa, x: &mut [f32]) {
     row_op!(isa, exp2_slice(x.as_mut_ptr(), x.len()))
@@ -449,6 +496,33 @@ pub fn softmax_row(
     if normalize {
         scale(isa, head, if sum > 0.0 { 1.0 / sum } else { 0.0 });
     }
+    (m, sum)
+}
+
+/// [`softmax_row`] with the max subtracted and no normalization, the probabilities written
+/// as bf16 over the row itself: afterwards the row's u16 view begins with its `row.len()`
+/// values (zero from `visible` on), then one zero when that count is odd, as the A operand
+/// of a bf16 PV tile. Returns (max, sum) as `softmax_row`, the sum of the f32 values before
+/// rounding ([`Isa::Avx512Bf16`] only).
+pub fn softmax_row_bf16(isa: Isa, row: &mut [f32], visible: usize, c: f32) -> (f32, f32) {
+    check_isa(isa);
+    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    let n = row.len();
+    let visible = visible.min(n);
+    let m = row_max(isa, &row[..visible]);
+    let (sum, written) = if m == f32::NEG_INFINITY {
+        (0.0, 0)
+    } else {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `row` holds `visible` f32s, whose bf16 values are written over its first
+        // `visible` u16 (as `exp_sum_round` allows); isa available (checked).
+        let sum = unsafe { bf16::exp_sum_round(row.as_mut_ptr(), visible, c, m * c) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let sum = 0.0;
+        (sum, visible)
+    };
+    // The u16 view holds 2n values, at least the 2 ceil(n/2) of whole pairs.
+    as_u16(row)[written..2 * n.div_ceil(2)].fill(0);
     (m, sum)
 }
 
@@ -558,45 +632,10 @@ pub fn bf16_bits(t: &Tensor) -> Option<&[u16]> {
     }
 }
 
-/// `src` rounded to bf16 into `dst`, then one zero when `src.len()` is odd (so whole pairs
-/// can be read): a row of the A operand of a bf16 PV tile ([`Isa::Avx512Bf16`] only).
-pub fn round_bf16(isa: Isa, src: &[f32], dst: &mut [u16]) {
-    check_isa(isa);
-    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
-    let n = src.len();
-    assert!(dst.len() >= 2 * n.div_ceil(2), "bf16 row too short");
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `src` holds n f32s and `dst` n (+1) u16s (checked), distinct borrows; isa
-    // available (checked).
-    unsafe {
-        bf16::round_row(src.as_ptr(), n, dst.as_mut_ptr())
-    }
-    if n % 2 == 1 {
-        dst[n] = 0;
-    }
-}
-
-/// The first `n` values of `row` rounded to bf16 in place: afterwards the row's u16 view
-/// begins with them, followed by one zero when `n` is odd (so whole pairs can be read), as
-/// the A operand of a bf16 PV tile ([`Isa::Avx512Bf16`] only). `row` must hold more than
-/// `n / 2` floats.
-pub fn round_bf16_in_place(isa: Isa, row: &mut [f32], n: usize) {
-    check_isa(isa);
-    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
-    assert!(
-        n <= row.len() && n.div_ceil(2) <= row.len(),
-        "row too short"
-    );
-    let ptr = row.as_mut_ptr();
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `row` holds n f32s to read and n (+1) u16s to write (checked); the output
-    // starts at the input, which `round_row` allows; isa available (checked).
-    unsafe {
-        bf16::round_row(ptr, n, ptr as *mut u16)
-    }
-    if n % 2 == 1 {
-        as_u16(row)[n] = 0;
-    }
+/// [`as_u16`] of a shared slice (packed bf16 operands read by every item of a phase).
+pub fn as_u16_ref(x: &[f32]) -> &[u16] {
+    // SAFETY: as `as_u16`, for a shared borrow.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u16, x.len() * 2) }
 }
 
 /// A scratch f32 slice viewed as twice as many u16 (for bf16 tiles carved from a workspace).

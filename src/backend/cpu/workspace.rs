@@ -1,8 +1,17 @@
 //! Per-worker scratch memory, allocated fallibly once before a kernel's parallel loop so the
 //! hot loop never allocates and an over-budget request is an `OutOfMemory` error, not an
 //! abort. Cost: `workers * floats_per_worker * 4` bytes, where `workers = min(threads, items)`.
+//!
+//! Timed calls run warm ([`WarmCalls`]): a buffer that a kernel asks for by [`try_scratch`]
+//! (contents unspecified, the kernel writes before it reads) is handed the same-sized
+//! buffer the previous call freed, as a framework's caching allocator would, so a timed
+//! call does not pay the operating system for zeroing fresh pages (naive attention's n^2
+//! matrix spent a fifth of its time there). Outside a warm timing loop, and so in the
+//! memory probe, every buffer is a fresh allocation that the counting allocator sees.
 
-use std::alloc::{alloc_zeroed, Layout};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
@@ -58,9 +67,177 @@ fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
     let _ = (ptr, bytes, HUGE);
 }
 
+/// Alignment of kernel scratch buffers: a cache line, and a whole AVX-512 vector, so rows
+/// whose stride is a multiple of 16 floats never straddle two lines.
+pub const SCRATCH_ALIGN: usize = 64;
+
+/// An owned, [`SCRATCH_ALIGN`]-aligned allocation of `len` initialized f32s.
+struct Block {
+    ptr: std::ptr::NonNull<f32>,
+    len: usize,
+}
+
+// SAFETY: `Block` owns its allocation exclusively, as a `Vec<f32>` does.
+unsafe impl Send for Block {}
+// SAFETY: shared access only reads (through `Scratch`'s `Deref`).
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn layout(len: usize) -> Option<Layout> {
+        Layout::from_size_align(len.checked_mul(4)?, SCRATCH_ALIGN).ok()
+    }
+
+    /// A zero-filled block (fresh zero pages from the system for a large one).
+    fn zeroed(len: usize, what: &str) -> Result<Block> {
+        if len == 0 {
+            return Ok(Block {
+                ptr: std::ptr::NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let oom = || {
+            Error::OutOfMemory(format!(
+                "{what}: {} bytes could not be allocated",
+                len as u64 * 4
+            ))
+        };
+        let layout = Block::layout(len).ok_or_else(oom)?;
+        // SAFETY: the layout has non-zero size; a non-null result is a zeroed, aligned block
+        // of `len` f32s (all-zero bits are 0.0), freed in `Drop` with the same layout.
+        let ptr = unsafe { alloc_zeroed(layout) } as *mut f32;
+        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(oom)?;
+        advise_huge_pages(ptr.as_ptr() as *mut u8, layout.size());
+        Ok(Block { ptr, len })
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(layout) = Block::layout(self.len).filter(|_| self.len > 0) {
+            // SAFETY: allocated in `zeroed` with this layout and not freed since.
+            unsafe { dealloc(self.ptr.as_ptr() as *mut u8, layout) }
+        }
+    }
+}
+
+thread_local! {
+    /// The buffers freed by the calls of this thread's warm timing loop, while one runs
+    /// (`None` otherwise).
+    static FREED: RefCell<Option<Vec<Block>>> = const { RefCell::new(None) };
+}
+
+/// While alive, the calling thread's timing loop runs warm: [`Scratch`] buffers from
+/// [`try_scratch`] dropped on this thread are kept and handed to the next request of the
+/// same length. Dropping it frees them. Create it on the thread that makes the timed calls
+/// (the kernels allocate and free their buffers on the calling thread: a pool's `install`
+/// from its own worker runs inline).
+pub struct WarmCalls(());
+
+impl WarmCalls {
+    pub fn start() -> WarmCalls {
+        let stale = FREED.with(|f| f.borrow_mut().replace(Vec::new()));
+        drop(stale);
+        WarmCalls(())
+    }
+}
+
+impl Drop for WarmCalls {
+    fn drop(&mut self) {
+        // Taken out first, so the buffers are freed outside the borrow.
+        let freed = FREED.with(|f| f.borrow_mut().take());
+        drop(freed);
+    }
+}
+
+/// A kernel's scratch buffer of f32s, aligned to [`SCRATCH_ALIGN`]. One made by
+/// [`try_scratch`] goes back to the warm timing loop's buffers when dropped (if one runs on
+/// the dropping thread).
+pub struct Scratch {
+    block: Option<Block>,
+    recycle: bool,
+}
+
+impl Scratch {
+    /// A fresh, zero-filled buffer (never recycled).
+    pub fn zeroed(len: usize, what: &str) -> Result<Scratch> {
+        Ok(Scratch {
+            block: Some(Block::zeroed(len, what)?),
+            recycle: false,
+        })
+    }
+}
+
+impl Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match &self.block {
+            // SAFETY: the block holds `len` initialized f32s, owned by `self`.
+            Some(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) },
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match &mut self.block {
+            // SAFETY: as `deref`, borrowed mutably through `self`.
+            Some(b) => unsafe { std::slice::from_raw_parts_mut(b.ptr.as_ptr(), b.len) },
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let Some(block) = self.block.take() else {
+            return;
+        };
+        if !self.recycle || block.len == 0 {
+            return;
+        }
+        let kept = FREED.with(|f| match f.borrow_mut().as_mut() {
+            Some(freed) => {
+                freed.push(block);
+                None
+            }
+            None => Some(block),
+        });
+        drop(kept);
+    }
+}
+
+/// A buffer of `len` f32s whose contents are unspecified (zeros, or what the previous call
+/// of a warm timing loop left; always initialized floats): for buffers the kernel writes
+/// before it reads. In a warm timing loop ([`WarmCalls`]) a buffer of the same length freed
+/// by the previous call is reused; if there is none, every kept buffer is freed first (so
+/// the loop holds at most one call's buffers) and a fresh, zeroed one is allocated within
+/// the memory budget.
+pub fn try_scratch(len: usize, what: &str) -> Result<Scratch> {
+    let reused = FREED.with(|f| {
+        let mut f = f.borrow_mut();
+        let freed = f.as_mut()?;
+        match freed.iter().position(|b| b.len == len) {
+            Some(i) => Some(Ok(freed.swap_remove(i))),
+            None => Some(Err(std::mem::take(freed))),
+        }
+    });
+    let block = match reused {
+        Some(Ok(block)) => block,
+        stale => {
+            drop(stale);
+            Block::zeroed(len, what)?
+        }
+    };
+    Ok(Scratch {
+        block: Some(block),
+        recycle: true,
+    })
+}
+
 /// One scratch buffer per concurrently running work item.
 pub struct Workspace {
-    buffers: Vec<Mutex<Vec<f32>>>,
+    buffers: Vec<Mutex<Scratch>>,
 }
 
 impl Workspace {
@@ -69,11 +246,30 @@ impl Workspace {
         rayon::current_num_threads().min(items).max(1)
     }
 
+    /// Zero-filled buffers, freshly allocated.
     pub fn new(workers: usize, floats_per_worker: usize, what: &str) -> Result<Workspace> {
         let buffers = (0..workers)
-            .map(|_| try_zeroed(floats_per_worker, what).map(Mutex::new))
+            .map(|_| Scratch::zeroed(floats_per_worker, what).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
         Ok(Workspace { buffers })
+    }
+
+    /// Buffers of unspecified contents ([`try_scratch`]): for kernels that write every
+    /// scratch value before reading it.
+    pub fn scratch(workers: usize, floats_per_worker: usize, what: &str) -> Result<Workspace> {
+        let buffers = (0..workers)
+            .map(|_| try_scratch(floats_per_worker, what).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Workspace { buffers })
+    }
+
+    /// Fills every buffer with `value` (tests: a kernel of unspecified scratch contents must
+    /// not read what it did not write).
+    #[cfg(test)]
+    pub fn fill(&self, value: f32) {
+        for b in &self.buffers {
+            b.lock().unwrap_or_else(|e| e.into_inner()).fill(value);
+        }
     }
 
     /// Number of buffers (the most work items that can run at once).
@@ -88,7 +284,7 @@ impl Workspace {
 
     /// A free buffer. At most `workers` items run at once, so one is always free; starting
     /// the scan at the rayon thread index makes a collision rare.
-    pub fn acquire(&self) -> MutexGuard<'_, Vec<f32>> {
+    pub fn acquire(&self) -> MutexGuard<'_, Scratch> {
         let n = self.buffers.len();
         let start = rayon::current_thread_index().unwrap_or(0) % n;
         loop {
@@ -125,6 +321,29 @@ mod tests {
         assert_eq!(a, &[0.0, 1.0]);
         assert_eq!(b, &[2.0, 3.0, 4.0]);
         assert_eq!(c, &[5.0, 6.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn a_warm_loop_hands_a_freed_buffer_to_the_next_request_of_its_length() {
+        {
+            let _warm = WarmCalls::start();
+            let mut a = try_scratch(1000, "test").unwrap();
+            a[7] = 3.0;
+            let ptr = a.as_ptr();
+            drop(a);
+            let b = try_scratch(1000, "test").unwrap();
+            assert_eq!(b.as_ptr(), ptr, "the freed buffer is reused");
+            assert_eq!(b[7], 3.0, "as the previous call left it");
+            drop(b);
+            // Another length: the kept buffer is freed and a fresh, zeroed one allocated.
+            let c = try_scratch(999, "test").unwrap();
+            assert!(c.iter().all(|x| *x == 0.0));
+            assert_eq!(c.as_ptr() as usize % SCRATCH_ALIGN, 0);
+        }
+        // Outside the loop nothing is kept: a new request is a fresh, zeroed buffer.
+        let d = try_scratch(999, "test").unwrap();
+        assert!(d.iter().all(|x| *x == 0.0));
+        FREED.with(|f| assert!(f.borrow().is_none()));
     }
 
     #[test]

@@ -40,6 +40,20 @@ unsafe fn store(p: *mut f32, v: V) {
     _mm256_storeu_ps(p, v)
 }
 
+/// Non-temporal store (no read-for-ownership, caches bypassed); `p` is aligned to 32 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn stream(p: *mut f32, v: V) {
+    _mm256_stream_ps(p, v)
+}
+
+/// Orders this thread's non-temporal stores before its later stores.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fence() {
+    _mm_sfence()
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn mask_first(n: usize) -> Mask {

@@ -39,6 +39,22 @@ unsafe fn store(p: *mut f32, v: V) {
     _mm512_storeu_ps(p, v)
 }
 
+/// Non-temporal store: the line goes to memory without being read first (no
+/// read-for-ownership) and without displacing the caches. `p` is aligned to 64 bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn stream(p: *mut f32, v: V) {
+    _mm512_stream_ps(p, v)
+}
+
+/// Orders this thread's non-temporal stores before its later stores (the release of a
+/// finished work item).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn fence() {
+    _mm_sfence()
+}
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn mask_first(n: usize) -> Mask {

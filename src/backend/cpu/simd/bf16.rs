@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{epilogue, exp2, exp2_nonpos_bf16, Mask, NV_MAX, V, W};
-use super::{ColSoftmax, Epi, Tile, KC};
+use super::{ColSoftmax, Epi, Tile, KC, ROW_SEG};
 
 /// Register rows of a bf16 tile: 6 x 4 vectors, as the f32 tile.
 pub const MR_MAX: usize = 6;
@@ -230,23 +230,91 @@ pub unsafe fn interleave_rows(src: *const u16, kn: usize, d: usize, dst: *mut u1
     }
 }
 
-/// `src[..n]` rounded to bf16 (nearest even) into `dst[..n]`. `dst` may be `src` itself
-/// viewed as u16: each 16-value step stores 32 bytes below the 64 it has just loaded.
+/// `dst[..n] = x[..n] * f` and `dst[n..n_dst] = 0` by non-temporal stores from the first
+/// aligned vector of `dst` on (as `avx512::scale_stream`), and `x[..n] * f` rounded to bf16
+/// (nearest even) into `pairs[..n]`: a normalized probability row written to the
+/// materialized P and, rounded, to the A operand of the bf16 PV tile. Call
+/// `avx512::store_fence` before handing `dst` over to another thread.
 ///
 /// # Safety
-/// `src` valid for `n` f32 reads, `dst` for `n` u16 writes; if they overlap, `dst` starts
-/// at `src`.
+/// `x` valid for `n` floats, `dst` for `n_dst >= n`, `pairs` for `n` u16; none overlap.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub unsafe fn round_row(src: *const f32, n: usize, dst: *mut u16) {
+pub unsafe fn scale_stream_pairs(
+    x: *const f32,
+    n: usize,
+    f: f32,
+    dst: *mut f32,
+    n_dst: usize,
+    pairs: *mut u16,
+) {
+    let fv = _mm512_set1_ps(f);
+    let head = super::stream_head(dst, W).min(n_dst);
+    let lanes = |k: usize| -> __mmask16 {
+        if k >= W {
+            u16::MAX
+        } else {
+            (1u16 << k) - 1
+        }
+    };
     let mut i = 0;
-    while i < n {
-        let k = (n - i).min(W);
-        let m: __mmask16 = if k == W { u16::MAX } else { (1u16 << k) - 1 };
-        let x = _mm512_maskz_loadu_ps(m, src.add(i));
-        let y: __m256i = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(x));
-        _mm256_mask_storeu_epi16(dst.add(i) as *mut i16, m, y);
+    while i < n_dst {
+        let k = if i < head {
+            (head - i).min(W)
+        } else {
+            W.min(n_dst - i)
+        };
+        let mx = lanes(k.min(n.saturating_sub(i)));
+        let y = _mm512_mul_ps(_mm512_maskz_loadu_ps(mx, x.add(i)), fv);
+        if i >= head && k == W {
+            _mm512_stream_ps(dst.add(i), y);
+        } else {
+            _mm512_mask_storeu_ps(dst.add(i), lanes(k), y);
+        }
+        if i < n {
+            let h: __m256i = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(y));
+            _mm256_mask_storeu_epi16(pairs.add(i) as *mut i16, mx, h);
+        }
         i += k;
     }
+}
+
+/// x = 2^(x c - mc) rounded to bf16, in place: the u16 view of `x` then begins with the n
+/// bf16 values (each 16-value step stores 32 bytes below the 64 it has just loaded). Returns the sum of the f32 values before rounding, in partial sums of at
+/// most `ROW_SEG / (4 W)` terms per lane as `avx512::exp_sum`. `mc` is the row max times c,
+/// so every exponent is <= 0 and the cheaper polynomial serves (its error is far below
+/// bf16's step, as in flash's bf16 column softmax).
+///
+/// # Safety
+/// `x` valid for `n` floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn exp_sum_round(x: *mut f32, n: usize, c: f32, mc: f32) -> f32 {
+    let (cv, mv) = (_mm512_set1_ps(c), _mm512_set1_ps(-mc));
+    let out = x as *mut u16;
+    let mut total = 0.0f32;
+    let mut s0 = 0;
+    while s0 < n {
+        let end = n.min(s0 + ROW_SEG);
+        let mut s = [_mm512_setzero_ps(); 4];
+        let mut i = s0;
+        while i < end {
+            let k = (end - i).min(W);
+            let m: __mmask16 = if k == W { u16::MAX } else { (1u16 << k) - 1 };
+            let e = exp2_nonpos_bf16(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x.add(i)), cv, mv));
+            // Masked-off lanes computed 2^(-mc) (maybe inf): keep them out of the sum.
+            let e = _mm512_maskz_mov_ps(m, e);
+            let lane = (i / W) % 4;
+            s[lane] = _mm512_add_ps(s[lane], e);
+            let h: __m256i = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e));
+            _mm256_mask_storeu_epi16(out.add(i) as *mut i16, m, h);
+            i += k;
+        }
+        total += _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(s[0], s[1]),
+            _mm512_add_ps(s[2], s[3]),
+        ));
+        s0 = end;
+    }
+    total
 }
 
 /// `iters` rounds of 12 independent `vdpbf16ps` chains: the bf16 pair multiply-add issue

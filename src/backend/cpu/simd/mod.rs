@@ -98,7 +98,7 @@ pub struct ColSoftmax {
 /// invokes `kernels!` with its `#[target_feature]` attribute (none for `portable`).
 macro_rules! kernels {
     ($mr_max:literal, $nv_max:literal, $(#[$attr:meta])*) => {
-        use $crate::backend::cpu::simd::{ColSoftmax, Epi, Tile, KC, ROW_SEG};
+        use $crate::backend::cpu::simd::{stream_head, ColSoftmax, Epi, Tile, KC, ROW_SEG};
 
         /// Register rows of a tile (MR) and vectors across (NV): MR x NV accumulators.
         pub const MR_MAX: usize = $mr_max;
@@ -437,6 +437,54 @@ macro_rules! kernels {
             }
         }
 
+        /// `dst[..n] = x[..n] * f` and `dst[n..n_dst] = 0`, by non-temporal stores from the
+        /// first vector-aligned element of `dst` on (`dst` is a large buffer that nothing
+        /// reads soon: its lines go to memory without being read first and without
+        /// displacing the caches), and `x[..n] *= f` too when `keep`. Call [`store_fence`]
+        /// before handing the result over to another thread.
+        ///
+        /// # Safety
+        /// `x` is valid for `n` floats, `dst` for `n_dst >= n`; they do not overlap.
+        $(#[$attr])*
+        pub unsafe fn scale_stream(
+            x: *mut f32,
+            n: usize,
+            f: f32,
+            dst: *mut f32,
+            n_dst: usize,
+            keep: bool,
+        ) {
+            let fv = splat(f);
+            let head = stream_head(dst, W).min(n_dst);
+            let mut i = 0;
+            while i < n_dst {
+                let k = if i < head { (head - i).min(W) } else { W.min(n_dst - i) };
+                // Lanes past x's end load 0 and store 0.
+                let mx = mask_first(k.min(n.saturating_sub(i)));
+                let p = x.add(i);
+                let y = mul(load_m(p, mx), fv);
+                if i >= head && k == W {
+                    stream(dst.add(i), y);
+                } else {
+                    store_m(dst.add(i), y, mask_first(k));
+                }
+                if keep && i < n {
+                    store_m(p, y, mx);
+                }
+                i += k;
+            }
+        }
+
+        /// Orders the calling thread's non-temporal stores ([`scale_stream`]) before its
+        /// later stores, such as the release of its finished work item.
+        ///
+        /// # Safety
+        /// The path's features are available.
+        $(#[$attr])*
+        pub unsafe fn store_fence() {
+            fence()
+        }
+
         /// `iters` rounds of 12 independent FMA chains (enough to cover the latency): the
         /// path's f32 multiply-add issue rate, for the calibrated peak. Returns a sum the
         /// caller keeps, so nothing is optimized away.
@@ -479,6 +527,14 @@ macro_rules! kernels {
     };
 }
 pub(crate) use kernels;
+
+/// Elements of `dst` before its first `lanes`-float vector that is aligned to its own size
+/// (where non-temporal vector stores can start).
+#[inline]
+pub fn stream_head(dst: *const f32, lanes: usize) -> usize {
+    let align = lanes * std::mem::size_of::<f32>();
+    (align - dst as usize % align) % align / std::mem::size_of::<f32>()
+}
 
 /// 2^x by the kernels' method on one float (range reduction x = n + f, |f| <= 1/2, the
 /// polynomial for 2 * 2^f, the exponent bits for 2^(n-1)): the portable path's lane

@@ -34,6 +34,16 @@ unsafe fn store(p: *mut f32, v: V) {
     (p as *mut V).write_unaligned(v)
 }
 
+/// A plain store: portable Rust has no non-temporal store.
+#[inline(always)]
+unsafe fn stream(p: *mut f32, v: V) {
+    store(p, v)
+}
+
+/// Nothing to order: [`stream`] is a plain store.
+#[inline(always)]
+unsafe fn fence() {}
+
 #[inline(always)]
 unsafe fn mask_first(n: usize) -> Mask {
     n.min(W)

@@ -459,3 +459,121 @@ fn packing_transposes_into_zero_padded_panels() {
         println!("note: kernel path {isa} not available on this CPU, skipped");
     }
 }
+
+#[test]
+fn streamed_rows_are_scaled_then_zero_filled_at_any_alignment() {
+    for isa in paths() {
+        // Destinations starting at every float offset of a cache line, rows shorter than,
+        // equal to and longer than a vector, with a zero tail of several lengths.
+        for offset in 0..17 {
+            for (n, tail) in [(0, 5), (1, 0), (7, 9), (16, 16), (33, 1), (100, 37)] {
+                let x0 = values(n, (offset * 131 + n) as u32);
+                let mut dst = vec![f32::NAN; offset + n + tail + 3];
+                let mut x = x0.clone();
+                scale_stream(isa, &mut x, 0.5, &mut dst[offset..offset + n + tail], true);
+                store_fence(isa);
+                for i in 0..n {
+                    assert_eq!(
+                        dst[offset + i],
+                        x0[i] * 0.5,
+                        "{isa} offset {offset} n {n} i {i}"
+                    );
+                    assert_eq!(x[i], x0[i] * 0.5, "{isa}: kept in place");
+                }
+                assert!(dst[offset + n..offset + n + tail].iter().all(|v| *v == 0.0));
+                assert!(
+                    dst[..offset].iter().all(|v| v.is_nan()),
+                    "{isa}: nothing before"
+                );
+                assert!(
+                    dst[offset + n + tail..].iter().all(|v| v.is_nan()),
+                    "{isa}: nor after"
+                );
+                // Without `keep`, x is left as it was.
+                let mut y = x0.clone();
+                scale_stream(isa, &mut y, 2.0, &mut dst[offset..offset + n + tail], false);
+                assert_eq!(y, x0);
+                if !isa.bf16_dot() {
+                    continue;
+                }
+                let mut pairs = vec![7u16; 2 * n.div_ceil(2) + 2];
+                dst.fill(f32::NAN);
+                scale_stream_pairs(
+                    isa,
+                    &x0,
+                    0.25,
+                    &mut dst[offset..offset + n + tail],
+                    &mut pairs,
+                );
+                store_fence(isa);
+                for i in 0..n {
+                    let p = x0[i] * 0.25;
+                    assert_eq!(dst[offset + i], p);
+                    assert_eq!(
+                        pairs[i],
+                        bf16::from_f32(p).to_bits(),
+                        "{isa}: rounded to nearest"
+                    );
+                }
+                if n % 2 == 1 {
+                    assert_eq!(pairs[n], 0, "an odd row ends in a zero");
+                }
+                assert_eq!(pairs[2 * n.div_ceil(2)], 7, "nothing past the pairs");
+                assert!(dst[offset + n..offset + n + tail].iter().all(|v| *v == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_row_softmax_writes_rounded_probabilities_over_the_row() {
+    for isa in paths().into_iter().filter(|i| i.bf16_dot()) {
+        for (n, visible) in [
+            (1, 1),
+            (7, 5),
+            (16, 16),
+            (33, 20),
+            (5000, 4999),
+            (9000, 9000),
+        ] {
+            let x0: Vec<f32> = values(n, n as u32).iter().map(|v| v * 30.0).collect();
+            let c = 0.7;
+            let mut row = x0.clone();
+            let (m, sum) = softmax_row_bf16(isa, &mut row, visible, c);
+            let m_ref = x0[..visible]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(m, m_ref);
+            let p: Vec<f64> = x0[..visible]
+                .iter()
+                .map(|x| 2f64.powf(*x as f64 * c as f64 - m_ref as f64 * c as f64))
+                .collect();
+            let sum_ref: f64 = p.iter().sum();
+            assert!(
+                (sum as f64 - sum_ref).abs() <= 1e-5 * sum_ref,
+                "{isa} n {n}: {sum} vs {sum_ref}"
+            );
+            let half = as_u16(&mut row);
+            for (i, want) in p.iter().enumerate() {
+                let got = bf16::from_bits(half[i]).to_f64();
+                // bf16 keeps 8 bits: half a step of relative error, plus the polynomial's.
+                assert!(
+                    (got - want).abs() <= want * (1.0 / 256.0 + 1e-5),
+                    "{isa} n {n} i {i}: {got} vs {want}"
+                );
+            }
+            assert!(
+                half[visible..2 * n.div_ceil(2)].iter().all(|h| *h == 0),
+                "{isa} n {n}: zeros"
+            );
+        }
+        // A row that sees nothing: all zeros, max -inf, sum 0.
+        let mut row = values(9, 1);
+        assert_eq!(
+            softmax_row_bf16(isa, &mut row, 0, 1.0),
+            (f32::NEG_INFINITY, 0.0)
+        );
+        assert!(as_u16(&mut row)[..10].iter().all(|h| *h == 0));
+    }
+}
