@@ -2,10 +2,10 @@
 """Combines several complete passes of the cpu_perf measurement (each a directory with
 runs.csv, samples.csv and meta.json, ours and the peers' rows alike) into one: for every
 case (every implementation the same way) the row of the pass whose median time is the median
-over the passes, with that pass's samples; the calibrated peaks are the median over the
-passes too. Why: on a shared 2-core VM the host takes a core away for minutes at a time, so
+over the passes, with that pass's samples. Why: on a shared 2-core VM the host takes a core away for minutes at a time, so
 one pass can time a 2-thread case on one core; the median over an odd number of passes
-discards such a pass for each case.
+discards such a pass for each case. The calibrated peaks are the best over the passes
+(each is already the best of a few runs: a peak is an upper estimate).
 
 Writes DIR/runs.csv, DIR/samples.csv, DIR/meta.json (the first pass's, with the combined
 calibration and a `passes` list) and DIR/passes.csv (every pass's median of every case, and
@@ -19,8 +19,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 from pathlib import Path
+
+
+# The calibration's rates (best of a few runs each), combined as the best over the passes.
+RATES = ("sgemm_gflops", "copy_gbytes_per_s", "fma_peak_gflops", "bf16_peak_gflops")
 
 
 def read_csv(path: Path):
@@ -89,15 +92,18 @@ def main():
         w.writerow(["case_id"] + [f"pass{i + 1}_median_s" for i in range(len(runs))] + ["kept_pass"])
         w.writerows(table)
 
+    # A calibrated rate is the best of its runs (an upper estimate of the sustained rate);
+    # over several passes it is the best of all their runs. A pass whose two-thread peak
+    # ran while the host held one core back would otherwise halve the peak.
     meta = dict(metas[0])
     calib = []
     for c in metas[0].get("calibration", []):
         same = [x for m in metas for x in m.get("calibration", []) if x["threads"] == c["threads"]]
         merged = dict(c)
-        for k, v in c.items():
-            if k != "threads" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                vals = [x[k] for x in same if isinstance(x.get(k), (int, float))]
-                merged[k] = statistics.median(vals)
+        for k in RATES:
+            vals = [x[k] for x in same if isinstance(x.get(k), (int, float))]
+            if vals:
+                merged[k] = max(vals)
         calib.append(merged)
     meta["calibration"] = calib
     meta["passes"] = [

@@ -61,11 +61,6 @@ impl ZipGroup {
             .map(|i| self.values.iter().map(|(a, v)| (*a, v[i])).collect())
             .collect()
     }
-
-    /// The member deepest in the expansion order: the group takes that position.
-    pub fn innermost(&self) -> Option<Axis> {
-        self.values.keys().next_back().copied()
-    }
 }
 
 /// Check and resolve `[axes]` and the zip groups; `threads` is `run.threads`.

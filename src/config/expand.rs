@@ -11,14 +11,30 @@ use crate::problem::{Case, Device, Shape};
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
 
+/// The axes in expansion order, outermost first: the fixed order of `Axis::ALL`, except that
+/// `innermost` (`run.innermost`) come last, in their order, so they turn fastest.
+pub(super) fn expansion_order(innermost: &[Axis]) -> Vec<Axis> {
+    Axis::ALL
+        .into_iter()
+        .filter(|a| !innermost.contains(a))
+        .chain(innermost.iter().copied())
+        .collect()
+}
+
+/// The member of a zip group deepest in `order`: the group takes its position.
+fn deepest(g: &ZipGroup, order: &[Axis]) -> Option<Axis> {
+    g.members()
+        .max_by_key(|m| order.iter().position(|a| a == m))
+}
+
 /// The factors in expansion order (outermost first).
-fn dims(axes: &Axes, zip: &[ZipGroup]) -> Vec<Dim> {
+fn dims(axes: &Axes, zip: &[ZipGroup], order: &[Axis]) -> Vec<Dim> {
     let mut dims = Vec::new();
-    for a in Axis::ALL {
+    for &a in order {
         if let Some(values) = axes.get(a) {
             dims.push(values.iter().map(|v| vec![(a, *v)]).collect());
         }
-        for g in zip.iter().filter(|g| g.innermost() == Some(a)) {
+        for g in zip.iter().filter(|g| deepest(g, order) == Some(a)) {
             dims.push(g.points());
         }
     }
@@ -26,8 +42,14 @@ fn dims(axes: &Axes, zip: &[ZipGroup]) -> Vec<Dim> {
 }
 
 /// Every case of the grid, in expansion order, without duplicates (first kept).
-pub(super) fn expand(axes: &Axes, zip: &[ZipGroup], seed: u64, threads: usize) -> Vec<Case> {
-    let dims = dims(axes, zip);
+pub(super) fn expand(
+    axes: &Axes,
+    zip: &[ZipGroup],
+    seed: u64,
+    threads: usize,
+    innermost: &[Axis],
+) -> Vec<Case> {
+    let dims = dims(axes, zip, &expansion_order(innermost));
     if dims.iter().any(Vec::is_empty) {
         return Vec::new();
     }
@@ -174,7 +196,12 @@ fn build(
 
 /// (axis, values as shown) in expansion order; a zip group is one row named `zip(a, b)`
 /// whose values are the tuples; derived axes show their rule.
-pub(super) fn grid_summary(axes: &Axes, zip: &[ZipGroup], threads: usize) -> Vec<(String, String)> {
+pub(super) fn grid_summary(
+    axes: &Axes,
+    zip: &[ZipGroup],
+    threads: usize,
+    innermost: &[Axis],
+) -> Vec<(String, String)> {
     let join = |v: &[AxisValue]| {
         v.iter()
             .map(ToString::to_string)
@@ -182,7 +209,8 @@ pub(super) fn grid_summary(axes: &Axes, zip: &[ZipGroup], threads: usize) -> Vec
             .join(", ")
     };
     let mut rows = Vec::new();
-    for a in Axis::ALL {
+    let order = expansion_order(innermost);
+    for &a in &order {
         if let Some(values) = axes.get(a) {
             rows.push((a.name().to_string(), join(values)));
         } else if let (false, AxisDefault::Derived(rule)) =
@@ -190,7 +218,7 @@ pub(super) fn grid_summary(axes: &Axes, zip: &[ZipGroup], threads: usize) -> Vec
         {
             rows.push((a.name().to_string(), rule.to_string()));
         }
-        for g in zip.iter().filter(|g| g.innermost() == Some(a)) {
+        for g in zip.iter().filter(|g| deepest(g, &order) == Some(a)) {
             let names: Vec<&str> = g.members().map(Axis::name).collect();
             let tuples: Vec<String> = g
                 .points()

@@ -94,12 +94,18 @@ impl Config {
     /// The cartesian product of the axes (each zip group one axis), as cases in expansion
     /// order (variant outermost, seq_len innermost), duplicates after normalization dropped.
     pub fn expand(&self) -> Vec<Case> {
-        expand::expand(&self.axes, &self.zip, self.run.seed, self.run.threads)
+        expand::expand(
+            &self.axes,
+            &self.zip,
+            self.run.seed,
+            self.run.threads,
+            &self.run.innermost,
+        )
     }
 
     /// (axis name, values as shown) for `--dry-run`.
     pub fn grid_summary(&self) -> Vec<(String, String)> {
-        expand::grid_summary(&self.axes, &self.zip, self.run.threads)
+        expand::grid_summary(&self.axes, &self.zip, self.run.threads, &self.run.innermost)
     }
 }
 

@@ -38,10 +38,15 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
                     RUN_KEYS.join(", ")
                 )));
             }
-            let v = if k == "name" || k == "diff_against" {
-                Value::String(value.to_string())
-            } else {
-                item(value)
+            let v = match k {
+                "name" | "diff_against" => Value::String(value.to_string()),
+                "innermost" => Value::Array(
+                    value
+                        .split(',')
+                        .map(|a| Value::String(a.trim().to_string()))
+                        .collect(),
+                ),
+                _ => item(value),
             };
             section(table, "run")
                 .map_err(usage)?

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use toml::Value;
 
+use super::axis::Axis;
 use super::schema::RawRun;
 use super::size::ByteSize;
 use super::source::{Section, Source};
@@ -53,6 +54,10 @@ pub struct RunConfig {
     pub cold: bool,
     /// CUDA cases: f32 GEMMs (naive, rabe-staats) on TF32 tensor cores instead of FP32.
     pub tf32: bool,
+    /// Axes that turn fastest in the expansion, the last fastest (default: none, the fixed
+    /// order). Cases that differ only in these run back to back, so comparing them is not
+    /// spread over the machine's slow drifts (1 vs 2 threads, or one algorithm vs another).
+    pub innermost: Vec<Axis>,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -92,6 +97,7 @@ impl RunConfig {
             model_layers: None,
             cold: false,
             tf32: false,
+            innermost: Vec::new(),
         }
     }
 }
@@ -168,6 +174,42 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     if model_layers == Some(0) {
         return Err(f.err("model_layers", "must be at least 1"));
     }
+    let innermost = match &raw.innermost {
+        None => Vec::new(),
+        Some(Value::Array(items)) => {
+            let mut axes = Vec::new();
+            for item in items {
+                let axis = match item {
+                    Value::String(s) => Axis::from_name(s),
+                    _ => None,
+                };
+                let Some(axis) = axis else {
+                    return Err(f.err(
+                        "innermost",
+                        format!(
+                            "expected axis names ({}), got {}",
+                            Axis::names().join(", "),
+                            show(item)
+                        ),
+                    ));
+                };
+                if axes.contains(&axis) {
+                    return Err(f.err("innermost", format!("`{}` is named twice", axis.name())));
+                }
+                axes.push(axis);
+            }
+            axes
+        }
+        Some(v) => {
+            return Err(f.err(
+                "innermost",
+                format!(
+                    "expected a list of axis names, e.g. [\"threads\"], got {}",
+                    show(v)
+                ),
+            ))
+        }
+    };
     let memory_budget = raw
         .memory_budget
         .as_ref()
@@ -220,6 +262,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         model_layers,
         cold,
         tf32,
+        innermost,
     })
 }
 

@@ -62,6 +62,7 @@ pub(super) struct RawRun {
     pub model_layers: Option<Value>,
     pub cold: Option<Value>,
     pub tf32: Option<Value>,
+    pub innermost: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -75,7 +76,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 18] = [
+pub(super) const RUN_KEYS: [&str; 19] = [
     "name",
     "seed",
     "warmup",
@@ -94,6 +95,7 @@ pub(super) const RUN_KEYS: [&str; 18] = [
     "model_layers",
     "cold",
     "tf32",
+    "innermost",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

@@ -647,3 +647,60 @@ fn new_axes_and_model_keys_are_checked_and_named() {
     assert_eq!(m.topology.inter.beta_bytes_per_s, 25e9);
     assert!(load(MIN, &["model.check=1"]).is_err());
 }
+
+#[test]
+fn innermost_axes_turn_fastest_in_their_order() {
+    let text = "[run]\nname = \"t\"\ninnermost = [\"threads\", \"variant\"]\n[axes]\n\
+                variant = [\"naive\", \"flash\"]\nthreads = [1, 2]\nseq_len = [64, 128]\n";
+    let key = |k: &crate::problem::Case| (k.shape.seq_q, k.threads, k.variant.name());
+    let got: Vec<_> = cfg(text).expand().iter().map(key).collect();
+    assert_eq!(
+        got,
+        [
+            (64, 1, "naive"),
+            (64, 1, "flash"),
+            (64, 2, "naive"),
+            (64, 2, "flash"),
+            (128, 1, "naive"),
+            (128, 1, "flash"),
+            (128, 2, "naive"),
+            (128, 2, "flash"),
+        ]
+    );
+    // Without it, the fixed order: variant outermost, seq_len fastest.
+    let plain = text.replace("innermost = [\"threads\", \"variant\"]\n", "");
+    let first: Vec<_> = cfg(&plain).expand().iter().take(2).map(key).collect();
+    assert_eq!(first, [(64, 1, "naive"), (128, 1, "naive")]);
+    // The same from the command line; the dry-run grid lists the axes in this order.
+    let c = load(&plain, &["run.innermost=threads,variant"]).unwrap();
+    assert_eq!(c.expand().iter().map(key).collect::<Vec<_>>(), got);
+    let rows = c.grid_summary();
+    let names: Vec<&str> = rows.iter().rev().take(2).map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["variant", "threads"]);
+}
+
+#[test]
+fn a_zip_group_with_an_innermost_member_turns_with_it() {
+    let text = "[run]\nname = \"t\"\ninnermost = [\"batch\"]\n[axes]\nvariant = \"naive\"\n\
+                seq_len = [64, 128]\n[[zip]]\nbatch = [1, 2]\nheads = [4, 2]\n";
+    let got: Vec<_> = cfg(text)
+        .expand()
+        .iter()
+        .map(|k| (k.shape.seq_q, k.shape.batch, k.shape.heads))
+        .collect();
+    assert_eq!(got, [(64, 1, 4), (64, 2, 2), (128, 1, 4), (128, 2, 2)]);
+}
+
+#[test]
+fn innermost_must_name_each_axis_once() {
+    let base = "[run]\nname = \"t\"\ninnermost = X\n[axes]\nvariant = \"naive\"\nseq_len = 64\n";
+    for (value, want) in [
+        ("[\"threads\", \"speed\"]", "expected axis names"),
+        ("[\"threads\", \"threads\"]", "`threads` is named twice"),
+        ("\"threads\"", "expected a list of axis names"),
+        ("[3]", "expected axis names"),
+    ] {
+        let msg = config_err(&base.replace('X', value), &[]);
+        assert!(msg.contains(want), "{value}: {msg}");
+    }
+}

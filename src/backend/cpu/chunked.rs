@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use super::isa::Isa;
-use super::sched::{team, Blocks, Windows};
+use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
     as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
@@ -73,15 +73,17 @@ fn panel_floats(d: usize, path: Path) -> usize {
 /// value is written before it is read); `exact` when the output feeds the backward (bf16 P
 /// is then not rounded for PV).
 ///
-/// Query chunks run one at a time (heads in order), shared by all workers in one parallel
-/// region (`sched::team`): for each key chunk the query chunk sees, the workers pack the
-/// panels of K_j^T (and V_j) it needs that are not packed yet, then take the chunk's 64-row
-/// strips (`STRIP`), the most expensive first; with the last key chunk a strip also combines
-/// its rows' summaries into the output. A chunk thus splits into q_c/64 balanced items
-/// whatever the number of heads and chunks, so one head with n = q_c keeps every core busy.
-/// The key chunks of consecutive query chunks run in alternating order, so a packed key
-/// chunk is reused by the next query chunk (with one key chunk, K and V are packed once per
-/// head, and under a causal mask each key is packed once, when it first becomes visible).
+/// Query chunks are cut into 64-row strips (`STRIP`), shared by all workers in one parallel
+/// region (`sched::team`). With several key chunks, query chunks run one at a time (heads
+/// in order): for each key chunk the query chunk sees, the workers pack the panels of
+/// K_j^T (and V_j) not packed yet, then take the chunk's strips, the most expensive first;
+/// with the last key chunk a strip also combines its rows' summaries into the output.
+/// Consecutive query chunks visit the key chunks in alternating order, so a packed key
+/// chunk is reused. With one key chunk (n_kv <= k_c) every strip is summarized and combined
+/// in one item, so after K and V are packed (once per head) all strips of all the head's
+/// query chunks form one phase, each worker computing in its own strip slot of the chunk
+/// buffer: no barrier between query chunks, where a worker the machine holds back would
+/// keep the others waiting.
 pub fn forward_chunked(
     inputs: &Inputs,
     causal: bool,
@@ -100,34 +102,76 @@ pub fn forward_chunked(
     // (`exact`); else PV in f32 on a widened V_j.
     let bf16_pv = path == Path::Bf16Dot && !exact && d.is_multiple_of(LANES_MAX);
     let [qw, kt, vw, sc, values, stats] = carve(buf, chunked_lens(&s, qc, kc, path));
+    // One phase per head: one key chunk, strips aligned across query chunks, a strip slot
+    // for every worker, and a bounded count of output blocks to hand out.
+    let slots = qc.div_ceil(STRIP);
+    let one_phase = nkc == 1
+        && qc.is_multiple_of(STRIP)
+        && rayon::current_num_threads() <= slots
+        && nq.div_ceil(STRIP) <= MAX_PHASE_STRIPS;
     let npanels = kc.div_ceil(PANEL);
-    let kt = Blocks::new(kt, npanels, panel_floats(d, path), 1);
     // V_j as bf16 pairs takes half a widened panel's floats.
     let v_panel = if bf16_pv { PANEL * d / 2 } else { PANEL * d };
-    let vw = Blocks::new(vw, npanels, v_panel, 1);
-    let qw = Blocks::new(qw, qc, d, STRIP);
-    let sc = Blocks::new(sc, qc, kc, STRIP);
-    // Per row, the exp-values, and the (max, weight sum), of every key chunk: a strip's
-    // summaries are a block of each that its item owns.
-    let values = Blocks::new(values, qc, nkc * d, STRIP);
-    let stats = Blocks::new(stats, qc, nkc * 2, STRIP);
-    let outs = Windows::new(out, d, STRIP, qc);
-    let (q16, k16, v16) = (
-        bf16_bits(&inputs.q).unwrap_or_default(),
-        bf16_bits(&inputs.k).unwrap_or_default(),
-        bf16_bits(&inputs.v).unwrap_or_default(),
-    );
-    let scale = s.scale();
+    let c = Chunked {
+        inputs,
+        causal,
+        isa,
+        path,
+        bf16_pv,
+        scale: s.scale(),
+        kc,
+        nkc,
+        q16: bf16_bits(&inputs.q).unwrap_or_default(),
+        k16: bf16_bits(&inputs.k).unwrap_or_default(),
+        v16: bf16_bits(&inputs.v).unwrap_or_default(),
+        kt: Blocks::new(kt, npanels, panel_floats(d, path), 1),
+        vw: Blocks::new(vw, npanels, v_panel, 1),
+        qw: Blocks::new(qw, qc, d, STRIP),
+        sc: Blocks::new(sc, qc, kc, STRIP),
+        // Per row, the exp-values, and the (max, weight sum), of every key chunk: a
+        // strip's summaries are a block of each that its item owns.
+        values: Blocks::new(values, qc, nkc * d, STRIP),
+        stats: Blocks::new(stats, qc, nkc * 2, STRIP),
+        outs: Windows::new(out, d, STRIP, if one_phase { nq } else { qc }),
+    };
     team(|team| {
         // Which key chunk kt/vw hold (its offset in K) and how many of its keys; every
         // worker follows the same sequence, so all agree.
         let mut packed: Option<(usize, usize)> = None;
         for head in 0..s.batch * s.heads {
-            let (b, h) = (head / s.heads, head % s.heads);
-            let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+            if one_phase {
+                // Keys the head's last query row sees: every row sees a prefix of them.
+                let kn = s.visible_keys(causal, nq - 1).min(nkv);
+                c.pack(team, &mut packed, head, 0, kn);
+                let strips = nq.div_ceil(STRIP);
+                team.for_each(strips, |ph, i| {
+                    // Causal: the strips that see the most keys first, so the last ones
+                    // handed out are the cheapest.
+                    let g = if causal { strips - 1 - i } else { i };
+                    let (qi, si) = (g * STRIP / qc, g * STRIP % qc / STRIP);
+                    let row0 = qi * qc;
+                    let rows = qc.min(nq - row0);
+                    let visible = s.visible_keys(causal, row0 + rows - 1).min(nkv);
+                    c.strip(
+                        ph,
+                        Job {
+                            head,
+                            row0,
+                            rows,
+                            si,
+                            j: 0,
+                            kn: kn.min(visible),
+                            chunks: usize::from(visible > 0),
+                            last: true,
+                            slot: Slot::Worker,
+                            window: (head * nq, nq),
+                        },
+                    );
+                });
+                continue;
+            }
             for (qi, row0) in (0..nq).step_by(qc).enumerate() {
                 let rows = qc.min(nq - row0);
-                let strips = rows.div_ceil(STRIP);
                 // Key chunks from the last one any row of the query chunk sees are skipped
                 // (their summaries would be empty).
                 let last_visible = s.visible_keys(causal, row0 + rows - 1).min(nkv);
@@ -140,101 +184,198 @@ pub fn forward_chunked(
                     };
                     let k0 = j * kc;
                     let kn = kc.min(nkv - k0).min(last_visible.saturating_sub(k0));
-                    let kv_at = kv_off + k0 * d;
-                    let have = match packed {
-                        Some((at, keys)) if at == kv_at => keys,
-                        _ => 0,
-                    };
-                    if have < kn {
-                        // A partly packed last panel is packed again, whole.
-                        let first = have / PANEL;
-                        team.for_each(kn.div_ceil(PANEL) - first, |ph, i| {
-                            let pi = first + i;
-                            let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
-                            let kp = kt.take_in(ph, 0, pi);
-                            match path {
-                                Path::Bf16Dot => {
-                                    pack_pairs_t(&k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
-                                }
-                                _ => pack_t(&inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
-                            }
-                            // f32 V is read in place.
-                            if bf16_pv {
-                                let v = &v16[kv_at + j0 * d..][..jn * d];
-                                interleave_rows(isa, v, jn, d, as_u16(vw.take_in(ph, 0, pi)));
-                            } else if path != Path::F32 {
-                                let vp = &mut vw.take_in(ph, 0, pi)[..jn * d];
-                                inputs.v.copy_to_f32(kv_at + j0 * d, vp);
-                            }
-                        });
-                        packed = Some((kv_at, kn));
-                    }
-                    let last = step + 1 == chunks.max(1);
+                    c.pack(team, &mut packed, head, j, kn);
+                    let strips = rows.div_ceil(STRIP);
                     team.for_each(strips, |ph, i| {
-                        // Causal: the strips that see the most keys first, so the last ones
-                        // handed out are the cheapest.
                         let si = if causal { strips - 1 - i } else { i };
-                        let r0 = si * STRIP;
-                        let sr = STRIP.min(rows - r0);
-                        let visible = |r: usize| {
-                            s.visible_keys(causal, row0 + r0 + r)
-                                .saturating_sub(k0)
-                                .min(kn)
-                        };
-                        let mut sums = Sums {
-                            values: values.take_in(ph, 0, si),
-                            stats: stats.take_in(ph, 0, si),
-                            chunks: nkc,
-                            d,
-                        };
-                        if kn > 0 {
-                            let q = match path {
-                                Path::Bf16Dot => {
-                                    Query::Pairs(&q16[q_off + (row0 + r0) * d..][..sr * d])
-                                }
-                                // f32 queries are read in place, others widened.
-                                Path::F32 => Query::F32(inputs.q.rows_f32(
-                                    q_off + (row0 + r0) * d,
-                                    sr * d,
-                                    &mut [],
-                                )),
-                                Path::Widen => {
-                                    let w = qw.take_in(ph, 0, si);
-                                    let at = q_off + (row0 + r0) * d;
-                                    Query::F32(inputs.q.rows_f32(at, sr * d, w))
-                                }
-                            };
-                            let k = kt.view_in(ph);
-                            let strip = Strip {
-                                isa,
-                                d,
+                        c.strip(
+                            ph,
+                            Job {
+                                head,
+                                row0,
+                                rows,
+                                si,
+                                j,
                                 kn,
-                                scale,
-                                q,
-                                k: match path {
-                                    Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
-                                    _ => KeyChunk::F32(k),
-                                },
-                                v: match inputs.v.as_f32() {
-                                    Some(v) => Values::F32(&v[kv_at..][..kn * d]),
-                                    None if bf16_pv => Values::Pairs(as_u16_ref(vw.view_in(ph))),
-                                    None => Values::F32(&vw.view_in(ph)[..kn * d]),
-                                },
-                            };
-                            let p = &mut sc.take_in(ph, 0, si)[..sr * kn];
-                            strip.summarize(visible, p, &mut sums, j);
-                        }
-                        if last {
-                            let o = outs.take_in(ph, head * nq + row0, rows, si);
-                            for (r, o_r) in o.chunks_mut(d).enumerate() {
-                                sums.combine_row(r, chunks, o_r);
-                            }
-                        }
+                                chunks,
+                                last: step + 1 == chunks.max(1),
+                                slot: Slot::Strip,
+                                window: (head * nq + row0, rows),
+                            },
+                        );
                     });
                 }
             }
         }
     });
+}
+
+/// Most strips of one head that one phase hands out (`forward_chunked`): the output's
+/// per-block bookkeeping stays within 32 KiB.
+const MAX_PHASE_STRIPS: usize = 4096;
+
+/// The shared state of one `forward_chunked` call: the inputs, the operand tiles and the
+/// chunk buffer's parts, each handed out per phase.
+struct Chunked<'a> {
+    inputs: &'a Inputs,
+    causal: bool,
+    isa: Isa,
+    path: Path,
+    bf16_pv: bool,
+    scale: f32,
+    kc: usize,
+    nkc: usize,
+    q16: &'a [u16],
+    k16: &'a [u16],
+    v16: &'a [u16],
+    kt: Blocks<'a>,
+    vw: Blocks<'a>,
+    qw: Blocks<'a>,
+    sc: Blocks<'a>,
+    values: Blocks<'a>,
+    stats: Blocks<'a>,
+    outs: Windows<'a>,
+}
+
+/// Which strip slot of the chunk buffer an item computes in: its strip's own (several key
+/// chunks: the summaries stay there between phases), or its worker's (one key chunk).
+#[derive(Clone, Copy)]
+enum Slot {
+    Strip,
+    Worker,
+}
+
+/// One strip of a query chunk against key chunk `j` (its first `kn` keys visible to the
+/// query chunk); `last`: the last key chunk of `chunks` the query chunk sees, after which
+/// the strip's rows are combined into the output rows `window.0 + ...` (the phase's window
+/// of `window.1` rows).
+struct Job {
+    head: usize,
+    row0: usize,
+    rows: usize,
+    si: usize,
+    j: usize,
+    kn: usize,
+    chunks: usize,
+    last: bool,
+    slot: Slot,
+    window: (usize, usize),
+}
+
+/// The block of `blocks` an item of `phase` computes in (see [`Slot`]).
+fn slot<'p>(blocks: &'p Blocks, phase: &'p Phase, slot: Slot, si: usize) -> &'p mut [f32] {
+    match slot {
+        Slot::Strip => blocks.take_in(phase, 0, si),
+        Slot::Worker => blocks.take_own(phase),
+    }
+}
+
+impl Chunked<'_> {
+    /// Packs K_j^T (and V_j unless it is read in place) of head `head` up to key `kn`, as a
+    /// phase of its own, unless those panels are packed already.
+    fn pack(
+        &self,
+        team: &Member,
+        packed: &mut Option<(usize, usize)>,
+        head: usize,
+        j: usize,
+        kn: usize,
+    ) {
+        let s = &self.inputs.shape;
+        let d = s.head_dim;
+        let kv_at = s.kv_head_offset(head / s.heads, head % s.heads) + j * self.kc * d;
+        let have = match *packed {
+            Some((at, keys)) if at == kv_at => keys,
+            _ => 0,
+        };
+        if have >= kn {
+            return;
+        }
+        // A partly packed last panel is packed again, whole.
+        let first = have / PANEL;
+        let (path, isa) = (self.path, self.isa);
+        team.for_each(kn.div_ceil(PANEL) - first, |ph, i| {
+            let pi = first + i;
+            let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
+            let kp = self.kt.take_in(ph, 0, pi);
+            match path {
+                Path::Bf16Dot => {
+                    pack_pairs_t(&self.k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
+                }
+                _ => pack_t(&self.inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
+            }
+            // f32 V is read in place.
+            if self.bf16_pv {
+                let v = &self.v16[kv_at + j0 * d..][..jn * d];
+                interleave_rows(isa, v, jn, d, as_u16(self.vw.take_in(ph, 0, pi)));
+            } else if path != Path::F32 {
+                let vp = &mut self.vw.take_in(ph, 0, pi)[..jn * d];
+                self.inputs.v.copy_to_f32(kv_at + j0 * d, vp);
+            }
+        });
+        *packed = Some((kv_at, kn));
+    }
+
+    /// One strip item: its summaries of key chunk `job.j` and, with the last key chunk, its
+    /// output rows.
+    fn strip(&self, ph: &Phase, job: Job) {
+        let s = &self.inputs.shape;
+        let (d, isa) = (s.head_dim, self.isa);
+        let (b, h) = (job.head / s.heads, job.head % s.heads);
+        let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+        let (k0, kn) = (job.j * self.kc, job.kn);
+        let kv_at = kv_off + k0 * d;
+        let r0 = job.si * STRIP;
+        let sr = STRIP.min(job.rows - r0);
+        let take = |blocks| slot(blocks, ph, job.slot, job.si);
+        let mut sums = Sums {
+            values: take(&self.values),
+            stats: take(&self.stats),
+            chunks: self.nkc,
+            d,
+        };
+        if kn > 0 {
+            let at = q_off + (job.row0 + r0) * d;
+            let q = match self.path {
+                Path::Bf16Dot => Query::Pairs(&self.q16[at..][..sr * d]),
+                // f32 queries are read in place, others widened.
+                Path::F32 => Query::F32(self.inputs.q.rows_f32(at, sr * d, &mut [])),
+                Path::Widen => Query::F32(self.inputs.q.rows_f32(at, sr * d, take(&self.qw))),
+            };
+            let k = self.kt.view_in(ph);
+            let strip = Strip {
+                isa,
+                d,
+                kn,
+                scale: self.scale,
+                q,
+                k: match self.path {
+                    Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
+                    _ => KeyChunk::F32(k),
+                },
+                v: match self.inputs.v.as_f32() {
+                    Some(v) => Values::F32(&v[kv_at..][..kn * d]),
+                    None if self.bf16_pv => Values::Pairs(as_u16_ref(self.vw.view_in(ph))),
+                    None => Values::F32(&self.vw.view_in(ph)[..kn * d]),
+                },
+            };
+            let visible = |r: usize| {
+                s.visible_keys(self.causal, job.row0 + r0 + r)
+                    .saturating_sub(k0)
+                    .min(kn)
+            };
+            let p = &mut take(&self.sc)[..sr * kn];
+            strip.summarize(visible, p, &mut sums, job.j);
+        }
+        if job.last {
+            let (w0, wrows) = job.window;
+            let blk = (job.head * s.seq_q + job.row0 + r0 - w0) / STRIP;
+            let o = self.outs.take_in(ph, w0, wrows, blk);
+            for (r, o_r) in o.chunks_mut(d).enumerate() {
+                sums.combine_row(r, job.chunks, o_r);
+            }
+        }
+    }
 }
 
 /// The query strip as the QK^T tile reads it: f32 rows, or bf16 pairs for `vdpbf16ps`.
@@ -489,10 +630,16 @@ mod tests {
     /// path, mask and dtype, with several query and key chunks (partial ones included).
     #[test]
     fn a_buffer_of_any_contents_gives_the_same_output() {
+        // Several key chunks (a phase per query and key chunk); query chunks that are no
+        // multiple of a strip; and one key chunk with three strip slots for the three
+        // workers (one phase per head), a partial last query chunk, and more queries than
+        // keys (causal rows that see nothing).
         for (nq, nkv, d, qc, kc) in [
             (200, 150, 16, 64, 64),
             (70, 100, 12, 32, 40),
             (9, 200, 32, 4, 128),
+            (400, 150, 16, 192, 256),
+            (130, 130, 32, 192, 256),
         ] {
             let shape = Shape {
                 batch: 2,
@@ -507,13 +654,13 @@ mod tests {
                 for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                     for causal in [false, true] {
                         for exact in [false, true] {
-                            let run = |fill: f32| {
+                            let run = |fill: f32, threads: usize| {
                                 let path = Path::of(dtype, isa, d);
                                 let mut buf =
                                     vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
                                 let mut out = vec![fill; shape.out_len()];
                                 rayon::ThreadPoolBuilder::new()
-                                    .num_threads(3)
+                                    .num_threads(threads)
                                     .build()
                                     .unwrap()
                                     .install(|| {
@@ -532,9 +679,12 @@ mod tests {
                             let what = format!(
                                 "{dtype} {isa} causal {causal} exact {exact} {nq}x{nkv}x{d}"
                             );
-                            let (o0, o1) = (run(0.0), run(f32::NAN));
+                            let (o0, o1) = (run(0.0, 3), run(f32::NAN, 3));
                             assert!(o1.iter().all(|x| x.is_finite()), "{what}");
                             assert_eq!(o0, o1, "{what}");
+                            // Four workers for three strip slots take the phase-per-query-
+                            // chunk schedule: the same sums in the same order.
+                            assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
                         }
                     }
                 }

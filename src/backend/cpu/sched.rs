@@ -16,6 +16,7 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 
 use rayon::prelude::*;
 
@@ -64,9 +65,10 @@ pub fn for_each_item_with<S: Default>(
     });
 }
 
-/// Spins before a waiting worker starts yielding its core (a barrier's usual wait is the
-/// other workers' last item, microseconds).
-const SPINS_BEFORE_YIELD: usize = 1 << 14;
+/// How long a worker spins at a barrier before it sleeps: a barrier's usual wait is the
+/// other workers' last item, but a worker the machine has descheduled can take
+/// milliseconds, and a spinning vCPU would keep its core from whatever runs it.
+const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// The shared state of a parallel region ([`team`]).
 struct TeamState {
@@ -78,19 +80,67 @@ struct TeamState {
     generation: AtomicUsize,
     /// Set when a worker panicked, so the others leave their barriers instead of waiting.
     poisoned: AtomicBool,
+    /// Workers sleeping at a barrier wait on `wake` under `lock`.
+    lock: Mutex<()>,
+    wake: Condvar,
+    sleepers: AtomicUsize,
+}
+
+impl TeamState {
+    /// Wakes the sleeping workers (after `generation` or `poisoned` changed).
+    fn wake_all(&self) {
+        // Under the lock: a worker that checked the state under it and is about to wait
+        // cannot miss this notification.
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake.notify_all();
+        }
+    }
+
+    /// Waits until `generation` moves past `seen`: spinning first, then sleeping.
+    fn wait(&self, seen: usize) {
+        let open = || self.generation.load(Ordering::Acquire) != seen;
+        let check_poison = || {
+            if self.poisoned.load(Ordering::Acquire) {
+                panic!("another worker of the parallel region panicked");
+            }
+        };
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        while !open() {
+            check_poison();
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && start.elapsed() > SPIN_BEFORE_SLEEP {
+                let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.sleepers.fetch_add(1, Ordering::AcqRel);
+                while !open() && !self.poisoned.load(Ordering::Acquire) {
+                    g = self.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                self.sleepers.fetch_sub(1, Ordering::AcqRel);
+                drop(g);
+                check_poison();
+                return;
+            }
+        }
+    }
 }
 
 /// One worker's handle in a parallel region: every worker calls the same sequence of
 /// [`Member::for_each`] (the phases), so they agree on the phase numbers.
 pub struct Member<'t> {
     team: &'t TeamState,
+    index: usize,
     phase: Cell<usize>,
 }
 
-/// The phase an item runs in: buffers handed out per phase ([`Blocks::take_in`]) borrow
-/// it, so nothing an item takes outlives the item.
+/// The phase an item runs in, and which worker runs it: buffers handed out per phase
+/// ([`Blocks::take_in`]) or per item ([`Blocks::take_own`]) borrow it, so nothing an item
+/// takes outlives the item.
 pub struct Phase {
     id: usize,
+    worker: usize,
+    item: usize,
 }
 
 /// Runs `f` once on every thread of the current pool, all at the same time (a parallel
@@ -105,14 +155,19 @@ pub fn team(f: impl Fn(&Member) + Sync) {
         arrived: AtomicUsize::new(0),
         generation: AtomicUsize::new(0),
         poisoned: AtomicBool::new(false),
+        lock: Mutex::new(()),
+        wake: Condvar::new(),
+        sleepers: AtomicUsize::new(0),
     };
-    rayon::broadcast(|_| {
+    rayon::broadcast(|ctx| {
         let member = Member {
             team: &state,
+            index: ctx.index(),
             phase: Cell::new(0),
         };
         if let Err(e) = catch_unwind(AssertUnwindSafe(|| f(&member))) {
             state.poisoned.store(true, Ordering::Release);
+            state.wake_all();
             resume_unwind(e);
         }
     });
@@ -127,12 +182,16 @@ impl Member<'_> {
         self.phase.set(id + 1);
         let t = self.team;
         let next = &t.next[id % 2];
-        let phase = Phase { id };
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= n {
                 break;
             }
+            let phase = Phase {
+                id,
+                worker: self.index,
+                item: i,
+            };
             f(&phase, i);
         }
         // Barrier. Arriving releases this worker's writes; the last to arrive resets the
@@ -142,20 +201,10 @@ impl Member<'_> {
             t.arrived.store(0, Ordering::Relaxed);
             next.store(0, Ordering::Relaxed);
             t.generation.store(generation + 1, Ordering::Release);
+            t.wake_all();
             return;
         }
-        let mut spins = 0;
-        while t.generation.load(Ordering::Acquire) == generation {
-            if t.poisoned.load(Ordering::Acquire) {
-                panic!("another worker of the parallel region panicked");
-            }
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        t.wait(generation);
     }
 }
 
@@ -168,14 +217,21 @@ pub struct Blocks<'a> {
     width: usize,
     block: usize,
     per_head: usize,
-    /// Per block: 0 if never taken, [`TAKEN_FOR_GOOD`] after `take`, else 1 + the id of
-    /// the last phase that took it.
+    /// Per block: 0 if never taken, [`TAKEN_FOR_GOOD`] after `take`, 1 + the id of the
+    /// last phase that took it by `take_in`, or that in the high half and 1 + the item in
+    /// the low half after `take_own`.
     taken: Vec<AtomicUsize>,
     _buf: PhantomData<&'a mut [f32]>,
 }
 
 /// `Blocks::taken` of a block handed out by `take` (outside any phase).
 const TAKEN_FOR_GOOD: usize = usize::MAX;
+
+/// Whether a block whose `taken` is `flag` was handed out in `phase`: by `take_in` (flag
+/// 1 + phase id) or to one of its items by `take_own` (the same in the flag's high half).
+fn taken_in(flag: usize, phase: &Phase) -> bool {
+    flag != TAKEN_FOR_GOOD && (flag == phase.id + 1 || flag >> 32 == phase.id + 1)
+}
 
 // SAFETY: `Blocks` only hands out disjoint sub-slices of the buffer it borrows mutably, each
 // at most once (the `taken` flags), so sharing it between threads cannot create aliasing
@@ -222,7 +278,7 @@ impl<'a> Blocks<'a> {
         let index = self.index(head, blk);
         let prev = self.taken[index].swap(phase.id + 1, Ordering::AcqRel);
         assert!(
-            prev != phase.id + 1 && prev != TAKEN_FOR_GOOD,
+            !taken_in(prev, phase) && prev != TAKEN_FOR_GOOD,
             "block ({head}, {blk}) handed out twice in phase {}",
             phase.id
         );
@@ -232,6 +288,26 @@ impl<'a> Blocks<'a> {
         unsafe { self.slice(head, blk) }
     }
 
+    /// Block `worker` (of head 0) for the item of `phase` that runs on that worker: a
+    /// worker's own slot, which each of its items may take once.
+    // As `take_in`: exclusivity is the per-item stamp (one worker runs one item at a time).
+    #[allow(clippy::mut_from_ref)]
+    pub fn take_own<'p>(&'p self, phase: &'p Phase) -> &'p mut [f32] {
+        let index = self.index(0, phase.worker);
+        let stamp = ((phase.id + 1) << 32) | (phase.item + 1);
+        let prev = self.taken[index].swap(stamp, Ordering::AcqRel);
+        assert!(
+            prev != stamp && prev != phase.id + 1 && prev != TAKEN_FOR_GOOD,
+            "worker {}'s block handed out twice in one item, or also by take_in, in phase {}",
+            phase.worker,
+            phase.id
+        );
+        // SAFETY: in bounds (`index`); block `worker` is taken only by that worker's items
+        // (`take_in` in the same phase would have left `phase.id + 1`, checked), once per
+        // item (the stamp), and each item's borrow ends with the item (`'p`).
+        unsafe { self.slice(0, phase.worker) }
+    }
+
     /// The whole buffer to read in `phase`, which takes none of its blocks: what earlier
     /// phases wrote (packed operand tiles, shared by every item of the phase). Panics if a
     /// block was taken in this phase before.
@@ -239,7 +315,7 @@ impl<'a> Blocks<'a> {
         assert!(
             self.taken
                 .iter()
-                .all(|t| t.load(Ordering::Acquire) != phase.id + 1),
+                .all(|t| !taken_in(t.load(Ordering::Acquire), phase)),
             "buffer viewed in phase {} that writes it",
             phase.id
         );

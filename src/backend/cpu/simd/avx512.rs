@@ -11,7 +11,7 @@ pub const W: usize = 16;
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn zero() -> V {
+pub(crate) unsafe fn zero() -> V {
     _mm512_setzero_ps()
 }
 
@@ -29,13 +29,13 @@ unsafe fn bcast(p: *const f32) -> V {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load(p: *const f32) -> V {
+pub(crate) unsafe fn load(p: *const f32) -> V {
     _mm512_loadu_ps(p)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn store(p: *mut f32, v: V) {
+pub(crate) unsafe fn store(p: *mut f32, v: V) {
     _mm512_storeu_ps(p, v)
 }
 
@@ -67,13 +67,13 @@ unsafe fn mask_first(n: usize) -> Mask {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_m(p: *const f32, m: Mask) -> V {
+pub(crate) unsafe fn load_m(p: *const f32, m: Mask) -> V {
     _mm512_maskz_loadu_ps(m, p)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn store_m(p: *mut f32, v: V, m: Mask) {
+pub(crate) unsafe fn store_m(p: *mut f32, v: V, m: Mask) {
     _mm512_mask_storeu_ps(p, m, v)
 }
 
@@ -86,7 +86,7 @@ unsafe fn blend_m(m: Mask, a: V, b: V) -> V {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn add(a: V, b: V) -> V {
+pub(crate) unsafe fn add(a: V, b: V) -> V {
     _mm512_add_ps(a, b)
 }
 
@@ -105,13 +105,13 @@ unsafe fn mul(a: V, b: V) -> V {
 /// a * b + c, one rounding.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn fma(a: V, b: V, c: V) -> V {
+pub(crate) unsafe fn fma(a: V, b: V, c: V) -> V {
     _mm512_fmadd_ps(a, b, c)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn max(a: V, b: V) -> V {
+pub(crate) unsafe fn max(a: V, b: V) -> V {
     _mm512_max_ps(a, b)
 }
 

@@ -6,7 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{epilogue, exp2, exp2_nonpos_bf16, Mask, NV_MAX, V, W};
+use super::avx512::{
+    add, exp2, exp2_nonpos_bf16, fma, load, load_m, max, store, store_m, zero, Mask, NV_MAX, V, W,
+};
 use super::{ColSoftmax, Epi, Tile, KC, ROW_SEG};
 
 /// Register rows of a bf16 tile: 6 x 4 vectors, as the f32 tile.
@@ -19,6 +21,8 @@ unsafe fn as_bh(x: __m512i) -> __m512bh {
     // SAFETY: both are 512-bit plain-data vectors; every bit pattern is valid for either.
     std::mem::transmute::<__m512i, __m512bh>(x)
 }
+
+super::epilogue_fns!(#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]);
 
 /// One MR x NV tile; `t.k` counts pairs, A pairs at `a + i*ars + p*acs` (u16 units), B rows
 /// of 2 * NV * W u16 at stride `ldb`, always read as whole vectors (B is padded).

@@ -92,6 +92,101 @@ pub struct ColSoftmax {
     pub pairs: *mut u16,
 }
 
+/// The tiles' epilogue and its masked row loads and stores, instantiated beside each set of
+/// tiles with the same target features (the f32 tiles of each path, and the bf16 tiles), so
+/// that LLVM inlines it into them: out of line, the 24 accumulators went through the stack
+/// on every call (3 to 6% of a bf16 attention forward).
+macro_rules! epilogue_fns {
+    ($(#[$attr:meta])*) => {
+        /// Loads vector `v` of a row of NV vectors (masked if it is the partial last one).
+        $(#[$attr])*
+        #[inline]
+        unsafe fn ldv<const NV: usize, const PARTIAL: bool>(p: *const f32, v: usize, m: Mask) -> V {
+            if PARTIAL && v + 1 == NV {
+                load_m(p, m)
+            } else {
+                load(p)
+            }
+        }
+
+        $(#[$attr])*
+        #[inline]
+        unsafe fn stv<const NV: usize, const PARTIAL: bool>(p: *mut f32, v: usize, x: V, m: Mask) {
+            if PARTIAL && v + 1 == NV {
+                store_m(p, x, m)
+            } else {
+                store(p, x)
+            }
+        }
+
+        /// Applies `epi` to an MR x NV block of accumulators at `c`.
+        /// The accumulators come by value: were this left out of line, a reference would make
+        /// the tile's k-loop keep them in memory (measured: flash at 42 instead of 101
+        /// GFLOP/s per core when LLVM stopped inlining it).
+        ///
+        /// # Safety
+        /// `c` (and the epilogue's column vector) valid for the block, as in [`tile`].
+        $(#[$attr])*
+        #[inline]
+        unsafe fn epilogue<const MR: usize, const NV: usize, const PARTIAL: bool>(
+            acc: [[V; NV]; MR],
+            c: *mut f32,
+            ldc: usize,
+            epi: Epi,
+            lastm: Mask,
+        ) {
+            match epi {
+                Epi::Store => {
+                    for (i, row) in acc.iter().enumerate() {
+                        for (v, x) in row.iter().enumerate() {
+                            stv::<NV, PARTIAL>(c.add(i * ldc + v * W), v, *x, lastm);
+                        }
+                    }
+                }
+                Epi::Add => {
+                    for (i, row) in acc.iter().enumerate() {
+                        for (v, x) in row.iter().enumerate() {
+                            let p = c.add(i * ldc + v * W);
+                            let y = add(ldv::<NV, PARTIAL>(p, v, lastm), *x);
+                            stv::<NV, PARTIAL>(p, v, y, lastm);
+                        }
+                    }
+                }
+                Epi::ScaleAdd(s) => {
+                    let mut sv = [zero(); NV];
+                    for (v, x) in sv.iter_mut().enumerate() {
+                        *x = ldv::<NV, PARTIAL>(s.add(v * W), v, lastm);
+                    }
+                    for (i, row) in acc.iter().enumerate() {
+                        for (v, x) in row.iter().enumerate() {
+                            let p = c.add(i * ldc + v * W);
+                            let y = fma(ldv::<NV, PARTIAL>(p, v, lastm), sv[v], *x);
+                            stv::<NV, PARTIAL>(p, v, y, lastm);
+                        }
+                    }
+                }
+                Epi::StoreColMax(m) => {
+                    let mut mv = [zero(); NV];
+                    for (v, x) in mv.iter_mut().enumerate() {
+                        *x = ldv::<NV, PARTIAL>(m.add(v * W), v, lastm);
+                    }
+                    for (i, row) in acc.iter().enumerate() {
+                        for (v, x) in row.iter().enumerate() {
+                            stv::<NV, PARTIAL>(c.add(i * ldc + v * W), v, *x, lastm);
+                            mv[v] = max(mv[v], *x);
+                        }
+                    }
+                    for (v, x) in mv.iter().enumerate() {
+                        stv::<NV, PARTIAL>(m.add(v * W), v, *x, lastm);
+                    }
+                }
+            }
+        }
+
+    };
+}
+pub(crate) use epilogue_fns;
+
 /// The shared bodies. Each path module defines the primitives `V`, `Mask`, `W`, `zero`,
 /// `splat`, `bcast`, `load`, `store`, `mask_first`, `load_m`, `store_m`, `blend_m`,
 /// `add`, `sub`, `mul`, `fma`, `max`, `hmax`, `hsum`, `exp2`, `mask_le`, `neg_inf_to_zero`, then
@@ -147,90 +242,7 @@ macro_rules! kernels {
             }
         }
 
-        /// Loads vector `v` of a row of NV vectors (masked if it is the partial last one).
-        $(#[$attr])*
-        #[inline]
-        unsafe fn ldv<const NV: usize, const PARTIAL: bool>(p: *const f32, v: usize, m: Mask) -> V {
-            if PARTIAL && v + 1 == NV {
-                load_m(p, m)
-            } else {
-                load(p)
-            }
-        }
-
-        $(#[$attr])*
-        #[inline]
-        unsafe fn stv<const NV: usize, const PARTIAL: bool>(p: *mut f32, v: usize, x: V, m: Mask) {
-            if PARTIAL && v + 1 == NV {
-                store_m(p, x, m)
-            } else {
-                store(p, x)
-            }
-        }
-
-        /// Applies `epi` to an MR x NV block of accumulators at `c` (shared with the bf16 tiles).
-        /// The accumulators come by value: were this left out of line, a reference would make
-        /// the tile's k-loop keep them in memory (measured: flash at 42 instead of 101
-        /// GFLOP/s per core when LLVM stopped inlining it).
-        ///
-        /// # Safety
-        /// `c` (and the epilogue's column vector) valid for the block, as in [`tile`].
-        $(#[$attr])*
-        #[inline]
-        pub(crate) unsafe fn epilogue<const MR: usize, const NV: usize, const PARTIAL: bool>(
-            acc: [[V; NV]; MR],
-            c: *mut f32,
-            ldc: usize,
-            epi: Epi,
-            lastm: Mask,
-        ) {
-            match epi {
-                Epi::Store => {
-                    for (i, row) in acc.iter().enumerate() {
-                        for (v, x) in row.iter().enumerate() {
-                            stv::<NV, PARTIAL>(c.add(i * ldc + v * W), v, *x, lastm);
-                        }
-                    }
-                }
-                Epi::Add => {
-                    for (i, row) in acc.iter().enumerate() {
-                        for (v, x) in row.iter().enumerate() {
-                            let p = c.add(i * ldc + v * W);
-                            let y = add(ldv::<NV, PARTIAL>(p, v, lastm), *x);
-                            stv::<NV, PARTIAL>(p, v, y, lastm);
-                        }
-                    }
-                }
-                Epi::ScaleAdd(s) => {
-                    let mut sv = [zero(); NV];
-                    for (v, x) in sv.iter_mut().enumerate() {
-                        *x = ldv::<NV, PARTIAL>(s.add(v * W), v, lastm);
-                    }
-                    for (i, row) in acc.iter().enumerate() {
-                        for (v, x) in row.iter().enumerate() {
-                            let p = c.add(i * ldc + v * W);
-                            let y = fma(ldv::<NV, PARTIAL>(p, v, lastm), sv[v], *x);
-                            stv::<NV, PARTIAL>(p, v, y, lastm);
-                        }
-                    }
-                }
-                Epi::StoreColMax(m) => {
-                    let mut mv = [zero(); NV];
-                    for (v, x) in mv.iter_mut().enumerate() {
-                        *x = ldv::<NV, PARTIAL>(m.add(v * W), v, lastm);
-                    }
-                    for (i, row) in acc.iter().enumerate() {
-                        for (v, x) in row.iter().enumerate() {
-                            stv::<NV, PARTIAL>(c.add(i * ldc + v * W), v, *x, lastm);
-                            mv[v] = max(mv[v], *x);
-                        }
-                    }
-                    for (v, x) in mv.iter().enumerate() {
-                        stv::<NV, PARTIAL>(m.add(v * W), v, *x, lastm);
-                    }
-                }
-            }
-        }
+        $crate::backend::cpu::simd::epilogue_fns!($(#[$attr])*);
 
         $(#[$attr])*
         unsafe fn tile_nv<const MR: usize>(nv: usize, partial: bool, t: &Tile<f32>) {
