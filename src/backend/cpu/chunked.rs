@@ -3,9 +3,9 @@
 //! `forward_chunked` is Figure 1: per query chunk, every key chunk is summarized independently
 //! (exp-values E·V_j, exp-weight sums, chunk max m_j of the scores scaled by 1/sqrt(d)), all
 //! summaries are kept, then rescaled by the global max and divided. Time O(n_q*n_kv*d);
-//! extra memory per worker q_c*k_c (one score chunk) + (n_kv/k_c)*q_c*(d+2) (the summaries)
-//! plus k_c*d (K_j^T panels; plus widened copies for low-precision inputs), i.e. O(sqrt n)
-//! with the paper's chunk choices. Built from the same tiles as `naive` (`tiles`): the
+//! extra memory q_c*k_c (one score chunk) + (n_kv/k_c)*q_c*(d+2) (the summaries) plus k_c*d
+//! (K_j^T panels; plus V_j for low-precision inputs), one query chunk's worth shared by all
+//! workers (`chunked_lens`), i.e. O(sqrt n) with the paper's chunk choices. Built from the same tiles as `naive` (`tiles`): the
 //! chunk's scores are the same QK^T panels, row softmax and PV, in partial sums of <= 256
 //! terms, so the two differ only by the algorithm.
 //!
