@@ -102,13 +102,15 @@ pub fn forward_chunked(
     // (`exact`); else PV in f32 on a widened V_j.
     let bf16_pv = path == Path::Bf16Dot && !exact && d.is_multiple_of(LANES_MAX);
     let [qw, kt, vw, sc, values, stats] = carve(buf, chunked_lens(&s, qc, kc, path));
-    // One phase per head: one key chunk, strips aligned across query chunks, a strip slot
-    // for every worker, and a bounded count of output blocks to hand out.
-    let slots = qc.div_ceil(STRIP);
-    let one_phase = nkc == 1
-        && qc.is_multiple_of(STRIP)
-        && rayon::current_num_threads() <= slots
-        && nq.div_ceil(STRIP) <= MAX_PHASE_STRIPS;
+    // Each worker computes in a strip slot of its own when there are enough of them. One
+    // phase per head: one key chunk, strips aligned across query chunks, own slots, and a
+    // bounded count of output blocks to hand out.
+    // (A slot must hold a whole strip: the chunk's last, partial one cannot serve.)
+    let workers = rayon::current_num_threads();
+    let own_slots = workers == 1 || workers * STRIP <= qc;
+    let scratch = if own_slots { Slot::Worker } else { Slot::Strip };
+    let one_phase =
+        nkc == 1 && qc.is_multiple_of(STRIP) && own_slots && nq.div_ceil(STRIP) <= MAX_PHASE_STRIPS;
     let npanels = kc.div_ceil(PANEL);
     // V_j as bf16 pairs takes half a widened panel's floats.
     let v_panel = if bf16_pv { PANEL * d / 2 } else { PANEL * d };
@@ -163,7 +165,8 @@ pub fn forward_chunked(
                             kn: kn.min(visible),
                             chunks: usize::from(visible > 0),
                             last: true,
-                            slot: Slot::Worker,
+                            sums: Slot::Worker,
+                            scratch: Slot::Worker,
                             window: (head * nq, nq),
                         },
                     );
@@ -199,7 +202,8 @@ pub fn forward_chunked(
                                 kn,
                                 chunks,
                                 last: step + 1 == chunks.max(1),
-                                slot: Slot::Strip,
+                                sums: Slot::Strip,
+                                scratch,
                                 window: (head * nq + row0, rows),
                             },
                         );
@@ -237,8 +241,10 @@ struct Chunked<'a> {
     outs: Windows<'a>,
 }
 
-/// Which strip slot of the chunk buffer an item computes in: its strip's own (several key
-/// chunks: the summaries stay there between phases), or its worker's (one key chunk).
+/// Which strip slot of the chunk buffer an item computes in: its strip's own, or its
+/// worker's (reused item after item, so it stays in cache). The scores and widened queries
+/// live only during the item; the summaries stay in the strip's slot between the phases of
+/// several key chunks.
 #[derive(Clone, Copy)]
 enum Slot {
     Strip,
@@ -258,7 +264,9 @@ struct Job {
     kn: usize,
     chunks: usize,
     last: bool,
-    slot: Slot,
+    /// Where the summaries are, and where the scores and widened queries.
+    sums: Slot,
+    scratch: Slot,
     window: (usize, usize),
 }
 
@@ -327,10 +335,10 @@ impl Chunked<'_> {
         let kv_at = kv_off + k0 * d;
         let r0 = job.si * STRIP;
         let sr = STRIP.min(job.rows - r0);
-        let take = |blocks| slot(blocks, ph, job.slot, job.si);
+        let take = |blocks, which| slot(blocks, ph, which, job.si);
         let mut sums = Sums {
-            values: take(&self.values),
-            stats: take(&self.stats),
+            values: take(&self.values, job.sums),
+            stats: take(&self.stats, job.sums),
             chunks: self.nkc,
             d,
         };
@@ -340,7 +348,10 @@ impl Chunked<'_> {
                 Path::Bf16Dot => Query::Pairs(&self.q16[at..][..sr * d]),
                 // f32 queries are read in place, others widened.
                 Path::F32 => Query::F32(self.inputs.q.rows_f32(at, sr * d, &mut [])),
-                Path::Widen => Query::F32(self.inputs.q.rows_f32(at, sr * d, take(&self.qw))),
+                Path::Widen => {
+                    let w = take(&self.qw, job.scratch);
+                    Query::F32(self.inputs.q.rows_f32(at, sr * d, w))
+                }
             };
             let k = self.kt.view_in(ph);
             let strip = Strip {
@@ -364,7 +375,7 @@ impl Chunked<'_> {
                     .saturating_sub(k0)
                     .min(kn)
             };
-            let p = &mut take(&self.sc)[..sr * kn];
+            let p = &mut take(&self.sc, job.scratch)[..sr * kn];
             strip.summarize(visible, p, &mut sums, job.j);
         }
         if job.last {
@@ -630,12 +641,13 @@ mod tests {
     /// path, mask and dtype, with several query and key chunks (partial ones included).
     #[test]
     fn a_buffer_of_any_contents_gives_the_same_output() {
-        // Several key chunks (a phase per query and key chunk); query chunks that are no
-        // multiple of a strip; and one key chunk with three strip slots for the three
-        // workers (one phase per head), a partial last query chunk, and more queries than
-        // keys (causal rows that see nothing).
+        // Several key chunks (a phase per query and key chunk), with and without a strip
+        // slot for each of the three workers; query chunks that are no multiple of a strip;
+        // and one key chunk with three slots (one phase per head), a partial last query
+        // chunk, and more queries than keys (causal rows that see nothing).
         for (nq, nkv, d, qc, kc) in [
             (200, 150, 16, 64, 64),
+            (300, 300, 16, 192, 128),
             (70, 100, 12, 32, 40),
             (9, 200, 32, 4, 128),
             (400, 150, 16, 192, 256),
@@ -682,8 +694,9 @@ mod tests {
                             let (o0, o1) = (run(0.0, 3), run(f32::NAN, 3));
                             assert!(o1.iter().all(|x| x.is_finite()), "{what}");
                             assert_eq!(o0, o1, "{what}");
-                            // Four workers for three strip slots take the phase-per-query-
-                            // chunk schedule: the same sums in the same order.
+                            // Four workers for at most three strip slots compute in the
+                            // strips' slots, a phase per query chunk: the same sums in the
+                            // same order.
                             assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
                         }
                     }
