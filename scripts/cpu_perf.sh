@@ -10,20 +10,26 @@
 # and keeps, for every case of every implementation alike, the pass with the median time
 # (scripts/cpu_perf_combine.py; DIR/passes.csv lists every pass's figure). On a shared VM
 # whose host takes a core away for minutes at a time, one pass can time a 2-thread case on
-# one core; the median of three discards that pass.
+# one core; the median of five discards up to two such passes per case.
 #
-#   scripts/cpu_perf.sh [--python /path/to/python-with-torch-and-jax] [--out DIR] [--passes N]
+# --resume keeps the pass directories that a previous run finished (each finished pass
+# writes DIR/pass-K/complete last) and measures only the others, with this checkout's build:
+# a two-hour run cut off in its fourth pass loses only that pass.
+#
+#   scripts/cpu_perf.sh [--python /path/to/python-with-torch-and-jax] [--out DIR] [--passes N] [--resume]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
 OUT=results/cpu_perf
 PASSES=1
+RESUME=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PY="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --passes) PASSES="$2"; shift 2 ;;
-    *) echo "usage: $0 [--python PYTHON] [--out DIR] [--passes N]" >&2; exit 2 ;;
+    --resume) RESUME=1; shift ;;
+    *) echo "usage: $0 [--python PYTHON] [--out DIR] [--passes N] [--resume]" >&2; exit 2 ;;
   esac
 done
 if ! [[ "$PASSES" =~ ^[1-9][0-9]*$ ]] || [ $((PASSES % 2)) -eq 0 ]; then
@@ -52,8 +58,13 @@ if [ "$PASSES" -eq 1 ]; then
 else
   dirs=()
   for k in $(seq "$PASSES"); do
-    echo "pass $k of $PASSES (load: $(uptime))"
-    measure "$OUT/pass-$k"
+    if [ "$RESUME" -eq 1 ] && [ -f "$OUT/pass-$k/complete" ]; then
+      echo "pass $k of $PASSES: kept (finished $(cat "$OUT/pass-$k/complete"))"
+    else
+      echo "pass $k of $PASSES (load: $(uptime))"
+      measure "$OUT/pass-$k"
+      date -u +%Y-%m-%dT%H:%M:%SZ > "$OUT/pass-$k/complete"
+    fi
     dirs+=("$OUT/pass-$k")
   done
   python3 scripts/cpu_perf_combine.py "$OUT" "${dirs[@]}"
