@@ -59,7 +59,7 @@ else
   dirs=()
   for k in $(seq "$PASSES"); do
     if [ "$RESUME" -eq 1 ] && [ -f "$OUT/pass-$k/complete" ]; then
-      echo "pass $k of $PASSES: kept (finished $(cat "$OUT/pass-$k/complete"))"
+      echo "pass $k of $PASSES: kept ($OUT/pass-$k/complete: $(cat "$OUT/pass-$k/complete"))"
     else
       echo "pass $k of $PASSES (load: $(uptime))"
       measure "$OUT/pass-$k"

@@ -634,7 +634,7 @@ pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &m
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{DType, InputDist};
+    use crate::backend::cpu::kernel_paths::{for_each_path, on_pool};
 
     /// The chunk buffer may hold anything (a warm timing loop hands it over from the
     /// previous call): the output is bit for bit that of a zero-filled buffer, on every
@@ -661,47 +661,32 @@ mod tests {
                 seq_kv: nkv,
                 head_dim: d,
             };
-            for dtype in [DType::F32, DType::Bf16, DType::F16] {
-                let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 5);
-                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                    for causal in [false, true] {
-                        for exact in [false, true] {
-                            let run = |fill: f32, threads: usize| {
-                                let path = Path::of(dtype, isa, d);
-                                let mut buf =
-                                    vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
-                                let mut out = vec![fill; shape.out_len()];
-                                rayon::ThreadPoolBuilder::new()
-                                    .num_threads(threads)
-                                    .build()
-                                    .unwrap()
-                                    .install(|| {
-                                        forward_chunked(
-                                            &inputs,
-                                            causal,
-                                            exact,
-                                            (qc, kc),
-                                            isa,
-                                            &mut buf,
-                                            &mut out,
-                                        )
-                                    });
-                                out
-                            };
-                            let what = format!(
-                                "{dtype} {isa} causal {causal} exact {exact} {nq}x{nkv}x{d}"
-                            );
-                            let (o0, o1) = (run(0.0, 3), run(f32::NAN, 3));
-                            assert!(o1.iter().all(|x| x.is_finite()), "{what}");
-                            assert_eq!(o0, o1, "{what}");
-                            // Four workers for at most three strip slots compute in the
-                            // strips' slots, a phase per query chunk: the same sums in the
-                            // same order.
-                            assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
-                        }
-                    }
-                }
-            }
+            for_each_path(shape, 5, |k| {
+                let run = |fill: f32, threads: usize| {
+                    let path = Path::of(k.dtype, k.isa, d);
+                    let mut buf = vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
+                    let mut out = vec![fill; shape.out_len()];
+                    on_pool(threads, || {
+                        forward_chunked(
+                            k.inputs,
+                            k.causal,
+                            k.exact,
+                            (qc, kc),
+                            k.isa,
+                            &mut buf,
+                            &mut out,
+                        )
+                    });
+                    out
+                };
+                let what = k.name();
+                let (o0, o1) = (run(0.0, 3), run(f32::NAN, 3));
+                assert!(o1.iter().all(|x| x.is_finite()), "{what}");
+                assert_eq!(o0, o1, "{what}");
+                // Four workers for at most three strip slots compute in the strips' slots, a
+                // phase per query chunk: the same sums in the same order.
+                assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
+            });
         }
     }
 }

@@ -13,6 +13,8 @@ pub mod flash;
 pub mod flash_bwd;
 pub mod gemm;
 pub mod isa;
+#[cfg(test)]
+pub mod kernel_paths;
 pub mod naive;
 pub mod naive_bwd;
 pub mod sched;

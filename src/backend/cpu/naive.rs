@@ -244,7 +244,7 @@ pub fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{DType, InputDist};
+    use crate::backend::cpu::kernel_paths::{for_each_path, on_pool};
 
     /// The score matrix and the workspace may hold anything (a warm timing loop hands them
     /// over from the previous call): the kernel writes every entry of P, and its output and
@@ -262,53 +262,39 @@ mod tests {
                 seq_kv: nkv,
                 head_dim: d,
             };
-            for dtype in [DType::F32, DType::Bf16, DType::F16] {
-                let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 3);
-                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                    for causal in [false, true] {
-                        for exact in [false, true] {
-                            let run = |fill: f32| {
-                                let path = Path::of(dtype, isa, d);
-                                let floats = worker_lens(&shape, path, exact).iter().sum();
-                                let ws = Workspace::scratch(2, floats, "test").unwrap();
-                                ws.fill(fill);
-                                let mut p = vec![fill; scores_len(&shape)];
-                                let mut out = vec![fill; shape.out_len()];
-                                rayon::ThreadPoolBuilder::new()
-                                    .num_threads(2)
-                                    .build()
-                                    .unwrap()
-                                    .install(|| {
-                                        forward(
-                                            &inputs, causal, true, exact, isa, &mut p, &ws,
-                                            &mut out,
-                                        )
-                                    });
-                                (p, out)
-                            };
-                            let (p0, o0) = run(0.0);
-                            let (p1, o1) = run(f32::NAN);
-                            let what = format!(
-                                "{dtype} {isa} causal {causal} exact {exact} {nq}x{nkv}x{d}"
-                            );
-                            assert!(o1.iter().all(|x| x.is_finite()), "{what}: output");
-                            assert_eq!(
-                                p0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                                p1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                                "{what}: P"
-                            );
-                            assert_eq!(o0, o1, "{what}: output");
-                            // Each row of P is a distribution over the keys it sees.
-                            for (r, row) in p1.chunks(nkv).enumerate() {
-                                let vis = shape.visible_keys(causal, r % nq);
-                                assert!(row[vis..].iter().all(|x| *x == 0.0), "{what}: masked");
-                                let sum: f32 = row.iter().sum();
-                                assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} sums to {sum}");
-                            }
-                        }
-                    }
+            for_each_path(shape, 3, |k| {
+                let run = |fill: f32| {
+                    let path = Path::of(k.dtype, k.isa, d);
+                    let floats = worker_lens(&shape, path, k.exact).iter().sum();
+                    let ws = Workspace::scratch(2, floats, "test").unwrap();
+                    ws.fill(fill);
+                    let mut p = vec![fill; scores_len(&shape)];
+                    let mut out = vec![fill; shape.out_len()];
+                    on_pool(2, || {
+                        forward(
+                            k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
+                        )
+                    });
+                    (p, out)
+                };
+                let (p0, o0) = run(0.0);
+                let (p1, o1) = run(f32::NAN);
+                let what = k.name();
+                assert!(o1.iter().all(|x| x.is_finite()), "{what}: output");
+                assert_eq!(
+                    p0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    p1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{what}: P"
+                );
+                assert_eq!(o0, o1, "{what}: output");
+                // Each row of P is a distribution over the keys it sees.
+                for (r, row) in p1.chunks(nkv).enumerate() {
+                    let vis = shape.visible_keys(k.causal, r % nq);
+                    assert!(row[vis..].iter().all(|x| *x == 0.0), "{what}: masked");
+                    let sum: f32 = row.iter().sum();
+                    assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} sums to {sum}");
                 }
-            }
+            });
         }
     }
 }

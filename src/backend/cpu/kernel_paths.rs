@@ -1,0 +1,55 @@
+//! Test support: every path one CPU kernel can take on a shape (input dtype x the ISAs this
+//! CPU has x causal mask x exact or fast exp), and a pool of a given size to run it on.
+
+use super::isa::Isa;
+use crate::problem::{DType, InputDist, Inputs, Shape};
+
+/// One path of a kernel over one shape's inputs.
+pub struct KernelPath<'a> {
+    pub inputs: &'a Inputs,
+    pub dtype: DType,
+    pub isa: Isa,
+    pub causal: bool,
+    pub exact: bool,
+}
+
+impl KernelPath<'_> {
+    /// Names the path in an assertion message.
+    pub fn name(&self) -> String {
+        let s = self.inputs.shape;
+        format!(
+            "{} {} causal {} exact {} {}x{}x{}",
+            self.dtype, self.isa, self.causal, self.exact, s.seq_q, s.seq_kv, s.head_dim
+        )
+    }
+}
+
+/// Calls `f` once per path: f32, bf16 and f16 inputs (normal, drawn from `seed`), every ISA
+/// this CPU runs, causal and not, exact and fast exp.
+pub fn for_each_path(shape: Shape, seed: u64, mut f: impl FnMut(&KernelPath)) {
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, seed);
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for causal in [false, true] {
+                for exact in [false, true] {
+                    f(&KernelPath {
+                        inputs: &inputs,
+                        dtype,
+                        isa,
+                        causal,
+                        exact,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f` on a fresh rayon pool of `threads` workers.
+pub fn on_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a test thread pool")
+        .install(f)
+}
