@@ -213,6 +213,9 @@ def main():
         for t, (fma, bf) in sorted(peaks.items())
     )
     cpu = meta.get("cpu_model") or "unknown CPU"
+    if meta.get("cpu_id"):
+        cpu += f" ({meta['cpu_id']})"
+
     def rev_of(m):
         return (m.get("git_revision") or "?")[:10] + (" (dirty)" if m.get("git_dirty") else "")
 

@@ -252,6 +252,9 @@ pub struct RunArgs {
     /// Untimed calls before timing.
     #[arg(long, default_value_t = config::DEFAULT_WARMUP)]
     pub warmup: usize,
+    /// Keep warming up (untimed) for at least this many seconds after the --warmup calls.
+    #[arg(long, default_value_t = config::DEFAULT_WARMUP_S)]
+    pub warmup_s: f64,
     #[arg(long, default_value_t = config::DEFAULT_MIN_REPS)]
     pub min_reps: usize,
     #[arg(long, default_value_t = config::DEFAULT_MAX_REPS)]

@@ -223,6 +223,7 @@ mod tests {
             run_name: "t".into(),
             stop: crate::measure::timer::StopRule {
                 warmup: 1,
+                warmup_s: 0.0,
                 min_reps: 1,
                 max_reps: 2,
                 min_time_s: 0.0,

@@ -49,6 +49,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "--max-time-s must be a positive number of seconds".into(),
         ));
     }
+    if !(args.warmup_s.is_finite() && args.warmup_s >= 0.0) {
+        return Err(usage(
+            "--warmup-s must be a finite number of seconds >= 0".into(),
+        ));
+    }
     if !(args.input_scale.is_finite() && args.input_scale >= 0.0) {
         return Err(usage("--input-scale must be a finite number >= 0".into()));
     }
@@ -125,6 +130,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         run_name: "run".into(),
         stop: StopRule {
             warmup: args.warmup,
+            warmup_s: args.warmup_s,
             min_reps: args.min_reps,
             max_reps: args.max_reps,
             min_time_s: 0.0,

@@ -133,6 +133,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         run_name: config.run.name.clone(),
         stop: StopRule {
             warmup: config.run.warmup,
+            warmup_s: config.run.warmup_s,
             min_reps: config.run.min_reps,
             max_reps: config.run.max_reps,
             min_time_s: config.run.min_time_s,

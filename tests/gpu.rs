@@ -73,6 +73,7 @@ fn settings(budget: Option<u64>, gpu: GpuSettings) -> Settings {
         run_name: "gpu-test".into(),
         stop: StopRule {
             warmup: 1,
+            warmup_s: 0.0,
             min_reps: 2,
             max_reps: 3,
             min_time_s: 0.0,

@@ -57,6 +57,7 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         run_name: "test".into(),
         stop: StopRule {
             warmup: 0,
+            warmup_s: 0.0,
             min_reps: 1,
             max_reps: 1,
             min_time_s: 0.0,

@@ -149,7 +149,9 @@ def peer_case_id(case_id: str, variant: str, q_chunk=None, kv_chunk=None, device
 
 
 def stop_rule(run: dict) -> dict:
-    return {k: run[k] for k in ("warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "rel_spread")}
+    rule = {k: run[k] for k in ("warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "rel_spread")}
+    rule["warmup_s"] = run.get("warmup_s", 0.0)  # configs resolved before it existed lack it
+    return rule
 
 
 def summary(samples: list[float]) -> dict:
@@ -166,14 +168,16 @@ def summary(samples: list[float]) -> dict:
 
 
 def time_repetitions(call, rule: dict) -> tuple[list[float], str]:
-    """attnbench's rule (src/measure/timer.rs): warm-up (stopping once it alone exceeds
-    max_time_s), then timed calls until max_reps, the max_time_s cap (which wins over
+    """attnbench's rule (src/measure/timer.rs): warm-up, `warmup` calls and at least
+    `warmup_s` seconds (stopping once it alone exceeds max_time_s), then timed calls until max_reps, the max_time_s cap (which wins over
     min_reps), or min_reps and min_time_s with MAD/median < rel_spread. `call` must return
     only when its work is done (synchronize inside it). When `call` returns a float, that is
     its time in seconds (a GPU peer's CUDA-event time) instead of the wall clock."""
     t0 = time.perf_counter()
-    for _ in range(rule["warmup"]):
+    calls = 0
+    while calls < rule["warmup"] or time.perf_counter() - t0 < rule["warmup_s"]:
         call()
+        calls += 1
         if time.perf_counter() - t0 > rule["max_time_s"]:
             break
     max_reps = max(1, rule["max_reps"])

@@ -19,6 +19,8 @@ pub struct RunMeta {
     #[serde(default)]
     pub cpu_model: Option<String>,
     #[serde(default)]
+    pub cpu_id: Option<String>,
+    #[serde(default)]
     pub logical_cpus: Option<usize>,
     #[serde(default)]
     pub git_revision: Option<String>,

@@ -178,6 +178,7 @@ pub struct RunInfo {
     pub git_revision: Option<String>,
     pub git_dirty: Option<bool>,
     pub cpu_model: Option<String>,
+    pub cpu_id: Option<String>,
     pub logical_cpus: Option<usize>,
 }
 
@@ -191,6 +192,7 @@ impl RunInfo {
             git_revision: meta.git_revision,
             git_dirty: meta.git_dirty,
             cpu_model: meta.cpu_model,
+            cpu_id: meta.cpu_id,
             logical_cpus: meta.logical_cpus,
         }
     }

@@ -29,11 +29,15 @@ pub struct Decision {
     pub why: String,
 }
 
-/// The machine a run names in `meta.json`: CPU model and logical CPUs.
+/// The machine a run names in `meta.json`: CPU model, its vendor/family/model/stepping
+/// (a VM's model name alone can be the same for two generations), and logical CPUs. A run
+/// that does not record the family is a different machine from one that does: nothing says
+/// they are the same.
 fn machine(m: &RunMeta) -> String {
     format!(
-        "{}, {} logical CPUs",
+        "{} ({}), {} logical CPUs",
         m.cpu_model.as_deref().unwrap_or("unknown CPU"),
+        m.cpu_id.as_deref().unwrap_or("family not recorded"),
         m.logical_cpus
             .map_or_else(|| "?".to_string(), |n| n.to_string())
     )
@@ -137,6 +141,24 @@ mod tests {
         assert!(d.why.contains("Intel Xeon"), "{}", d.why);
         let d = decide(None, (None, "a"), (Some(&b), "b")).unwrap();
         assert_eq!(d.mode, Normalize::None);
+        // One model name, two generations (a VM's "AMD EPYC" on Zen 4 and on Zen 5).
+        let zen = |id: Option<&str>| RunMeta {
+            cpu_id: id.map(String::from),
+            ..a.clone()
+        };
+        let (zen4, zen5) = (
+            zen(Some("AuthenticAMD family 25 model 17 stepping 1")),
+            zen(Some("AuthenticAMD family 26 model 2 stepping 0")),
+        );
+        let d = decide(None, (Some(&zen4), "a"), (Some(&zen5), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::Calibration);
+        assert!(d.why.contains("family 26"), "{}", d.why);
+        let d = decide(None, (Some(&zen5), "a"), (Some(&zen5), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::None);
+        // A run from before the family was recorded cannot be told to be the same machine.
+        let d = decide(None, (Some(&a), "a"), (Some(&zen5), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::Calibration);
+        assert!(d.why.contains("not recorded"), "{}", d.why);
     }
 
     #[test]

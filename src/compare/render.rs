@@ -133,6 +133,9 @@ fn run_line(r: &RunInfo) -> String {
     if let Some(cpu) = &r.cpu_model {
         let _ = write!(s, ", {cpu}");
     }
+    if let Some(id) = &r.cpu_id {
+        let _ = write!(s, " [{id}]");
+    }
     if let Some(n) = r.logical_cpus {
         let _ = write!(s, " ({n} logical CPUs)");
     }

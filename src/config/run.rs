@@ -20,6 +20,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// Untimed repetitions before the timed ones.
     pub warmup: usize,
+    /// Warm up for at least this many seconds (after the `warmup` calls).
+    pub warmup_s: f64,
     pub min_reps: usize,
     pub max_reps: usize,
     /// Keep repeating at least this long.
@@ -62,6 +64,7 @@ pub struct RunConfig {
 
 pub const DEFAULT_SEED: u64 = 0;
 pub const DEFAULT_WARMUP: usize = 1;
+pub const DEFAULT_WARMUP_S: f64 = 0.0;
 pub const DEFAULT_MIN_REPS: usize = 3;
 pub const DEFAULT_MAX_REPS: usize = 50;
 pub const DEFAULT_MIN_TIME_S: f64 = 0.0;
@@ -82,6 +85,7 @@ impl RunConfig {
             name: name.into(),
             seed: DEFAULT_SEED,
             warmup: DEFAULT_WARMUP,
+            warmup_s: DEFAULT_WARMUP_S,
             min_reps: DEFAULT_MIN_REPS,
             max_reps: DEFAULT_MAX_REPS,
             min_time_s: DEFAULT_MIN_TIME_S,
@@ -121,6 +125,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     };
     let seed = f.int("seed", &raw.seed, DEFAULT_SEED)?;
     let warmup = f.count("warmup", &raw.warmup, DEFAULT_WARMUP)?;
+    let warmup_s = f.number("warmup_s", &raw.warmup_s, DEFAULT_WARMUP_S)?;
     let min_reps = f.count("min_reps", &raw.min_reps, DEFAULT_MIN_REPS)?;
     let max_reps = f.count("max_reps", &raw.max_reps, DEFAULT_MAX_REPS)?;
     let error_rows = f.count("error_rows", &raw.error_rows, DEFAULT_ERROR_ROWS)?;
@@ -247,6 +252,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         name,
         seed,
         warmup,
+        warmup_s,
         min_reps,
         max_reps,
         min_time_s,

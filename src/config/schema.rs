@@ -47,6 +47,7 @@ pub(super) struct RawRun {
     pub name: Option<Value>,
     pub seed: Option<Value>,
     pub warmup: Option<Value>,
+    pub warmup_s: Option<Value>,
     pub min_reps: Option<Value>,
     pub max_reps: Option<Value>,
     pub min_time_s: Option<Value>,
@@ -76,10 +77,11 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 19] = [
+pub(super) const RUN_KEYS: [&str; 20] = [
     "name",
     "seed",
     "warmup",
+    "warmup_s",
     "min_reps",
     "max_reps",
     "min_time_s",

@@ -3,8 +3,9 @@
 //!
 //! # Semantics of [`time_repetitions`]
 //!
-//! 1. **Warm-up**: `warmup` untimed calls. Warm-up stops early once its own elapsed time
-//!    exceeds `max_time_s`, or when the interrupt flag is set.
+//! 1. **Warm-up**: untimed calls, at least `warmup` of them and, with `warmup_s`, until
+//!    that many seconds of warm-up have passed. Warm-up stops early once its own elapsed
+//!    time exceeds `max_time_s`, or when the interrupt flag is set.
 //! 2. **Timed repetitions**: at least one, each timed alone with `Instant` (the closure call
 //!    only; the bookkeeping between calls is not timed). After each one, in this order:
 //!    - the interrupt flag is set: stop with [`StopReason::Interrupted`] and return what was
@@ -33,6 +34,11 @@ use crate::error::{Error, Result};
 pub struct StopRule {
     /// Untimed calls before the first timed one.
     pub warmup: usize,
+    /// Keep warming up (untimed calls) until this many seconds have passed, after the
+    /// `warmup` calls: a machine whose second core has been idle can take some
+    /// milliseconds before a 2-thread call really runs on two cores.
+    #[serde(default)]
+    pub warmup_s: f64,
     /// Timed calls required before convergence may stop the loop (the time cap may stop
     /// it earlier).
     pub min_reps: usize,
@@ -52,6 +58,7 @@ impl Default for StopRule {
     fn default() -> Self {
         StopRule {
             warmup: 1,
+            warmup_s: 0.0,
             min_reps: 5,
             max_reps: 100,
             min_time_s: 0.1,
@@ -128,11 +135,13 @@ where
     let is_interrupted = || interrupted.load(Ordering::Relaxed);
 
     let warm_start = Instant::now();
-    for _ in 0..rule.warmup {
+    let mut calls = 0;
+    while calls < rule.warmup || warm_start.elapsed().as_secs_f64() < rule.warmup_s {
         if is_interrupted() {
             break;
         }
         f()?;
+        calls += 1;
         if warm_start.elapsed().as_secs_f64() > rule.max_time_s {
             break;
         }
@@ -189,6 +198,7 @@ mod tests {
     fn rule() -> StopRule {
         StopRule {
             warmup: 2,
+            warmup_s: 0.0,
             min_reps: 5,
             max_reps: 50,
             min_time_s: 0.0,
@@ -283,6 +293,43 @@ mod tests {
         // 3 ms calls against a 10 ms cap: the 4th call crosses it.
         assert!((1..=4).contains(&t.samples.len()), "{}", t.samples.len());
         assert!(t.samples.iter().sum::<f64>() >= 0.01);
+    }
+
+    #[test]
+    fn warmup_s_keeps_warming_up_after_the_warmup_calls_untimed() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            warmup: 1,
+            warmup_s: 0.02,
+            ..rule()
+        };
+        let start = Instant::now();
+        let mut began = Vec::new();
+        let t = time_repetitions(&r, &flag, || {
+            began.push(start.elapsed().as_secs_f64());
+            spin(Duration::from_millis(2));
+            Ok(())
+        })
+        .unwrap();
+        // The first timed call begins after 20 ms of warm-up, more than the one call.
+        assert_eq!(t.samples.len(), 5);
+        let warm = began.len() - 5;
+        assert!(warm > 1, "{began:?}");
+        assert!(began[warm] >= 0.02, "{began:?}");
+        // The time cap still bounds the warm-up.
+        let r = StopRule {
+            warmup_s: 10.0,
+            max_time_s: 0.005,
+            ..rule()
+        };
+        let mut calls = 0;
+        time_repetitions(&r, &flag, || {
+            calls += 1;
+            spin(Duration::from_millis(2));
+            Ok(())
+        })
+        .unwrap();
+        assert!(calls < 10, "{calls}");
     }
 
     #[test]

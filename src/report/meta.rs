@@ -20,6 +20,11 @@ pub struct Meta {
     pub profile: String,
     pub os: String,
     pub cpu_model: Option<String>,
+    /// Vendor, family, model and stepping (`AuthenticAMD family 26 model 2 stepping 0`): a
+    /// virtual machine's model name can hide the generation ("AMD EPYC" for Zen 4 and Zen 5
+    /// alike), these numbers do not. Absent in runs made before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_id: Option<String>,
     pub logical_cpus: usize,
     pub threads: Vec<usize>,
     pub started_unix_s: u64,
@@ -52,6 +57,9 @@ impl Meta {
             .to_string(),
             os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
             cpu_model: cpu_model(),
+            cpu_id: std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|t| cpu_id(&t)),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: std::time::SystemTime::now()
@@ -95,10 +103,49 @@ fn git_state() -> (Option<String>, Option<bool>) {
     (rev, dirty)
 }
 
+/// `cpu_id` from the text of `/proc/cpuinfo` (its first processor); None when a field is
+/// missing (other architectures name them differently).
+fn cpu_id(cpuinfo: &str) -> Option<String> {
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim().to_string())
+    };
+    Some(format!(
+        "{} family {} model {} stepping {}",
+        field("vendor_id")?,
+        field("cpu family")?,
+        field("model")?,
+        field("stepping")?
+    ))
+}
+
 fn cpu_model() -> Option<String> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     text.lines()
         .find(|l| l.starts_with("model name"))
         .and_then(|l| l.split(':').nth(1))
         .map(|s| s.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_id;
+
+    #[test]
+    fn cpu_id_names_the_generation_of_the_first_processor() {
+        let text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n\
+                    model\t\t: 2\nmodel name\t: AMD EPYC\nstepping\t: 0\n\n\
+                    processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n\
+                    model\t\t: 17\nstepping\t: 1\n";
+        assert_eq!(
+            cpu_id(text).as_deref(),
+            Some("AuthenticAMD family 26 model 2 stepping 0")
+        );
+        // aarch64 names its fields otherwise: nothing rather than a wrong id.
+        assert_eq!(cpu_id("processor\t: 0\nCPU implementer\t: 0x41\n"), None);
+    }
 }

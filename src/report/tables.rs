@@ -108,8 +108,11 @@ fn provenance(md: &mut String, r: &Results) {
     );
     let _ = writeln!(
         md,
-        "- machine: {}, {} logical CPUs, {}; threads used: {}",
+        "- machine: {}{}, {} logical CPUs, {}; threads used: {}",
         m.cpu_model.as_deref().unwrap_or("unknown CPU"),
+        m.cpu_id
+            .as_deref()
+            .map_or_else(String::new, |id| format!(" ({id})")),
         m.logical_cpus,
         m.os,
         m.threads
