@@ -2,9 +2,9 @@
 # Regenerates results/cpu_perf (issue 3) in one go: attnbench's sweep of configs/cpu_perf.toml
 # plus the long causal case (h = 1, n = 16384) of the flash target, then the peers on the
 # same cases (PyTorch SDPA flash and math, the JAX Rabe-Staats reference), all into one
-# runs.csv, then the tables in results/cpu_perf/README.md. About 14 (Zen 5) to 20 (Zen 4) minutes a pass on a quiet
-# 2-core machine. Run it on a quiet machine (`uptime` load well under 0.5): the figures are
-# timings.
+# runs.csv, then the tables in results/cpu_perf/README.md. About 14 (Zen 5) to 20 (Zen 4)
+# minutes a pass on a quiet 2-core machine. Run it on a quiet machine (`uptime` load well
+# under 0.5): the figures are timings.
 #
 # --passes N (odd, default 1) repeats the whole measurement N times into DIR/pass-1 .. pass-N
 # and keeps, for every case of every implementation alike, the pass with the median time

@@ -357,14 +357,15 @@ fn measure(
 }
 
 /// The stopping rule of a case. Every rank of an MPI variant must make the same number of
-/// calls (each is a collective), so those stop after exactly `min_reps` timed calls, not
-/// on their own clocks.
+/// calls (each is a collective), so those warm up for exactly `warmup` calls and stop after
+/// exactly `min_reps` timed calls, not on their own clocks.
 fn stop_rule(case: &Case, rule: &StopRule) -> StopRule {
     if case.variant.engine() != crate::variant::Engine::Mpi {
         return rule.clone();
     }
     let reps = rule.min_reps.max(1);
     StopRule {
+        warmup_s: 0.0,
         min_reps: reps,
         max_reps: reps,
         min_time_s: 0.0,

@@ -169,8 +169,9 @@ def summary(samples: list[float]) -> dict:
 
 def time_repetitions(call, rule: dict) -> tuple[list[float], str]:
     """attnbench's rule (src/measure/timer.rs): warm-up, `warmup` calls and at least
-    `warmup_s` seconds (stopping once it alone exceeds max_time_s), then timed calls until max_reps, the max_time_s cap (which wins over
-    min_reps), or min_reps and min_time_s with MAD/median < rel_spread. `call` must return
+    `warmup_s` seconds (stopping once it alone exceeds max_time_s), then timed calls until
+    max_reps, the max_time_s cap (which wins over min_reps), or min_reps and min_time_s
+    with MAD/median < rel_spread. `call` must return
     only when its work is done (synchronize inside it). When `call` returns a float, that is
     its time in seconds (a GPU peer's CUDA-event time) instead of the wall clock."""
     t0 = time.perf_counter()

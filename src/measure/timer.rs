@@ -316,39 +316,29 @@ mod tests {
         let warm = began.len() - 5;
         assert!(warm > 1, "{began:?}");
         assert!(began[warm] >= 0.02, "{began:?}");
-        // The time cap still bounds the warm-up.
-        let r = StopRule {
-            warmup_s: 10.0,
-            max_time_s: 0.005,
-            ..rule()
-        };
-        let mut calls = 0;
-        time_repetitions(&r, &flag, || {
-            calls += 1;
-            spin(Duration::from_millis(2));
-            Ok(())
-        })
-        .unwrap();
-        assert!(calls < 10, "{calls}");
     }
 
     #[test]
     fn warmup_stops_at_the_time_cap() {
         let flag = AtomicBool::new(false);
-        let r = StopRule {
-            warmup: 1000,
-            max_time_s: 0.005,
-            ..rule()
-        };
-        let mut calls = 0;
-        let t = time_repetitions(&r, &flag, || {
-            calls += 1;
-            spin(Duration::from_millis(2));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(t.stopped_by, StopReason::TimeCap);
-        assert!(calls < 10, "{calls}");
+        // Many warm-up calls, or a long warm-up time: the cap bounds either.
+        for (warmup, warmup_s) in [(1000, 0.0), (1, 10.0)] {
+            let r = StopRule {
+                warmup,
+                warmup_s,
+                max_time_s: 0.005,
+                ..rule()
+            };
+            let mut calls = 0;
+            let t = time_repetitions(&r, &flag, || {
+                calls += 1;
+                spin(Duration::from_millis(2));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(t.stopped_by, StopReason::TimeCap);
+            assert!(calls < 10, "{calls}");
+        }
     }
 
     #[test]

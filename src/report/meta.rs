@@ -43,6 +43,7 @@ impl Meta {
         calibration: Vec<Calibration>,
     ) -> Meta {
         let (git_revision, git_dirty) = git_state();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok();
         Meta {
             attnbench_version: env!("CARGO_PKG_VERSION").to_string(),
             command_line: std::env::args().collect(),
@@ -56,10 +57,10 @@ impl Meta {
             }
             .to_string(),
             os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
-            cpu_model: cpu_model(),
-            cpu_id: std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|t| cpu_id(&t)),
+            cpu_model: cpuinfo
+                .as_deref()
+                .and_then(|t| cpuinfo_field(t, "model name")),
+            cpu_id: cpuinfo.as_deref().and_then(cpu_id),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: std::time::SystemTime::now()
@@ -103,17 +104,20 @@ fn git_state() -> (Option<String>, Option<bool>) {
     (rev, dirty)
 }
 
+/// The value of field `name` of the first processor in the text of `/proc/cpuinfo`.
+fn cpuinfo_field(cpuinfo: &str, name: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(key, _)| key.trim() == name)
+        .map(|(_, value)| value.trim().to_string())
+}
+
 /// `cpu_id` from the text of `/proc/cpuinfo` (its first processor); None when a field is
 /// missing (other architectures name them differently).
 fn cpu_id(cpuinfo: &str) -> Option<String> {
-    let field = |name: &str| {
-        cpuinfo
-            .lines()
-            .take_while(|l| !l.trim().is_empty())
-            .find(|l| l.split(':').next().map(str::trim) == Some(name))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|v| v.trim().to_string())
-    };
+    let field = |name| cpuinfo_field(cpuinfo, name);
     Some(format!(
         "{} family {} model {} stepping {}",
         field("vendor_id")?,
@@ -123,17 +127,9 @@ fn cpu_id(cpuinfo: &str) -> Option<String> {
     ))
 }
 
-fn cpu_model() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    text.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(|s| s.trim().to_string())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::cpu_id;
+    use super::{cpu_id, cpuinfo_field};
 
     #[test]
     fn cpu_id_names_the_generation_of_the_first_processor() {
@@ -144,6 +140,10 @@ mod tests {
         assert_eq!(
             cpu_id(text).as_deref(),
             Some("AuthenticAMD family 26 model 2 stepping 0")
+        );
+        assert_eq!(
+            cpuinfo_field(text, "model name").as_deref(),
+            Some("AMD EPYC")
         );
         // aarch64 names its fields otherwise: nothing rather than a wrong id.
         assert_eq!(cpu_id("processor\t: 0\nCPU implementer\t: 0x41\n"), None);
