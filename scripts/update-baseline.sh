@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates the CI baseline, results/baseline/ci/, from configs/ci.toml with the release
-# build of the checked-out commit. Use it when a change is meant to move the numbers (or
+# Regenerates the CI baseline of this machine's CPU kernel path, results/baseline/ci/<path>/
+# (`attnbench list --kernel-path`), from configs/ci.toml with the release build of the
+# checked-out commit. Use it when a change is meant to move the numbers (or
 # changes the cases), on a quiet machine, then commit the result on its own: a baseline
 # change is a reviewed commit of its own (README, "Comparing runs").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-out=results/baseline/ci
-new=results/baseline/ci.new
 if ! git diff --quiet HEAD -- src Cargo.toml Cargo.lock configs/ci.toml 2>/dev/null; then
     echo "warning: uncommitted changes to the sources or configs/ci.toml; the baseline's" \
          "meta.json will record git_dirty = true" >&2
@@ -18,6 +17,14 @@ if [[ -r /proc/loadavg ]]; then
 fi
 
 cargo build --release
+path="$(./target/release/attnbench list --kernel-path)"
+out="results/baseline/ci/$path"
+new="results/baseline/ci/$path.new"
+others="$(ls -d results/baseline/ci/*/ 2> /dev/null | grep -v "/$path/$" || true)"
+if [ -n "$others" ]; then
+    echo "note: only $out is regenerated; when the change moves memory or the cases, also" \
+         "run this on a machine of each other path:" $others >&2
+fi
 rm -rf "$new"
 log="$(mktemp)"
 trap 'rm -rf "$new" "$log"' EXIT

@@ -30,6 +30,14 @@ pub struct Cli {
     pub command: Command,
 }
 
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Print only the CPU kernel path this machine runs (avx512-bf16, avx512, avx2 or
+    /// portable), e.g. to pick the CI baseline measured on the same path.
+    #[arg(long)]
+    pub kernel_path: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run every case of a config's grid and write DIR/runs.csv and DIR/meta.json.
@@ -40,7 +48,7 @@ pub enum Command {
     /// meta.json alone.
     Report(ReportArgs),
     /// List variants, devices and dtypes, and what is available on this machine.
-    List,
+    List(ListArgs),
     /// Compare two runs case by case (CI regression gate): time, memory and error. Exit code
     /// 0 no regression, 3 regression found, 4 only unclear verdicts with --fail-on-unclear.
     Compare(CompareArgs),
@@ -292,10 +300,14 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
         }
         Command::Run(a) => crate::single::run(a),
         Command::Report(a) => crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format),
-        Command::List => {
+        Command::List(a) => {
             // Under mpirun, rank 0 speaks for all.
             if crate::dist::is_root() {
-                print!("{}", crate::listing::list());
+                if a.kernel_path {
+                    println!("{}", crate::backend::cpu::isa::Isa::detect().name());
+                } else {
+                    print!("{}", crate::listing::list());
+                }
             }
             Ok(())
         }

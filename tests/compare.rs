@@ -17,8 +17,27 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The committed CI baselines, one per CPU kernel path (`results/baseline/ci/<path>/`).
+fn baselines() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(repo().join("results/baseline/ci"))
+        .expect("results/baseline/ci")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("runs.csv").is_file())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no baseline under results/baseline/ci");
+    dirs
+}
+
+/// The baseline of this machine's kernel path, as `.ci/run` picks it, else the first one.
 fn baseline() -> PathBuf {
-    repo().join("results/baseline/ci")
+    let path = attnbench::backend::cpu::isa::Isa::detect().name();
+    let own = repo().join("results/baseline/ci").join(path);
+    if own.join("runs.csv").is_file() {
+        own
+    } else {
+        baselines().remove(0)
+    }
 }
 
 /// A copy of a results directory, to edit.
@@ -259,6 +278,62 @@ fn one_page_more_memory_is_a_memory_regression_with_exit_3() {
     // A threshold of one page lets it through.
     let (code, _) = compare_json(&baseline(), &cur, &["--mem-threshold", "4KiB"]);
     assert_ne!(code, 3);
+}
+
+#[test]
+fn memory_on_another_cpu_kernel_path_is_not_judged_but_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let mut target = String::new();
+    edit_records(&cur, |rs| {
+        let r = rs
+            .iter_mut()
+            .find(|r| r.status == Status::Ok && r.variant == "flash" && r.dtype == "bf16")
+            .unwrap();
+        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + 28 * 1024);
+        target = r.case_id.clone();
+    });
+    // The same kernel path: a regression.
+    let (code, _) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3);
+    // Another path (bf16 tiles widened to f32 instead of paired): said, not judged.
+    edit_meta(&cur, |m| {
+        let own = m["cpu_kernel_path"]
+            .as_str()
+            .or_else(|| m["calibration"][0]["kernel_isa"].as_str())
+            .unwrap()
+            .to_string();
+        m["cpu_kernel_path"] = if own == "portable" {
+            "avx2"
+        } else {
+            "portable"
+        }
+        .into();
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["counts"]["memory_regressions"], 0);
+    assert_eq!(v["counts"]["memory_incomparable"], 1);
+    let case = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["case_id"] == target.as_str())
+        .unwrap();
+    assert_eq!(case["memory"]["verdict"], "incomparable");
+    // Another kernel path is another machine: times are normalized.
+    assert_eq!(v["normalize"]["mode"], "calibration");
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(0)
+        .stdout(
+            predicate::str::contains("memory not judged (other kernel path)")
+                .and(predicate::str::contains("memory of 1 CPU case(s) differs")),
+        );
 }
 
 #[test]
@@ -604,12 +679,22 @@ fn the_ci_config_runs_every_variant_and_the_baseline_holds_exactly_its_cases() {
     // One thread: exact memory gates (README "Comparing runs").
     assert!(cases.iter().all(|c| c.threads == 1));
     let want: BTreeSet<String> = cases.iter().map(|c| c.id()).collect();
-    let records = read_records(&baseline());
+    for dir in baselines() {
+        check_baseline(&dir, &want, &all);
+    }
+}
+
+/// One committed baseline holds exactly the CI config's cases, each ok or declined by design,
+/// with its samples, its calibration, and the kernel path its directory is named after.
+fn check_baseline(dir: &Path, want: &BTreeSet<String>, all: &BTreeSet<&str>) {
+    let records = read_records(dir);
     let have: BTreeSet<String> = records.iter().map(|r| r.case_id.clone()).collect();
     assert_eq!(
-        have, want,
-        "results/baseline/ci is stale for configs/ci.toml: run scripts/update-baseline.sh \
-         and commit the baseline on its own"
+        &have,
+        want,
+        "{} is stale for configs/ci.toml: run scripts/update-baseline.sh on a machine of \
+         that kernel path and commit the baseline on its own",
+        dir.display()
     );
     // Every case runs or is a combination its variant declines by design (a mode it lacks,
     // a device count it does not use); and every variant, and every mode, has cases that run.
@@ -623,28 +708,38 @@ fn the_ci_config_runs_every_variant_and_the_baseline_holds_exactly_its_cases() {
             r.reason
         );
     }
-    for v in &all {
+    for v in all {
         assert!(
             records
                 .iter()
                 .any(|r| r.variant == *v && r.status == Status::Ok),
-            "no ok case of {v} in the baseline"
+            "no ok case of {v} in {}",
+            dir.display()
         );
     }
     for mode in ["fwd", "fwd+bwd", "decode"] {
         let runs = records
             .iter()
             .any(|r| r.mode == mode && r.status == Status::Ok);
-        assert!(runs, "no ok {mode} case in the baseline");
+        assert!(runs, "no ok {mode} case in {}", dir.display());
     }
-    let samples = attnbench::report::samples::read_samples(&baseline().join("samples.csv"))
+    let samples = attnbench::report::samples::read_samples(&dir.join("samples.csv"))
         .expect("baseline samples");
     for r in records.iter().filter(|r| r.status == Status::Ok) {
         assert_eq!(samples[&r.case_id].len(), r.reps, "{}", r.case_id);
     }
     let meta: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(baseline().join("meta.json")).unwrap()).unwrap();
+        serde_json::from_str(&fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
     assert!(!meta["calibration"].as_array().unwrap().is_empty());
+    let path = meta["cpu_kernel_path"]
+        .as_str()
+        .or_else(|| meta["calibration"][0]["kernel_isa"].as_str());
+    assert_eq!(
+        path,
+        dir.file_name().and_then(|n| n.to_str()),
+        "{}: a baseline lives in the directory named after its kernel path",
+        dir.display()
+    );
 }
 
 const TINY: &str = r#"

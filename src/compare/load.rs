@@ -21,6 +21,8 @@ pub struct RunMeta {
     #[serde(default)]
     pub cpu_id: Option<String>,
     #[serde(default)]
+    pub cpu_kernel_path: Option<String>,
+    #[serde(default)]
     pub logical_cpus: Option<usize>,
     #[serde(default)]
     pub git_revision: Option<String>,
@@ -35,6 +37,21 @@ pub struct RunMeta {
 pub struct CalibrationEntry {
     pub threads: usize,
     pub sgemm_gflops: f64,
+    #[serde(default)]
+    pub kernel_isa: String,
+}
+
+impl RunMeta {
+    /// The CPU kernel path of the run: `cpu_kernel_path`, else (runs made before it was
+    /// recorded) the path its calibration was measured with; None when neither says.
+    pub fn kernel_path(&self) -> Option<&str> {
+        self.cpu_kernel_path.as_deref().or_else(|| {
+            self.calibration
+                .iter()
+                .map(|c| c.kernel_isa.as_str())
+                .find(|k| !k.is_empty())
+        })
+    }
 }
 
 /// One side of the comparison.

@@ -37,6 +37,10 @@ pub enum MemVerdict {
     Same,
     /// Shrank by more than the allowance.
     Lower,
+    /// Differs beyond the allowance, but the runs used different CPU kernel paths, whose
+    /// workspaces differ by design (bf16 tiles widened to f32 on AVX2, kept as pairs on
+    /// AVX512_BF16): not judged.
+    Incomparable,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

@@ -179,12 +179,14 @@ pub struct RunInfo {
     pub git_dirty: Option<bool>,
     pub cpu_model: Option<String>,
     pub cpu_id: Option<String>,
+    pub cpu_kernel_path: Option<String>,
     pub logical_cpus: Option<usize>,
 }
 
 impl RunInfo {
     fn of(run: &Run) -> RunInfo {
         let meta = run.meta.clone().unwrap_or_default();
+        let cpu_kernel_path = meta.kernel_path().map(String::from);
         RunInfo {
             path: run.label.clone(),
             cases: run.records.len(),
@@ -193,6 +195,7 @@ impl RunInfo {
             git_dirty: meta.git_dirty,
             cpu_model: meta.cpu_model,
             cpu_id: meta.cpu_id,
+            cpu_kernel_path,
             logical_cpus: meta.logical_cpus,
         }
     }
@@ -208,6 +211,8 @@ pub struct Counts {
     pub same_time: usize,
     pub unclear: usize,
     pub memory_regressions: usize,
+    /// CPU cases whose memory differs between runs on different kernel paths (not judged).
+    pub memory_incomparable: usize,
     pub error_regressions: usize,
     pub status_regressions: usize,
     /// Baseline cases missing from the current run (each a regression).
@@ -263,10 +268,30 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
         ),
     )?;
     let m = matching::match_cases(&baseline.records, &current.records);
+    let path = |r: &Run| {
+        r.meta
+            .as_ref()
+            .and_then(|m| m.kernel_path().map(String::from))
+    };
+    let kernel_paths_differ = matches!(
+        (path(baseline), path(current)),
+        (Some(b), Some(c)) if b != c
+    );
     let mut cases: Vec<CaseComparison> = m
         .pairs
         .iter()
-        .map(|(b, c)| compare_case(b, c, baseline, current, &decision, opts))
+        .map(|(b, c)| {
+            let mut case = compare_case(b, c, baseline, current, &decision, opts);
+            if kernel_paths_differ && c.device == "cpu" {
+                if let Some(mem) = case.memory.as_mut() {
+                    if mem.verdict != MemVerdict::Same {
+                        mem.verdict = MemVerdict::Incomparable;
+                        case.regressions.retain(|r| *r != "memory");
+                    }
+                }
+            }
+            case
+        })
         .collect();
     cases.sort_by(|a, b| {
         a.rank()
@@ -285,6 +310,10 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
         counts.regressed += usize::from(!c.regressions.is_empty());
         counts.unclear += usize::from(c.unclear);
         counts.memory_regressions += usize::from(c.regressions.contains(&"memory"));
+        counts.memory_incomparable += usize::from(
+            c.memory
+                .is_some_and(|m| m.verdict == MemVerdict::Incomparable),
+        );
         counts.error_regressions += usize::from(c.regressions.contains(&"error"));
         counts.status_regressions += usize::from(c.regressions.contains(&"status"));
         match c.time.as_ref().map(|t| t.verdict) {

@@ -30,14 +30,16 @@ pub struct Decision {
 }
 
 /// The machine a run names in `meta.json`: CPU model, its vendor/family/model/stepping
-/// (a VM's model name alone can be the same for two generations), and logical CPUs. A run
+/// (a VM's model name alone can be the same for two generations), the CPU kernel path (one
+/// CPU model with AVX-512 hidden by its VM runs the AVX2 kernels) and logical CPUs. A run
 /// that does not record the family is a different machine from one that does: nothing says
 /// they are the same.
 fn machine(m: &RunMeta) -> String {
     format!(
-        "{} ({}), {} logical CPUs",
+        "{} ({}), kernels {}, {} logical CPUs",
         m.cpu_model.as_deref().unwrap_or("unknown CPU"),
         m.cpu_id.as_deref().unwrap_or("family not recorded"),
+        m.kernel_path().unwrap_or("not recorded"),
         m.logical_cpus
             .map_or_else(|| "?".to_string(), |n| n.to_string())
     )
@@ -124,6 +126,7 @@ mod tests {
                 .map(|&(threads, sgemm_gflops)| CalibrationEntry {
                     threads,
                     sgemm_gflops,
+                    kernel_isa: "avx2".into(),
                 })
                 .collect(),
             ..RunMeta::default()
@@ -159,6 +162,16 @@ mod tests {
         let d = decide(None, (Some(&a), "a"), (Some(&zen5), "b")).unwrap();
         assert_eq!(d.mode, Normalize::Calibration);
         assert!(d.why.contains("not recorded"), "{}", d.why);
+        // One CPU, two kernel paths (a VM that hides AVX-512): `cpu_kernel_path`, or for
+        // older runs the path of their calibration.
+        let avx512 = RunMeta {
+            cpu_kernel_path: Some("avx512-bf16".into()),
+            ..zen4.clone()
+        };
+        assert_eq!(zen4.kernel_path(), Some("avx2"));
+        let d = decide(None, (Some(&avx512), "a"), (Some(&zen4), "b")).unwrap();
+        assert_eq!(d.mode, Normalize::Calibration);
+        assert!(d.why.contains("kernels avx512-bf16"), "{}", d.why);
     }
 
     #[test]

@@ -50,6 +50,17 @@ pub fn markdown(c: &Comparison) -> String {
         human_bytes(o.mem_threshold_bytes),
         human_bytes(c.mem_allowance_bytes)
     );
+    if c.counts.memory_incomparable > 0 {
+        let _ = writeln!(
+            s,
+            "- memory of {} CPU case(s) differs but is not judged: the runs used different CPU \
+             kernel paths ({} → {}), whose workspaces differ by design; gate memory against a \
+             baseline measured on the same path (scripts/update-baseline.sh)",
+            c.counts.memory_incomparable,
+            c.baseline.cpu_kernel_path.as_deref().unwrap_or("?"),
+            c.current.cpu_kernel_path.as_deref().unwrap_or("?")
+        );
+    }
     let _ = writeln!(
         s,
         "- error: a regression when max_abs_err grows more than {}x and above the dtype's \
@@ -136,6 +147,9 @@ fn run_line(r: &RunInfo) -> String {
     if let Some(id) = &r.cpu_id {
         let _ = write!(s, " [{id}]");
     }
+    if let Some(path) = &r.cpu_kernel_path {
+        let _ = write!(s, ", kernels {path}");
+    }
     if let Some(n) = r.logical_cpus {
         let _ = write!(s, " ({n} logical CPUs)");
     }
@@ -170,6 +184,11 @@ fn row(c: &CaseComparison) -> String {
     }
     if c.memory.is_some_and(|m| m.verdict == MemVerdict::Lower) {
         verdicts.push("less memory".into());
+    }
+    if c.memory
+        .is_some_and(|m| m.verdict == MemVerdict::Incomparable)
+    {
+        verdicts.push("memory not judged (other kernel path)".into());
     }
     if c.error.is_some_and(|e| e.verdict == ErrVerdict::Better) {
         verdicts.push("more accurate".into());

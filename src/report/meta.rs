@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::process::Command;
 
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cuda::plan::GpuInfo;
 use crate::error::{Error, Result};
 use crate::measure::calibrate::Calibration;
@@ -25,6 +26,12 @@ pub struct Meta {
     /// alike), these numbers do not. Absent in runs made before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_id: Option<String>,
+    /// The CPU kernels' instruction-set path (`attnbench list`: avx512-bf16, avx512, avx2,
+    /// portable). Speed and the workspace of bf16/f16 cases depend on it, and one CPU model
+    /// can run different paths (a VM may hide AVX-512). Absent in runs made before it was
+    /// recorded (their `calibration[].kernel_isa` says it when they calibrated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_kernel_path: Option<String>,
     pub logical_cpus: usize,
     pub threads: Vec<usize>,
     pub started_unix_s: u64,
@@ -61,6 +68,7 @@ impl Meta {
                 .as_deref()
                 .and_then(|t| cpuinfo_field(t, "model name")),
             cpu_id: cpuinfo.as_deref().and_then(cpu_id),
+            cpu_kernel_path: Some(Isa::detect().name().to_string()),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: std::time::SystemTime::now()
