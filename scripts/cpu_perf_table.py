@@ -49,6 +49,11 @@ def gflops(rows):
     return out
 
 
+def has_bf16_peak(peaks):
+    """Whether the calibration measured a `vdpbf16ps` peak (AVX512_BF16) for any thread count."""
+    return any(bf for _, bf in peaks.values())
+
+
 def fmt(x, unit=""):
     return "–" if x is None else f"{x:.1f}{unit}"
 
@@ -96,8 +101,7 @@ def targets(rows, g, peaks):
         r, h, d, causal, t = worst
         # Without `vdpbf16ps` bf16 is widened to f32 and multiplied at the f32 rate: the
         # target presumes bf16 arithmetic, so say so beside the figure.
-        no_bf16 = not any(bf for _, bf in peaks.values())
-        why = " (no `vdpbf16ps` on this CPU: bf16 runs at the f32 rate by construction)" if no_bf16 else ""
+        why = "" if has_bf16_peak(peaks) else " (no `vdpbf16ps` on this CPU: bf16 runs at the f32 rate by construction)"
         lines.append(
             f"| flash bf16 ≥ 1.3x own f32 at n=4096 (every h, d, mask, threads) | worst {r:.2f}x "
             f"(h={h} d={d} causal={causal} t={t}){why} | {verdict(r >= 1.3)} |"
@@ -224,7 +228,6 @@ def main():
     )
     if kernels:
         cpu += f", kernel path {kernels}"
-    has_bf16_peak = any(bf for _, bf in peaks.values())
 
     def rev_of(m):
         return (m.get("git_revision") or "?")[:10] + (" (dirty)" if m.get("git_dirty") else "")
@@ -238,7 +241,7 @@ def main():
         f"Measured on {cpu}, attnbench {rev}; calibrated peaks (GFLOP/s) {peak_line}. "
         + (
             "Percent of peak is of the FMA peak for f32 rows and of the `vdpbf16ps` peak for bf16 rows."
-            if has_bf16_peak
+            if has_bf16_peak(peaks)
             else "Percent of peak is of the FMA peak for every row: this CPU has no `vdpbf16ps` "
             "(AVX512_BF16), so bf16 inputs are widened to f32 and multiplied at the f32 rate."
         ),

@@ -247,23 +247,30 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
         .stdout(predicate::str::contains("**slower**").and(predicate::str::contains("1.300 [")));
 }
 
+/// Adds `bytes` to the memory overhead of the first ok `flash` case of `dtype` in the run
+/// at `dir`; returns its case id.
+fn add_memory(dir: &Path, dtype: &str, bytes: u64) -> String {
+    let mut target = String::new();
+    edit_records(dir, |rs| {
+        let r = rs
+            .iter_mut()
+            .find(|r| r.status == Status::Ok && r.variant == "flash" && r.dtype == dtype)
+            .unwrap();
+        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + bytes);
+        target = r.case_id.clone();
+    });
+    target
+}
+
 #[test]
 fn one_page_more_memory_is_a_memory_regression_with_exit_3() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
-    let mut target = String::new();
-    edit_records(&cur, |rs| {
-        let r = rs
-            .iter_mut()
-            .find(|r| r.status == Status::Ok && r.variant == "flash")
-            .unwrap();
-        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + 4096);
-        target = r.case_id.clone();
-    });
+    let target = add_memory(&cur, "f32", 4096);
     let (code, v) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3, "{v:#}");
-    assert_eq!(cases_with(&v, "memory"), [target.clone()]);
+    assert_eq!(cases_with(&v, "memory"), std::slice::from_ref(&target));
     assert_eq!(v["counts"]["memory_regressions"], 1);
     // Worst first: the regression leads the table.
     assert_eq!(v["cases"][0]["case_id"], target.as_str());
@@ -285,15 +292,7 @@ fn memory_on_another_cpu_kernel_path_is_not_judged_but_said() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
-    let mut target = String::new();
-    edit_records(&cur, |rs| {
-        let r = rs
-            .iter_mut()
-            .find(|r| r.status == Status::Ok && r.variant == "flash" && r.dtype == "bf16")
-            .unwrap();
-        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + 28 * 1024);
-        target = r.case_id.clone();
-    });
+    let target = add_memory(&cur, "bf16", 28 * 1024);
     // The same kernel path: a regression.
     let (code, _) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3);

@@ -281,16 +281,15 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
         .pairs
         .iter()
         .map(|(b, c)| {
-            let mut case = compare_case(b, c, baseline, current, &decision, opts);
-            if kernel_paths_differ && c.device == "cpu" {
-                if let Some(mem) = case.memory.as_mut() {
-                    if mem.verdict != MemVerdict::Same {
-                        mem.verdict = MemVerdict::Incomparable;
-                        case.regressions.retain(|r| *r != "memory");
-                    }
-                }
-            }
-            case
+            compare_case(
+                b,
+                c,
+                baseline,
+                current,
+                &decision,
+                opts,
+                kernel_paths_differ,
+            )
         })
         .collect();
     cases.sort_by(|a, b| {
@@ -355,6 +354,8 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
     })
 }
 
+/// One matched case; `kernel_paths_differ`: the runs used different CPU kernel paths, so a
+/// CPU case's memory that differs is `Incomparable`, not judged.
 fn compare_case(
     b: &Record,
     c: &Record,
@@ -362,13 +363,18 @@ fn compare_case(
     current: &Run,
     decision: &Decision,
     opts: &Options,
+    kernel_paths_differ: bool,
 ) -> CaseComparison {
     let status = accuracy::status_change(b.status, c.status);
     let both_ok = b.status == Status::Ok && c.status == Status::Ok;
     let time = both_ok.then(|| time_of(b, c, baseline, current, decision, opts));
     let memory = match (b.mem_overhead_bytes, c.mem_overhead_bytes) {
         (Some(x), Some(y)) if both_ok => {
-            Some(memory::gate(x, y, c.threads, opts.mem_threshold_bytes))
+            let mut m = memory::gate(x, y, c.threads, opts.mem_threshold_bytes);
+            if kernel_paths_differ && c.device == "cpu" && m.verdict != MemVerdict::Same {
+                m.verdict = MemVerdict::Incomparable;
+            }
+            Some(m)
         }
         _ => None,
     };
