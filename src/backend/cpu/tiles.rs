@@ -188,33 +188,55 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut
     check_out(&out, n);
     let shape = tile_shape(isa);
     let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
-    for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
-        let t = Tile {
-            k,
-            // SAFETY (all three offsets): m0 < m and n0 < n, inside the views checked above.
-            a: unsafe { ap.add(m0 * a.rs) },
-            ars: a.rs,
-            acs: a.cs,
-            b: unsafe { bp.add(n0) },
-            ldb: b.ld,
-            c: unsafe { cp.add(m0 * ldc + n0) },
-            ldc,
-            n_last,
-            epi: epi_at(&mut out, n0),
-        };
-        // SAFETY: the tile's rows m0..m0+mr, columns n0..n0+(nv-1)*W+n_last and its k terms
-        // lie inside A, B, C and the epilogue's column vector (checked above); the masked
-        // last vector touches only its n_last lanes; `isa` is available (checked).
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Bf16 | Isa::Avx512 => avx512::tile_any(mr, nv, partial, &t),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => avx2::tile_any(mr, nv, partial, &t),
-                _ => portable::tile_any(mr, nv, partial, &t),
+    // The reduction is cut into blocks of KC terms outside the tile loop (see `k_blocks`).
+    for (p0, kb) in k_blocks(k) {
+        for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
+            let t = Tile {
+                k: kb,
+                // SAFETY (all three offsets): m0 < m, n0 < n and p0 < k (or p0 = k = 0),
+                // inside the views checked above.
+                a: unsafe { ap.add(m0 * a.rs + p0 * a.cs) },
+                ars: a.rs,
+                acs: a.cs,
+                b: unsafe { bp.add(p0 * b.ld + n0) },
+                ldb: b.ld,
+                c: unsafe { cp.add(m0 * ldc + n0) },
+                ldc,
+                n_last,
+                epi: if p0 == 0 {
+                    epi_at(&mut out, n0)
+                } else {
+                    Epi::Add
+                },
+            };
+            // SAFETY: the tile's rows m0..m0+mr, columns n0..n0+(nv-1)*W+n_last and its
+            // terms p0..p0+kb lie inside A, B, C and the epilogue's column vector (checked
+            // above); the masked last vector touches only its n_last lanes; `isa` is
+            // available (checked).
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512Bf16 | Isa::Avx512 => avx512::tile_any(mr, nv, partial, &t),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => avx2::tile_any(mr, nv, partial, &t),
+                    _ => portable::tile_any(mr, nv, partial, &t),
+                }
             }
-        }
-    });
+        });
+    }
+}
+
+/// The blocks (first term, terms) of a reduction over `k` terms, each at most [`KC`]; one
+/// empty block when `k` is 0 (C is still written). Every tile of C runs one block before
+/// the next, the first with the product's epilogue and the rest adding into C: the same
+/// partial sums, added in the same order, as a tile that cuts its own K loop, but the
+/// block of B (KC rows of a column panel) stays in L1 while all rows of A pass over it, and
+/// a long A (a row block of P against V) is read once per block from L2 instead of once
+/// per column panel from wherever the whole of it fits.
+fn k_blocks(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..k.max(1))
+        .step_by(KC)
+        .map(move |p0| (p0, KC.min(k - p0)))
 }
 
 /// C (m x n) (op)= A B with bf16 pairs (`vdpbf16ps`), f32 accumulation; only on

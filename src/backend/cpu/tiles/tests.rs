@@ -147,6 +147,22 @@ fn long_reductions_are_summed_in_partial_sums() {
             for j in 0..n {
                 let want = reference(&a, &b, i, j);
                 assert!((c[i * n + j] as f64 - want).abs() < 1e-4, "{isa} ({i},{j})");
+                // Bit for bit: partial sums of KC terms in order (fused on the x86 paths,
+                // multiply then add on the portable one), the first stored, the rest added.
+                let mut total = 0.0f32;
+                for (blk, p0) in (0..k).step_by(KC).enumerate() {
+                    let mut acc = 0.0f32;
+                    for p in p0..k.min(p0 + KC) {
+                        let (x, y) = (ad[i * k + p], bd[p * n + j]);
+                        acc = if isa == Isa::Portable {
+                            x * y + acc
+                        } else {
+                            x.mul_add(y, acc)
+                        };
+                    }
+                    total = if blk == 0 { acc } else { total + acc };
+                }
+                assert_eq!(c[i * n + j].to_bits(), total.to_bits(), "{isa} ({i},{j})");
             }
         }
     }
