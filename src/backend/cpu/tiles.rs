@@ -1,5 +1,7 @@
 //! The safe interface of the microkernels (`simd`): GEMM-shaped tiles on slices, checked once
-//! per call, then cut into register tiles for the chosen [`Isa`]; the softmax pieces; and
+//! per call, then cut into register tiles for the chosen [`Isa`] (f32 products: the
+//! reduction in blocks of `KC` terms outermost, then column panels, then row tiles, so a
+//! B block stays in L1 and A is read once per block); the softmax pieces; and
 //! the packing of the small operand tiles (Q^T, K^T panels, bf16 pairs). Every attention
 //! kernel (naive, Rabe–Staats, flash) is built from these, so their timings compare the
 //! algorithms, not their implementations. No allocation anywhere: buffers come from the
