@@ -10,7 +10,8 @@
 //! attention kernels is laid out so that B is either an input read in place (V) or a small
 //! packed tile (Q^T, K^T panels, P^T), so nothing but those tiles is ever copied. The K loop
 //! is cut into chunks of at most [`KC`] terms, each summed from zero in registers and then
-//! added into C: every dot product is a sum of partial sums of <= 256 terms (REPRODUCTION.md
+//! added into C (by `tiles::gemm` for the f32 tiles, which run one chunk each; inside the
+//! bf16 tiles): every dot product is a sum of partial sums of <= 256 terms (REPRODUCTION.md
 //! 1.1 shows why the error bound at n = 16384 needs this).
 
 #[cfg(target_arch = "x86_64")]
@@ -201,7 +202,9 @@ macro_rules! kernels {
         /// Independent chains of [`fma_chains`].
         pub const FMA_CHAINS: usize = 12;
 
-        /// One MR x NV tile of the f32 GEMM.
+        /// One MR x NV tile of the f32 GEMM over one block of at most [`KC`] terms (the
+        /// caller, `tiles::gemm`, cuts the reduction into blocks): one partial sum per
+        /// product, summed from zero in registers, then the epilogue.
         ///
         /// # Safety
         /// All pointers of `t` are valid for the rows, columns and k it names (B and C
@@ -209,37 +212,26 @@ macro_rules! kernels {
         $(#[$attr])*
         #[inline]
         pub unsafe fn tile<const MR: usize, const NV: usize, const PARTIAL: bool>(t: &Tile<f32>) {
+            debug_assert!(t.k <= KC, "an f32 tile sums at most KC terms");
             let lastm = mask_first(if PARTIAL { t.n_last } else { W });
-            let (a, b, c) = (t.a, t.b, t.c);
-            let (ars, acs, ldb, ldc) = (t.ars, t.acs, t.ldb, t.ldc);
-            let mut p0 = 0;
-            let mut epi = t.epi;
-            loop {
-                let kc = KC.min(t.k - p0);
-                let mut acc = [[zero(); NV]; MR];
-                let mut ap = a.add(p0 * acs);
-                let mut bp = b.add(p0 * ldb);
-                for _ in 0..kc {
-                    let mut bv = [zero(); NV];
-                    for (v, x) in bv.iter_mut().enumerate() {
-                        *x = ldv::<NV, PARTIAL>(bp.add(v * W), v, lastm);
-                    }
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        let av = bcast(ap.add(i * ars));
-                        for (x, bx) in row.iter_mut().zip(bv) {
-                            *x = fma(av, bx, *x);
-                        }
-                    }
-                    ap = ap.add(acs);
-                    bp = bp.add(ldb);
+            let (acs, ldb) = (t.acs, t.ldb);
+            let mut acc = [[zero(); NV]; MR];
+            let (mut ap, mut bp) = (t.a, t.b);
+            for _ in 0..t.k {
+                let mut bv = [zero(); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = ldv::<NV, PARTIAL>(bp.add(v * W), v, lastm);
                 }
-                epilogue::<MR, NV, PARTIAL>(acc, c, ldc, epi, lastm);
-                p0 += kc;
-                if p0 >= t.k {
-                    break;
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = bcast(ap.add(i * t.ars));
+                    for (x, bx) in row.iter_mut().zip(bv) {
+                        *x = fma(av, bx, *x);
+                    }
                 }
-                epi = Epi::Add;
+                ap = ap.add(acs);
+                bp = bp.add(ldb);
             }
+            epilogue::<MR, NV, PARTIAL>(acc, t.c, t.ldc, t.epi, lastm);
         }
 
         $crate::backend::cpu::simd::epilogue_fns!($(#[$attr])*);
