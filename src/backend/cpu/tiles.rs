@@ -1,7 +1,8 @@
 //! The safe interface of the microkernels (`simd`): GEMM-shaped tiles on slices, checked once
-//! per call, then cut into register tiles for the chosen [`Isa`] (f32 products: the
-//! reduction in blocks of `KC` terms outermost, then column panels, then row tiles, so a
-//! B block stays in L1 and A is read once per block); the softmax pieces; and
+//! per call, then cut into register tiles for the chosen [`Isa`] (f32 and bf16 pair
+//! products alike: the reduction in blocks of `KC` terms outermost, then column panels,
+//! then row tiles, so a B block stays in L1 and A is read once per block); the softmax
+//! pieces; and
 //! the packing of the small operand tiles (Q^T, K^T panels, bf16 pairs). Every attention
 //! kernel (naive, Rabe–Staats, flash) is built from these, so their timings compare the
 //! algorithms, not their implementations. No allocation anywhere: buffers come from the
@@ -191,7 +192,7 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut
     let shape = tile_shape(isa);
     let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
     // The reduction is cut into blocks of KC terms outside the tile loop (see `k_blocks`).
-    for (p0, kb) in k_blocks(k) {
+    for (p0, kb) in k_blocks(k, KC) {
         for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
             let t = Tile {
                 k: kb,
@@ -228,17 +229,18 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut
     }
 }
 
-/// The blocks (first term, terms) of a reduction over `k` terms, each at most [`KC`]; one
-/// empty block when `k` is 0 (C is still written). Every tile of C runs one block before
+/// The blocks (first term, terms) of a reduction over `k` terms, each at most `block`
+/// (KC terms, or KC / 2 bf16 pairs); one empty block when `k` is 0 (C is still written).
+/// Every tile of C runs one block before
 /// the next, the first with the product's epilogue and the rest adding into C: the same
 /// partial sums, added in the same order, as a tile that cuts its own K loop, but the
 /// block of B (KC rows of a column panel) stays in L1 while all rows of A pass over it, and
 /// a long A (a row block of P against V) is read once per block from L2 instead of once
 /// per column panel from wherever the whole of it fits.
-fn k_blocks(k: usize) -> impl Iterator<Item = (usize, usize)> {
+fn k_blocks(k: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..k.max(1))
-        .step_by(KC)
-        .map(move |p0| (p0, KC.min(k - p0)))
+        .step_by(block)
+        .map(move |p0| (p0, block.min(k - p0)))
 }
 
 /// C (m x n) (op)= A B with bf16 pairs (`vdpbf16ps`), f32 accumulation; only on
@@ -278,23 +280,32 @@ fn gemm_bf16_fused(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize
     {
         let shape = (bf16::MR_MAX, bf16::BF16_NV_MAX, avx512::W);
         let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
-        for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
-            let t = Tile {
-                k,
-                // SAFETY (all three offsets): inside the views checked above.
-                a: unsafe { ap.add(m0 * a.rs) },
-                ars: a.rs,
-                acs: a.cs,
-                b: unsafe { bp.add(2 * n0) },
-                ldb: b.ld,
-                c: unsafe { cp.add(m0 * ldc + n0) },
-                ldc,
-                n_last,
-                epi: epi_at(&mut out, n0),
-            };
-            // SAFETY: as in `gemm`; B is read as whole vectors, inside its padded rows.
-            unsafe { bf16::tile_any(mr, nv, partial, &t) }
-        });
+        // Blocks of KC terms (KC / 2 pairs) outside the tile loop, as in `gemm_fused`.
+        for (p0, kb) in k_blocks(k, KC / 2) {
+            for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
+                let t = Tile {
+                    k: kb,
+                    // SAFETY (all three offsets): m0 < m, n0 < n and pair p0 < k (or
+                    // p0 = k = 0), inside the views checked above.
+                    a: unsafe { ap.add(m0 * a.rs + p0 * a.cs) },
+                    ars: a.rs,
+                    acs: a.cs,
+                    b: unsafe { bp.add(p0 * b.ld + 2 * n0) },
+                    ldb: b.ld,
+                    c: unsafe { cp.add(m0 * ldc + n0) },
+                    ldc,
+                    n_last,
+                    epi: if p0 == 0 {
+                        epi_at(&mut out, n0)
+                    } else {
+                        Epi::Add
+                    },
+                };
+                // SAFETY: as in `gemm_fused`, pairs p0..p0+kb; B is read as whole vectors,
+                // inside its padded rows.
+                unsafe { bf16::tile_any(mr, nv, partial, &t) }
+            });
+        }
     }
 }
 

@@ -24,7 +24,9 @@ unsafe fn as_bh(x: __m512i) -> __m512bh {
 
 super::epilogue_fns!(#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]);
 
-/// One MR x NV tile; `t.k` counts pairs, A pairs at `a + i*ars + p*acs` (u16 units), B rows
+/// One MR x NV tile over one block of at most `KC / 2` pairs (the caller,
+/// `tiles::gemm_bf16`, cuts the reduction into blocks): one f32 partial sum per product,
+/// then the epilogue. `t.k` counts pairs, A pairs at `a + i*ars + p*acs` (u16 units), B rows
 /// of 2 * NV * W u16 at stride `ldb`, always read as whole vectors (B is padded).
 ///
 /// # Safety
@@ -32,42 +34,31 @@ super::epilogue_fns!(#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 #[inline]
 pub unsafe fn tile<const MR: usize, const NV: usize, const PARTIAL: bool>(t: &Tile<u16>) {
+    debug_assert!(2 * t.k <= KC, "a bf16 tile sums at most KC terms");
     let lastm: Mask = if PARTIAL && t.n_last < W {
         ((1u32 << t.n_last) - 1) as Mask
     } else {
         0xFFFF
     };
-    let (a, b) = (t.a, t.b);
     let (ars, acs, ldb) = (t.ars, t.acs, t.ldb);
-    let mut p0 = 0;
-    let mut epi = t.epi;
-    loop {
-        let kc = (KC / 2).min(t.k - p0);
-        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-        let mut ap = a.add(p0 * acs);
-        let mut bp = b.add(p0 * ldb);
-        for _ in 0..kc {
-            let mut bv = [as_bh(_mm512_setzero_si512()); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = as_bh(_mm512_loadu_si512(bp.add(v * 2 * W) as *const __m512i));
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let pair = (ap.add(i * ars) as *const i32).read_unaligned();
-                let av = as_bh(_mm512_set1_epi32(pair));
-                for (x, bx) in row.iter_mut().zip(bv) {
-                    *x = _mm512_dpbf16_ps(*x, av, bx);
-                }
-            }
-            ap = ap.add(acs);
-            bp = bp.add(ldb);
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    let (mut ap, mut bp) = (t.a, t.b);
+    for _ in 0..t.k {
+        let mut bv = [as_bh(_mm512_setzero_si512()); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = as_bh(_mm512_loadu_si512(bp.add(v * 2 * W) as *const __m512i));
         }
-        epilogue::<MR, NV, PARTIAL>(acc, t.c, t.ldc, epi, lastm);
-        p0 += kc;
-        if p0 >= t.k {
-            break;
+        for (i, row) in acc.iter_mut().enumerate() {
+            let pair = (ap.add(i * ars) as *const i32).read_unaligned();
+            let av = as_bh(_mm512_set1_epi32(pair));
+            for (x, bx) in row.iter_mut().zip(bv) {
+                *x = _mm512_dpbf16_ps(*x, av, bx);
+            }
         }
-        epi = Epi::Add;
+        ap = ap.add(acs);
+        bp = bp.add(ldb);
     }
+    epilogue::<MR, NV, PARTIAL>(acc, t.c, t.ldc, t.epi, lastm);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]

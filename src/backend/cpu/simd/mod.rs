@@ -10,8 +10,8 @@
 //! attention kernels is laid out so that B is either an input read in place (V) or a small
 //! packed tile (Q^T, K^T panels, P^T), so nothing but those tiles is ever copied. The K loop
 //! is cut into chunks of at most [`KC`] terms, each summed from zero in registers and then
-//! added into C (by `tiles::gemm` for the f32 tiles, which run one chunk each; inside the
-//! bf16 tiles): every dot product is a sum of partial sums of <= 256 terms (REPRODUCTION.md
+//! added into C (by `tiles::gemm` and `tiles::gemm_bf16`, whose tiles run one chunk each):
+//! every dot product is a sum of partial sums of <= 256 terms (REPRODUCTION.md
 //! 1.1 shows why the error bound at n = 16384 needs this).
 
 #[cfg(target_arch = "x86_64")]
