@@ -119,11 +119,24 @@ fn for_tiles(
         let n_last = cols - (nv - 1) * w;
         let mut m0 = 0;
         while m0 < m {
-            let mr = mr_max.min(m - m0);
+            let mr = tile_rows(mr_max, m - m0);
             f(m0, mr, n0, nv, n_last < w, n_last);
             m0 += mr;
         }
         n0 += cols;
+    }
+}
+
+/// Rows of the next register tile with `left` rows to go: full tiles, except that a short
+/// remainder (at most half a tile) is not left on its own. The last `mr_max + r` rows are
+/// then split into two tiles of about equal height (8 rows at `mr_max` = 6 as 4 + 4, not
+/// 6 + 2): a 2-row tile has too few independent accumulators to hide the FMA latency. Every
+/// element of C is still one tile's sum over k in order, so the split changes no bit.
+fn tile_rows(mr_max: usize, left: usize) -> usize {
+    if left > mr_max && 2 * (left - mr_max) <= mr_max {
+        left.div_ceil(2)
+    } else {
+        mr_max.min(left)
     }
 }
 

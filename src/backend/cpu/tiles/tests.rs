@@ -593,3 +593,43 @@ fn bf16_row_softmax_writes_rounded_probabilities_over_the_row() {
         assert!(as_u16(&mut row)[..10].iter().all(|h| *h == 0));
     }
 }
+
+#[test]
+fn row_tiles_cover_every_row_once_without_a_short_last_tile() {
+    for mr_max in 1..=8 {
+        for m in 1..=100 {
+            let mut heights = Vec::new();
+            let mut m0 = 0;
+            while m0 < m {
+                let mr = tile_rows(mr_max, m - m0);
+                assert!(
+                    (1..=mr_max).contains(&mr),
+                    "mr_max {mr_max} m {m}: tile of {mr}"
+                );
+                heights.push(mr);
+                m0 += mr;
+            }
+            assert_eq!(m0, m, "mr_max {mr_max} m {m}: {heights:?}");
+            // Only the last two tiles may be short, and then neither is under half a tile.
+            let full = heights.iter().take_while(|h| **h == mr_max).count();
+            assert!(
+                full + 2 >= heights.len(),
+                "mr_max {mr_max} m {m}: {heights:?}"
+            );
+            if m > mr_max {
+                assert!(
+                    heights.iter().all(|h| 2 * h >= mr_max),
+                    "mr_max {mr_max} m {m}: {heights:?}"
+                );
+            }
+        }
+    }
+    // d = 128 rows of the AVX2 path's 6-row tiles: twenty 6-row tiles, then 4 + 4 (not 6 + 2).
+    let mut heights = Vec::new();
+    let mut m0 = 0;
+    while m0 < 128 {
+        heights.push(tile_rows(6, 128 - m0));
+        m0 += heights[heights.len() - 1];
+    }
+    assert_eq!(heights[20..], [4, 4]);
+}
