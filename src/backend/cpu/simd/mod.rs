@@ -432,12 +432,17 @@ macro_rules! kernels {
         pub unsafe fn scale(x: *mut f32, n: usize, f: f32) {
             let fv = splat(f);
             let mut i = 0;
-            while i < n {
-                let k = W.min(n - i);
-                let m = mask_first(k);
+            // Whole vectors by plain loads and stores (AVX2's masked store is microcoded,
+            // several times slower), the tail masked.
+            while i + W <= n {
+                let p = x.add(i);
+                store(p, mul(load(p), fv));
+                i += W;
+            }
+            if i < n {
+                let m = mask_first(n - i);
                 let p = x.add(i);
                 store_m(p, mul(load_m(p, m), fv), m);
-                i += k;
             }
         }
 
@@ -463,6 +468,18 @@ macro_rules! kernels {
             let mut i = 0;
             while i < n_dst {
                 let k = if i < head { (head - i).min(W) } else { W.min(n_dst - i) };
+                if i >= head && k == W && i + W <= n {
+                    // A whole vector of x to an aligned one of dst: plain loads and stores
+                    // (AVX2's masked store is microcoded, several times slower).
+                    let p = x.add(i);
+                    let y = mul(load(p), fv);
+                    stream(dst.add(i), y);
+                    if keep {
+                        store(p, y);
+                    }
+                    i += W;
+                    continue;
+                }
                 // Lanes past x's end load 0 and store 0.
                 let mx = mask_first(k.min(n.saturating_sub(i)));
                 let p = x.add(i);
