@@ -491,39 +491,12 @@ impl Tensor {
         }
     }
 
-    /// Widen `len` elements starting at `offset` into `dst` (f32, exact). The slice
-    /// conversions of `half` detect F16C once per call and convert whole vectors (kernels
-    /// widen tiles with it on every block).
-    #[inline]
-    pub fn copy_to_f32(&self, offset: usize, dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        let n = dst.len();
-        match self {
-            Tensor::F32(v) => dst.copy_from_slice(&v[offset..offset + n]),
-            Tensor::Bf16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
-            Tensor::F16(v) => v[offset..offset + n].convert_to_f32_slice(dst),
-        }
-    }
-
     /// The f32 slice itself when stored as f32 (kernels then read it in place, no copy).
     #[inline]
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self {
             Tensor::F32(v) => Some(v),
             _ => None,
-        }
-    }
-
-    /// `len` elements from `offset` as f32: borrowed in place for f32 storage, widened into
-    /// `scratch[..len]` otherwise. This is how kernels load tiles of low-precision inputs.
-    #[inline]
-    pub fn rows_f32<'a>(&'a self, offset: usize, len: usize, scratch: &'a mut [f32]) -> &'a [f32] {
-        match self {
-            Tensor::F32(v) => &v[offset..offset + len],
-            _ => {
-                self.copy_to_f32(offset, &mut scratch[..len]);
-                &scratch[..len]
-            }
         }
     }
 }

@@ -22,6 +22,7 @@ use super::tiles::{
     as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
     softmax_row, softmax_row_bf16, AOp, BOp, Out, Path, LANES_MAX, PANEL,
 };
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
@@ -318,7 +319,7 @@ impl Chunked<'_> {
                 interleave_rows(isa, v, jn, d, as_u16(self.vw.take_in(ph, 0, pi)));
             } else if path != Path::F32 {
                 let vp = &mut self.vw.take_in(ph, 0, pi)[..jn * d];
-                self.inputs.v.copy_to_f32(kv_at + j0 * d, vp);
+                vecops::widen_into(&self.inputs.v, kv_at + j0 * d, vp);
             }
         });
         *packed = Some((kv_at, kn));
@@ -347,10 +348,10 @@ impl Chunked<'_> {
             let q = match self.path {
                 Path::Bf16Dot => Query::Pairs(&self.q16[at..][..sr * d]),
                 // f32 queries are read in place, others widened.
-                Path::F32 => Query::F32(self.inputs.q.rows_f32(at, sr * d, &mut [])),
+                Path::F32 => Query::F32(vecops::widen(&self.inputs.q, at, sr * d, &mut [])),
                 Path::Widen => {
                     let w = take(&self.qw, job.scratch);
-                    Query::F32(self.inputs.q.rows_f32(at, sr * d, w))
+                    Query::F32(vecops::widen(&self.inputs.q, at, sr * d, w))
                 }
             };
             let k = self.kt.view_in(ph);
@@ -608,15 +609,15 @@ pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &m
                     let [v_star, qs, ks, vs] = carve(&mut guard, [d; 4]);
                     for (r, o_r) in o.chunks_mut(d).enumerate() {
                         let row = blk * SEQ_ROW_BLOCK + r;
-                        let q = inputs.q.rows_f32(q_off + row * d, d, qs);
+                        let q = vecops::widen(&inputs.q, q_off + row * d, d, qs);
                         v_star.fill(0.0);
                         let (mut m_star, mut s_star) = (f32::NEG_INFINITY, 0.0f32);
                         for i in 0..s.visible_keys(causal, row) {
-                            let k = inputs.k.rows_f32(kv_off + i * d, d, ks);
+                            let k = vecops::widen(&inputs.k, kv_off + i * d, d, ks);
                             let s_i = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
                             let m_i = m_star.max(s_i);
                             let (old, new) = ((m_star - m_i).exp(), (s_i - m_i).exp());
-                            let v = inputs.v.rows_f32(kv_off + i * d, d, vs);
+                            let v = vecops::widen(&inputs.v, kv_off + i * d, d, vs);
                             for (acc, x) in v_star.iter_mut().zip(v) {
                                 *acc = *acc * old + x * new;
                             }

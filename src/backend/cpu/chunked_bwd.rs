@@ -15,6 +15,7 @@ use super::blocks::LockedBlocks;
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
 use super::softmax::{exp_sub_sum, mask_from, row_max, softmax_grad_rows};
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -84,7 +85,7 @@ pub fn backward(
                     let [qs, ks, vs, p, dp, maxes, sums, ld, dq_acc, dk_t, dv_t] =
                         carve(&mut guard, worker_lens(&s, qc, kc, widen));
                     let qs = &mut qs[..rows * d];
-                    inputs.q.copy_to_f32(q_off + row0 * d, qs);
+                    vecops::widen_into(&inputs.q, q_off + row0 * d, qs);
                     qs.iter_mut().for_each(|x| *x *= scale);
                     let go = &d_out[q_off + row0 * d..][..rows * d];
                     let o = &out[q_off + row0 * d..][..rows * d];
@@ -113,7 +114,7 @@ pub fn backward(
                             w_j.fill(0.0);
                             continue;
                         }
-                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
+                        let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
                         let p = &mut p[..rows * kn];
                         score(p, k, k0, kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
@@ -146,8 +147,8 @@ pub fn backward(
                         if k0 >= last_visible {
                             continue;
                         }
-                        let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-                        let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+                        let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
+                        let v = vecops::widen(&inputs.v, kv_off + k0 * d, kn * d, vs);
                         let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
                         score(p, k, k0, kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {

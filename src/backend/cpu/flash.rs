@@ -22,6 +22,7 @@ use super::tiles::{
     as_u16, bf16_bits, col_softmax, col_softmax_bf16, gemm, gemm_bf16, interleave_rows,
     mask_colmax, pack_pairs_t, pack_t, pad_lanes, AOp, BOp, ColState, Out,
 };
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{DType, Inputs, Shape};
 
@@ -199,7 +200,7 @@ fn block(
                 let k: &[f32] = match k32 {
                     Some(k) => &k[kv_at..][..kn * d],
                     None => {
-                        inputs.k.copy_to_f32(kv_at, &mut kw[..kn * d]);
+                        vecops::widen_into(&inputs.k, kv_at, &mut kw[..kn * d]);
                         &kw[..kn * d]
                     }
                 };
@@ -259,7 +260,7 @@ fn block(
                 let v: &[f32] = match v32 {
                     Some(v) => &v[kv_at..][..kn * d],
                     None => {
-                        inputs.v.copy_to_f32(kv_at, &mut vw[..kn * d]);
+                        vecops::widen_into(&inputs.v, kv_at, &mut vw[..kn * d]);
                         &vw[..kn * d]
                     }
                 };

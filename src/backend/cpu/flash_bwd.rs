@@ -13,6 +13,7 @@ use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
 use super::softmax::{mask_from, softmax_grad_rows};
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -77,8 +78,8 @@ pub fn backward(
             let [qs, ks, vs, p, dp, dk_acc, dv_acc, dq_tmp] =
                 carve(&mut guard, worker_lens(&s, bq, bk, widen));
             let kv_off = (b * s.kv_heads + g) * nkv * d;
-            let k = inputs.k.rows_f32(kv_off + k0 * d, kn * d, ks);
-            let v = inputs.v.rows_f32(kv_off + k0 * d, kn * d, vs);
+            let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
+            let v = vecops::widen(&inputs.v, kv_off + k0 * d, kn * d, vs);
             let (dk_acc, dv_acc) = (&mut dk_acc[..kn * d], &mut dv_acc[..kn * d]);
             dk_acc.fill(0.0);
             dv_acc.fill(0.0);
@@ -91,7 +92,7 @@ pub fn backward(
                     if s.visible_keys(causal, row0 + rows - 1) <= k0 {
                         continue; // every row of this block is masked for block j
                     }
-                    let q = inputs.q.rows_f32(q_off + row0 * d, rows * d, qs);
+                    let q = vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qs);
                     let go = &d_out[q_off + row0 * d..][..rows * d];
                     let l_i = &lse[head * nq + row0..][..rows];
                     let d_i = &dd[head * nq + row0..][..rows];

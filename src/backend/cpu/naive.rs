@@ -24,6 +24,7 @@ use super::tiles::{
     as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, scale_stream,
     scale_stream_pairs, softmax_row, store_fence, AOp, BOp, Out, Path, LANES_MAX, PANEL,
 };
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
@@ -122,7 +123,7 @@ pub fn forward(
                 if pv16 {
                     interleave_rows(isa, &v16[kv_off..][..nkv * d], nkv, d, as_u16(vw));
                 } else if path != Path::F32 {
-                    inputs.v.copy_to_f32(kv_off, &mut vw[..nkv * d]);
+                    vecops::widen_into(&inputs.v, kv_off, &mut vw[..nkv * d]);
                 }
                 *packed = Some(kv_off);
             }
@@ -130,7 +131,7 @@ pub fn forward(
             // S = Q K^T, one 64-key panel of K^T at a time (raw scores; the scale is in c).
             let q = match path {
                 Path::Bf16Dot => &[][..],
-                _ => inputs.q.rows_f32(q_off + row0 * d, rows * d, qw),
+                _ => vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qw),
             };
             let q16 = q16.unwrap_or_default();
             // Causal: the block's last row sees the most keys; the panels past them are not

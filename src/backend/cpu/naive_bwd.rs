@@ -11,6 +11,7 @@ use super::blocks::{head_row_blocks, split_bytes};
 use super::gemm::{sgemm, MatRef};
 use super::naive::ROW_BLOCK;
 use super::softmax::softmax_grad_rows;
+use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
 
@@ -73,8 +74,8 @@ pub fn backward(
             let mut guard = ws.acquire();
             let lens = if widen { [nkv * d, nkv * d] } else { [0; 2] };
             let [ks, vs] = carve(&mut guard, lens);
-            let k = inputs.k.rows_f32(kv_off, nkv * d, ks);
-            let v = inputs.v.rows_f32(kv_off, nkv * d, vs);
+            let k = vecops::widen(&inputs.k, kv_off, nkv * d, ks);
+            let v = vecops::widen(&inputs.v, kv_off, nkv * d, vs);
             let go = &d_out[q_off + row0 * d..][..rows * d];
             let o = &out[q_off + row0 * d..][..rows * d];
             let p = &probs[(head * nq + row0) * nkv..][..rows * nkv];
@@ -121,7 +122,7 @@ pub fn backward(
                 let head = b * s.heads + h;
                 let beta = if t == 0 { 0.0 } else { 1.0 };
                 let q_off = s.q_head_offset(b, h);
-                let q = inputs.q.rows_f32(q_off, nq * d, qs);
+                let q = vecops::widen(&inputs.q, q_off, nq * d, qs);
                 let go = &d_out[q_off..][..nq * d];
                 let at = head * nq * nkv + j0;
                 sgemm(
