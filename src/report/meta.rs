@@ -16,6 +16,8 @@ pub struct Meta {
     pub attnbench_version: String,
     pub command_line: Vec<String>,
     pub git_revision: Option<String>,
+    /// Whether tracked files outside `results/` differ from `git_revision` (committed
+    /// results being re-measured in place do not make the build dirty).
     pub git_dirty: Option<bool>,
     pub rustc: String,
     pub profile: String,
@@ -94,7 +96,9 @@ impl Meta {
     }
 }
 
-/// The current git revision and whether the work tree has changes (None outside a repo).
+/// The current git revision and whether the work tree has changes outside `results/` (None
+/// outside a repo): a sweep that re-measures a committed results directory rewrites it while
+/// it runs, which says nothing about the build.
 fn git_state() -> (Option<String>, Option<bool>) {
     let run = |args: &[&str]| {
         Command::new("git")
@@ -107,7 +111,16 @@ fn git_state() -> (Option<String>, Option<bool>) {
     let rev = run(&["rev-parse", "HEAD"]).map(|s| s.trim().to_string());
     let dirty = rev
         .as_ref()
-        .and_then(|_| run(&["status", "--porcelain", "--untracked-files=no"]))
+        .and_then(|_| {
+            run(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)results",
+            ])
+        })
         .map(|s| !s.trim().is_empty());
     (rev, dirty)
 }
