@@ -186,7 +186,7 @@ pub fn gemm(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, out: 
     gemm_fused(isa, a, b, c, ldc, out)
 }
 
-fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut out: Out) {
+fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, out: Out) {
     check_isa(isa);
     let (m, k, n) = (a.rows, a.k, b.n);
     assert_eq!(b.k, k, "inner dimensions differ");
@@ -202,21 +202,65 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut
     }
     check_c(c, m, n, ldc);
     check_out(&out, n);
-    let shape = tile_shape(isa);
+    // SAFETY: A, B, C and the epilogue's column vector were checked above for the product.
+    unsafe {
+        for_block_tiles(
+            tile_shape(isa),
+            a,
+            b,
+            1,
+            c,
+            ldc,
+            out,
+            KC,
+            |mr, nv, partial, t| {
+                // SAFETY: `t` lies inside the views (`for_block_tiles`); `isa` is available
+                // (checked).
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512Bf16 | Isa::Avx512 => avx512::tile_any(mr, nv, partial, t),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => avx2::tile_any(mr, nv, partial, t),
+                    _ => portable::tile_any(mr, nv, partial, t),
+                }
+            },
+        )
+    }
+}
+
+/// Runs `tile` on every register tile (rows, vectors, partial, the tile) of C (m x n)
+/// (op)= A B, the reduction cut into blocks of `block` steps outside the tile loop (see
+/// [`k_blocks`]): each tile's first block with `out`'s epilogue, the rest adding into C.
+/// `b_step` is B's values per column of C (1, or 2 for bf16 pairs).
+///
+/// # Safety
+/// A, B (rows of `b_step * n` values, whole vectors where the tiles read them so), C (row
+/// stride `ldc`) and `out`'s column vector are valid for the product's m, k and n.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn for_block_tiles<T>(
+    shape: (usize, usize, usize),
+    a: AOp<T>,
+    b: BOp<T>,
+    b_step: usize,
+    c: &mut [f32],
+    ldc: usize,
+    mut out: Out,
+    block: usize,
+    mut tile: impl FnMut(usize, usize, bool, &Tile<T>),
+) {
     let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
-    // The reduction is cut into blocks of KC terms outside the tile loop (see `k_blocks`).
-    for (p0, kb) in k_blocks(k, KC) {
-        for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
+    for (p0, kb) in k_blocks(a.k, block) {
+        for_tiles(shape, a.rows, b.n, |m0, mr, n0, nv, partial, n_last| {
             let t = Tile {
                 k: kb,
-                // SAFETY (all three offsets): m0 < m, n0 < n and p0 < k (or p0 = k = 0),
-                // inside the views checked above.
-                a: unsafe { ap.add(m0 * a.rs + p0 * a.cs) },
+                // m0 < m, n0 < n and p0 < k (or p0 = k = 0): inside the views.
+                a: ap.add(m0 * a.rs + p0 * a.cs),
                 ars: a.rs,
                 acs: a.cs,
-                b: unsafe { bp.add(p0 * b.ld + n0) },
+                b: bp.add(p0 * b.ld + b_step * n0),
                 ldb: b.ld,
-                c: unsafe { cp.add(m0 * ldc + n0) },
+                c: cp.add(m0 * ldc + n0),
                 ldc,
                 n_last,
                 epi: if p0 == 0 {
@@ -225,19 +269,7 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, mut
                     Epi::Add
                 },
             };
-            // SAFETY: the tile's rows m0..m0+mr, columns n0..n0+(nv-1)*W+n_last and its
-            // terms p0..p0+kb lie inside A, B, C and the epilogue's column vector (checked
-            // above); the masked last vector touches only its n_last lanes; `isa` is
-            // available (checked).
-            unsafe {
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512Bf16 | Isa::Avx512 => avx512::tile_any(mr, nv, partial, &t),
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => avx2::tile_any(mr, nv, partial, &t),
-                    _ => portable::tile_any(mr, nv, partial, &t),
-                }
-            }
+            tile(mr, nv, partial, &t);
         });
     }
 }
@@ -269,7 +301,7 @@ pub fn gemm_bf16(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize, 
     gemm_bf16_fused(isa, a, b, c, ldc, out)
 }
 
-fn gemm_bf16_fused(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize, mut out: Out) {
+fn gemm_bf16_fused(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize, out: Out) {
     check_isa(isa);
     assert!(isa.bf16_dot(), "bf16 pair tiles need the avx512-bf16 path");
     let (m, k, n) = (a.rows, a.k, b.n);
@@ -292,32 +324,12 @@ fn gemm_bf16_fused(isa: Isa, a: AOp<u16>, b: BOp<u16>, c: &mut [f32], ldc: usize
     #[cfg(target_arch = "x86_64")]
     {
         let shape = (bf16::MR_MAX, bf16::BF16_NV_MAX, avx512::W);
-        let (ap, bp, cp) = (a.data.as_ptr(), b.data.as_ptr(), c.as_mut_ptr());
-        // Blocks of KC terms (KC / 2 pairs) outside the tile loop, as in `gemm_fused`.
-        for (p0, kb) in k_blocks(k, KC / 2) {
-            for_tiles(shape, m, n, |m0, mr, n0, nv, partial, n_last| {
-                let t = Tile {
-                    k: kb,
-                    // SAFETY (all three offsets): m0 < m, n0 < n and pair p0 < k (or
-                    // p0 = k = 0), inside the views checked above.
-                    a: unsafe { ap.add(m0 * a.rs + p0 * a.cs) },
-                    ars: a.rs,
-                    acs: a.cs,
-                    b: unsafe { bp.add(p0 * b.ld + 2 * n0) },
-                    ldb: b.ld,
-                    c: unsafe { cp.add(m0 * ldc + n0) },
-                    ldc,
-                    n_last,
-                    epi: if p0 == 0 {
-                        epi_at(&mut out, n0)
-                    } else {
-                        Epi::Add
-                    },
-                };
-                // SAFETY: as in `gemm_fused`, pairs p0..p0+kb; B is read as whole vectors,
-                // inside its padded rows.
-                unsafe { bf16::tile_any(mr, nv, partial, &t) }
-            });
+        // SAFETY: A, B (padded rows of pairs) and C were checked above; B is read as whole
+        // vectors, inside its padded rows; `isa` has AVX512_BF16 (checked).
+        unsafe {
+            for_block_tiles(shape, a, b, 2, c, ldc, out, KC / 2, |mr, nv, partial, t| {
+                bf16::tile_any(mr, nv, partial, t)
+            })
         }
     }
 }
