@@ -117,8 +117,8 @@ fn git_state() -> (Option<String>, Option<bool>) {
                 "--porcelain",
                 "--untracked-files=no",
                 "--",
-                ".",
-                ":(exclude)results",
+                ":(top)",
+                ":(top,exclude)results",
             ])
         })
         .map(|s| !s.trim().is_empty());

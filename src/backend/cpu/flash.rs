@@ -160,7 +160,6 @@ fn block(
     // first row's visible range on need the mask.
     let kv_end = s.visible_keys(causal, row0 + rows - 1);
     let first_visible = s.visible_keys(causal, row0);
-    let (k32, v32) = (inputs.k.as_f32(), inputs.v.as_f32());
     let (k16, v16) = (bf16_bits(&inputs.k), bf16_bits(&inputs.v));
 
     for k0 in (0..kv_end).step_by(bk) {
@@ -197,13 +196,7 @@ fn block(
                 gemm_bf16(isa, a, b, st, nb, qk_out);
             }
             _ => {
-                let k: &[f32] = match k32 {
-                    Some(k) => &k[kv_at..][..kn * d],
-                    None => {
-                        vecops::widen_into(&inputs.k, kv_at, &mut kw[..kn * d]);
-                        &kw[..kn * d]
-                    }
-                };
+                let k = vecops::widen(&inputs.k, kv_at, kn * d, kw);
                 let a = AOp {
                     data: k,
                     rows: kn,
@@ -257,13 +250,7 @@ fn block(
             }
             _ => {
                 col_softmax(isa, st, kn, nb, c, &mut state);
-                let v: &[f32] = match v32 {
-                    Some(v) => &v[kv_at..][..kn * d],
-                    None => {
-                        vecops::widen_into(&inputs.v, kv_at, &mut vw[..kn * d]);
-                        &vw[..kn * d]
-                    }
-                };
+                let v = vecops::widen(&inputs.v, kv_at, kn * d, vw);
                 let a = AOp {
                     data: v,
                     rows: d,
