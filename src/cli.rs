@@ -77,8 +77,10 @@ pub struct CompareArgs {
     /// tolerance.
     #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
     pub err_threshold: f64,
-    /// Express times in units of each run's calibrated SGEMM seconds per GFLOP (meta.json)
-    /// before comparing [default: calibration when the two runs' machines differ, else none].
+    /// Express times in units of each run's calibrated SGEMM seconds per GFLOP (meta.json), or
+    /// of each case's machine-speed probe measured with it (`probe`: divides out a shared
+    /// machine's slow stretches case by case), before comparing [default: calibration when
+    /// the two runs' machines differ, else none].
     #[arg(long, value_enum)]
     pub normalize: Option<Normalize>,
     /// Exit 4 when some time verdicts are unclear (and nothing regressed).

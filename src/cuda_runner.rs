@@ -125,7 +125,8 @@ fn measure(
         gpu.sync("the timed calls")?;
         timing
     };
-    record_timing(record, case, &timing);
+    // The CPU probe says nothing about the GPU.
+    record_timing(record, case, &timing, None);
 
     // The checked pass: inputs and output are live, the peak is reset, the workspace is
     // allocated inside (under the budget), every launch is synchronized and checked.

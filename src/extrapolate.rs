@@ -118,6 +118,7 @@ pub fn scale_record(part: Record, full: &Case, run: &str, predicted_full: u64) -
     r.max_rel_err = part.max_rel_err;
     r.err_rows = part.err_rows;
     r.stopped_by = part.stopped_by;
+    r.probe_gflops = part.probe_gflops;
     r.time_bwd_median_s = scale(part.time_bwd_median_s);
     r.grad_max_abs_err = part.grad_max_abs_err;
     r.grad_max_rel_err = part.grad_max_rel_err;

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::extrapolate::{self, Extrapolation};
 use crate::layer;
 use crate::measure::alloc::{self, MemoryProbe};
+use crate::measure::probe::probe_pool;
 use crate::measure::rss;
 use crate::measure::stats::Summary;
 use crate::measure::timer::{time_repetitions, StopRule, Timing};
@@ -146,10 +147,19 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
 /// to a sleeping thread, which on a small case can cost as much as the kernel. The loop
 /// runs warm (`WarmCalls`): a kernel's scratch buffers are those the previous call freed,
 /// not fresh pages the operating system must zero. The memory probe runs after it, cold.
-fn on_worker<T: Send>(case: &Case, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+/// The machine-speed probe (`measure::probe`) runs on every thread of the pool just before
+/// and just after the loop; their mean is returned beside the timing.
+fn time_on_worker(
+    case: &Case,
+    stop: &StopRule,
+    f: impl FnMut() -> Result<()> + Send,
+) -> Result<(Timing, f64)> {
     pool(case.threads)?.install(|| {
         let _warm = WarmCalls::start();
-        f()
+        let before = probe_pool();
+        let timing = time_repetitions(stop, &INTERRUPTED, f)?;
+        let after = probe_pool();
+        Ok((timing, (before + after) / 2.0))
     })
 }
 
@@ -319,17 +329,15 @@ fn measure(
     };
 
     let stop = stop_rule(case, &settings.stop);
-    let timing = on_worker(case, || {
-        time_repetitions(&stop, &INTERRUPTED, || forward(case, &inputs, &mut out))
-    });
-    let timing = match timing {
+    let timing = time_on_worker(case, &stop, || forward(case, &inputs, &mut out));
+    let (timing, probe) = match timing {
         Ok(t) => t,
         Err(e) => {
             let status = oom_or_error(&e);
             return Ok(failed(record, status, e, Some(inputs)));
         }
     };
-    record_timing(&mut record, case, &timing);
+    record_timing(&mut record, case, &timing, Some(probe));
 
     // The probe pass: poisoned output (a row the kernel forgets to write stays NaN and shows
     // as an error), peak reset just before the call, so the overhead excludes inputs and
@@ -411,20 +419,18 @@ fn measure_train(
     };
 
     let mut bwd_times = Vec::new();
-    let timing = on_worker(case, || {
-        time_repetitions(&settings.stop, &INTERRUPTED, || {
-            bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
-            Ok(())
-        })
+    let timing = time_on_worker(case, &settings.stop, || {
+        bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
+        Ok(())
     });
-    let timing = match timing {
+    let (timing, probe) = match timing {
         Ok(t) => t,
         Err(e) => {
             let status = oom_or_error(&e);
             return Ok(failed(record, status, e, Some(inputs)));
         }
     };
-    record_timing(&mut record, case, &timing);
+    record_timing(&mut record, case, &timing, Some(probe));
     // Warm-up calls come first: the timed ones are the last `reps`.
     let timed = &bwd_times[bwd_times.len().saturating_sub(timing.samples.len())..];
     record.time_bwd_median_s = Summary::of(timed).map(|s| s.median);
@@ -496,19 +502,15 @@ fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Out
     let call = |out: &mut [f32], dx: &mut [f32], dp: &mut [f32]| {
         threads.install(|| layer::run_once(case, isa, &params, &x, &d_out, out, dx, dp))
     };
-    let timing = on_worker(case, || {
-        time_repetitions(&settings.stop, &INTERRUPTED, || {
-            call(&mut out, &mut dx, &mut dp)
-        })
-    });
-    let timing = match timing {
+    let timing = time_on_worker(case, &settings.stop, || call(&mut out, &mut dx, &mut dp));
+    let (timing, probe) = match timing {
         Ok(t) => t,
         Err(e) => {
             let status = oom_or_error(&e);
             return Ok(failed(record, status, e, None));
         }
     };
-    record_timing(&mut record, case, &timing);
+    record_timing(&mut record, case, &timing, Some(probe));
     for v in [&mut out, &mut dx, &mut dp] {
         layer::poison(v);
     }
@@ -586,8 +588,10 @@ fn probe_pass<T>(record: &mut Record, pass: impl FnOnce() -> Result<T>) -> Resul
     Ok(value)
 }
 
-pub(crate) fn record_timing(record: &mut Record, case: &Case, timing: &Timing) {
+/// The timing's columns; `probe`: the machine-speed probe around it (CPU cases).
+pub(crate) fn record_timing(record: &mut Record, case: &Case, timing: &Timing, probe: Option<f64>) {
     let sm = &timing.summary;
+    record.probe_gflops = probe;
     record.reps = sm.reps;
     record.time_median_s = Some(sm.median);
     record.time_min_s = Some(sm.min);

@@ -15,7 +15,8 @@ seed,input_dist,input_scale,stopped_by,time_bwd_median_s,grad_max_abs_err,grad_m
 grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_diff,splits,\
 allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
-critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes";
+critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
+probe_gflops";
 
 fn attnbench() -> Command {
     Command::cargo_bin("attnbench").expect("binary built")
@@ -82,6 +83,20 @@ fn tiny_sweep_writes_documented_csv_one_row_per_case_and_resume_adds_nothing() {
         .collect();
     assert_eq!(statuses.iter().filter(|s| *s == "ok").count(), 6);
     assert_eq!(statuses.iter().filter(|s| *s == "skipped").count(), 6);
+    // Every timed case carries the machine-speed probe measured with it; skipped ones none.
+    let records: Vec<attnbench::report::record::Record> =
+        csv::Reader::from_path(out.join("runs.csv"))
+            .unwrap()
+            .deserialize()
+            .map(|x| x.unwrap())
+            .collect();
+    for r in &records {
+        let timed = r.time_median_s.is_some();
+        assert_eq!(r.probe_gflops.is_some(), timed, "{}", r.case_id);
+        if let Some(p) = r.probe_gflops {
+            assert!(p.is_finite() && p > 0.0, "{}: {p}", r.case_id);
+        }
+    }
     let meta: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
     assert_eq!(meta["config"]["run"]["name"], "tiny");

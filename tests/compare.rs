@@ -547,6 +547,51 @@ fn another_machine_is_normalized_by_its_calibration() {
 }
 
 #[test]
+fn a_slow_stretch_of_the_machine_is_divided_out_by_the_case_probe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur) = (tmp.path().join("base"), tmp.path().join("cur"));
+    copy_run(&baseline(), &base);
+    copy_run(&baseline(), &cur);
+    // The same build measured while the machine ran at half speed: every time doubled, and
+    // the probe measured with each case says so.
+    edit_records(&base, |rs| {
+        rs.iter_mut().for_each(|r| r.probe_gflops = Some(50.0))
+    });
+    edit_records(&cur, |rs| {
+        rs.iter_mut().for_each(|r| r.probe_gflops = Some(25.0))
+    });
+    edit_samples(&cur, |_, t| t * 2.0);
+    let (code, v) = compare_json(&base, &cur, &["--normalize", "probe"]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["normalize"]["mode"], "probe");
+    assert_eq!(v["counts"]["regressed"], 0);
+    assert!(!timed_cases(&v).is_empty());
+    for c in timed_cases(&v) {
+        let ratio = c["time"]["interval"]["ratio"].as_f64().unwrap();
+        assert!((ratio - 1.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(c["time"]["factor"], 0.5);
+    }
+    // Without the probe the doubled times are regressions.
+    let (code, v) = compare_json(&base, &cur, &["--normalize", "none"]);
+    assert_eq!(code, 3, "{v:#}");
+    for id in self_consistent_cases() {
+        assert_eq!(verdict_of(&v, &id), "slower", "{id}");
+    }
+    // A run without probes (older attnbench): no time verdict, and the note says what to do.
+    edit_records(&base, |rs| {
+        rs.iter_mut().for_each(|r| r.probe_gflops = None)
+    });
+    let (code, v) = compare_json(&base, &cur, &["--normalize", "probe", "--fail-on-unclear"]);
+    assert_eq!(code, 4, "{v:#}");
+    assert!(timed_cases(&v).is_empty());
+    let note = v["cases"][0]["time"]["note"].as_str().unwrap();
+    assert!(
+        note.contains("probe_gflops") && note.contains("--normalize calibration"),
+        "{note}"
+    );
+}
+
+#[test]
 fn bad_paths_and_flags_are_usage_errors() {
     let tmp = tempfile::tempdir().unwrap();
     attnbench()

@@ -450,6 +450,7 @@ fn time_of(
             (Some(bm), Some(cm)) => normalize::factor(bm, cm, c.threads),
             _ => Err("no meta.json".to_string()),
         },
+        Normalize::Probe => normalize::probe_factor(b.probe_gflops, c.probe_gflops),
     };
     let factor = match factor {
         Ok(k) => k,
@@ -458,7 +459,7 @@ fn time_of(
             return result;
         }
     };
-    if decision.mode == Normalize::Calibration {
+    if decision.mode != Normalize::None {
         result.factor = Some(factor);
     }
     let (sb, sc) = match (samples(baseline, &b.case_id), samples(current, &c.case_id)) {

@@ -4,6 +4,11 @@
 //! done meanwhile". A ratio of normalized times is the raw ratio times
 //! `gflops_current / gflops_baseline`. O(calibration entries) per case.
 //!
+//! `probe` does the same with each case's own machine-speed probe (`probe_gflops`, measured
+//! on the case's threads just before and after its timed calls, `measure::probe`) instead of
+//! the one calibration at the start of the sweep: a shared machine's slow stretches of
+//! seconds are then divided out case by case.
+//!
 //! SGEMM rather than copy bandwidth: attention at the head dims benchmarked here spends its
 //! time in GEMMs and the exp of the softmax, both compute-bound, so the SGEMM rate on the same
 //! thread count tracks them across machines better than DRAM bandwidth does.
@@ -20,6 +25,8 @@ pub enum Normalize {
     None,
     /// Divide by each run's calibrated SGEMM seconds per GFLOP (meta.json).
     Calibration,
+    /// Divide by each case's machine-speed probe (`probe_gflops`, measured with the case).
+    Probe,
 }
 
 /// The mode in effect and why.
@@ -94,8 +101,26 @@ pub fn decide(
     Ok(decision)
 }
 
+/// The factor `k` that turns a raw time ratio into a probe-normalized one for a case:
+/// `probe_current / probe_baseline` (its two `probe_gflops`). `Err` says why there is none.
+pub fn probe_factor(
+    baseline: Option<f64>,
+    current: Option<f64>,
+) -> std::result::Result<f64, String> {
+    let rate = |p: Option<f64>, side: &str| {
+        p.filter(|g| g.is_finite() && *g > 0.0).ok_or_else(|| {
+            format!(
+                "no probe_gflops in the {side} (a run made before attnbench recorded it, or a \
+                 GPU case); compare with --normalize calibration"
+            )
+        })
+    };
+    Ok(rate(current, "current run")? / rate(baseline, "baseline")?)
+}
+
 /// The factor `k` that turns a raw time ratio into a normalized one for a case on `threads`
-/// threads: `gflops_current / gflops_baseline`. `Err` says why there is none.
+/// threads: `gflops_current / gflops_baseline` of the runs' calibrations. `Err` says why
+/// there is none.
 pub fn factor(
     baseline: &RunMeta,
     current: &RunMeta,

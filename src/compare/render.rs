@@ -40,6 +40,9 @@ pub fn markdown(c: &Comparison) -> String {
         match c.normalize.mode {
             Normalize::None => "none, raw seconds",
             Normalize::Calibration => "times divided by each run's SGEMM seconds per GFLOP",
+            Normalize::Probe => {
+                "times divided by each case's machine-speed probe seconds per GFLOP (probe_gflops)"
+            }
         },
         c.normalize.why
     );

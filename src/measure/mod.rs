@@ -1,8 +1,10 @@
 //! Measurement: counting allocator (exact memory overhead, emulated budget), timing with a
-//! noise-based stopping rule, statistics, peak RSS, and machine calibration.
+//! noise-based stopping rule, statistics, peak RSS, machine calibration, and the per-case
+//! machine-speed probe.
 
 pub mod alloc;
 pub mod calibrate;
+pub mod probe;
 pub mod rss;
 pub mod stats;
 pub mod timer;

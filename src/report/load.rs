@@ -16,7 +16,7 @@ pub const CSV_NAME: &str = "runs.csv";
 pub const META_NAME: &str = "meta.json";
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 26] = [
+pub const OPTIONAL_COLUMNS: [&str; 27] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -43,6 +43,7 @@ pub const OPTIONAL_COLUMNS: [&str; 26] = [
     "comm_time_min_s",
     "sim_comm_bytes",
     "sim_comm_max_device_bytes",
+    "probe_gflops",
 ];
 
 /// The contents of a results directory.

@@ -165,6 +165,10 @@ pub struct Record {
     /// MPI: bytes the simulation's busiest device sends.
     #[serde(default)]
     pub sim_comm_max_device_bytes: Option<u64>,
+    /// CPU cases: the machine-speed probe (`measure::probe`) run on every thread of the
+    /// case's pool just before and after its timed repetitions, mean GFLOP/s per thread.
+    #[serde(default)]
+    pub probe_gflops: Option<f64>,
 }
 
 impl Record {
@@ -241,6 +245,7 @@ impl Record {
             comm_time_min_s: None,
             sim_comm_bytes: None,
             sim_comm_max_device_bytes: None,
+            probe_gflops: None,
         }
     }
 
