@@ -87,6 +87,7 @@ HEADER = [
     "comm_time_min_s",
     "sim_comm_bytes",
     "sim_comm_max_device_bytes",
+    "probe_gflops",
 ]
 
 # reference::ALL_ROWS_MAX_MACS: above this the oracle checks `error_rows` sampled rows.
