@@ -9,7 +9,7 @@ discards such a pass for each case. The calibrated peaks are the best over the p
 
 Writes DIR/runs.csv, DIR/samples.csv, DIR/meta.json (the first pass's, with the combined
 calibration and a `passes` list) and DIR/passes.csv (every pass's median of every case, and
-which pass was kept).
+each pass's machine-speed probe of it, and which pass was kept).
 
     python3 scripts/cpu_perf_combine.py results/cpu_perf results/cpu_perf/pass-1 results/cpu_perf/pass-2 ...
 """
@@ -76,7 +76,9 @@ def main():
         kept_rows.append(runs[chosen][case])
         kept_samples += samples[chosen].get(case, [])
         times = [r[case]["time_median_s"] if case in r else "" for r in runs]
-        table.append([case] + times + [chosen + 1])
+        # The machine-speed probe of each pass (empty for peers and runs without it).
+        probe = [r[case].get("probe_gflops") or "" if case in r else "" for r in runs]
+        table.append([case] + times + probe + [chosen + 1])
 
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "runs.csv", "w", newline="") as f:
@@ -89,7 +91,12 @@ def main():
         w.writerows(kept_samples)
     with open(a.out / "passes.csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(["case_id"] + [f"pass{i + 1}_median_s" for i in range(len(runs))] + ["kept_pass"])
+        w.writerow(
+            ["case_id"]
+            + [f"pass{i + 1}_median_s" for i in range(len(runs))]
+            + [f"pass{i + 1}_probe_gflops" for i in range(len(runs))]
+            + ["kept_pass"]
+        )
         w.writerows(table)
 
     # A calibrated rate is the best of its runs (an upper estimate of the sustained rate);

@@ -41,6 +41,61 @@ def key(r, variant=None):
     )
 
 
+def probes(rows):
+    """Our rows' machine-speed probe (`probe_gflops`, attnbench's per-case SGEMM yardstick) as
+    a fraction of the median probe of the rows with the same thread count: 1.0 is the
+    machine's usual speed, 0.7 a case measured in a slow stretch. Empty for runs made before
+    the probe existed (and for the peers' rows, which have none)."""
+    by_t = {}
+    for r in rows:
+        if r["status"] == "ok" and r["mode"] == "fwd" and r.get("probe_gflops"):
+            by_t.setdefault(int(r["threads"]), []).append((key(r), float(r["probe_gflops"])))
+    out = {}
+    for _, kv in by_t.items():
+        med = statistics.median(p for _, p in kv)
+        for k, p in kv:
+            out[k] = p / med
+    return out
+
+
+def speed_section(rows, speed):
+    """The probe's summary: per thread count, the median probe and its spread, and the rows
+    measured below 90% of it (slowest first), so that a missed target can be checked
+    against the machine's speed at the time."""
+    if not speed:
+        return []
+    lines = [
+        "### Machine speed while measuring",
+        "",
+        "Each of our rows records `probe_gflops`, a fixed L1-resident SGEMM timed on the case's "
+        "threads just before and after it (README, \"Comparing runs\"). Below, as a fraction of "
+        "the median probe of the rows with the same thread count (the `speed` column of the "
+        "tables):",
+        "",
+    ]
+    for t in sorted({k[6] for k in speed}):
+        vals = sorted(v for k, v in speed.items() if k[6] == t)
+        raw = sorted(
+            float(r["probe_gflops"])
+            for r in rows
+            if r.get("probe_gflops") and int(r["threads"]) == t and r["mode"] == "fwd"
+        )
+        low = sum(v < 0.9 for v in vals)
+        lines.append(
+            f"- {t} thread{'s' if t > 1 else ''}: median probe {statistics.median(raw):.1f} GFLOP/s "
+            f"per thread; speed min {vals[0]:.2f}, max {vals[-1]:.2f}; {low} of {len(vals)} rows "
+            "below 0.90"
+        )
+    slow = sorted((v, k) for k, v in speed.items() if v < 0.9)
+    if slow:
+        lines += ["", "Rows measured below 0.90 of the usual speed (at most 16, slowest first):", ""]
+        for v, k in slow[:16]:
+            lines.append(
+                f"- {k[0]} {k[1]} h={k[2]} d={k[3]} n={k[4]} causal={k[5]} t={k[6]}: {v:.3f}"
+            )
+    return lines
+
+
 def gflops(rows):
     out = {}
     for r in rows:
@@ -185,12 +240,12 @@ def targets(rows, g, peaks):
     return lines
 
 
-def table(g, peaks, select):
-    head = (
-        "| dtype | h | d | n | causal | threads | ours | GFLOP/s | peer | GFLOP/s | ratio | % of peak |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
-    )
-    lines = [head]
+def table(g, peaks, select, speed):
+    head = "| dtype | h | d | n | causal | threads | ours | GFLOP/s | peer | GFLOP/s | ratio | % of peak |"
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    if speed:
+        head, rule = head + " speed |", rule + "---|"
+    lines = [head, rule]
     for k in sorted(g):
         variant, dtype, h, d, n, causal, t = k
         if variant not in PEER or not select(k):
@@ -201,10 +256,14 @@ def table(g, peaks, select):
         peak = bf if dtype == "bf16" and bf else fma
         pct = 100.0 * ours / peak if peak else None
         ratio = ours / peer if peer else None
-        lines.append(
+        line = (
             f"| {dtype} | {h} | {d} | {n} | {'yes' if causal else 'no'} | {t} | {variant} | {ours:.1f} "
             f"| {PEER[variant]} | {fmt(peer)} | {fmt(ratio, 'x')} | {fmt(pct, '%')} |"
         )
+        if speed:
+            sp = speed.get(k)
+            line += f" {'–' if sp is None else f'{sp:.2f}'} |"
+        lines.append(line)
     return lines
 
 
@@ -216,6 +275,7 @@ def main():
     d = Path(args.dir)
     rows, meta, peaks = load(d)
     g = gflops(rows)
+    speed = probes(rows)
     peak_line = ", ".join(
         f"{t} thread{'s' if t > 1 else ''}: FMA {fma:.0f}" + (f", bf16 {bf:.0f}" if bf else "")
         for t, (fma, bf) in sorted(peaks.items())
@@ -252,11 +312,14 @@ def main():
         "",
         "### Two threads, d = 64, n = 4096 and 8192",
         "",
-        *table(g, peaks, lambda k: k[6] == 2 and k[3] == 64 and k[4] in (4096, 8192)),
+        *table(g, peaks, lambda k: k[6] == 2 and k[3] == 64 and k[4] in (4096, 8192), speed),
         "",
         "Every case (both thread counts, d = 64 and 128, n = 1024 to 8192): `table_full.md`.",
     ]
-    (d / "table_full.md").write_text("\n".join(["# cpu_perf: every case", "", *table(g, peaks, lambda k: True), ""]))
+    section = speed_section(rows, speed)
+    if section:
+        out += ["", *section]
+    (d / "table_full.md").write_text("\n".join(["# cpu_perf: every case", "", *table(g, peaks, lambda k: True, speed), ""]))
     text = "\n".join(out)
     if not args.readme:
         print(text)
