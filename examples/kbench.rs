@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::workspace::WarmCalls;
-use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
 use attnbench::runner::{forward_with, pool};
 use attnbench::variant::VariantId;
 
@@ -49,32 +49,12 @@ fn main() {
     let reps: usize = arg(9, "5").parse::<usize>().expect("reps").max(1);
     let qc: Option<usize> = a.get(10).and_then(|x| x.parse().ok());
     let kc: Option<usize> = a.get(11).and_then(|x| x.parse().ok());
-    let info = variant.info();
+    let base = Case::cpu_fwd(variant, Shape::self_attention(heads, n, d), dtype, threads);
     let case = Case {
-        variant,
-        mode: Mode::Fwd,
-        device: Device::Cpu,
-        dtype,
-        shape: Shape {
-            batch: 1,
-            heads,
-            kv_heads: heads,
-            seq_q: n,
-            seq_kv: n,
-            head_dim: d,
-        },
-        q_chunk: info.default_q_chunk.map(|c| qc.unwrap_or(c).min(n)),
-        kv_chunk: info.default_kv_chunk.map(|c| kc.unwrap_or(c).min(n)),
+        q_chunk: base.q_chunk.map(|c| qc.unwrap_or(c).min(n)),
+        kv_chunk: base.kv_chunk.map(|c| kc.unwrap_or(c).min(n)),
         causal,
-        window: None,
-        devices: 1,
-        threads,
-        input_dist: InputDist::Normal,
-        input_scale: 1.0,
-        seed: 0,
-        d_out: UpstreamGrad::Random,
-        splits: None,
-        allreduce: None,
+        ..base
     };
     let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);
     let mut out = vec![0.0f32; case.shape.out_len()];

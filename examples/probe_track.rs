@@ -12,7 +12,7 @@ use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::tiles::peak_loop;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::measure::probe::probe_thread;
-use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
 use attnbench::runner::{forward, pool};
 use attnbench::variant::VariantId;
 
@@ -43,33 +43,7 @@ fn main() {
     let steps: usize = arg(4, "2000").parse().expect("steps");
     let inner: usize = arg(5, "20").parse().expect("inner");
     let window: usize = arg(6, "50").parse().expect("window");
-    let info = variant.info();
-    let case = Case {
-        variant,
-        mode: Mode::Fwd,
-        device: Device::Cpu,
-        dtype: DType::F32,
-        shape: Shape {
-            batch: 1,
-            heads,
-            kv_heads: heads,
-            seq_q: n,
-            seq_kv: n,
-            head_dim: 64,
-        },
-        q_chunk: info.default_q_chunk.map(|c| c.min(n)),
-        kv_chunk: info.default_kv_chunk.map(|c| c.min(n)),
-        causal: false,
-        window: None,
-        devices: 1,
-        threads: 1,
-        input_dist: InputDist::Normal,
-        input_scale: 1.0,
-        seed: 0,
-        d_out: UpstreamGrad::Random,
-        splits: None,
-        allreduce: None,
-    };
+    let case = Case::cpu_fwd(variant, Shape::self_attention(heads, n, 64), DType::F32, 1);
     let inputs = Inputs::generate(case.shape, DType::F32, InputDist::Normal, 1.0, 0);
     let mut out = vec![0.0f32; case.shape.out_len()];
     let isa = Isa::detect();

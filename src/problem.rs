@@ -263,6 +263,19 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Multi-head self-attention over one sequence: batch 1, `heads` query and key/value
+    /// heads, `n` queries and keys of `head_dim`.
+    pub fn self_attention(heads: usize, n: usize, head_dim: usize) -> Shape {
+        Shape {
+            batch: 1,
+            heads,
+            kv_heads: heads,
+            seq_q: n,
+            seq_kv: n,
+            head_dim,
+        }
+    }
+
     pub fn q_len(&self) -> usize {
         self.batch * self.heads * self.seq_q * self.head_dim
     }
@@ -367,6 +380,34 @@ pub struct Case {
 }
 
 impl Case {
+    /// A forward case on the CPU with the variant's defaults: its default chunks clamped to
+    /// the sequence (as the sweep's expansion does), its default split count and allreduce,
+    /// no mask or window, one device, normal inputs at scale 1, seed 0. Tests, examples and
+    /// tools start from it and set what they vary (`Case { causal: true, ..base }`).
+    pub fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case {
+        let info = variant.info();
+        let v = variant.get();
+        Case {
+            variant,
+            mode: Mode::Fwd,
+            device: Device::Cpu,
+            dtype,
+            shape,
+            q_chunk: info.default_q_chunk.map(|c| c.min(shape.seq_q)),
+            kv_chunk: info.default_kv_chunk.map(|c| c.min(shape.seq_kv)),
+            causal: false,
+            window: None,
+            devices: 1,
+            splits: v.default_splits(&shape, threads),
+            allreduce: v.default_allreduce(),
+            threads,
+            input_dist: InputDist::Normal,
+            input_scale: 1.0,
+            seed: 0,
+            d_out: UpstreamGrad::Random,
+        }
+    }
+
     /// A stable, readable key: every field that distinguishes two cases. `--resume` and
     /// `compare` match rows by it.
     pub fn id(&self) -> String {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use attnbench::error::Error;
 use attnbench::measure::alloc;
 use attnbench::measure::timer::StopRule;
-use attnbench::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use attnbench::problem::{Case, DType, Inputs, Mode, Shape};
 use attnbench::report::record::{Record, Status};
 use attnbench::runner::{forward, packing_bytes, run_case, Settings};
 use attnbench::variant::VariantId;
@@ -15,33 +15,10 @@ use attnbench::variant::VariantId;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
-    let info = variant.info();
-    let shape = Shape {
-        batch: 1,
-        heads,
-        kv_heads: heads,
-        seq_q: n,
-        seq_kv: n,
-        head_dim: 64,
-    };
+    let shape = Shape::self_attention(heads, n, 64);
     Case {
-        variant,
-        mode: Mode::Fwd,
-        device: Device::Cpu,
-        dtype,
-        shape,
-        q_chunk: info.default_q_chunk.map(|c| c.min(n)),
-        kv_chunk: info.default_kv_chunk.map(|c| c.min(n)),
-        causal: false,
-        window: None,
-        devices: 1,
-        splits: variant.get().default_splits(&shape, threads),
-        allreduce: variant.get().default_allreduce(),
-        threads,
-        input_dist: InputDist::Normal,
-        input_scale: 1.0,
         seed: 1,
-        d_out: UpstreamGrad::Random,
+        ..Case::cpu_fwd(variant, shape, dtype, threads)
     }
 }
 

@@ -45,23 +45,12 @@ fn case(v: VariantId, s: &Setup) -> Case {
         default.map(|d| want.unwrap_or(d).min(n))
     };
     Case {
-        variant: v,
-        mode: Mode::Fwd,
-        device: Device::Cpu,
-        dtype: s.dtype,
-        shape: s.shape,
         q_chunk: pick(s.chunks.map(|c| c.0), info.default_q_chunk, s.shape.seq_q),
         kv_chunk: pick(s.chunks.map(|c| c.1), info.default_kv_chunk, s.shape.seq_kv),
         causal: s.causal,
-        window: None,
-        devices: 1,
-        splits: v.get().default_splits(&s.shape, s.threads),
-        allreduce: v.get().default_allreduce(),
-        threads: s.threads,
-        input_dist: InputDist::Normal,
         input_scale: s.scale,
         seed: 42,
-        d_out: UpstreamGrad::Random,
+        ..Case::cpu_fwd(v, s.shape, s.dtype, s.threads)
     }
 }
 
