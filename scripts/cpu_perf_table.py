@@ -41,24 +41,29 @@ def key(r, variant=None):
     )
 
 
-def probes(rows):
-    """Our rows' machine-speed probe (`probe_gflops`, attnbench's per-case SGEMM yardstick) as
-    a fraction of the median probe of the rows with the same thread count: 1.0 is the
-    machine's usual speed, 0.7 a case measured in a slow stretch. Empty for runs made before
-    the probe existed (and for the peers' rows, which have none)."""
+def probed(rows):
+    """Our rows' machine-speed probe (`probe_gflops`, attnbench's per-case SGEMM yardstick)
+    by thread count: {threads: [(key, probe GFLOP/s)]}. Empty for runs made before the probe
+    existed (and for the peers' rows, which have none)."""
     by_t = {}
     for r in rows:
         if r["status"] == "ok" and r["mode"] == "fwd" and r.get("probe_gflops"):
             by_t.setdefault(int(r["threads"]), []).append((key(r), float(r["probe_gflops"])))
+    return by_t
+
+
+def probes(by_t):
+    """Each probed row's probe as a fraction of the median probe of the rows with the same
+    thread count: 1.0 is the machine's usual speed, 0.7 a case measured in a slow stretch."""
     out = {}
-    for _, kv in by_t.items():
+    for kv in by_t.values():
         med = statistics.median(p for _, p in kv)
         for k, p in kv:
             out[k] = p / med
     return out
 
 
-def speed_section(rows, speed):
+def speed_section(by_t, speed):
     """The probe's summary: per thread count, the median probe and its spread, and the rows
     measured below 90% of it (slowest first), so that a missed target can be checked
     against the machine's speed at the time."""
@@ -73,18 +78,13 @@ def speed_section(rows, speed):
         "tables):",
         "",
     ]
-    for t in sorted({k[6] for k in speed}):
-        vals = sorted(v for k, v in speed.items() if k[6] == t)
-        raw = sorted(
-            float(r["probe_gflops"])
-            for r in rows
-            if r.get("probe_gflops") and int(r["threads"]) == t and r["mode"] == "fwd"
-        )
+    for t, kv in sorted(by_t.items()):
+        vals = sorted(speed[k] for k, _ in kv)
         low = sum(v < 0.9 for v in vals)
         lines.append(
-            f"- {t} thread{'s' if t > 1 else ''}: median probe {statistics.median(raw):.1f} GFLOP/s "
-            f"per thread; speed min {vals[0]:.2f}, max {vals[-1]:.2f}; {low} of {len(vals)} rows "
-            "below 0.90"
+            f"- {t} thread{'s' if t > 1 else ''}: median probe {statistics.median(p for _, p in kv):.1f} "
+            f"GFLOP/s per thread; speed min {vals[0]:.2f}, max {vals[-1]:.2f}; {low} of {len(vals)} "
+            "rows below 0.90"
         )
     slow = sorted((v, k) for k, v in speed.items() if v < 0.9)
     if slow:
@@ -275,7 +275,8 @@ def main():
     d = Path(args.dir)
     rows, meta, peaks = load(d)
     g = gflops(rows)
-    speed = probes(rows)
+    by_t = probed(rows)
+    speed = probes(by_t)
     peak_line = ", ".join(
         f"{t} thread{'s' if t > 1 else ''}: FMA {fma:.0f}" + (f", bf16 {bf:.0f}" if bf else "")
         for t, (fma, bf) in sorted(peaks.items())
@@ -316,7 +317,7 @@ def main():
         "",
         "Every case (both thread counts, d = 64 and 128, n = 1024 to 8192): `table_full.md`.",
     ]
-    section = speed_section(rows, speed)
+    section = speed_section(by_t, speed)
     if section:
         out += ["", *section]
     (d / "table_full.md").write_text("\n".join(["# cpu_perf: every case", "", *table(g, peaks, lambda k: True, speed), ""]))

@@ -4,8 +4,9 @@
 //! then row tiles, so a B block stays in L1 and A is read once per block); the softmax
 //! pieces; and the packing of the small operand tiles (Q^T, K^T panels, bf16 pairs). Every
 //! attention kernel (naive, Rabe–Staats, flash) is built from these, so their timings
-//! compare the algorithms, not their implementations. No allocation anywhere: buffers come from the
-//! callers' workspaces. Cost: the products' 2*m*n*k FLOPs; packing O(size of the tile).
+//! compare the algorithms, not their implementations. No allocation anywhere: buffers come
+//! from the callers' workspaces. Cost: the products' 2*m*n*k FLOPs; packing O(size of the
+//! tile).
 
 use half::slice::HalfFloatSliceExt;
 
@@ -275,11 +276,11 @@ unsafe fn for_block_tiles<T>(
 
 /// The blocks (first term, terms) of a reduction over `k` terms, each at most `block`
 /// (KC terms, or KC / 2 bf16 pairs); one empty block when `k` is 0 (C is still written).
-/// Every tile of C runs one block before the next, the first with the product's epilogue and the rest adding into C: the same
-/// partial sums, added in the same order, as a tile that cuts its own K loop, but the
-/// block of B (KC rows of a column panel) stays in L1 while all rows of A pass over it, and
-/// a long A (a row block of P against V) is read once per block from L2 instead of once
-/// per column panel from wherever the whole of it fits.
+/// Every tile of C runs one block before the next, the first with the product's epilogue
+/// and the rest adding into C: the same partial sums, added in the same order, as a tile
+/// that cuts its own K loop, but the block of B (KC rows of a column panel) stays in L1
+/// while all rows of A pass over it, and a long A (a row block of P against V) is read once
+/// per block from L2 instead of once per column panel from wherever the whole of it fits.
 fn k_blocks(k: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..k.max(1))
         .step_by(block)

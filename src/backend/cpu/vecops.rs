@@ -1,9 +1,10 @@
 //! Vector primitives of the decode kernels: a block of scaled dot products (one key against
 //! a few query rows), the matching value accumulation (acc_r += p_r * v), and the bf16/f16
 //! -> f32 widening every CPU kernel loads low-precision tiles with. Each is one streaming
-//! pass, O(rows * keys * d), no allocation. On x86_64 with AVX2+FMA (checked at run time) hand-blocked intrinsics run instead of the portable
-//! loops: decode reads every key once and must keep up with memory, which the compiler's
-//! own vectorization of these loops (2-wide here) does not on 2 cores.
+//! pass, O(rows * keys * d), no allocation. On x86_64 with AVX2+FMA (checked at run time)
+//! hand-blocked intrinsics run instead of the portable loops: decode reads every key once
+//! and must keep up with memory, which the compiler's own vectorization of these loops
+//! (2-wide here) does not on 2 cores.
 
 use half::{bf16, f16};
 
