@@ -13,6 +13,7 @@ pub mod cuda_runner;
 pub mod dist;
 pub mod error;
 pub mod extrapolate;
+pub mod interleave;
 pub mod layer;
 pub mod listing;
 pub mod measure;

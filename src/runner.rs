@@ -338,23 +338,9 @@ fn measure(
         }
     };
     record_timing(&mut record, case, &timing, Some(probe));
-
-    // The probe pass: poisoned output (a row the kernel forgets to write stays NaN and shows
-    // as an error), peak reset just before the call, so the overhead excludes inputs and
-    // outputs, which are already live.
-    out.fill(f32::NAN);
-    match probe_pass(&mut record, || forward_counted(case, &inputs, &mut out)) {
-        Err(e) => {
-            let status = oom_or_error(&e);
-            return Ok(failed(record, status, e, Some(inputs)));
-        }
-        Ok(Some(stats)) => record.set_sim(&stats),
-        Ok(None) => {}
-    }
-
-    // Under MPI only rank 0 writes the record, and only it has every output row (prefill).
-    if crate::dist::is_root() {
-        record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
+    if let Err(e) = memory_and_error(&mut record, case, settings, &inputs, &mut out) {
+        let status = oom_or_error(&e);
+        return Ok(failed(record, status, e, Some(inputs)));
     }
     Ok(Outcome {
         record,
@@ -364,10 +350,33 @@ fn measure(
     })
 }
 
+/// The untimed steps after a forward case's timed calls: the memory probe pass, then the
+/// output's error against the oracle. The probe pass poisons the output (a row the kernel
+/// forgets to write stays NaN and shows as an error) and resets the peak just before the
+/// call, so the overhead excludes inputs and outputs, which are already live. `Err`: the
+/// probe pass failed (the caller's row is then `oom` or `error`).
+pub(crate) fn memory_and_error(
+    record: &mut Record,
+    case: &Case,
+    settings: &Settings,
+    inputs: &Inputs,
+    out: &mut [f32],
+) -> Result<()> {
+    out.fill(f32::NAN);
+    if let Some(stats) = probe_pass(record, || forward_counted(case, inputs, out))? {
+        record.set_sim(&stats);
+    }
+    // Under MPI only rank 0 writes the record, and only it has every output row (prefill).
+    if crate::dist::is_root() {
+        record_output_error(record, case, inputs, out, settings.error_rows);
+    }
+    Ok(())
+}
+
 /// The stopping rule of a case. Every rank of an MPI variant must make the same number of
 /// calls (each is a collective), so those warm up for exactly `warmup` calls and stop after
 /// exactly `min_reps` timed calls, not on their own clocks.
-fn stop_rule(case: &Case, rule: &StopRule) -> StopRule {
+pub(crate) fn stop_rule(case: &Case, rule: &StopRule) -> StopRule {
     if case.variant.engine() != crate::variant::Engine::Mpi {
         return rule.clone();
     }
@@ -683,13 +692,33 @@ fn measure_case(
         Some(x) => measure_extrapolated(case, settings, given, predicted, x)?,
         None => measure_mode(case, settings, given, predicted)?,
     };
-    if outcome.record.reps > 0 && outcome.record.timed_rows.is_none() {
-        outcome.record.timed_rows = Some(case.shape.seq_q);
-    }
-    if let Some(base) = settings.diff_against {
-        paired_diff(case, settings, base, &mut outcome);
+    if let Some(inputs) = &outcome.inputs {
+        finish_outcome(
+            case,
+            settings,
+            inputs,
+            &mut outcome.record,
+            outcome.output.as_deref(),
+        );
     }
     Ok(outcome)
+}
+
+/// The columns every measured case gets after its own steps: the rows timed, and the
+/// paired difference against `settings.diff_against` on the same inputs.
+pub(crate) fn finish_outcome(
+    case: &Case,
+    settings: &Settings,
+    inputs: &Inputs,
+    record: &mut Record,
+    output: Option<&[f32]>,
+) {
+    if record.reps > 0 && record.timed_rows.is_none() {
+        record.timed_rows = Some(case.shape.seq_q);
+    }
+    if let (Some(base), Some(out)) = (settings.diff_against, output) {
+        paired_diff(case, settings, base, inputs, out, record);
+    }
 }
 
 /// Times the case on its first query chunks and scales, when one full call is estimated
@@ -786,20 +815,24 @@ fn measure_mode(
 /// value, both computed on the same inputs (the rows the case computed, when it was
 /// extrapolated); untimed, after the memory probe. Left empty when `base` would not fit the
 /// memory budget beside this case's inputs and output, or fails.
-fn paired_diff(case: &Case, settings: &Settings, base: VariantId, outcome: &mut Outcome) {
-    if base == case.variant || outcome.record.status != Status::Ok {
+fn paired_diff(
+    case: &Case,
+    settings: &Settings,
+    base: VariantId,
+    inputs: &Inputs,
+    out: &[f32],
+    record: &mut Record,
+) {
+    if base == case.variant || record.status != Status::Ok {
         return;
     }
-    let (Some(inputs), Some(out)) = (&outcome.inputs, &outcome.output) else {
-        return;
-    };
     let info = base.info();
     let mut b = case.clone();
     b.variant = base;
     b.shape = inputs.shape;
     b.q_chunk = info.default_q_chunk.map(|c| c.min(b.shape.seq_q));
     b.kv_chunk = info.default_kv_chunk.map(|c| c.min(b.shape.seq_kv));
-    outcome.record.diff_variant = base.name().to_string();
+    record.diff_variant = base.name().to_string();
     if let Some(budget) = settings.memory_budget {
         let need = base.get().predict_workspace_bytes(&b, Isa::detect())
             + b.io_bytes()
@@ -813,7 +846,7 @@ fn paired_diff(case: &Case, settings: &Settings, base: VariantId, outcome: &mut 
         return;
     };
     if forward(&b, inputs, &mut base_out).is_ok() {
-        outcome.record.max_abs_diff = Some(max_abs_diff(out, &base_out));
+        record.max_abs_diff = Some(max_abs_diff(out, &base_out));
     }
 }
 

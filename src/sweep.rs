@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::dist;
 use crate::error::{Error, Result};
 use crate::extrapolate::Extrapolation;
+use crate::interleave;
 use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::{Case, Device};
@@ -164,30 +165,42 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let mut progress = Progress::new(todo.len(), root);
     let mut records = Vec::new();
     let started = Instant::now();
-    for (i, case) in todo.iter().enumerate() {
+    // With `run.interleave`, consecutive cases on the same inputs are timed together.
+    let groups = if config.run.interleave {
+        interleave::groups(&todo, &settings)
+    } else {
+        (0..todo.len()).map(|i| i..i + 1).collect()
+    };
+    'groups: for group in groups {
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;
         }
-        progress.start(i, case);
-        let mut outcome = run_case(case, &settings, None)?;
-        // CUDA rows: against the GPU's device-to-device copy (measured when it was opened).
-        let copy = match case.device {
-            Device::Cuda => gpu_copy,
-            Device::Cpu => copy_bandwidth(case.threads),
+        let cases = &todo[group.clone()];
+        progress.start(group.start, cases);
+        let outcomes = match cases {
+            [case] => vec![run_case(case, &settings, None)?],
+            _ => interleave::run_group(cases, &settings)?,
         };
-        outcome.record.set_bandwidth(copy);
-        // A case cut short by Ctrl-C is not written: its numbers would be partial.
-        if INTERRUPTED.load(Ordering::Relaxed) {
-            break;
+        for ((i, case), mut outcome) in group.zip(cases).zip(outcomes) {
+            // CUDA rows: against the GPU's device-to-device copy (measured when it was opened).
+            let copy = match case.device {
+                Device::Cuda => gpu_copy,
+                Device::Cpu => copy_bandwidth(case.threads),
+            };
+            outcome.record.set_bandwidth(copy);
+            // A case cut short by Ctrl-C is not written: its numbers would be partial.
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                break 'groups;
+            }
+            // Samples first: a case in runs.csv always has its samples (a crash in between
+            // leaves samples that the rerun of the case replaces).
+            if let Some((sink, samples_sink)) = &mut sinks {
+                samples_sink.append(&outcome.record.case_id, &outcome.samples)?;
+                sink.append(&outcome.record)?;
+            }
+            progress.finish(i, &outcome.record);
+            records.push(outcome.record);
         }
-        // Samples first: a case in runs.csv always has its samples (a crash in between
-        // leaves samples that the rerun of the case replaces).
-        if let Some((sink, samples_sink)) = &mut sinks {
-            samples_sink.append(&outcome.record.case_id, &outcome.samples)?;
-            sink.append(&outcome.record)?;
-        }
-        progress.finish(i, &outcome.record);
-        records.push(outcome.record);
     }
     progress.done();
     if !root {
@@ -327,9 +340,14 @@ impl Progress {
         Progress { bar, total, shown }
     }
 
-    fn start(&mut self, _i: usize, case: &Case) {
-        if let Some(bar) = &self.bar {
-            bar.set_message(case.id());
+    /// The cases about to run (more than one when they are timed interleaved).
+    fn start(&mut self, _i: usize, cases: &[&Case]) {
+        if let (Some(bar), Some(first)) = (&self.bar, cases.first()) {
+            let more = match cases.len() {
+                0 | 1 => String::new(),
+                n => format!(" and {} more, interleaved", n - 1),
+            };
+            bar.set_message(format!("{}{more}", first.id()));
         }
     }
 

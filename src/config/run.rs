@@ -60,6 +60,10 @@ pub struct RunConfig {
     /// order). Cases that differ only in these run back to back, so comparing them is not
     /// spread over the machine's slow drifts (1 vs 2 threads, or one algorithm vs another).
     pub innermost: Vec<Axis>,
+    /// CPU cases: consecutive cases of the expansion that run on the same inputs (they
+    /// differ only in variant, threads, mask, chunks ...) are timed in alternation, one call
+    /// of each per round, instead of one case after the other (`interleave.rs`).
+    pub interleave: bool,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -102,6 +106,7 @@ impl RunConfig {
             cold: false,
             tf32: false,
             innermost: Vec::new(),
+            interleave: false,
         }
     }
 }
@@ -141,6 +146,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     let calibrate = flag("calibrate", &raw.calibrate, true)?;
     let cold = flag("cold", &raw.cold, false)?;
     let tf32 = flag("tf32", &raw.tf32, false)?;
+    let interleave = flag("interleave", &raw.interleave, false)?;
     let extrapolate_above_s = match raw.extrapolate_above_s {
         None => None,
         Some(_) => Some(f.number("extrapolate_above_s", &raw.extrapolate_above_s, 0.0)?),
@@ -269,6 +275,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         cold,
         tf32,
         innermost,
+        interleave,
     })
 }
 

@@ -64,6 +64,7 @@ pub(super) struct RawRun {
     pub cold: Option<Value>,
     pub tf32: Option<Value>,
     pub innermost: Option<Value>,
+    pub interleave: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -77,7 +78,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 20] = [
+pub(super) const RUN_KEYS: [&str; 21] = [
     "name",
     "seed",
     "warmup",
@@ -98,6 +99,7 @@ pub(super) const RUN_KEYS: [&str; 20] = [
     "cold",
     "tf32",
     "innermost",
+    "interleave",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

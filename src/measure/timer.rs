@@ -133,11 +133,25 @@ where
     F: FnMut() -> Result<f64>,
 {
     let is_interrupted = || interrupted.load(Ordering::Relaxed);
+    warm_up(rule, interrupted, || f().map(|_| ()))?;
+    let mut samples = Vec::with_capacity(rule.max_reps.clamp(1, 1024));
+    loop {
+        samples.push(f()?);
+        if let Some(stopped_by) = rule.decide(&samples, is_interrupted()) {
+            return Timing::of(samples, stopped_by);
+        }
+    }
+}
 
+/// The warm-up of the rule (step 1 of the module doc): untimed calls of `f`.
+pub fn warm_up<F>(rule: &StopRule, interrupted: &AtomicBool, mut f: F) -> Result<()>
+where
+    F: FnMut() -> Result<()>,
+{
     let warm_start = Instant::now();
     let mut calls = 0;
     while calls < rule.warmup || warm_start.elapsed().as_secs_f64() < rule.warmup_s {
-        if is_interrupted() {
+        if interrupted.load(Ordering::Relaxed) {
             break;
         }
         f()?;
@@ -146,39 +160,42 @@ where
             break;
         }
     }
+    Ok(())
+}
 
-    let max_reps = rule.max_reps.max(1);
-    let mut samples = Vec::with_capacity(max_reps.min(1024));
-    let mut total = 0.0f64;
-    loop {
-        let dt = f()?;
-        samples.push(dt);
-        total += dt;
-
+impl StopRule {
+    /// Whether the timed loop stops after these samples (step 2 of the module doc, in its
+    /// order), and why; `None` = make another timed call.
+    pub fn decide(&self, samples: &[f64], interrupted: bool) -> Option<StopReason> {
         let reps = samples.len();
-        let stop = if is_interrupted() {
+        let total: f64 = samples.iter().sum();
+        if interrupted {
             Some(StopReason::Interrupted)
-        } else if reps >= max_reps {
+        } else if reps >= self.max_reps.max(1) {
             Some(StopReason::MaxReps)
-        } else if total >= rule.max_time_s {
+        } else if total >= self.max_time_s {
             Some(StopReason::TimeCap)
-        } else if reps >= rule.min_reps
-            && total >= rule.min_time_s
-            && Summary::of(&samples).is_some_and(|s| s.relative_spread() < rule.rel_spread)
+        } else if reps >= self.min_reps
+            && total >= self.min_time_s
+            && Summary::of(samples).is_some_and(|s| s.relative_spread() < self.rel_spread)
         {
             Some(StopReason::Converged)
         } else {
             None
-        };
-        if let Some(stopped_by) = stop {
-            let summary = Summary::of(&samples)
-                .ok_or_else(|| Error::Runtime("timer: no samples recorded".into()))?;
-            return Ok(Timing {
-                samples,
-                summary,
-                stopped_by,
-            });
         }
+    }
+}
+
+impl Timing {
+    /// The timing of these samples (at least one), stopped for `stopped_by`.
+    pub fn of(samples: Vec<f64>, stopped_by: StopReason) -> Result<Timing> {
+        let summary = Summary::of(&samples)
+            .ok_or_else(|| Error::Runtime("timer: no samples recorded".into()))?;
+        Ok(Timing {
+            samples,
+            summary,
+            stopped_by,
+        })
     }
 }
 

@@ -141,6 +141,27 @@ impl WarmCalls {
     }
 }
 
+/// The buffers a warm timing loop kept, set aside while other loops run on the thread
+/// (interleaved timing: each case keeps its own, as it would timed alone).
+#[derive(Default)]
+pub struct WarmStash(Vec<Block>);
+
+impl WarmCalls {
+    /// Starts a warm loop on the calling thread with the buffers `stash` kept.
+    pub fn resume(stash: WarmStash) -> WarmCalls {
+        let stale = FREED.with(|f| f.borrow_mut().replace(stash.0));
+        drop(stale);
+        WarmCalls(())
+    }
+
+    /// Ends the loop, keeping its buffers for a later [`WarmCalls::resume`].
+    pub fn suspend(self) -> WarmStash {
+        let kept = FREED.with(|f| f.borrow_mut().take());
+        std::mem::forget(self);
+        WarmStash(kept.unwrap_or_default())
+    }
+}
+
 impl Drop for WarmCalls {
     fn drop(&mut self) {
         // Taken out first, so the buffers are freed outside the borrow.
@@ -344,6 +365,30 @@ mod tests {
         let d = try_scratch(999, "test").unwrap();
         assert!(d.iter().all(|x| *x == 0.0));
         FREED.with(|f| assert!(f.borrow().is_none()));
+    }
+
+    #[test]
+    fn two_suspended_loops_on_one_thread_keep_their_own_buffers() {
+        // Loop A keeps a 1000-float buffer, loop B a 500-float one, alternating on this
+        // thread; neither frees the other's (each request of B would otherwise free A's).
+        let mut a_stash = WarmStash::default();
+        let mut b_stash = WarmStash::default();
+        let mut ptrs = (None, None);
+        for _ in 0..3 {
+            let warm = WarmCalls::resume(std::mem::take(&mut a_stash));
+            let a = try_scratch(1000, "a").unwrap();
+            assert_eq!(*ptrs.0.get_or_insert(a.as_ptr()), a.as_ptr());
+            drop(a);
+            a_stash = warm.suspend();
+            FREED.with(|f| assert!(f.borrow().is_none()));
+            let warm = WarmCalls::resume(std::mem::take(&mut b_stash));
+            let b = try_scratch(500, "b").unwrap();
+            assert_eq!(*ptrs.1.get_or_insert(b.as_ptr()), b.as_ptr());
+            drop(b);
+            b_stash = warm.suspend();
+        }
+        assert_eq!(a_stash.0.len(), 1);
+        assert_eq!(b_stash.0.len(), 1);
     }
 
     #[test]
