@@ -1,6 +1,6 @@
 //! `run.interleave` end to end: an interleaved sweep writes the same rows as the sequential
-//! one (same cases in the same order, same memory overhead and errors, the stopping rule's
-//! repetitions, their samples), and `--resume` continues it.
+//! one (same cases in the same order, the same errors, memory measured cold, the stopping
+//! rule's repetitions and their samples), and `--resume` continues it.
 
 use assert_cmd::Command;
 use std::collections::HashMap;
@@ -80,8 +80,18 @@ fn an_interleaved_sweep_writes_the_rows_of_the_sequential_one() {
             continue;
         }
         assert_eq!(a["status"], "ok", "{id}: {}", a["reason"]);
-        // Memory is probed cold and alone in both: the counting allocator's figure is exact.
-        assert_eq!(a["mem_overhead_bytes"], b["mem_overhead_bytes"], "{id}");
+        // Memory is probed cold and alone in both: never below the prediction (no warm
+        // buffer of the timed calls is reused), and equal to the sequential figure up to
+        // the thread pool's own queue blocks, which depend on the calls made before
+        // (README, "Comparing runs", Memory; 3.7 KiB seen once under load).
+        let mem = |r: &HashMap<String, String>, k: &str| r[k].parse::<i64>().unwrap();
+        let got = mem(a, "mem_overhead_bytes");
+        assert!(got >= mem(a, "mem_predicted_bytes"), "{id}: {got}");
+        assert!(
+            (got - mem(b, "mem_overhead_bytes")).abs() <= 8 * 1024,
+            "{id}: {got} interleaved, {} sequential",
+            b["mem_overhead_bytes"]
+        );
         assert_eq!(a["max_abs_err"], b["max_abs_err"], "{id}");
         let reps: usize = a["reps"].parse().unwrap();
         assert!((2..=4).contains(&reps), "{id}: {reps} reps");
