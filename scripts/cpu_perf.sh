@@ -62,6 +62,8 @@ else
       echo "pass $k of $PASSES: kept ($OUT/pass-$k/complete: $(cat "$OUT/pass-$k/complete"))"
     else
       echo "pass $k of $PASSES (load: $(uptime))"
+      # A pass measured again is not complete until it finishes (--resume must not keep it).
+      rm -f "$OUT/pass-$k/complete"
       measure "$OUT/pass-$k"
       date -u +%Y-%m-%dT%H:%M:%SZ > "$OUT/pass-$k/complete"
     fi

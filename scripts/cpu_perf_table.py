@@ -299,7 +299,7 @@ def main():
         revs = sorted({rev_of(p) for p in passes})
         rev = f"{' / '.join(revs)}, median of {len(passes)} passes (`passes.csv`)"
     if (meta.get("config") or {}).get("run", {}).get("interleave"):
-        rev += "; our cases timed interleaved (`run.interleave`: the six cases of a shape, dtype and mask in alternation), the peers' one after the other"
+        rev += "; our cases timed interleaved (`run.interleave`: the three variants of a shape, dtype, mask and thread count in alternation), the peers' one after the other"
     out = [
         f"Measured on {cpu}, attnbench {rev}; calibrated peaks (GFLOP/s) {peak_line}. "
         + (

@@ -1,15 +1,16 @@
 //! Interleaved timing (`run.interleave`): the CPU cases of a group that runs on the same
-//! inputs are timed in alternation instead of one after the other. After each case's
-//! warm-up come rounds in which every case still running makes one timed call, in a seeded
-//! random order per round; a case leaves the rounds when its own stopping rule stops it,
-//! so it makes the calls it would make alone. Then each case's memory probe pass and error
-//! check, as alone.
-//! The idea is Google Benchmark's random interleaving. Why: on a shared machine the same
-//! build runs stretches of seconds 1.3x to 2x slower (README, "Comparing runs"); timed in
-//! alternation, such a stretch falls on all the group's cases alike, so their ratios (two
-//! threads against one, one algorithm against another) compare calls made at one machine
-//! speed. Cost: the cases' own calls, plus one machine-speed probe on the case's threads
-//! (`measure::probe`, about 0.7 ms) before every timed call, which also wakes an idle core;
+//! inputs and the same thread count are timed in alternation instead of one after the
+//! other. After each case's warm-up come rounds in which every case still running makes one
+//! timed call, in a seeded random order per round; a case leaves the rounds when its own
+//! stopping rule stops it, so it makes the calls it would make alone. Then each case's
+//! memory probe pass and error check, as alone. The idea is Google Benchmark's random
+//! interleaving. Why: on a shared machine the same build runs stretches of seconds 1.3x to
+//! 2x slower (README, "Comparing runs"); timed in alternation, such a stretch falls on all
+//! the group's cases alike, so their ratios (one algorithm against another) compare calls
+//! made at one machine speed. Cases on different thread counts are not interleaved: on the
+//! 2-core VM a vCPU that idled through 1-thread calls often did not run for a whole
+//! 2-thread call after them (README, "What the numbers mean"). Cost: the cases' own calls,
+//! and the machine-speed probe once before and once after the group (`measure::probe`);
 //! each case keeps its own warm scratch buffers, so the group holds the sum of its cases'
 //! workspaces (a group predicted over the memory budget runs one case after the other).
 
@@ -45,10 +46,11 @@ pub fn interleavable(case: &Case, settings: &Settings) -> bool {
         && skip_reason(case).is_none()
 }
 
-/// What decides a case's inputs (`Inputs::generate`): cases equal in it run on the same
-/// Q, K and V.
-fn same_inputs(a: &Case, b: &Case) -> bool {
-    a.shape == b.shape
+/// Whether two cases run on the same Q, K and V (what `Inputs::generate` reads) and in the
+/// same thread pool.
+fn same_inputs_and_threads(a: &Case, b: &Case) -> bool {
+    a.threads == b.threads
+        && a.shape == b.shape
         && a.dtype == b.dtype
         && a.input_dist == b.input_dist
         && a.input_scale == b.input_scale
@@ -56,15 +58,15 @@ fn same_inputs(a: &Case, b: &Case) -> bool {
 }
 
 /// The groups of `cases`, in order: each maximal run of consecutive interleavable cases on
-/// the same inputs is one group; every other case is a group of its own. (`run.innermost`
-/// makes the cases to compare consecutive.)
+/// the same inputs and thread count is one group; every other case is a group of its own.
+/// (`run.innermost` makes the cases to compare consecutive.)
 pub fn groups(cases: &[&Case], settings: &Settings) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let joins = interleavable(case, settings)
             && out.last().is_some_and(|g| {
                 let first = cases[g.start];
-                interleavable(first, settings) && same_inputs(first, case)
+                interleavable(first, settings) && same_inputs_and_threads(first, case)
             });
         match out.last_mut() {
             Some(g) if joins => g.end = i + 1,
@@ -92,8 +94,6 @@ struct Member<'a> {
     /// Its warm scratch buffers while other cases run.
     stash: WarmStash,
     samples: Vec<f64>,
-    /// The machine-speed probe before each timed call.
-    probes: Vec<f64>,
     /// The stopping rule's verdict after its latest call.
     decision: Option<StopReason>,
     error: Option<Error>,
@@ -105,37 +105,46 @@ impl Member<'_> {
         self.error.is_none() && self.decision.is_none()
     }
 
-    /// Its untimed warm-up calls, warm as its timed ones will be.
+    /// Its untimed warm-up calls, warm as its timed ones will be (on a worker of its pool).
     fn warm_up(&mut self, inputs: &Inputs) {
-        let pool = match pool(self.case.threads) {
-            Ok(p) => p,
-            Err(e) => {
-                self.error = Some(e);
-                return;
-            }
-        };
-        let (case, stop, out) = (self.case, &self.stop, &mut self.out);
-        let stash = std::mem::take(&mut self.stash);
-        let (result, stash) = pool.install(|| {
-            let warm = WarmCalls::resume(stash);
-            let result = warm_up(stop, &INTERRUPTED, || forward(case, inputs, out));
-            (result, warm.suspend())
-        });
-        self.stash = stash;
+        let warm = WarmCalls::resume(std::mem::take(&mut self.stash));
+        let (case, out) = (self.case, &mut self.out);
+        let result = warm_up(&self.stop, &INTERRUPTED, || forward(case, inputs, out));
+        self.stash = warm.suspend();
         if let Err(e) = result {
             self.error = Some(e);
         }
     }
+
+    /// One timed call, warm with its own buffers (on a worker of its pool, so the call
+    /// starts there), and the stopping rule's verdict after it.
+    fn timed_call(&mut self, inputs: &Inputs) {
+        let warm = WarmCalls::resume(std::mem::take(&mut self.stash));
+        let start = Instant::now();
+        let result = forward(self.case, inputs, &mut self.out);
+        let seconds = start.elapsed().as_secs_f64();
+        self.stash = warm.suspend();
+        match result {
+            Ok(()) => {
+                self.samples.push(seconds);
+                self.decision = self
+                    .stop
+                    .decide(&self.samples, INTERRUPTED.load(Ordering::Relaxed));
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
 }
 
-/// Times `cases` (one group of [`groups`], all interleavable, on the same inputs) in
-/// alternation and returns one outcome per case, in order. A group of one case, or one
-/// whose cases do not fit the memory budget together, runs case by case (`run_case`).
+/// Times `cases` (one group of [`groups`]) in alternation and returns one outcome per case,
+/// in order. A group of one case, one whose cases do not fit the memory budget together, or
+/// cases that [`groups`] would not put together run case by case (`run_case`).
 pub fn run_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let fits = settings
         .memory_budget
         .is_none_or(|budget| group_bytes(cases) <= budget);
-    if cases.len() < 2 || !fits {
+    let one_group = groups(cases, settings).len() == 1;
+    if cases.len() < 2 || !fits || !one_group {
         return cases.iter().map(|c| run_case(c, settings, None)).collect();
     }
     alloc::set_limit(settings.memory_budget);
@@ -166,17 +175,49 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
                 out,
                 stash: WarmStash::default(),
                 samples: Vec::new(),
-                probes: Vec::new(),
                 decision: None,
                 error,
             }
         })
         .collect();
 
-    for m in members.iter_mut().filter(|m| m.error.is_none()) {
-        m.warm_up(&inputs);
+    // Everything runs on a worker of the group's pool (as `runner` times a case alone):
+    // the probe, every warm-up, the rounds, the probe again.
+    let seed = first.seed ^ ROUND_ORDER_SEED;
+    let probe = match pool(first.threads) {
+        Ok(pool) => Some(pool.install(|| {
+            let before = probe_pool();
+            for m in members.iter_mut().filter(|m| m.error.is_none()) {
+                m.warm_up(&inputs);
+            }
+            rounds(&mut members, &inputs, seed);
+            (before + probe_pool()) / 2.0
+        })),
+        Err(e) => {
+            for m in &mut members {
+                m.error.get_or_insert(Error::Runtime(e.to_string()));
+            }
+            None
+        }
+    };
+    let interrupted = INTERRUPTED.load(Ordering::Relaxed);
+    // The memory probe passes run cold, with nothing kept.
+    for m in &mut members {
+        m.stash = WarmStash::default();
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(first.seed ^ ROUND_ORDER_SEED);
+    Ok(members
+        .into_iter()
+        .map(|m| finish(m, settings, &inputs, probe, interrupted))
+        .collect())
+}
+
+/// Seeds the order of the rounds (with the run's seed), apart from the inputs' stream.
+const ROUND_ORDER_SEED: u64 = 0x1A7E_41EA_5EED;
+
+/// The timed rounds: every member still calling makes one call per round, in a random order
+/// drawn from `seed`, until none is.
+fn rounds(members: &mut [Member], inputs: &Inputs, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = Vec::with_capacity(members.len());
     while !INTERRUPTED.load(Ordering::Relaxed) {
         order.clear();
@@ -189,57 +230,19 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
             if INTERRUPTED.load(Ordering::Relaxed) {
                 break;
             }
-            timed_call(&mut members[i], &inputs);
+            members[i].timed_call(inputs);
         }
-    }
-    let interrupted = INTERRUPTED.load(Ordering::Relaxed);
-    // The memory probe passes run cold, with nothing kept.
-    for m in &mut members {
-        m.stash = WarmStash::default();
-    }
-    Ok(members
-        .into_iter()
-        .map(|m| finish(m, settings, &inputs, interrupted))
-        .collect())
-}
-
-/// Seeds the order of the rounds (with the run's seed), apart from the inputs' stream.
-const ROUND_ORDER_SEED: u64 = 0x1A7E_41EA_5EED;
-
-/// One timed call of `m`, on a worker of its pool: the probe on every thread of the pool,
-/// then the call, warm with its own buffers.
-fn timed_call(m: &mut Member, inputs: &Inputs) {
-    let (case, out) = (m.case, &mut m.out);
-    let stash = std::mem::take(&mut m.stash);
-    let pool = match pool(case.threads) {
-        Ok(p) => p,
-        Err(e) => {
-            m.error = Some(e);
-            return;
-        }
-    };
-    let (probe, result, stash) = pool.install(|| {
-        let probe = probe_pool();
-        let warm = WarmCalls::resume(stash);
-        let start = Instant::now();
-        let result = forward(case, inputs, out).map(|_| start.elapsed().as_secs_f64());
-        (probe, result, warm.suspend())
-    });
-    m.stash = stash;
-    match result {
-        Ok(seconds) => {
-            m.samples.push(seconds);
-            m.probes.push(probe);
-            m.decision = m
-                .stop
-                .decide(&m.samples, INTERRUPTED.load(Ordering::Relaxed));
-        }
-        Err(e) => m.error = Some(e),
     }
 }
 
 /// The record of a timed member: its timing, then its memory probe pass and error check.
-fn finish(mut m: Member, settings: &Settings, inputs: &Inputs, interrupted: bool) -> Outcome {
+fn finish(
+    mut m: Member,
+    settings: &Settings,
+    inputs: &Inputs,
+    probe: Option<f64>,
+    interrupted: bool,
+) -> Outcome {
     let case = m.case;
     let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted_bytes(case));
@@ -258,8 +261,7 @@ fn finish(mut m: Member, settings: &Settings, inputs: &Inputs, interrupted: bool
         Ok(t) => t,
         Err(e) => return failed(record, Status::Error, e, None),
     };
-    let probe = m.probes.iter().sum::<f64>() / m.probes.len().max(1) as f64;
-    record_timing(&mut record, case, &timing, Some(probe));
+    record_timing(&mut record, case, &timing, probe);
     if let Err(e) = memory_and_error(&mut record, case, settings, inputs, &mut m.out) {
         return failed(record, oom_or_error(&e), e, None);
     }
@@ -309,36 +311,40 @@ mod tests {
     }
 
     #[test]
-    fn groups_are_runs_of_consecutive_cases_on_the_same_inputs() {
+    fn groups_are_runs_of_consecutive_cases_on_the_same_inputs_and_threads() {
         let s = settings(3);
         let a = case(VariantId::Naive, 64, 1);
         let b = Case {
-            threads: 2,
+            causal: true,
             ..case(VariantId::Flash, 64, 1)
         };
-        let c = Case {
-            causal: true,
-            ..case(VariantId::RabeStaats, 64, 1)
-        };
-        let longer = case(VariantId::Naive, 96, 1);
+        let c = case(VariantId::RabeStaats, 64, 1);
+        let two = case(VariantId::Naive, 64, 2);
+        let two_flash = case(VariantId::Flash, 64, 2);
+        let longer = case(VariantId::Naive, 96, 2);
         let other_seed = Case {
             seed: 7,
-            ..case(VariantId::Naive, 96, 1)
+            ..case(VariantId::Flash, 96, 2)
         };
         let bf16 = Case {
             dtype: DType::Bf16,
-            ..case(VariantId::Naive, 96, 1)
+            ..case(VariantId::Naive, 96, 2)
         };
         let train = Case {
             mode: Mode::FwdBwd,
-            ..case(VariantId::Naive, 96, 1)
+            ..case(VariantId::Naive, 96, 2)
         };
-        let after = case(VariantId::Flash, 96, 1);
-        let again = case(VariantId::Naive, 64, 1);
+        let after = Case {
+            dtype: DType::Bf16,
+            ..case(VariantId::Flash, 96, 2)
+        };
+        let again = case(VariantId::Flash, 64, 1);
         let cases = [
             &a,
             &b,
             &c,
+            &two,
+            &two_flash,
             &longer,
             &other_seed,
             &bf16,
@@ -346,12 +352,12 @@ mod tests {
             &after,
             &again,
         ];
-        // a, b and c differ in variant, threads and mask only: one group. `train` is not
-        // interleavable, so `after` starts a new group although its inputs are `bf16`'s
-        // shape; `again` has a's inputs but is not next to it.
+        // a, b and c differ in variant and mask only: one group; the same at 2 threads
+        // another. `train` is not interleavable, so `after` starts a new group although it
+        // runs on `bf16`'s inputs; `again` has a's inputs and threads but is not next to it.
         assert_eq!(
             groups(&cases, &s),
-            vec![0..3, 3..4, 4..5, 5..6, 6..7, 7..8, 8..9]
+            vec![0..3, 3..5, 5..6, 6..7, 7..8, 8..9, 9..10, 10..11]
         );
         let extrapolating = Settings {
             extrapolate: Some(crate::extrapolate::Extrapolation {
@@ -369,7 +375,7 @@ mod tests {
     fn a_group_measures_each_case_as_alone_in_case_order() {
         let s = settings(3);
         let cases = [
-            case(VariantId::Naive, 40, 1),
+            case(VariantId::Naive, 40, 2),
             case(VariantId::RabeStaats, 40, 2),
             Case {
                 causal: true,
@@ -420,5 +426,11 @@ mod tests {
             // run_case keeps the inputs; the interleaved path shares one copy and keeps none.
             assert!(o.inputs.is_some());
         }
+        // Cases on different thread counts are never timed together either.
+        let mixed = [case(VariantId::Naive, 48, 1), case(VariantId::Naive, 48, 2)];
+        let refs: Vec<&Case> = mixed.iter().collect();
+        let outcomes = run_group(&refs, &settings(2)).unwrap();
+        assert!(outcomes.iter().all(|o| o.inputs.is_some()));
+        assert_eq!(outcomes[1].record.case_id, mixed[1].id());
     }
 }
