@@ -1,5 +1,6 @@
 //! `attnbench list`: the variant registry, the devices found on this machine, the dtypes.
 
+use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
 use crate::problem::{DType, Mode};
 use crate::runner::cuda_unavailable_reason;
@@ -72,6 +73,16 @@ pub fn list() -> String {
         })
         .collect();
     s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
+    let known = if cache::l2_known() {
+        ""
+    } else {
+        ", assumed: not readable here"
+    };
+    s += &format!(
+        "  cpu L2 per core: {} KiB{known} (naive and rabe-staats: {} query rows per pass over 4096 keys)\n",
+        cache::l2_bytes() >> 10,
+        cache::pass_rows(4096),
+    );
     s += &format!(
         "  mpi   {}\n",
         match (cfg!(feature = "mpi"), crate::dist::active()) {

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::process::Command;
 
+use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cuda::plan::GpuInfo;
 use crate::error::{Error, Result};
@@ -34,6 +35,13 @@ pub struct Meta {
     /// recorded (their `calibration[].kernel_isa` says it when they calibrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_kernel_path: Option<String>,
+    /// The per-core L2 size the CPU kernels blocked for (`backend::cpu::cache`: naive's and
+    /// Rabe–Staats' rows per pass), bytes; `cpu_l2_known` false when it could not be read
+    /// and was assumed. Absent in runs made before it was recorded (they used 64 rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_l2_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_l2_known: Option<bool>,
     pub logical_cpus: usize,
     pub threads: Vec<usize>,
     pub started_unix_s: u64,
@@ -71,6 +79,8 @@ impl Meta {
                 .and_then(|t| cpuinfo_field(t, "model name")),
             cpu_id: cpuinfo.as_deref().and_then(cpu_id),
             cpu_kernel_path: Some(Isa::detect().name().to_string()),
+            cpu_l2_bytes: Some(cache::l2_bytes()),
+            cpu_l2_known: Some(cache::l2_known()),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: std::time::SystemTime::now()

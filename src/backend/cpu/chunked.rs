@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use super::cache;
 use super::isa::Isa;
 use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
@@ -31,9 +32,10 @@ use crate::problem::{Inputs, Shape};
 pub const DEFAULT_Q_CHUNK: usize = 1024;
 pub const DEFAULT_KV_CHUNK: usize = 4096;
 
-/// Query rows of a chunk computed together against one key chunk (the loop inside
-/// `summarize_chunk`, cut for the cache): their rows of the q_c x k_c slab are computed,
-/// exponentiated and multiplied by V_j while in L2, as `naive` does with its row blocks.
+/// Query rows of a chunk per work item against one key chunk (the loop inside
+/// `summarize_chunk`, cut for the cache): in passes of `cache::pass_rows(k_c)` rows, their
+/// rows of the q_c x k_c slab are computed, exponentiated and multiplied by V_j while in
+/// L2, as `naive` does with its row blocks.
 pub const STRIP: usize = 64;
 
 /// Query rows per work item of the sequential loop (its memory does not depend on it).
@@ -124,6 +126,7 @@ pub fn forward_chunked(
         scale: s.scale(),
         kc,
         nkc,
+        pass_rows: cache::pass_rows(kc.min(nkv)),
         q16: bf16_bits(&inputs.q).unwrap_or_default(),
         k16: bf16_bits(&inputs.k).unwrap_or_default(),
         v16: bf16_bits(&inputs.v).unwrap_or_default(),
@@ -230,6 +233,8 @@ struct Chunked<'a> {
     scale: f32,
     kc: usize,
     nkc: usize,
+    /// Query rows per pass over a key chunk (`cache::pass_rows`).
+    pass_rows: usize,
     q16: &'a [u16],
     k16: &'a [u16],
     v16: &'a [u16],
@@ -337,7 +342,7 @@ impl Chunked<'_> {
         let r0 = job.si * STRIP;
         let sr = STRIP.min(job.rows - r0);
         let take = |blocks, which| slot(blocks, ph, which, job.si);
-        let mut sums = Sums {
+        let sums = Sums {
             values: take(&self.values, job.sums),
             stats: take(&self.stats, job.sums),
             chunks: self.nkc,
@@ -355,29 +360,42 @@ impl Chunked<'_> {
                 }
             };
             let k = self.kt.view_in(ph);
-            let strip = Strip {
-                isa,
-                d,
-                kn,
-                scale: self.scale,
-                q,
-                k: match self.path {
-                    Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
-                    _ => KeyChunk::F32(k),
-                },
-                v: match self.inputs.v.as_f32() {
-                    Some(v) => Values::F32(&v[kv_at..][..kn * d]),
-                    None if self.bf16_pv => Values::Pairs(as_u16_ref(self.vw.view_in(ph))),
-                    None => Values::F32(&self.vw.view_in(ph)[..kn * d]),
-                },
+            let k = match self.path {
+                Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
+                _ => KeyChunk::F32(k),
             };
-            let visible = |r: usize| {
-                s.visible_keys(self.causal, job.row0 + r0 + r)
-                    .saturating_sub(k0)
-                    .min(kn)
+            let v = match self.inputs.v.as_f32() {
+                Some(v) => Values::F32(&v[kv_at..][..kn * d]),
+                None if self.bf16_pv => Values::Pairs(as_u16_ref(self.vw.view_in(ph))),
+                None => Values::F32(&self.vw.view_in(ph)[..kn * d]),
             };
-            let p = &mut take(&self.sc, job.scratch)[..sr * kn];
-            strip.summarize(visible, p, &mut sums, job.j);
+            // The strip's rows in passes whose scores stay in L2, each in the same first
+            // rows of the scratch slot.
+            let scratch = take(&self.sc, job.scratch);
+            let (vs, ss) = (self.nkc * d, self.nkc * 2);
+            for (p0, pr) in cache::passes(sr, self.pass_rows) {
+                let strip = Strip {
+                    isa,
+                    d,
+                    kn,
+                    scale: self.scale,
+                    q: q.rows(p0 * d, pr * d),
+                    k,
+                    v,
+                };
+                let visible = |r: usize| {
+                    s.visible_keys(self.causal, job.row0 + r0 + p0 + r)
+                        .saturating_sub(k0)
+                        .min(kn)
+                };
+                let mut pass = Sums {
+                    values: &mut sums.values[p0 * vs..],
+                    stats: &mut sums.stats[p0 * ss..],
+                    chunks: self.nkc,
+                    d,
+                };
+                strip.summarize(visible, &mut scratch[..pr * kn], &mut pass, job.j);
+            }
         }
         if job.last {
             let (w0, wrows) = job.window;
@@ -395,6 +413,16 @@ impl Chunked<'_> {
 enum Query<'a> {
     F32(&'a [f32]),
     Pairs(&'a [u16]),
+}
+
+impl<'a> Query<'a> {
+    /// The `len` values from `start` (whole rows of d).
+    fn rows(self, start: usize, len: usize) -> Query<'a> {
+        match self {
+            Query::F32(q) => Query::F32(&q[start..][..len]),
+            Query::Pairs(q) => Query::Pairs(&q[start..][..len]),
+        }
+    }
 }
 
 /// V_j as the PV tile reads it: f32 rows, or bf16 row pairs `[ceil(k_n/2)][d][2]`.
@@ -687,6 +715,48 @@ mod tests {
                 // Four workers for at most three strip slots compute in the strips' slots, a
                 // phase per query chunk: the same sums in the same order.
                 assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
+            });
+        }
+    }
+
+    /// The rows per pass (`cache::pass_rows`) only cut a strip's work for the cache: the
+    /// output is bit for bit the same for any count, with one and several key chunks, on
+    /// every path and mask.
+    #[test]
+    fn pass_rows_change_no_bit() {
+        for (nq, nkv, d, qc, kc) in [(200, 150, 16, 64, 64), (130, 130, 32, 192, 256)] {
+            let shape = Shape {
+                batch: 1,
+                heads: 2,
+                kv_heads: 1,
+                seq_q: nq,
+                seq_kv: nkv,
+                head_dim: d,
+            };
+            for_each_path(shape, 6, |k| {
+                let run = |rows: usize| {
+                    let path = Path::of(k.dtype, k.isa, d);
+                    let mut buf = vec![0.0; chunked_lens(&shape, qc, kc, path).iter().sum()];
+                    let mut out = vec![0.0; shape.out_len()];
+                    on_pool(2, || {
+                        cache::with_pass_rows(rows, || {
+                            forward_chunked(
+                                k.inputs,
+                                k.causal,
+                                k.exact,
+                                (qc, kc),
+                                k.isa,
+                                &mut buf,
+                                &mut out,
+                            )
+                        })
+                    });
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let whole = run(STRIP);
+                for rows in [12, 5, 1] {
+                    assert!(run(rows) == whole, "{}: {rows} rows per pass", k.name());
+                }
             });
         }
     }

@@ -5,6 +5,7 @@
 //! the `matrixmultiply` SGEMM wrapper (`gemm`).
 
 pub mod blocks;
+pub mod cache;
 pub mod chunked;
 pub mod chunked_bwd;
 pub mod combine;

@@ -13,23 +13,27 @@
 //! and `rabe-staats` do; the materialized P always holds the f32 probabilities.
 //!
 //! A row block's scores are computed, exponentiated and multiplied by V in the worker's
-//! cached copy, and every probability is written to the n^2 matrix by non-temporal stores:
+//! cached copy, in passes of as many rows as keep their scores in L2 (`cache::pass_rows`:
+//! the copy is sized for the whole block, so the workspace does not depend on the machine),
+//! and every probability is written to the n^2 matrix by non-temporal stores:
 //! the matrix is far larger than the caches, so its lines go straight to memory instead of
 //! being read first and written back later (a third of the matrix's memory traffic).
 
+use super::cache;
 use super::isa::Isa;
 use super::sched::{for_each_item_with, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t, scale_stream,
-    scale_stream_pairs, softmax_row, store_fence, AOp, BOp, Out, Path, LANES_MAX, PANEL,
+    as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
+    scale_stream, scale_stream_pairs, softmax_row, store_fence, AOp, BOp, Out, Path, LANES_MAX,
+    PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
-/// Query rows per work item: S rows are computed, normalized and multiplied by V while
-/// still in cache. 64 rows x n_kv scores stay within L2 up to n_kv of a few thousand.
+/// Query rows per work item; within it, passes of `cache::pass_rows(n_kv)` rows compute,
+/// normalize and multiply their scores by V while they are still in L2.
 pub const ROW_BLOCK: usize = 64;
 
 /// Work items (heads x row blocks) the parallel loop runs.
@@ -91,6 +95,8 @@ pub fn forward(
     let nqb = nq.div_ceil(ROW_BLOCK);
     let lens = worker_lens(&s, path, exact);
     let pv16 = bf16_pv(path, d, exact);
+    // Query rows per pass over the keys: their scores stay in L2.
+    let sub = cache::pass_rows(nkv);
     let v16 = bf16_bits(&inputs.v).unwrap_or_default();
     let outs = Blocks::new(out, nq, d, ROW_BLOCK);
     let probs = Blocks::new(scores, nq, nkv, ROW_BLOCK);
@@ -128,118 +134,179 @@ pub fn forward(
                 *packed = Some(kv_off);
             }
 
-            // S = Q K^T, one 64-key panel of K^T at a time (raw scores; the scale is in c).
             let q = match path {
                 Path::Bf16Dot => &[][..],
                 _ => vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qw),
             };
-            let q16 = q16.unwrap_or_default();
-            // Causal: the block's last row sees the most keys; the panels past them are not
-            // computed (P gets their zeros) and PV stops there.
-            let seen = s.visible_keys(causal, row0 + rows - 1).min(nkv);
-            if seen == 0 {
-                for dst in p.chunks_mut(nkv) {
-                    scale_stream(isa, &mut [], 0.0, dst, false);
-                }
-                store_fence(isa);
-                o.fill(0.0);
-                return;
-            }
-            for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
-                let jn = PANEL.min(seen - j0);
-                let panel = pi * PANEL * d;
-                match path {
+            let block = Block {
+                shape: &s,
+                isa,
+                causal,
+                safe,
+                c,
+                pv16,
+                kt: &*kt,
+                v: match inputs.v.as_f32() {
+                    Some(v) => &v[kv_off..][..nkv * d],
+                    None => &vw[..nkv * d],
+                },
+                vp: as_u16_ref(vw),
+            };
+            let strips = o.chunks_mut(sub * d).zip(p.chunks_mut(sub * nkv));
+            for (i, (o, p)) in strips.enumerate() {
+                let (r0, rows) = (i * sub, o.len() / d);
+                let q = match path {
                     Path::Bf16Dot => {
-                        let q = &q16[q_off + row0 * d..][..rows * d];
-                        let kt = &as_u16(kt)[panel..][..PANEL * d];
-                        let a = AOp {
-                            data: q,
-                            rows,
-                            k: d / 2,
-                            rs: d,
-                            cs: 2,
-                        };
-                        let b = BOp {
-                            data: kt,
-                            k: d / 2,
-                            n: jn,
-                            ld: 2 * PANEL,
-                        };
-                        gemm_bf16(isa, a, b, &mut sc[j0..], nkv, Out::Store);
+                        let at = q_off + (row0 + r0) * d;
+                        StripQuery::Pairs(&q16.unwrap_or_default()[at..][..rows * d])
                     }
-                    _ => {
-                        let b = BOp {
-                            data: &kt[panel..][..PANEL * d],
-                            k: d,
-                            n: jn,
-                            ld: PANEL,
-                        };
-                        let a = AOp {
-                            data: q,
-                            rows,
-                            k: d,
-                            rs: d,
-                            cs: 1,
-                        };
-                        gemm(isa, a, b, &mut sc[j0..], nkv, Out::Store);
-                    }
-                }
-            }
-            // Softmax of each row in the cached copy, the probabilities streamed to P (and,
-            // for bf16 PV, rounded into the pairs the PV tile reads).
-            let stride = 2 * nkv.div_ceil(2);
-            let p16 = as_u16(pw);
-            for (r, (row, dst)) in sc.chunks_mut(nkv).zip(p.chunks_mut(nkv)).enumerate() {
-                let visible = s.visible_keys(causal, row0 + r);
-                let row = &mut row[..seen];
-                let (_, sum) = softmax_row(isa, row, visible, c, safe, false);
-                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                if pv16 {
-                    let pairs = &mut p16[r * stride..][..stride];
-                    scale_stream_pairs(isa, row, inv, dst, pairs);
-                } else {
-                    scale_stream(isa, row, inv, dst, true);
-                }
-            }
-            store_fence(isa);
-            if pv16 {
-                let pairs = seen.div_ceil(2);
-                let a = AOp {
-                    data: &p16[..rows * stride],
-                    rows,
-                    k: pairs,
-                    rs: stride,
-                    cs: 2,
+                    _ => StripQuery::F32(&q[r0 * d..][..rows * d]),
                 };
-                let b = BOp {
-                    data: &as_u16(vw)[..pairs * 2 * d],
-                    k: pairs,
-                    n: d,
-                    ld: 2 * d,
-                };
-                gemm_bf16(isa, a, b, o, d, Out::Store);
-                return;
+                block.strip(row0 + r0, q, &mut sc[..rows * nkv], pw, p, o);
             }
-            let v: &[f32] = match inputs.v.as_f32() {
-                Some(v) => &v[kv_off..][..nkv * d],
-                None => &vw[..nkv * d],
-            };
-            let a = AOp {
-                data: &*sc,
-                rows,
-                k: seen,
-                rs: nkv,
-                cs: 1,
-            };
-            let b = BOp {
-                data: &v[..seen * d],
-                k: seen,
-                n: d,
-                ld: d,
-            };
-            gemm(isa, a, b, o, d, Out::Store);
         },
     );
+}
+
+/// The operands the strips of one row block share: its head's packed K^T panels and V.
+struct Block<'a> {
+    shape: &'a Shape,
+    isa: Isa,
+    causal: bool,
+    safe: bool,
+    /// The score scale times log2(e).
+    c: f32,
+    pv16: bool,
+    kt: &'a [f32],
+    /// V as f32 rows (read in place, or widened).
+    v: &'a [f32],
+    /// V in bf16 row pairs (bf16 PV).
+    vp: &'a [u16],
+}
+
+/// A strip's query rows as the QK^T tile reads them: f32 rows, or bf16 pairs.
+#[derive(Clone, Copy)]
+enum StripQuery<'a> {
+    F32(&'a [f32]),
+    Pairs(&'a [u16]),
+}
+
+impl Block<'_> {
+    /// Query rows `row0..` (as many as `o` holds): their scores into `sc` (rows of n_kv),
+    /// the probabilities streamed to their rows `p` of P, the output into `o`; `pw` holds
+    /// the bf16 copy of the strip's P for bf16 PV.
+    fn strip(
+        &self,
+        row0: usize,
+        q: StripQuery,
+        sc: &mut [f32],
+        pw: &mut [f32],
+        p: &mut [f32],
+        o: &mut [f32],
+    ) {
+        let s = self.shape;
+        let (d, nkv, isa, c) = (s.head_dim, s.seq_kv, self.isa, self.c);
+        let rows = o.len() / d;
+        // Causal: the strip's last row sees the most keys; the panels past them are not
+        // computed (P gets their zeros) and PV stops there.
+        let seen = s.visible_keys(self.causal, row0 + rows - 1).min(nkv);
+        if seen == 0 {
+            for dst in p.chunks_mut(nkv) {
+                scale_stream(isa, &mut [], 0.0, dst, false);
+            }
+            store_fence(isa);
+            o.fill(0.0);
+            return;
+        }
+        // S = Q K^T, one 64-key panel of K^T at a time (raw scores; the scale is in c).
+        for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
+            let jn = PANEL.min(seen - j0);
+            let panel = pi * PANEL * d;
+            match q {
+                StripQuery::Pairs(q) => {
+                    let a = AOp {
+                        data: q,
+                        rows,
+                        k: d / 2,
+                        rs: d,
+                        cs: 2,
+                    };
+                    let b = BOp {
+                        data: &as_u16_ref(self.kt)[panel..][..PANEL * d],
+                        k: d / 2,
+                        n: jn,
+                        ld: 2 * PANEL,
+                    };
+                    gemm_bf16(isa, a, b, &mut sc[j0..], nkv, Out::Store);
+                }
+                StripQuery::F32(q) => {
+                    let a = AOp {
+                        data: q,
+                        rows,
+                        k: d,
+                        rs: d,
+                        cs: 1,
+                    };
+                    let b = BOp {
+                        data: &self.kt[panel..][..PANEL * d],
+                        k: d,
+                        n: jn,
+                        ld: PANEL,
+                    };
+                    gemm(isa, a, b, &mut sc[j0..], nkv, Out::Store);
+                }
+            }
+        }
+        // Softmax of each row in the cached copy, the probabilities streamed to P (and,
+        // for bf16 PV, rounded into the pairs the PV tile reads).
+        let stride = 2 * nkv.div_ceil(2);
+        let p16 = as_u16(pw);
+        for (r, (row, dst)) in sc.chunks_mut(nkv).zip(p.chunks_mut(nkv)).enumerate() {
+            let visible = s.visible_keys(self.causal, row0 + r);
+            let row = &mut row[..seen];
+            let (_, sum) = softmax_row(isa, row, visible, c, self.safe, false);
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            if self.pv16 {
+                let pairs = &mut p16[r * stride..][..stride];
+                scale_stream_pairs(isa, row, inv, dst, pairs);
+            } else {
+                scale_stream(isa, row, inv, dst, true);
+            }
+        }
+        store_fence(isa);
+        if self.pv16 {
+            let pairs = seen.div_ceil(2);
+            let a = AOp {
+                data: &p16[..rows * stride],
+                rows,
+                k: pairs,
+                rs: stride,
+                cs: 2,
+            };
+            let b = BOp {
+                data: &self.vp[..pairs * 2 * d],
+                k: pairs,
+                n: d,
+                ld: 2 * d,
+            };
+            gemm_bf16(isa, a, b, o, d, Out::Store);
+            return;
+        }
+        let a = AOp {
+            data: &*sc,
+            rows,
+            k: seen,
+            rs: nkv,
+            cs: 1,
+        };
+        let b = BOp {
+            data: &self.v[..seen * d],
+            k: seen,
+            n: d,
+            ld: d,
+        };
+        gemm(isa, a, b, o, d, Out::Store);
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +361,45 @@ mod tests {
                     assert!(row[vis..].iter().all(|x| *x == 0.0), "{what}: masked");
                     let sum: f32 = row.iter().sum();
                     assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} sums to {sum}");
+                }
+            });
+        }
+    }
+
+    /// The rows per pass (`cache::pass_rows`) only cut the work for the cache: P and the
+    /// output are bit for bit the same for any count, on every path and mask, causal
+    /// passes included (a pass computes only the keys its last row sees).
+    #[test]
+    fn pass_rows_change_no_bit() {
+        for (nq, nkv, d) in [(130, 130, 32), (70, 100, 16)] {
+            let shape = Shape {
+                batch: 1,
+                heads: 2,
+                kv_heads: 1,
+                seq_q: nq,
+                seq_kv: nkv,
+                head_dim: d,
+            };
+            for_each_path(shape, 4, |k| {
+                let run = |rows: usize| {
+                    let path = Path::of(k.dtype, k.isa, d);
+                    let floats = worker_lens(&shape, path, k.exact).iter().sum();
+                    let ws = Workspace::scratch(2, floats, "test").unwrap();
+                    let mut p = vec![0.0; scores_len(&shape)];
+                    let mut out = vec![0.0; shape.out_len()];
+                    on_pool(2, || {
+                        cache::with_pass_rows(rows, || {
+                            forward(
+                                k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
+                            )
+                        })
+                    });
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    (bits(&p), bits(&out))
+                };
+                let whole = run(ROW_BLOCK);
+                for rows in [12, 5, 1] {
+                    assert!(run(rows) == whole, "{}: {rows} rows per pass", k.name());
                 }
             });
         }

@@ -1,0 +1,91 @@
+//! Tunes `cache::pass_rows` on a shared machine: times one case's forward (naive or
+//! rabe-staats) with several rows-per-pass counts in alternation, one call each per round,
+//! and prints each count's median GFLOP/s and its median ratio to the first count's call of
+//! the same round (a slow stretch of the host falls on every count alike). `rule` stands for
+//! the count `cache::pass_rows` picks on this machine.
+//!
+//!   cargo run --release --example pass_rows -- naive 4096 2 64 f32 0 1 30 64,rule,16
+
+use std::time::Instant;
+
+use attnbench::backend::cpu::cache;
+use attnbench::backend::cpu::isa::Isa;
+use attnbench::backend::cpu::workspace::WarmCalls;
+use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
+use attnbench::runner::{forward_with, pool};
+use attnbench::variant::VariantId;
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
+    let variant: VariantId = arg(1, "naive").parse().expect("variant");
+    let n: usize = arg(2, "4096").parse().expect("n");
+    let heads: usize = arg(3, "2").parse().expect("heads");
+    let d: usize = arg(4, "64").parse().expect("d");
+    let dtype: DType = arg(5, "f32").parse().expect("dtype");
+    let causal = arg(6, "0") == "1";
+    let threads: usize = arg(7, "1").parse().expect("threads");
+    let rounds: usize = arg(8, "20").parse::<usize>().expect("rounds").max(1);
+    let base = Case::cpu_fwd(variant, Shape::self_attention(heads, n, d), dtype, threads);
+    let case = Case { causal, ..base };
+    let keys = match case.kv_chunk {
+        Some(kc) => kc.min(n),
+        None => n,
+    };
+    let rule = cache::pass_rows(keys);
+    let counts: Vec<usize> = arg(9, "64,rule")
+        .split(',')
+        .map(|x| match x {
+            "rule" => rule,
+            x => x.parse().expect("rows per pass"),
+        })
+        .collect();
+    println!(
+        "L2 {} KiB{}; the rule's rows per pass over {keys} keys: {rule}",
+        cache::l2_bytes() >> 10,
+        if cache::l2_known() { "" } else { " (assumed)" }
+    );
+    let isa = Isa::detect();
+    let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);
+    let mut out = vec![0.0f32; case.shape.out_len()];
+    let gf = case.flops() / 1e9;
+    // As the runner times: on a worker of the case's pool, warm, after a warm-up call each.
+    let gflops = pool(threads).expect("thread pool").install(|| {
+        let _warm = WarmCalls::start();
+        let mut call = |rows: usize| {
+            let t0 = Instant::now();
+            cache::with_pass_rows(rows, || forward_with(&case, isa, &inputs, &mut out))
+                .expect("forward");
+            gf / t0.elapsed().as_secs_f64()
+        };
+        for &rows in &counts {
+            call(rows);
+        }
+        let mut gflops = vec![Vec::with_capacity(rounds); counts.len()];
+        for _ in 0..rounds {
+            for (g, &rows) in gflops.iter_mut().zip(&counts) {
+                g.push(call(rows));
+            }
+        }
+        gflops
+    });
+    for (g, rows) in gflops.iter().zip(&counts) {
+        let ratio: Vec<f64> = g.iter().zip(&gflops[0]).map(|(x, y)| x / y).collect();
+        println!(
+            "{} {dtype} n={n} h={heads} d={d} causal={causal} t={threads}, {rows:>2} rows: median {:.1} GFLOP/s (best {:.1}); ratio to {} rows: median {:.3} (quartiles {:.3}..{:.3})",
+            variant.name(),
+            quantile(g, 0.5),
+            quantile(g, 1.0),
+            counts[0],
+            quantile(&ratio, 0.5),
+            quantile(&ratio, 0.25),
+            quantile(&ratio, 0.75),
+        );
+    }
+}
