@@ -38,7 +38,7 @@ fn main() {
         Some(kc) => kc.min(n),
         None => n,
     };
-    let rule = cache::pass_rows(keys);
+    let rule = cache::pass_rows(keys, d);
     let counts: Vec<usize> = arg(9, "64,rule")
         .split(',')
         .map(|x| match x {
@@ -47,9 +47,14 @@ fn main() {
         })
         .collect();
     println!(
-        "L2 {} KiB{}; the rule's rows per pass over {keys} keys: {rule}",
+        "L2 {} KiB, L3 {} MiB{}; the rule's rows per pass over {keys} keys at d = {d}: {rule}",
         cache::l2_bytes() >> 10,
-        if cache::l2_known() { "" } else { " (assumed)" }
+        cache::l3_bytes() >> 20,
+        if cache::sizes_known() {
+            ""
+        } else {
+            " (assumed)"
+        }
     );
     let isa = Isa::detect();
     let inputs = Inputs::generate(case.shape, dtype, InputDist::Normal, 1.0, 0);

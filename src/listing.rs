@@ -73,15 +73,17 @@ pub fn list() -> String {
         })
         .collect();
     s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
-    let known = if cache::l2_known() {
+    let known = if cache::sizes_known() {
         ""
     } else {
         ", assumed: not readable here"
     };
     s += &format!(
-        "  cpu L2 per core: {} KiB{known} (naive and rabe-staats: {} query rows per pass over 4096 keys)\n",
+        "  cpu caches: L2 {} KiB per core, L3 {} MiB{known} (naive and rabe-staats, rows per pass over 4096 keys: {} at d = 64, {} at d = 128)\n",
         cache::l2_bytes() >> 10,
-        cache::pass_rows(4096),
+        cache::l3_bytes() >> 20,
+        cache::pass_rows(4096, 64),
+        cache::pass_rows(4096, 128),
     );
     s += &format!(
         "  mpi   {}\n",

@@ -35,13 +35,16 @@ pub struct Meta {
     /// recorded (their `calibration[].kernel_isa` says it when they calibrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_kernel_path: Option<String>,
-    /// The per-core L2 size the CPU kernels blocked for (`backend::cpu::cache`: naive's and
-    /// Rabe–Staats' rows per pass), bytes; `cpu_l2_known` false when it could not be read
-    /// and was assumed. Absent in runs made before it was recorded (they used 64 rows).
+    /// The per-core L2 and the L3 sizes the CPU kernels blocked for (`backend::cpu::cache`:
+    /// naive's and Rabe–Staats' rows per pass), bytes; `cpu_cache_sizes_read` false when
+    /// they could not be read and were assumed. Absent in runs made before they were
+    /// recorded (those kernels computed whole 64-row strips).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_l2_bytes: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_l2_known: Option<bool>,
+    pub cpu_l3_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cache_sizes_read: Option<bool>,
     pub logical_cpus: usize,
     pub threads: Vec<usize>,
     pub started_unix_s: u64,
@@ -80,7 +83,8 @@ impl Meta {
             cpu_id: cpuinfo.as_deref().and_then(cpu_id),
             cpu_kernel_path: Some(Isa::detect().name().to_string()),
             cpu_l2_bytes: Some(cache::l2_bytes()),
-            cpu_l2_known: Some(cache::l2_known()),
+            cpu_l3_bytes: Some(cache::l3_bytes()),
+            cpu_cache_sizes_read: Some(cache::sizes_known()),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: std::time::SystemTime::now()

@@ -1,21 +1,33 @@
-//! Cache blocking by the per-core L2 size: `naive` and Rabe–Staats hold a strip's f32 scores
-//! against a whole row of keys (one key chunk) between QK^T, the softmax and PV, so a pass
-//! computes only as many query rows as fit in L2 ([`pass_rows`]). The L2 size comes from
-//! Linux sysfs (what the hypervisor exposes, in a VM), read once per process; elsewhere a
-//! 1 MiB L2 is assumed. Cost: one directory scan; nothing per call.
+//! Cache blocking by the core's L2 and its share of L3: `naive` and Rabe–Staats hold a
+//! strip's f32 scores against a whole row of keys (one key chunk) between QK^T, the softmax
+//! and PV, so a pass computes only as many query rows as fit in L2 ([`pass_rows`]), as long
+//! as the K^T panels and V that every pass reads again stay in this core's share of L3.
+//! Sizes come from Linux sysfs (what the hypervisor exposes, in a VM), read once per
+//! process; elsewhere a 1 MiB L2 and a 32 MiB L3 are assumed. Cost: one directory scan;
+//! nothing per call.
 //!
-//! Why it matters: with 64 rows of 4096 keys (1 MiB of scores) a Zen 3 core (512 KiB L2)
-//! spilled every pass to L3, which other tenants of a shared host also use: naive and
-//! Rabe–Staats at n = 4096..8192 ran 5-25% slower than with the rows below (commit message
-//! `examples/pass_rows.rs`), while the Zen 4 and Zen 5 (1 MiB L2) were not affected at
-//! n = 4096. The rows change no result: each row's scores, softmax and products are computed
-//! the same way whichever pass it falls in (tests in `naive` and `chunked`).
+//! Why: with 64 rows of 4096 keys (1 MiB of scores) a Zen 3 core (512 KiB L2) spilled every
+//! strip to the L3 that the host's other tenants share. On that VM, alternating row counts
+//! call by call (`examples/pass_rows.rs`, f32, one thread), the rows below ran naive and
+//! Rabe–Staats 1.06x to 1.42x faster than 64 rows at d = 64, n = 4096 and 8192, and 1.17x to
+//! 1.21x at d = 128, n = 4096; but where K and V of the key row exceed an eighth of L3
+//! (d = 128, n = 8192; d = 64, n = 16384: 8 MiB), re-reading them for each pass made 12 to
+//! 24 rows 0.5x to 0.8x as fast as 64, so there the strips stay whole. The rows change no
+//! result: each row's scores, softmax and products are computed the same way whichever pass
+//! it falls in (tests in `naive` and `chunked`).
 
 use std::cell::Cell;
 use std::sync::OnceLock;
 
 /// The L2 assumed where the size cannot be read.
 pub const DEFAULT_L2_BYTES: usize = 1 << 20;
+
+/// The L3 assumed where the size cannot be read.
+pub const DEFAULT_L3_BYTES: usize = 32 << 20;
+
+/// The part of L3 one core can count on: the L3 of a CCX is shared by 8 cores (AMD Zen 2 to
+/// 5), on a shared host by other tenants' cores too.
+pub const L3_SHARE: usize = 8;
 
 /// Fewest query rows per pass: below this the QK^T tiles reuse each K^T panel too little
 /// (8 rows ran 12-16% slower than 16 at d = 128, n = 4096 on a Zen 3).
@@ -28,16 +40,25 @@ thread_local! {
     static ROWS_OVERRIDE: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
+const SYSFS: &str = "/sys/devices/system/cpu/cpu0/cache";
+
 /// The per-core L2 cache size in bytes: the level-2 data or unified cache of cpu0 in sysfs,
 /// else [`DEFAULT_L2_BYTES`].
 pub fn l2_bytes() -> usize {
     static L2: OnceLock<usize> = OnceLock::new();
-    *L2.get_or_init(|| read_l2("/sys/devices/system/cpu/cpu0/cache").unwrap_or(DEFAULT_L2_BYTES))
+    *L2.get_or_init(|| read_level(SYSFS, 2).unwrap_or(DEFAULT_L2_BYTES))
 }
 
-/// Whether [`l2_bytes`] was read from the machine (false: the assumed default).
-pub fn l2_known() -> bool {
-    read_l2("/sys/devices/system/cpu/cpu0/cache").is_some()
+/// The size of the L3 cpu0 shares (sysfs), else [`DEFAULT_L3_BYTES`].
+pub fn l3_bytes() -> usize {
+    static L3: OnceLock<usize> = OnceLock::new();
+    *L3.get_or_init(|| read_level(SYSFS, 3).unwrap_or(DEFAULT_L3_BYTES))
+}
+
+/// Whether [`l2_bytes`] and [`l3_bytes`] were read from the machine (false: one or both
+/// are the assumed defaults).
+pub fn sizes_known() -> bool {
+    read_level(SYSFS, 2).is_some() && read_level(SYSFS, 3).is_some()
 }
 
 /// Runs `f` with [`pass_rows`] answering `rows` on this thread (the kernels ask on the
@@ -50,19 +71,23 @@ pub fn with_pass_rows<R>(rows: usize, f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Query rows per pass over `keys` keys: the most whose f32 scores take at most 3/4 of L2
-/// (the rest holds the K^T panel and the block of V the tiles stream), a multiple of the
-/// register tile's 6 rows, from [`MIN_PASS_ROWS`] to [`MAX_PASS_ROWS`]. On a 512 KiB L2:
-/// 64 rows up to 1536 keys, 48 at 2048, 24 at 4096, 12 at 8192 and beyond; on 1 MiB: 64 up
-/// to 3072 keys, 48 at 4096, 24 at 8192. Measured on a Zen 3 (512 KiB, d = 64 and 128),
-/// these were within noise of the best of 8 to 64 rows at each n.
-pub fn pass_rows(keys: usize) -> usize {
+/// Query rows per pass over `keys` keys of head dim `d`: [`MAX_PASS_ROWS`] when the keys'
+/// K and V (f32) take more than [`L3_SHARE`]th of L3 (every pass reads them again);
+/// else the most rows whose f32 scores take at most 3/4 of L2 (the rest holds the K^T panel
+/// and the block of V the tiles stream), a multiple of the register tile's 6 rows, from
+/// [`MIN_PASS_ROWS`] to [`MAX_PASS_ROWS`]. With 512 KiB of L2 and 32 MiB of L3 (the Zen 3
+/// VM): 64 rows up to 1536 keys, 48 at 2048, 24 at 4096, 12 at 8192 for d = 64; at d = 128
+/// 64 rows again from 8192 keys.
+pub fn pass_rows(keys: usize, d: usize) -> usize {
     ROWS_OVERRIDE
         .with(Cell::get)
-        .unwrap_or_else(|| rows_for(l2_bytes(), keys))
+        .unwrap_or_else(|| rows_for(l2_bytes(), l3_bytes(), keys, d))
 }
 
-fn rows_for(l2: usize, keys: usize) -> usize {
+fn rows_for(l2: usize, l3: usize, keys: usize, d: usize) -> usize {
+    if 2 * keys * d * 4 > l3 / L3_SHARE {
+        return MAX_PASS_ROWS;
+    }
     let fit = (l2 / 4 * 3) / (4 * keys.max(1));
     if fit >= MAX_PASS_ROWS {
         return MAX_PASS_ROWS;
@@ -78,15 +103,16 @@ pub fn passes(rows: usize, per: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |r0| (r0, per.min(rows - r0)))
 }
 
-/// The size of the level-2 data or unified cache under `dir` (`index*/level`, `type` and
-/// `size` as Linux writes them: "512K", "1024K", "2M").
-fn read_l2(dir: &str) -> Option<usize> {
+/// The size of the data or unified cache of `level` under `dir` (`index*/level`, `type`
+/// and `size` as Linux writes them: "512K", "1024K", "2M").
+fn read_level(dir: &str, level: u32) -> Option<usize> {
     let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let level_name = level.to_string();
     std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
         let p = e.path();
-        let level = read(p.join("level"))?;
+        let this = read(p.join("level"))?;
         let kind = read(p.join("type"))?;
-        if level.trim() != "2" || kind.trim() == "Instruction" {
+        if this.trim() != level_name || kind.trim() == "Instruction" {
             return None;
         }
         parse_size(read(p.join("size"))?.trim())
@@ -135,30 +161,49 @@ mod tests {
             std::fs::write(d.join("type"), format!("{kind}\n")).unwrap();
             std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
         }
-        assert_eq!(read_l2(dir.to_str().unwrap()), Some(1 << 20));
+        let at = dir.to_str().unwrap();
+        assert_eq!(read_level(at, 2), Some(1 << 20));
+        assert_eq!(read_level(at, 3), Some(32 << 20));
+        assert_eq!(read_level(at, 4), None);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(read_l2("/nonexistent/attnbench"), None);
+        assert_eq!(read_level("/nonexistent/attnbench", 2), None);
     }
 
     #[test]
     fn pass_rows_keep_the_scores_within_three_quarters_of_l2() {
-        let l2 = 512 << 10;
-        assert_eq!(rows_for(l2, 1024), 64);
-        assert_eq!(rows_for(l2, 2048), 48);
-        assert_eq!(rows_for(l2, 4096), 24);
-        assert_eq!(rows_for(l2, 8192), 12);
-        assert_eq!(rows_for(l2, 1 << 20), MIN_PASS_ROWS);
-        assert_eq!(rows_for(1 << 20, 4096), 48);
-        assert_eq!(rows_for(1 << 20, 8192), 24);
-        assert_eq!(rows_for(l2, 0), 64);
+        let (l2, l3) = (512 << 10, 32 << 20);
+        assert_eq!(rows_for(l2, l3, 1024, 64), 64);
+        assert_eq!(rows_for(l2, l3, 2048, 64), 48);
+        assert_eq!(rows_for(l2, l3, 4096, 64), 24);
+        assert_eq!(rows_for(l2, l3, 8192, 64), 12);
+        assert_eq!(rows_for(l2, l3, 4096, 128), 24);
+        assert_eq!(rows_for(l2, l3, 0, 64), 64);
+        assert_eq!(rows_for(1 << 20, l3, 4096, 64), 48);
+        assert_eq!(rows_for(1 << 20, l3, 8192, 64), 24);
+        // A tiny L2 still gives the tiles their rows.
+        assert_eq!(rows_for(16 << 10, l3, 300, 64), MIN_PASS_ROWS);
         for keys in [100, 1500, 3000, 5000, 7000] {
-            let r = rows_for(l2, keys);
+            let r = rows_for(l2, l3, keys, 32);
             assert!((MIN_PASS_ROWS..=MAX_PASS_ROWS).contains(&r));
             assert!(r == MAX_PASS_ROWS || r.is_multiple_of(6));
             assert!(r == MIN_PASS_ROWS || r * keys * 4 <= l2 / 4 * 3);
         }
-        assert_eq!(with_pass_rows(7, || pass_rows(300)), 7);
-        assert_eq!(pass_rows(300), rows_for(l2_bytes(), 300));
+        assert_eq!(with_pass_rows(7, || pass_rows(300, 64)), 7);
+        assert_eq!(
+            pass_rows(300, 64),
+            rows_for(l2_bytes(), l3_bytes(), 300, 64)
+        );
+    }
+
+    #[test]
+    fn strips_stay_whole_when_k_and_v_outgrow_the_cores_share_of_l3() {
+        let (l2, l3) = (512 << 10, 32 << 20);
+        // K and V of 8192 keys at d = 128, or 16384 at d = 64: 8 MiB > 32 MiB / 8.
+        assert_eq!(rows_for(l2, l3, 8192, 128), MAX_PASS_ROWS);
+        assert_eq!(rows_for(l2, l3, 16384, 64), MAX_PASS_ROWS);
+        // Exactly the share (4 MiB) still takes passes.
+        assert_eq!(rows_for(l2, l3, 8192, 64), 12);
+        assert_eq!(rows_for(l2, 64 << 20, 8192, 128), 12);
     }
 
     #[test]

@@ -17,11 +17,12 @@ use rayon::prelude::*;
 
 use super::cache;
 use super::isa::Isa;
+use super::products::{self, Operand};
 use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
-    softmax_row, softmax_row_bf16, AOp, BOp, Out, Path, LANES_MAX, PANEL,
+    as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, softmax_row,
+    softmax_row_bf16, Path, LANES_MAX, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
@@ -33,7 +34,7 @@ pub const DEFAULT_Q_CHUNK: usize = 1024;
 pub const DEFAULT_KV_CHUNK: usize = 4096;
 
 /// Query rows of a chunk per work item against one key chunk (the loop inside
-/// `summarize_chunk`, cut for the cache): in passes of `cache::pass_rows(k_c)` rows, their
+/// `summarize_chunk`, cut for the cache): in passes of `cache::pass_rows(k_c, d)` rows, their
 /// rows of the q_c x k_c slab are computed, exponentiated and multiplied by V_j while in
 /// L2, as `naive` does with its row blocks.
 pub const STRIP: usize = 64;
@@ -126,7 +127,7 @@ pub fn forward_chunked(
         scale: s.scale(),
         kc,
         nkc,
-        pass_rows: cache::pass_rows(kc.min(nkv)),
+        pass_rows: cache::pass_rows(kc.min(nkv), d),
         q16: bf16_bits(&inputs.q).unwrap_or_default(),
         k16: bf16_bits(&inputs.k).unwrap_or_default(),
         v16: bf16_bits(&inputs.v).unwrap_or_default(),
@@ -351,23 +352,23 @@ impl Chunked<'_> {
         if kn > 0 {
             let at = q_off + (job.row0 + r0) * d;
             let q = match self.path {
-                Path::Bf16Dot => Query::Pairs(&self.q16[at..][..sr * d]),
+                Path::Bf16Dot => Operand::Pairs(&self.q16[at..][..sr * d]),
                 // f32 queries are read in place, others widened.
-                Path::F32 => Query::F32(vecops::widen(&self.inputs.q, at, sr * d, &mut [])),
+                Path::F32 => Operand::F32(vecops::widen(&self.inputs.q, at, sr * d, &mut [])),
                 Path::Widen => {
                     let w = take(&self.qw, job.scratch);
-                    Query::F32(vecops::widen(&self.inputs.q, at, sr * d, w))
+                    Operand::F32(vecops::widen(&self.inputs.q, at, sr * d, w))
                 }
             };
             let k = self.kt.view_in(ph);
             let k = match self.path {
-                Path::Bf16Dot => KeyChunk::Pairs(as_u16_ref(k)),
-                _ => KeyChunk::F32(k),
+                Path::Bf16Dot => Operand::Pairs(as_u16_ref(k)),
+                _ => Operand::F32(k),
             };
             let v = match self.inputs.v.as_f32() {
-                Some(v) => Values::F32(&v[kv_at..][..kn * d]),
-                None if self.bf16_pv => Values::Pairs(as_u16_ref(self.vw.view_in(ph))),
-                None => Values::F32(&self.vw.view_in(ph)[..kn * d]),
+                Some(v) => Operand::F32(&v[kv_at..][..kn * d]),
+                None if self.bf16_pv => Operand::Pairs(as_u16_ref(self.vw.view_in(ph))),
+                None => Operand::F32(&self.vw.view_in(ph)[..kn * d]),
             };
             // The strip's rows in passes whose scores stay in L2, each in the same first
             // rows of the scratch slot.
@@ -379,7 +380,7 @@ impl Chunked<'_> {
                     d,
                     kn,
                     scale: self.scale,
-                    q: q.rows(p0 * d, pr * d),
+                    q: q.slice(p0 * d, pr * d),
                     k,
                     v,
                 };
@@ -408,37 +409,6 @@ impl Chunked<'_> {
     }
 }
 
-/// The query strip as the QK^T tile reads it: f32 rows, or bf16 pairs for `vdpbf16ps`.
-#[derive(Clone, Copy)]
-enum Query<'a> {
-    F32(&'a [f32]),
-    Pairs(&'a [u16]),
-}
-
-impl<'a> Query<'a> {
-    /// The `len` values from `start` (whole rows of d).
-    fn rows(self, start: usize, len: usize) -> Query<'a> {
-        match self {
-            Query::F32(q) => Query::F32(&q[start..][..len]),
-            Query::Pairs(q) => Query::Pairs(&q[start..][..len]),
-        }
-    }
-}
-
-/// V_j as the PV tile reads it: f32 rows, or bf16 row pairs `[ceil(k_n/2)][d][2]`.
-#[derive(Clone, Copy)]
-enum Values<'a> {
-    F32(&'a [f32]),
-    Pairs(&'a [u16]),
-}
-
-/// K_j^T packed in 64-key panels: f32, or bf16 key pairs.
-#[derive(Clone, Copy)]
-enum KeyChunk<'a> {
-    F32(&'a [f32]),
-    Pairs(&'a [u16]),
-}
-
 /// One strip of a query chunk against one key chunk of `kn` keys: Figure 1's
 /// `summarize_chunk` for the strip's rows.
 struct Strip<'a> {
@@ -446,9 +416,11 @@ struct Strip<'a> {
     d: usize,
     kn: usize,
     scale: f32,
-    q: Query<'a>,
-    k: KeyChunk<'a>,
-    v: Values<'a>,
+    /// The strip's query rows, K_j^T in 64-key panels, and V_j as f32 rows or bf16 row
+    /// pairs `[ceil(k_n/2)][d][2]`.
+    q: Operand<'a>,
+    k: Operand<'a>,
+    v: Operand<'a>,
 }
 
 impl Strip<'_> {
@@ -478,49 +450,11 @@ impl Strip<'_> {
             }
             return;
         }
-        for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
-            let jn = PANEL.min(seen - j0);
-            let panel = pi * PANEL * d;
-            match (self.q, self.k) {
-                (Query::Pairs(q), KeyChunk::Pairs(kt)) => {
-                    let a = AOp {
-                        data: q,
-                        rows: sr,
-                        k: d / 2,
-                        rs: d,
-                        cs: 2,
-                    };
-                    let b = BOp {
-                        data: &kt[panel..][..PANEL * d],
-                        k: d / 2,
-                        n: jn,
-                        ld: 2 * PANEL,
-                    };
-                    gemm_bf16(isa, a, b, &mut p[j0..], kn, Out::Store);
-                }
-                (Query::F32(q), KeyChunk::F32(kt)) => {
-                    let a = AOp {
-                        data: q,
-                        rows: sr,
-                        k: d,
-                        rs: d,
-                        cs: 1,
-                    };
-                    let b = BOp {
-                        data: &kt[panel..][..PANEL * d],
-                        k: d,
-                        n: jn,
-                        ld: PANEL,
-                    };
-                    gemm(isa, a, b, &mut p[j0..], kn, Out::Store);
-                }
-                _ => unreachable!("query and keys take the same operand path"),
-            }
-        }
+        products::scores(isa, self.q, self.k, sr, d, seen, p, kn);
         // Softmax of each row, max subtracted, not normalized; for the bf16 PV tile the
         // probabilities are written as bf16 over the row itself.
         let c = self.scale * LOG2E;
-        let pairs_pv = matches!(self.v, Values::Pairs(_));
+        let pairs_pv = matches!(self.v, Operand::Pairs(_));
         for (r, row) in p.chunks_mut(kn).enumerate() {
             let (m, w) = if pairs_pv {
                 softmax_row_bf16(isa, &mut row[..seen], visible(r), c)
@@ -530,42 +464,12 @@ impl Strip<'_> {
             stats[r * ss + 2 * j] = m * self.scale;
             stats[r * ss + 2 * j + 1] = w;
         }
-        let v_s = &mut values[j * d..];
-        match self.v {
-            Values::Pairs(vp) => {
-                let pairs = seen.div_ceil(2);
-                let a = AOp {
-                    data: &*as_u16(p),
-                    rows: sr,
-                    k: pairs,
-                    rs: 2 * kn,
-                    cs: 2,
-                };
-                let b = BOp {
-                    data: &vp[..pairs * 2 * d],
-                    k: pairs,
-                    n: d,
-                    ld: 2 * d,
-                };
-                gemm_bf16(isa, a, b, v_s, vs, Out::Store);
-            }
-            Values::F32(v) => {
-                let a = AOp {
-                    data: &*p,
-                    rows: sr,
-                    k: seen,
-                    rs: kn,
-                    cs: 1,
-                };
-                let b = BOp {
-                    data: &v[..seen * d],
-                    k: seen,
-                    n: d,
-                    ld: d,
-                };
-                gemm(isa, a, b, v_s, vs, Out::Store);
-            }
-        }
+        let (p, ldp) = if pairs_pv {
+            (Operand::Pairs(&*as_u16(p)), 2 * kn)
+        } else {
+            (Operand::F32(&*p), kn)
+        };
+        products::values(isa, p, ldp, self.v, sr, seen, d, &mut values[j * d..], vs);
     }
 }
 
@@ -667,7 +571,8 @@ mod tests {
 
     /// The chunk buffer may hold anything (a warm timing loop hands it over from the
     /// previous call): the output is bit for bit that of a zero-filled buffer, on every
-    /// path, mask and dtype, with several query and key chunks (partial ones included).
+    /// path, mask and dtype, with several query and key chunks (partial ones included), and
+    /// whatever the rows per pass.
     #[test]
     fn a_buffer_of_any_contents_gives_the_same_output() {
         // Several key chunks (a phase per query and key chunk), with and without a strip
@@ -691,54 +596,11 @@ mod tests {
                 head_dim: d,
             };
             for_each_path(shape, 5, |k| {
-                let run = |fill: f32, threads: usize| {
+                let run = |fill: f32, threads: usize, rows: usize| {
                     let path = Path::of(k.dtype, k.isa, d);
                     let mut buf = vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
                     let mut out = vec![fill; shape.out_len()];
                     on_pool(threads, || {
-                        forward_chunked(
-                            k.inputs,
-                            k.causal,
-                            k.exact,
-                            (qc, kc),
-                            k.isa,
-                            &mut buf,
-                            &mut out,
-                        )
-                    });
-                    out
-                };
-                let what = k.name();
-                let (o0, o1) = (run(0.0, 3), run(f32::NAN, 3));
-                assert!(o1.iter().all(|x| x.is_finite()), "{what}");
-                assert_eq!(o0, o1, "{what}");
-                // Four workers for at most three strip slots compute in the strips' slots, a
-                // phase per query chunk: the same sums in the same order.
-                assert_eq!(run(f32::NAN, 4), o0, "{what}: 4 threads");
-            });
-        }
-    }
-
-    /// The rows per pass (`cache::pass_rows`) only cut a strip's work for the cache: the
-    /// output is bit for bit the same for any count, with one and several key chunks, on
-    /// every path and mask.
-    #[test]
-    fn pass_rows_change_no_bit() {
-        for (nq, nkv, d, qc, kc) in [(200, 150, 16, 64, 64), (130, 130, 32, 192, 256)] {
-            let shape = Shape {
-                batch: 1,
-                heads: 2,
-                kv_heads: 1,
-                seq_q: nq,
-                seq_kv: nkv,
-                head_dim: d,
-            };
-            for_each_path(shape, 6, |k| {
-                let run = |rows: usize| {
-                    let path = Path::of(k.dtype, k.isa, d);
-                    let mut buf = vec![0.0; chunked_lens(&shape, qc, kc, path).iter().sum()];
-                    let mut out = vec![0.0; shape.out_len()];
-                    on_pool(2, || {
                         cache::with_pass_rows(rows, || {
                             forward_chunked(
                                 k.inputs,
@@ -751,11 +613,21 @@ mod tests {
                             )
                         })
                     });
-                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    out
                 };
-                let whole = run(STRIP);
+                let what = k.name();
+                let (o0, o1) = (run(0.0, 3, STRIP), run(f32::NAN, 3, STRIP));
+                assert!(o1.iter().all(|x| x.is_finite()), "{what}");
+                assert_eq!(o0, o1, "{what}");
+                // Four workers for at most three strip slots compute in the strips' slots, a
+                // phase per query chunk: the same sums in the same order.
+                assert_eq!(run(f32::NAN, 4, STRIP), o0, "{what}: 4 threads");
+                // The rows per pass (`cache::pass_rows`) only cut a strip's work for the
+                // cache: any count gives the same bits.
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 for rows in [12, 5, 1] {
-                    assert!(run(rows) == whole, "{}: {rows} rows per pass", k.name());
+                    let o = run(f32::NAN, 3, rows);
+                    assert!(bits(&o) == bits(&o0), "{what}: {rows} rows per pass");
                 }
             });
         }

@@ -18,6 +18,7 @@ pub mod isa;
 pub mod kernel_paths;
 pub mod naive;
 pub mod naive_bwd;
+pub mod products;
 pub mod sched;
 pub mod simd;
 pub mod softmax;

@@ -21,18 +21,18 @@
 
 use super::cache;
 use super::isa::Isa;
+use super::products::{self, Operand};
 use super::sched::{for_each_item_with, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, as_u16_ref, bf16_bits, gemm, gemm_bf16, interleave_rows, pack_pairs_t, pack_t,
-    scale_stream, scale_stream_pairs, softmax_row, store_fence, AOp, BOp, Out, Path, LANES_MAX,
-    PANEL,
+    as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, scale_stream,
+    scale_stream_pairs, softmax_row, store_fence, Path, LANES_MAX, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
-/// Query rows per work item; within it, passes of `cache::pass_rows(n_kv)` rows compute,
+/// Query rows per work item; within it, passes of `cache::pass_rows(n_kv, d)` rows compute,
 /// normalize and multiply their scores by V while they are still in L2.
 pub const ROW_BLOCK: usize = 64;
 
@@ -96,7 +96,7 @@ pub fn forward(
     let lens = worker_lens(&s, path, exact);
     let pv16 = bf16_pv(path, d, exact);
     // Query rows per pass over the keys: their scores stay in L2.
-    let sub = cache::pass_rows(nkv);
+    let sub = cache::pass_rows(nkv, d);
     let v16 = bf16_bits(&inputs.v).unwrap_or_default();
     let outs = Blocks::new(out, nq, d, ROW_BLOCK);
     let probs = Blocks::new(scores, nq, nkv, ROW_BLOCK);
@@ -134,9 +134,10 @@ pub fn forward(
                 *packed = Some(kv_off);
             }
 
+            // The block's query rows as the QK^T tile reads them (f32 widened if need be).
             let q = match path {
-                Path::Bf16Dot => &[][..],
-                _ => vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qw),
+                Path::Bf16Dot => Operand::Pairs(&q16.unwrap_or_default()[q_off + row0 * d..]),
+                _ => Operand::F32(vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qw)),
             };
             let block = Block {
                 shape: &s,
@@ -145,23 +146,20 @@ pub fn forward(
                 safe,
                 c,
                 pv16,
-                kt: &*kt,
-                v: match inputs.v.as_f32() {
-                    Some(v) => &v[kv_off..][..nkv * d],
-                    None => &vw[..nkv * d],
+                kt: match path {
+                    Path::Bf16Dot => Operand::Pairs(as_u16_ref(kt)),
+                    _ => Operand::F32(kt),
                 },
-                vp: as_u16_ref(vw),
+                v: match inputs.v.as_f32() {
+                    Some(v) => Operand::F32(&v[kv_off..][..nkv * d]),
+                    None if pv16 => Operand::Pairs(as_u16_ref(vw)),
+                    None => Operand::F32(&vw[..nkv * d]),
+                },
             };
             let strips = o.chunks_mut(sub * d).zip(p.chunks_mut(sub * nkv));
             for (i, (o, p)) in strips.enumerate() {
                 let (r0, rows) = (i * sub, o.len() / d);
-                let q = match path {
-                    Path::Bf16Dot => {
-                        let at = q_off + (row0 + r0) * d;
-                        StripQuery::Pairs(&q16.unwrap_or_default()[at..][..rows * d])
-                    }
-                    _ => StripQuery::F32(&q[r0 * d..][..rows * d]),
-                };
+                let q = q.slice(r0 * d, rows * d);
                 block.strip(row0 + r0, q, &mut sc[..rows * nkv], pw, p, o);
             }
         },
@@ -177,28 +175,20 @@ struct Block<'a> {
     /// The score scale times log2(e).
     c: f32,
     pv16: bool,
-    kt: &'a [f32],
-    /// V as f32 rows (read in place, or widened).
-    v: &'a [f32],
-    /// V in bf16 row pairs (bf16 PV).
-    vp: &'a [u16],
-}
-
-/// A strip's query rows as the QK^T tile reads them: f32 rows, or bf16 pairs.
-#[derive(Clone, Copy)]
-enum StripQuery<'a> {
-    F32(&'a [f32]),
-    Pairs(&'a [u16]),
+    kt: Operand<'a>,
+    /// V as f32 rows (read in place, or widened), or in bf16 row pairs (bf16 PV).
+    v: Operand<'a>,
 }
 
 impl Block<'_> {
-    /// Query rows `row0..` (as many as `o` holds): their scores into `sc` (rows of n_kv),
-    /// the probabilities streamed to their rows `p` of P, the output into `o`; `pw` holds
-    /// the bf16 copy of the strip's P for bf16 PV.
+    /// Query rows `row0..` (as many as `o` holds, `q` their rows as the QK^T tile reads
+    /// them): their scores into `sc` (rows of n_kv), the probabilities streamed to their
+    /// rows `p` of P, the output into `o`; `pw` holds the bf16 copy of the strip's P for
+    /// bf16 PV.
     fn strip(
         &self,
         row0: usize,
-        q: StripQuery,
+        q: Operand,
         sc: &mut [f32],
         pw: &mut [f32],
         p: &mut [f32],
@@ -218,45 +208,8 @@ impl Block<'_> {
             o.fill(0.0);
             return;
         }
-        // S = Q K^T, one 64-key panel of K^T at a time (raw scores; the scale is in c).
-        for (pi, j0) in (0..seen).step_by(PANEL).enumerate() {
-            let jn = PANEL.min(seen - j0);
-            let panel = pi * PANEL * d;
-            match q {
-                StripQuery::Pairs(q) => {
-                    let a = AOp {
-                        data: q,
-                        rows,
-                        k: d / 2,
-                        rs: d,
-                        cs: 2,
-                    };
-                    let b = BOp {
-                        data: &as_u16_ref(self.kt)[panel..][..PANEL * d],
-                        k: d / 2,
-                        n: jn,
-                        ld: 2 * PANEL,
-                    };
-                    gemm_bf16(isa, a, b, &mut sc[j0..], nkv, Out::Store);
-                }
-                StripQuery::F32(q) => {
-                    let a = AOp {
-                        data: q,
-                        rows,
-                        k: d,
-                        rs: d,
-                        cs: 1,
-                    };
-                    let b = BOp {
-                        data: &self.kt[panel..][..PANEL * d],
-                        k: d,
-                        n: jn,
-                        ld: PANEL,
-                    };
-                    gemm(isa, a, b, &mut sc[j0..], nkv, Out::Store);
-                }
-            }
-        }
+        // S = Q K^T (raw scores; the scale is in c).
+        products::scores(isa, q, self.kt, rows, d, seen, sc, nkv);
         // Softmax of each row in the cached copy, the probabilities streamed to P (and,
         // for bf16 PV, rounded into the pairs the PV tile reads).
         let stride = 2 * nkv.div_ceil(2);
@@ -274,38 +227,12 @@ impl Block<'_> {
             }
         }
         store_fence(isa);
-        if self.pv16 {
-            let pairs = seen.div_ceil(2);
-            let a = AOp {
-                data: &p16[..rows * stride],
-                rows,
-                k: pairs,
-                rs: stride,
-                cs: 2,
-            };
-            let b = BOp {
-                data: &self.vp[..pairs * 2 * d],
-                k: pairs,
-                n: d,
-                ld: 2 * d,
-            };
-            gemm_bf16(isa, a, b, o, d, Out::Store);
-            return;
-        }
-        let a = AOp {
-            data: &*sc,
-            rows,
-            k: seen,
-            rs: nkv,
-            cs: 1,
+        let (p, ldp) = if self.pv16 {
+            (Operand::Pairs(&p16[..rows * stride]), stride)
+        } else {
+            (Operand::F32(&*sc), nkv)
         };
-        let b = BOp {
-            data: &self.v[..seen * d],
-            k: seen,
-            n: d,
-            ld: d,
-        };
-        gemm(isa, a, b, o, d, Out::Store);
+        products::values(isa, p, ldp, self.v, rows, seen, d, o, d);
     }
 }
 
@@ -316,9 +243,11 @@ mod tests {
 
     /// The score matrix and the workspace may hold anything (a warm timing loop hands them
     /// over from the previous call): the kernel writes every entry of P, and its output and
-    /// P are bit for bit those of zero-filled buffers, on every path, mask and dtype.
+    /// P are bit for bit those of zero-filled buffers, on every path, mask and dtype. The
+    /// rows per pass (`cache::pass_rows`) only cut the work for the cache: any count gives
+    /// the same bits too (causal passes compute only the keys their last row sees).
     #[test]
-    fn buffers_of_any_contents_give_the_same_probabilities_and_output() {
+    fn buffers_of_any_contents_and_any_pass_rows_give_the_same_probabilities_and_output() {
         // Rows not a multiple of the row block; more keys than queries (causal rows see
         // different counts); a head dim that is a multiple of 16 (bf16 PV) and one that is not.
         for (nq, nkv, d) in [(70, 100, 16), (5, 37, 12), (130, 130, 32)] {
@@ -331,7 +260,7 @@ mod tests {
                 head_dim: d,
             };
             for_each_path(shape, 3, |k| {
-                let run = |fill: f32| {
+                let run = |fill: f32, rows: usize| {
                     let path = Path::of(k.dtype, k.isa, d);
                     let floats = worker_lens(&shape, path, k.exact).iter().sum();
                     let ws = Workspace::scratch(2, floats, "test").unwrap();
@@ -339,14 +268,16 @@ mod tests {
                     let mut p = vec![fill; scores_len(&shape)];
                     let mut out = vec![fill; shape.out_len()];
                     on_pool(2, || {
-                        forward(
-                            k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
-                        )
+                        cache::with_pass_rows(rows, || {
+                            forward(
+                                k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
+                            )
+                        })
                     });
                     (p, out)
                 };
-                let (p0, o0) = run(0.0);
-                let (p1, o1) = run(f32::NAN);
+                let (p0, o0) = run(0.0, ROW_BLOCK);
+                let (p1, o1) = run(f32::NAN, ROW_BLOCK);
                 let what = k.name();
                 assert!(o1.iter().all(|x| x.is_finite()), "{what}: output");
                 assert_eq!(
@@ -355,51 +286,21 @@ mod tests {
                     "{what}: P"
                 );
                 assert_eq!(o0, o1, "{what}: output");
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                for rows in [12, 5, 1] {
+                    let (p, o) = run(f32::NAN, rows);
+                    assert!(bits(&p) == bits(&p0), "{what}: P, {rows} rows per pass");
+                    assert!(
+                        bits(&o) == bits(&o0),
+                        "{what}: output, {rows} rows per pass"
+                    );
+                }
                 // Each row of P is a distribution over the keys it sees.
                 for (r, row) in p1.chunks(nkv).enumerate() {
                     let vis = shape.visible_keys(k.causal, r % nq);
                     assert!(row[vis..].iter().all(|x| *x == 0.0), "{what}: masked");
                     let sum: f32 = row.iter().sum();
                     assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} sums to {sum}");
-                }
-            });
-        }
-    }
-
-    /// The rows per pass (`cache::pass_rows`) only cut the work for the cache: P and the
-    /// output are bit for bit the same for any count, on every path and mask, causal
-    /// passes included (a pass computes only the keys its last row sees).
-    #[test]
-    fn pass_rows_change_no_bit() {
-        for (nq, nkv, d) in [(130, 130, 32), (70, 100, 16)] {
-            let shape = Shape {
-                batch: 1,
-                heads: 2,
-                kv_heads: 1,
-                seq_q: nq,
-                seq_kv: nkv,
-                head_dim: d,
-            };
-            for_each_path(shape, 4, |k| {
-                let run = |rows: usize| {
-                    let path = Path::of(k.dtype, k.isa, d);
-                    let floats = worker_lens(&shape, path, k.exact).iter().sum();
-                    let ws = Workspace::scratch(2, floats, "test").unwrap();
-                    let mut p = vec![0.0; scores_len(&shape)];
-                    let mut out = vec![0.0; shape.out_len()];
-                    on_pool(2, || {
-                        cache::with_pass_rows(rows, || {
-                            forward(
-                                k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
-                            )
-                        })
-                    });
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    (bits(&p), bits(&out))
-                };
-                let whole = run(ROW_BLOCK);
-                for rows in [12, 5, 1] {
-                    assert!(run(rows) == whole, "{}: {rows} rows per pass", k.name());
                 }
             });
         }
