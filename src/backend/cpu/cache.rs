@@ -42,23 +42,27 @@ thread_local! {
 
 const SYSFS: &str = "/sys/devices/system/cpu/cpu0/cache";
 
+/// The L2 and L3 sizes of cpu0 as sysfs gives them (None where it does not), read once.
+fn read_sizes() -> (Option<usize>, Option<usize>) {
+    static SIZES: OnceLock<(Option<usize>, Option<usize>)> = OnceLock::new();
+    *SIZES.get_or_init(|| (read_level(SYSFS, 2), read_level(SYSFS, 3)))
+}
+
 /// The per-core L2 cache size in bytes: the level-2 data or unified cache of cpu0 in sysfs,
 /// else [`DEFAULT_L2_BYTES`].
 pub fn l2_bytes() -> usize {
-    static L2: OnceLock<usize> = OnceLock::new();
-    *L2.get_or_init(|| read_level(SYSFS, 2).unwrap_or(DEFAULT_L2_BYTES))
+    read_sizes().0.unwrap_or(DEFAULT_L2_BYTES)
 }
 
 /// The size of the L3 cpu0 shares (sysfs), else [`DEFAULT_L3_BYTES`].
 pub fn l3_bytes() -> usize {
-    static L3: OnceLock<usize> = OnceLock::new();
-    *L3.get_or_init(|| read_level(SYSFS, 3).unwrap_or(DEFAULT_L3_BYTES))
+    read_sizes().1.unwrap_or(DEFAULT_L3_BYTES)
 }
 
 /// Whether [`l2_bytes`] and [`l3_bytes`] were read from the machine (false: one or both
 /// are the assumed defaults).
 pub fn sizes_known() -> bool {
-    read_level(SYSFS, 2).is_some() && read_level(SYSFS, 3).is_some()
+    matches!(read_sizes(), (Some(_), Some(_)))
 }
 
 /// Runs `f` with [`pass_rows`] answering `rows` on this thread (the kernels ask on the

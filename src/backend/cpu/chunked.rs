@@ -343,7 +343,7 @@ impl Chunked<'_> {
         let r0 = job.si * STRIP;
         let sr = STRIP.min(job.rows - r0);
         let take = |blocks, which| slot(blocks, ph, which, job.si);
-        let sums = Sums {
+        let mut sums = Sums {
             values: take(&self.values, job.sums),
             stats: take(&self.stats, job.sums),
             chunks: self.nkc,
@@ -373,7 +373,6 @@ impl Chunked<'_> {
             // The strip's rows in passes whose scores stay in L2, each in the same first
             // rows of the scratch slot.
             let scratch = take(&self.sc, job.scratch);
-            let (vs, ss) = (self.nkc * d, self.nkc * 2);
             for (p0, pr) in cache::passes(sr, self.pass_rows) {
                 let strip = Strip {
                     isa,
@@ -389,12 +388,7 @@ impl Chunked<'_> {
                         .saturating_sub(k0)
                         .min(kn)
                 };
-                let mut pass = Sums {
-                    values: &mut sums.values[p0 * vs..],
-                    stats: &mut sums.stats[p0 * ss..],
-                    chunks: self.nkc,
-                    d,
-                };
+                let mut pass = sums.rows_from(p0);
                 strip.summarize(visible, &mut scratch[..pr * kn], &mut pass, job.j);
             }
         }
@@ -483,6 +477,17 @@ struct Sums<'p> {
 }
 
 impl Sums<'_> {
+    /// The summaries of the rows from `r0` on (a pass of the strip).
+    fn rows_from(&mut self, r0: usize) -> Sums<'_> {
+        let (chunks, d) = (self.chunks, self.d);
+        Sums {
+            values: &mut self.values[r0 * chunks * d..],
+            stats: &mut self.stats[r0 * chunks * 2..],
+            chunks,
+            d,
+        }
+    }
+
     /// Output row `r` of the strip from its summaries of the first `chunks` key chunks:
     /// global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums
     /// divided by the weighted exp sums.
