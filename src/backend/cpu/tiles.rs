@@ -595,27 +595,29 @@ pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, 
     if !rows.is_multiple_of(pw) {
         dst[tail0..].fill(0.0);
     }
-    let mut put = |r: usize, c: usize, x: f32| dst[(r / pw) * cols * pw + c * pw + r % pw] = x;
+    let src_rows = offset..offset + rows * cols;
     match src {
-        Tensor::F32(v) => {
-            for r in 0..rows {
-                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
-                    put(r, c, *x);
-                }
-            }
-        }
-        Tensor::Bf16(v) => {
-            for r in 0..rows {
-                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
-                    put(r, c, x.to_f32());
-                }
-            }
-        }
-        Tensor::F16(v) => {
-            for r in 0..rows {
-                for (c, x) in v[offset + r * cols..][..cols].iter().enumerate() {
-                    put(r, c, x.to_f32());
-                }
+        Tensor::F32(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| *x),
+        // bf16 widens by a shift (exact), as `vecops::widen` does.
+        Tensor::Bf16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| {
+            f32::from_bits((x.to_bits() as u32) << 16)
+        }),
+        Tensor::F16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| x.to_f32()),
+    }
+}
+
+/// The rows of `src` (rows of `cols`) transposed into `dst`'s panels of `pw` rows (panel p,
+/// column c, row r of the panel at `p * cols * pw + c * pw + r`), each value through `f`.
+/// Panel by panel, each source row's values strided by `pw` into the panel (at most a few
+/// dozen KiB, in L1 while it fills): no division per value, no bounds check in the loop.
+fn transpose_panels<T>(src: &[T], cols: usize, pw: usize, dst: &mut [f32], f: impl Fn(&T) -> f32) {
+    if cols == 0 {
+        return;
+    }
+    for (panel, rows) in dst.chunks_exact_mut(cols * pw).zip(src.chunks(pw * cols)) {
+        for (r, row) in rows.chunks_exact(cols).enumerate() {
+            for (d, x) in panel[r..].iter_mut().step_by(pw).zip(row) {
+                *d = f(x);
             }
         }
     }

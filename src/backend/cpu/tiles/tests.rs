@@ -441,6 +441,26 @@ fn packing_transposes_into_zero_padded_panels() {
             assert_eq!(got, want);
         }
     }
+    // From an offset, and from 16-bit storage (widened exactly: bf16 by a shift, f16 by
+    // `half`), into a buffer holding stale values.
+    let skip = 3;
+    let tall = values((rows + skip) * cols, 31);
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        let t = &Tensor::from_f32(tall.clone(), dtype);
+        let mut dst = vec![f32::NAN; 2 * cols * pw];
+        pack_t(t, skip * cols, rows, cols, pw, &mut dst);
+        for r in 0..2 * pw {
+            for c in 0..cols {
+                let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
+                let want = if r < rows {
+                    t.get_f64((r + skip) * cols + c) as f32
+                } else {
+                    0.0
+                };
+                assert_eq!(got.to_bits(), want.to_bits(), "{dtype:?} r {r} c {c}");
+            }
+        }
+    }
     let bits = to_bf16_bits(&x);
     let mut pd = vec![u16::MAX; 2 * cols * pw];
     pack_pairs_t(&bits, rows, cols, pw, &mut pd);
