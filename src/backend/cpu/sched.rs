@@ -510,6 +510,29 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_kept_waiting_past_the_spin_sleeps_and_is_woken() {
+        // One item outlasts SPIN_BEFORE_SLEEP, so the other workers fall asleep at the
+        // barrier; the last to arrive must wake them (a lost wake-up hangs here), and the
+        // next phase must see the first one's write.
+        for threads in [2, 3] {
+            let flag = AtomicUsize::new(0);
+            let seen = AtomicUsize::new(0);
+            pool(threads).install(|| {
+                team(|t| {
+                    t.for_each(1, |_, _| {
+                        std::thread::sleep(20 * SPIN_BEFORE_SLEEP);
+                        flag.store(1, Ordering::Relaxed);
+                    });
+                    t.for_each(threads, |_, _| {
+                        seen.fetch_add(flag.load(Ordering::Relaxed), Ordering::Relaxed);
+                    });
+                })
+            });
+            assert_eq!(seen.load(Ordering::Relaxed), threads, "{threads} threads");
+        }
+    }
+
+    #[test]
     fn a_panic_in_one_worker_ends_the_region_instead_of_hanging() {
         let caught = std::panic::catch_unwind(|| {
             pool(2).install(|| {
