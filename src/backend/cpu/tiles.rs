@@ -14,6 +14,7 @@ use super::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{avx2, avx512, bf16};
 use super::simd::{portable, ColSoftmax, Epi, Tile, KC};
+use super::vecops::bf16_to_f32;
 use crate::problem::{DType, Tensor};
 
 /// Keys per packed K^T panel of naive and Rabe–Staats (the N loop of their QK^T tiles): a
@@ -598,10 +599,7 @@ pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, 
     let src_rows = offset..offset + rows * cols;
     match src {
         Tensor::F32(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| *x),
-        // bf16 widens by a shift (exact), as `vecops::widen` does.
-        Tensor::Bf16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| {
-            f32::from_bits((x.to_bits() as u32) << 16)
-        }),
+        Tensor::Bf16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| bf16_to_f32(*x)),
         Tensor::F16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| x.to_f32()),
     }
 }

@@ -90,10 +90,7 @@ pub fn scores_bf16(q: &[u16], k: &[bf16], dims: Dims, scale: f32, s: &mut [f32],
         unsafe { avx512::scores(q, k, dims, scale, s, stride) };
         return;
     }
-    let qf: Vec<f32> = q
-        .iter()
-        .map(|&b| f32::from_bits((b as u32) << 16))
-        .collect();
+    let qf: Vec<f32> = q.iter().map(|&b| bf16_to_f32(bf16::from_bits(b))).collect();
     let kf: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
     scores_body(&qf, &kf, dims, scale, s, stride);
 }
@@ -137,6 +134,13 @@ pub fn accumulate(p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32])
             accumulate_body(p, stride, &v, d, acc)
         }
     }
+}
+
+/// One bf16 value widened to f32, exactly: its bits are the f32's upper half (a shift,
+/// without `half`'s per-value NaN check; a signalling NaN stays a NaN but is not quieted).
+#[inline(always)]
+pub fn bf16_to_f32(x: bf16) -> f32 {
+    f32::from_bits((x.to_bits() as u32) << 16)
 }
 
 /// `len` elements of `t` from `offset`, as f32: borrowed for f32 storage, widened into
@@ -704,7 +708,7 @@ fn accumulate_body(p: &[f32], stride: usize, v: &[f32], d: usize, acc: &mut [f32
 #[inline(always)]
 fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src) {
-        *d = f32::from_bits((s.to_bits() as u32) << 16);
+        *d = bf16_to_f32(*s);
     }
 }
 

@@ -431,33 +431,28 @@ fn column_softmax_and_mask_match_the_online_softmax() {
 fn packing_transposes_into_zero_padded_panels() {
     let (rows, cols, pw) = (70, 6, 64);
     let x = values(rows * cols, 30);
-    let t = Tensor::F32(x.clone());
-    let mut dst = vec![f32::NAN; 2 * cols * pw];
-    pack_t(&t, 0, rows, cols, pw, &mut dst);
-    for r in 0..2 * pw {
-        for c in 0..cols {
-            let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
-            let want = if r < rows { x[r * cols + c] } else { 0.0 };
-            assert_eq!(got, want);
-        }
-    }
-    // From an offset, and from 16-bit storage (widened exactly: bf16 by a shift, f16 by
-    // `half`), into a buffer holding stale values.
-    let skip = 3;
-    let tall = values((rows + skip) * cols, 31);
-    for dtype in [DType::F32, DType::Bf16, DType::F16] {
-        let t = &Tensor::from_f32(tall.clone(), dtype);
-        let mut dst = vec![f32::NAN; 2 * cols * pw];
-        pack_t(t, skip * cols, rows, cols, pw, &mut dst);
-        for r in 0..2 * pw {
-            for c in 0..cols {
-                let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
-                let want = if r < rows {
-                    t.get_f64((r + skip) * cols + c) as f32
-                } else {
-                    0.0
-                };
-                assert_eq!(got.to_bits(), want.to_bits(), "{dtype:?} r {r} c {c}");
+    // From the start and from an offset, from f32 and 16-bit storage (widened exactly:
+    // bf16 by a shift, f16 by `half`), into a buffer holding stale values.
+    for skip in [0, 3] {
+        let tall = values((rows + skip) * cols, 30 + skip as u32);
+        for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            let t = &Tensor::from_f32(tall.clone(), dtype);
+            let mut dst = vec![f32::NAN; 2 * cols * pw];
+            pack_t(t, skip * cols, rows, cols, pw, &mut dst);
+            for r in 0..2 * pw {
+                for c in 0..cols {
+                    let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
+                    let want = if r < rows {
+                        t.get_f64((r + skip) * cols + c) as f32
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{dtype:?} skip {skip} r {r} c {c}"
+                    );
+                }
             }
         }
     }
