@@ -21,7 +21,7 @@ use super::products::{self, Operand};
 use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
-    as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, softmax_row,
+    self, as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, softmax_row,
     softmax_row_bf16, Path, LANES_MAX, PANEL,
 };
 use super::vecops;
@@ -317,7 +317,7 @@ impl Chunked<'_> {
                 Path::Bf16Dot => {
                     pack_pairs_t(&self.k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
                 }
-                _ => pack_t(&self.inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
+                _ => pack_t(isa, &self.inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
             }
             // f32 V is read in place.
             if self.bf16_pv {
@@ -397,7 +397,7 @@ impl Chunked<'_> {
             let blk = (job.head * s.seq_q + job.row0 + r0 - w0) / STRIP;
             let o = self.outs.take_in(ph, w0, wrows, blk);
             for (r, o_r) in o.chunks_mut(d).enumerate() {
-                sums.combine_row(r, job.chunks, o_r);
+                sums.combine_row(isa, r, job.chunks, o_r);
             }
         }
     }
@@ -490,8 +490,9 @@ impl Sums<'_> {
 
     /// Output row `r` of the strip from its summaries of the first `chunks` key chunks:
     /// global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums
-    /// divided by the weighted exp sums.
-    fn combine_row(&self, r: usize, chunks: usize, o_r: &mut [f32]) {
+    /// divided by the weighted exp sums (times the reciprocal, on `isa`'s vectors, as
+    /// `naive` and `flash` normalize).
+    fn combine_row(&self, isa: Isa, r: usize, chunks: usize, o_r: &mut [f32]) {
         let d = self.d;
         let values = &self.values[r * self.chunks * d..][..chunks * d];
         let stats = &self.stats[r * self.chunks * 2..][..chunks * 2];
@@ -510,13 +511,9 @@ impl Sums<'_> {
             }
             let diff = (st[0] - global).exp();
             all_weights += st[1] * diff;
-            for (acc, x) in o_r.iter_mut().zip(v) {
-                *acc += x * diff;
-            }
+            tiles::axpy(isa, o_r, v, diff);
         }
-        for x in o_r.iter_mut() {
-            *x /= all_weights;
-        }
+        tiles::scale(isa, o_r, 1.0 / all_weights);
     }
 }
 

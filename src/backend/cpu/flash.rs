@@ -146,7 +146,7 @@ fn block(
             let q = bf16_bits(&inputs.q).unwrap_or_default();
             pack_pairs_t(&q[q_off + row0 * d..], rows, d, nb, as_u16(qt));
         }
-        _ => pack_t(&inputs.q, q_off + row0 * d, rows, d, nb, qt),
+        _ => pack_t(isa, &inputs.q, q_off + row0 * d, rows, d, nb, qt),
     }
     let ot = &mut ot[..d * nb];
     ot.fill(0.0);

@@ -33,8 +33,16 @@ impl Isa {
         }
     }
 
-    /// Whether this CPU can run the path.
+    /// Whether this CPU can run the path (asked of the CPU once; every kernel call checks
+    /// its path, several times per row block).
+    #[inline]
     pub fn available(self) -> bool {
+        static AVAILABLE: OnceLock<[bool; 4]> = OnceLock::new();
+        AVAILABLE.get_or_init(|| Isa::ALL.map(Isa::has_features))[self as usize]
+    }
+
+    /// Whether this CPU can run the path, from the feature flags.
+    fn has_features(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             let avx512 = || {

@@ -124,7 +124,7 @@ pub fn forward(
                         let k = &k16.unwrap_or_default()[kv_off..];
                         pack_pairs_t(k, nkv, d, PANEL, as_u16(kt));
                     }
-                    _ => pack_t(&inputs.k, kv_off, nkv, d, PANEL, kt),
+                    _ => pack_t(isa, &inputs.k, kv_off, nkv, d, PANEL, kt),
                 }
                 if pv16 {
                     interleave_rows(isa, &v16[kv_off..][..nkv * d], nkv, d, as_u16(vw));

@@ -474,6 +474,12 @@ pub fn scale(isa: Isa, x: &mut [f32], f: f32) {
     row_op!(isa, scale(x.as_mut_ptr(), x.len(), f))
 }
 
+/// y += a x (as long as the shorter of the two).
+pub fn axpy(isa: Isa, y: &mut [f32], x: &[f32], a: f32) {
+    let n = y.len().min(x.len());
+    row_op!(isa, axpy(y.as_mut_ptr(), x.as_ptr(), n, a))
+}
+
 /// `dst[..x.len()] = x * f` and the rest of `dst` zero, written by non-temporal stores
 /// where `dst` is vector-aligned (a large buffer nothing reads soon, such as naive's
 /// materialized P), and `x *= f` too when `keep`. Call [`store_fence`] before the result is
@@ -589,7 +595,17 @@ pub fn softmax_row_bf16(isa: Isa, row: &mut [f32], visible: usize, c: f32) -> (f
 /// `rows` x `cols` elements of `src` (row-major from `offset`, row stride `cols`) transposed
 /// into panels of `pw` rows: `dst[(r / pw) * cols * pw + c * pw + r % pw]`, widened to f32,
 /// zero-padded to whole panels. Q^T of a flash block (one panel), K^T of naive/Rabe–Staats.
-pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, dst: &mut [f32]) {
+/// f32 by `isa`'s W x W block transposes, 16-bit storage widened value by value.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_t(
+    isa: Isa,
+    src: &Tensor,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    pw: usize,
+    dst: &mut [f32],
+) {
     let panels = rows.div_ceil(pw);
     let dst = &mut dst[..panels * cols * pw];
     let tail0 = (panels - 1.min(panels)) * cols * pw;
@@ -598,7 +614,10 @@ pub fn pack_t(src: &Tensor, offset: usize, rows: usize, cols: usize, pw: usize, 
     }
     let src_rows = offset..offset + rows * cols;
     match src {
-        Tensor::F32(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| *x),
+        Tensor::F32(v) => {
+            let (src, dst) = (&v[src_rows], dst.as_mut_ptr());
+            row_op!(isa, pack_t(src.as_ptr(), rows, cols, pw, dst))
+        }
         Tensor::Bf16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| bf16_to_f32(*x)),
         Tensor::F16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| x.to_f32()),
     }

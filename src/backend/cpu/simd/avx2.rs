@@ -168,4 +168,40 @@ unsafe fn exp2(x: V) -> V {
     _mm256_mul_ps(p, e)
 }
 
+/// The W x W block at `src` (rows `lds` floats apart) transposed to `dst` (rows `ldd`
+/// apart): rows paired, then quads, within each 128-bit half, then the halves swapped.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    let r: [V; W] = std::array::from_fn(|i| load(src.add(i * lds)));
+    let mut t = [_mm256_setzero_ps(); W];
+    for i in 0..W / 2 {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c]: column c of rows 4g..4g + 4 in the low half, column c + 4 in the high.
+    let mut u = [_mm256_setzero_ps(); W];
+    for g in 0..2 {
+        let (a, b) = (_mm256_castps_pd(t[4 * g]), _mm256_castps_pd(t[4 * g + 2]));
+        let (e, f) = (
+            _mm256_castps_pd(t[4 * g + 1]),
+            _mm256_castps_pd(t[4 * g + 3]),
+        );
+        u[4 * g] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, b));
+        u[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, b));
+        u[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(e, f));
+        u[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(e, f));
+    }
+    for c in 0..4 {
+        store(
+            dst.add(c * ldd),
+            _mm256_permute2f128_ps::<0x20>(u[c], u[4 + c]),
+        );
+        store(
+            dst.add((c + 4) * ldd),
+            _mm256_permute2f128_ps::<0x31>(u[c], u[4 + c]),
+        );
+    }
+}
+
 super::kernels!(6, 2, #[target_feature(enable = "avx2,fma")]);

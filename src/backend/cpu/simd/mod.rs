@@ -446,6 +446,26 @@ macro_rules! kernels {
             }
         }
 
+        /// y += a x for `n` floats (one FMA each).
+        ///
+        /// # Safety
+        /// `y` and `x` are valid for `n` floats.
+        $(#[$attr])*
+        pub unsafe fn axpy(y: *mut f32, x: *const f32, n: usize, a: f32) {
+            let av = splat(a);
+            let mut i = 0;
+            while i + W <= n {
+                let p = y.add(i);
+                store(p, fma(av, load(x.add(i)), load(p)));
+                i += W;
+            }
+            if i < n {
+                let m = mask_first(n - i);
+                let p = y.add(i);
+                store_m(p, fma(av, load_m(x.add(i), m), load_m(p, m)), m);
+            }
+        }
+
         /// `dst[..n] = x[..n] * f` and `dst[n..n_dst] = 0`, by non-temporal stores from the
         /// first vector-aligned element of `dst` on (`dst` is a large buffer that nothing
         /// reads soon: its lines go to memory without being read first and without
@@ -527,6 +547,40 @@ macro_rules! kernels {
                 s = add(s, a);
             }
             hsum(s)
+        }
+
+        /// `rows` x `cols` f32 at `src` (row stride `cols`) transposed into panels of `pw`
+        /// rows at `dst`: row r, column c to `dst[(r / pw) * cols * pw + c * pw + r % pw]`.
+        /// Whole W x W blocks by `transpose_block` (each source row read once, each
+        /// destination run of W written whole), the ragged rows and columns value by value.
+        ///
+        /// # Safety
+        /// `src` is valid for `rows * cols` floats, `dst` for `rows.div_ceil(pw) * cols * pw`.
+        $(#[$attr])*
+        pub unsafe fn pack_t(src: *const f32, rows: usize, cols: usize, pw: usize, dst: *mut f32) {
+            let cw = cols / W * W;
+            for p0 in (0..rows).step_by(pw) {
+                let pr = pw.min(rows - p0);
+                // Panel p0 / pw starts at (p0 / pw) * cols * pw = p0 * cols.
+                let (panel, from) = (dst.add(p0 * cols), src.add(p0 * cols));
+                let rw = pr / W * W;
+                for r in (0..rw).step_by(W) {
+                    let rows_at = from.add(r * cols);
+                    for c in (0..cw).step_by(W) {
+                        transpose_block(rows_at.add(c), cols, panel.add(c * pw + r), pw);
+                    }
+                    for c in cw..cols {
+                        for i in 0..W {
+                            *panel.add(c * pw + r + i) = *rows_at.add(i * cols + c);
+                        }
+                    }
+                }
+                for r in rw..pr {
+                    for c in 0..cols {
+                        *panel.add(c * pw + r) = *from.add(r * cols + c);
+                    }
+                }
+            }
         }
 
         /// 2^x for `n` floats, in place (for tests of the polynomial).

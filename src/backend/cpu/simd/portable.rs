@@ -128,4 +128,15 @@ unsafe fn exp2(x: V) -> V {
     std::array::from_fn(|i| exp2_scalar(x[i]))
 }
 
+/// The W x W block at `src` (rows `lds` floats apart) transposed to `dst` (rows `ldd`
+/// apart), value by value.
+#[inline(always)]
+unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    for i in 0..W {
+        for j in 0..W {
+            *dst.add(j * ldd + i) = *src.add(i * lds + j);
+        }
+    }
+}
+
 super::kernels!(4, 2,);

@@ -429,16 +429,22 @@ fn column_softmax_and_mask_match_the_online_softmax() {
 
 #[test]
 fn packing_transposes_into_zero_padded_panels() {
-    let (rows, cols, pw) = (70, 6, 64);
-    let x = values(rows * cols, 30);
-    // From the start and from an offset, from f32 and 16-bit storage (widened exactly:
-    // bf16 by a shift, f16 by `half`), into a buffer holding stale values.
-    for skip in [0, 3] {
+    let (rows, pw) = (70, 64);
+    let x = values(rows * 6, 30);
+    // From the start and from an offset, from f32 (whole W x W blocks of every path, and
+    // the ragged rows and columns beside them) and 16-bit storage (widened exactly: bf16 by
+    // a shift, f16 by `half`), into a buffer holding stale values.
+    let cases = paths().into_iter().flat_map(|isa| {
+        [6, 16, 37]
+            .into_iter()
+            .flat_map(move |cols| [0, 3].map(|skip| (isa, cols, skip)))
+    });
+    for (isa, cols, skip) in cases {
         let tall = values((rows + skip) * cols, 30 + skip as u32);
         for dtype in [DType::F32, DType::Bf16, DType::F16] {
             let t = &Tensor::from_f32(tall.clone(), dtype);
             let mut dst = vec![f32::NAN; 2 * cols * pw];
-            pack_t(t, skip * cols, rows, cols, pw, &mut dst);
+            pack_t(isa, t, skip * cols, rows, cols, pw, &mut dst);
             for r in 0..2 * pw {
                 for c in 0..cols {
                     let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
@@ -450,12 +456,13 @@ fn packing_transposes_into_zero_padded_panels() {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
-                        "{dtype:?} skip {skip} r {r} c {c}"
+                        "{isa} {dtype:?} cols {cols} skip {skip} r {r} c {c}"
                     );
                 }
             }
         }
     }
+    let cols = 6;
     let bits = to_bf16_bits(&x);
     let mut pd = vec![u16::MAX; 2 * cols * pw];
     pack_pairs_t(&bits, rows, cols, pw, &mut pd);
