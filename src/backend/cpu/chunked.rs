@@ -315,7 +315,7 @@ impl Chunked<'_> {
             let kp = self.kt.take_in(ph, 0, pi);
             match path {
                 Path::Bf16Dot => {
-                    pack_pairs_t(&self.k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
+                    pack_pairs_t(isa, &self.k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
                 }
                 _ => pack_t(isa, &self.inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
             }

@@ -144,7 +144,7 @@ fn block(
     match path {
         Path::Bf16Dot => {
             let q = bf16_bits(&inputs.q).unwrap_or_default();
-            pack_pairs_t(&q[q_off + row0 * d..], rows, d, nb, as_u16(qt));
+            pack_pairs_t(isa, &q[q_off + row0 * d..], rows, d, nb, as_u16(qt));
         }
         _ => pack_t(isa, &inputs.q, q_off + row0 * d, rows, d, nb, qt),
     }

@@ -122,7 +122,7 @@ pub fn forward(
                 match path {
                     Path::Bf16Dot => {
                         let k = &k16.unwrap_or_default()[kv_off..];
-                        pack_pairs_t(k, nkv, d, PANEL, as_u16(kt));
+                        pack_pairs_t(isa, k, nkv, d, PANEL, as_u16(kt));
                     }
                     _ => pack_t(isa, &inputs.k, kv_off, nkv, d, PANEL, kt),
                 }

@@ -643,7 +643,9 @@ fn transpose_panels<T>(src: &[T], cols: usize, pw: usize, dst: &mut [f32], f: im
 /// bf16 `rows` x `cols` (cols even) transposed into pair panels of `pw` rows:
 /// `dst[(r / pw) * cols * pw + (c / 2) * 2 * pw + 2 * (r % pw) + c % 2]`, zero-padded to whole
 /// panels: the B operand of a bf16 pair tile (Q^T pairs of flash, K^T pairs of naive/R–S).
-pub fn pack_pairs_t(src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut [u16]) {
+/// A pair is one 32-bit value, so this is [`pack_t`]'s transpose of a `rows` x `cols / 2`
+/// matrix of them, by `isa`'s W x W blocks.
+pub fn pack_pairs_t(isa: Isa, src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut [u16]) {
     assert!(cols.is_multiple_of(2), "bf16 pairs need an even width");
     let panels = rows.div_ceil(pw);
     let dst = &mut dst[..panels * cols * pw];
@@ -651,14 +653,13 @@ pub fn pack_pairs_t(src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut 
     if !rows.is_multiple_of(pw) {
         dst[tail0..].fill(0);
     }
-    for r in 0..rows {
-        let base = (r / pw) * cols * pw + 2 * (r % pw);
-        for (p, pair) in src[r * cols..][..cols].chunks_exact(2).enumerate() {
-            let at = base + p * 2 * pw;
-            dst[at] = pair[0];
-            dst[at + 1] = pair[1];
-        }
-    }
+    let src = &src[..rows * cols];
+    let (s, d) = (src.as_ptr() as *const f32, dst.as_mut_ptr() as *mut f32);
+    assert!(
+        (d as usize).is_multiple_of(4),
+        "pair panels start on a 4-byte boundary"
+    );
+    row_op!(isa, pack_t(s, rows, cols / 2, pw, d))
 }
 
 /// Consecutive rows of a bf16 `kn` x `d` matrix paired: `[ceil(kn/2)][d][2]` (V for the

@@ -549,13 +549,15 @@ macro_rules! kernels {
             hsum(s)
         }
 
-        /// `rows` x `cols` f32 at `src` (row stride `cols`) transposed into panels of `pw`
-        /// rows at `dst`: row r, column c to `dst[(r / pw) * cols * pw + c * pw + r % pw]`.
-        /// Whole W x W blocks by `transpose_block` (each source row read once, each
-        /// destination run of W written whole), the ragged rows and columns value by value.
+        /// `rows` x `cols` 32-bit values at `src` (row stride `cols`; f32, or bf16 pairs,
+        /// moved as bits) transposed into panels of `pw` rows at `dst`: row r, column c to
+        /// `dst[(r / pw) * cols * pw + c * pw + r % pw]`. Whole W x W blocks by
+        /// `transpose_block` (each source row read once, each destination run of W written
+        /// whole), the ragged rows and columns value by value.
         ///
         /// # Safety
-        /// `src` is valid for `rows * cols` floats, `dst` for `rows.div_ceil(pw) * cols * pw`.
+        /// `src` is valid for `rows * cols` values (aligned to 2 bytes at least), `dst` for
+        /// `rows.div_ceil(pw) * cols * pw` f32s.
         $(#[$attr])*
         pub unsafe fn pack_t(src: *const f32, rows: usize, cols: usize, pw: usize, dst: *mut f32) {
             let cw = cols / W * W;
@@ -571,13 +573,13 @@ macro_rules! kernels {
                     }
                     for c in cw..cols {
                         for i in 0..W {
-                            *panel.add(c * pw + r + i) = *rows_at.add(i * cols + c);
+                            *panel.add(c * pw + r + i) = rows_at.add(i * cols + c).read_unaligned();
                         }
                     }
                 }
                 for r in rw..pr {
                     for c in 0..cols {
-                        *panel.add(c * pw + r) = *from.add(r * cols + c);
+                        *panel.add(c * pw + r) = from.add(r * cols + c).read_unaligned();
                     }
                 }
             }

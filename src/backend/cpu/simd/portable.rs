@@ -134,7 +134,7 @@ unsafe fn exp2(x: V) -> V {
 unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     for i in 0..W {
         for j in 0..W {
-            *dst.add(j * ldd + i) = *src.add(i * lds + j);
+            *dst.add(j * ldd + i) = src.add(i * lds + j).read_unaligned();
         }
     }
 }

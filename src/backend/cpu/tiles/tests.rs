@@ -430,7 +430,6 @@ fn column_softmax_and_mask_match_the_online_softmax() {
 #[test]
 fn packing_transposes_into_zero_padded_panels() {
     let (rows, pw) = (70, 64);
-    let x = values(rows * 6, 30);
     // From the start and from an offset, from f32 (whole W x W blocks of every path, and
     // the ragged rows and columns beside them) and 16-bit storage (widened exactly: bf16 by
     // a shift, f16 by `half`), into a buffer holding stale values.
@@ -462,15 +461,27 @@ fn packing_transposes_into_zero_padded_panels() {
             }
         }
     }
-    let cols = 6;
-    let bits = to_bf16_bits(&x);
-    let mut pd = vec![u16::MAX; 2 * cols * pw];
-    pack_pairs_t(&bits, rows, cols, pw, &mut pd);
-    for r in 0..2 * pw {
-        for c in 0..cols {
-            let got = pd[(r / pw) * cols * pw + (c / 2) * 2 * pw + 2 * (r % pw) + c % 2];
-            let want = if r < rows { bits[r * cols + c] } else { 0 };
-            assert_eq!(got, want);
+    // bf16 pairs (32-bit values, moved as bits: pairs that read as signaling NaNs or
+    // subnormals as f32 too), whole and ragged blocks of pairs, from an odd pair offset.
+    for isa in paths() {
+        for cols in [6, 32, 74] {
+            let mut bits = to_bf16_bits(&values((rows + 2) * cols, 32));
+            for (i, b) in [0x7f81, 0xff80, 0x0001, 0x7fbf].into_iter().enumerate() {
+                bits[cols + 2 + 2 * i + 1] = b;
+            }
+            let mut pd = vec![u16::MAX; 2 * cols * pw];
+            pack_pairs_t(isa, &bits[cols + 2..], rows, cols, pw, &mut pd);
+            for r in 0..2 * pw {
+                for c in 0..cols {
+                    let got = pd[(r / pw) * cols * pw + (c / 2) * 2 * pw + 2 * (r % pw) + c % 2];
+                    let want = if r < rows {
+                        bits[cols + 2 + r * cols + c]
+                    } else {
+                        0
+                    };
+                    assert_eq!(got, want, "{isa} cols {cols} r {r} c {c}");
+                }
+            }
         }
     }
     let isa = Isa::Avx512Bf16;
