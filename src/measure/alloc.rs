@@ -103,9 +103,9 @@ pub const LARGE_ALIGN: usize = 64;
 #[inline]
 fn served(layout: Layout) -> Layout {
     if layout.size() >= ALIGN_FROM_BYTES && layout.align() < LARGE_ALIGN {
-        // SAFETY: LARGE_ALIGN is a power of two, and the size did fit `layout`, whose
-        // rounding up to LARGE_ALIGN stays below isize::MAX for any size a Vec can have.
-        unsafe { Layout::from_size_align_unchecked(layout.size(), LARGE_ALIGN) }
+        // A size too close to isize::MAX to round up to a cache line keeps its layout (no
+        // allocator could serve it anyway).
+        Layout::from_size_align(layout.size(), LARGE_ALIGN).unwrap_or(layout)
     } else {
         layout
     }
@@ -366,6 +366,7 @@ mod tests {
         assert_eq!(l(ALIGN_FROM_BYTES - 1, 4).align(), 4);
         assert_eq!(l(ALIGN_FROM_BYTES, 4096).align(), 4096);
         assert_eq!(l(ALIGN_FROM_BYTES, 4).size(), ALIGN_FROM_BYTES);
+        assert_eq!(l(isize::MAX as usize - 3, 4).align(), 4);
     }
 
     #[test]
