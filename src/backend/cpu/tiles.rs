@@ -14,7 +14,7 @@ use super::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{avx2, avx512, bf16};
 use super::simd::{portable, ColSoftmax, Epi, Tile, KC};
-use super::vecops::bf16_to_f32;
+use super::vecops;
 use crate::problem::{DType, Tensor};
 
 /// Keys per packed K^T panel of naive and Rabe–Staats (the N loop of their QK^T tiles): a
@@ -595,7 +595,8 @@ pub fn softmax_row_bf16(isa: Isa, row: &mut [f32], visible: usize, c: f32) -> (f
 /// `rows` x `cols` elements of `src` (row-major from `offset`, row stride `cols`) transposed
 /// into panels of `pw` rows: `dst[(r / pw) * cols * pw + c * pw + r % pw]`, widened to f32,
 /// zero-padded to whole panels. Q^T of a flash block (one panel), K^T of naive/Rabe–Staats.
-/// f32 by `isa`'s W x W block transposes, 16-bit storage widened value by value.
+/// By `isa`'s W x W block transposes: f32 read in place, 16-bit storage widened first,
+/// [`WIDEN_BLOCK`] rows x columns at a time, into a buffer on the stack.
 #[allow(clippy::too_many_arguments)]
 pub fn pack_t(
     isa: Isa,
@@ -612,33 +613,35 @@ pub fn pack_t(
     if !rows.is_multiple_of(pw) {
         dst[tail0..].fill(0.0);
     }
-    let src_rows = offset..offset + rows * cols;
-    match src {
-        Tensor::F32(v) => {
-            let (src, dst) = (&v[src_rows], dst.as_mut_ptr());
-            row_op!(isa, pack_t(src.as_ptr(), rows, cols, pw, dst))
+    if let Tensor::F32(v) = src {
+        let src = &v[offset..offset + rows * cols];
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        return row_op!(isa, pack_t(s, cols, rows, cols, pw, d, cols * pw));
+    }
+    const B: usize = WIDEN_BLOCK;
+    let mut buf = [0.0f32; B * B];
+    for p0 in (0..rows).step_by(pw) {
+        let pr = pw.min(rows - p0);
+        for (r0, c0) in (0..pr)
+            .step_by(B)
+            .flat_map(|r0| (0..cols).step_by(B).map(move |c0| (r0, c0)))
+        {
+            let (g, cw) = (B.min(pr - r0), B.min(cols - c0));
+            for (r, row) in buf.chunks_exact_mut(cw).take(g).enumerate() {
+                vecops::widen_into(src, offset + (p0 + r0 + r) * cols + c0, row);
+            }
+            // The block's place in panel p0 / pw: its columns from c0, its rows from r0.
+            let at = &mut dst[p0 * cols + c0 * pw + r0..];
+            assert!((cw - 1) * pw + g <= at.len());
+            let (s, d) = (buf.as_ptr(), at.as_mut_ptr());
+            row_op!(isa, pack_t(s, cw, g, cw, pw, d, cw * pw))
         }
-        Tensor::Bf16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| bf16_to_f32(*x)),
-        Tensor::F16(v) => transpose_panels(&v[src_rows], cols, pw, dst, |x| x.to_f32()),
     }
 }
 
-/// The rows of `src` (rows of `cols`) transposed into `dst`'s panels of `pw` rows (panel p,
-/// column c, row r of the panel at `p * cols * pw + c * pw + r`), each value through `f`.
-/// Panel by panel, each source row's values strided by `pw` into the panel (at most a few
-/// dozen KiB, in L1 while it fills): no division per value, no bounds check in the loop.
-fn transpose_panels<T>(src: &[T], cols: usize, pw: usize, dst: &mut [f32], f: impl Fn(&T) -> f32) {
-    if cols == 0 {
-        return;
-    }
-    for (panel, rows) in dst.chunks_exact_mut(cols * pw).zip(src.chunks(pw * cols)) {
-        for (r, row) in rows.chunks_exact(cols).enumerate() {
-            for (d, x) in panel[r..].iter_mut().step_by(pw).zip(row) {
-                *d = f(x);
-            }
-        }
-    }
-}
+/// Rows and columns of the blocks in which [`pack_t`] widens 16-bit storage (16 KiB of f32,
+/// in L1 while it is transposed).
+pub const WIDEN_BLOCK: usize = 64;
 
 /// bf16 `rows` x `cols` (cols even) transposed into pair panels of `pw` rows:
 /// `dst[(r / pw) * cols * pw + (c / 2) * 2 * pw + 2 * (r % pw) + c % 2]`, zero-padded to whole
@@ -659,7 +662,8 @@ pub fn pack_pairs_t(isa: Isa, src: &[u16], rows: usize, cols: usize, pw: usize, 
         (d as usize).is_multiple_of(4),
         "pair panels start on a 4-byte boundary"
     );
-    row_op!(isa, pack_t(s, rows, cols / 2, pw, d))
+    let pairs = cols / 2;
+    row_op!(isa, pack_t(s, pairs, rows, pairs, pw, d, pairs * pw))
 }
 
 /// Consecutive rows of a bf16 `kn` x `d` matrix paired: `[ceil(kn/2)][d][2]` (V for the

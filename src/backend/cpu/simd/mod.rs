@@ -549,37 +549,44 @@ macro_rules! kernels {
             hsum(s)
         }
 
-        /// `rows` x `cols` 32-bit values at `src` (row stride `cols`; f32, or bf16 pairs,
-        /// moved as bits) transposed into panels of `pw` rows at `dst`: row r, column c to
-        /// `dst[(r / pw) * cols * pw + c * pw + r % pw]`. Whole W x W blocks by
-        /// `transpose_block` (each source row read once, each destination run of W written
-        /// whole), the ragged rows and columns value by value.
+        /// `rows` x `cols` 32-bit values at `src` (row stride `lds`; f32, or bf16 pairs,
+        /// moved as bits) transposed into panels of `pw` rows at `dst`, `panel` floats apart:
+        /// row r, column c to `dst[(r / pw) * panel + c * pw + r % pw]`. Whole W x W blocks
+        /// by `transpose_block` (each source row read once, each destination run of W
+        /// written whole), the ragged rows and columns value by value.
         ///
         /// # Safety
-        /// `src` is valid for `rows * cols` values (aligned to 2 bytes at least), `dst` for
-        /// `rows.div_ceil(pw) * cols * pw` f32s.
+        /// `src` is valid for `rows` rows of `lds >= cols` values (aligned to 2 bytes at
+        /// least), `dst` for every position above.
         $(#[$attr])*
-        pub unsafe fn pack_t(src: *const f32, rows: usize, cols: usize, pw: usize, dst: *mut f32) {
+        pub unsafe fn pack_t(
+            src: *const f32,
+            lds: usize,
+            rows: usize,
+            cols: usize,
+            pw: usize,
+            dst: *mut f32,
+            panel: usize,
+        ) {
             let cw = cols / W * W;
             for p0 in (0..rows).step_by(pw) {
                 let pr = pw.min(rows - p0);
-                // Panel p0 / pw starts at (p0 / pw) * cols * pw = p0 * cols.
-                let (panel, from) = (dst.add(p0 * cols), src.add(p0 * cols));
+                let (to, from) = (dst.add(p0 / pw * panel), src.add(p0 * lds));
                 let rw = pr / W * W;
                 for r in (0..rw).step_by(W) {
-                    let rows_at = from.add(r * cols);
+                    let rows_at = from.add(r * lds);
                     for c in (0..cw).step_by(W) {
-                        transpose_block(rows_at.add(c), cols, panel.add(c * pw + r), pw);
+                        transpose_block(rows_at.add(c), lds, to.add(c * pw + r), pw);
                     }
                     for c in cw..cols {
                         for i in 0..W {
-                            *panel.add(c * pw + r + i) = rows_at.add(i * cols + c).read_unaligned();
+                            *to.add(c * pw + r + i) = rows_at.add(i * lds + c).read_unaligned();
                         }
                     }
                 }
                 for r in rw..pr {
                     for c in 0..cols {
-                        *panel.add(c * pw + r) = from.add(r * cols + c).read_unaligned();
+                        *to.add(c * pw + r) = from.add(r * lds + c).read_unaligned();
                     }
                 }
             }

@@ -429,22 +429,23 @@ fn column_softmax_and_mask_match_the_online_softmax() {
 
 #[test]
 fn packing_transposes_into_zero_padded_panels() {
-    let (rows, pw) = (70, 64);
+    let rows = 70;
     // From the start and from an offset, from f32 (whole W x W blocks of every path, and
     // the ragged rows and columns beside them) and 16-bit storage (widened exactly: bf16 by
-    // a shift, f16 by `half`), into a buffer holding stale values.
+    // a shift, f16 by `half`; with 70 columns, or 144-row panels, in several widening
+    // blocks), into a buffer holding stale values.
     let cases = paths().into_iter().flat_map(|isa| {
-        [6, 16, 37]
+        [(6, 64), (16, 64), (37, 64), (70, 64), (37, 144)]
             .into_iter()
-            .flat_map(move |cols| [0, 3].map(|skip| (isa, cols, skip)))
+            .flat_map(move |(cols, pw)| [0, 3].map(|skip| (isa, cols, pw, skip)))
     });
-    for (isa, cols, skip) in cases {
+    for (isa, cols, pw, skip) in cases {
         let tall = values((rows + skip) * cols, 30 + skip as u32);
         for dtype in [DType::F32, DType::Bf16, DType::F16] {
             let t = &Tensor::from_f32(tall.clone(), dtype);
             let mut dst = vec![f32::NAN; 2 * cols * pw];
             pack_t(isa, t, skip * cols, rows, cols, pw, &mut dst);
-            for r in 0..2 * pw {
+            for r in 0..rows.div_ceil(pw) * pw {
                 for c in 0..cols {
                     let got = dst[(r / pw) * cols * pw + c * pw + r % pw];
                     let want = if r < rows {
@@ -455,7 +456,7 @@ fn packing_transposes_into_zero_padded_panels() {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
-                        "{isa} {dtype:?} cols {cols} skip {skip} r {r} c {c}"
+                        "{isa} {dtype:?} cols {cols} pw {pw} skip {skip} r {r} c {c}"
                     );
                 }
             }
@@ -463,6 +464,7 @@ fn packing_transposes_into_zero_padded_panels() {
     }
     // bf16 pairs (32-bit values, moved as bits: pairs that read as signaling NaNs or
     // subnormals as f32 too), whole and ragged blocks of pairs, from an odd pair offset.
+    let pw = 64;
     for isa in paths() {
         for cols in [6, 32, 74] {
             let mut bits = to_bf16_bits(&values((rows + 2) * cols, 32));
