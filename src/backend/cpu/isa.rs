@@ -37,8 +37,15 @@ impl Isa {
     /// its path, several times per row block).
     #[inline]
     pub fn available(self) -> bool {
-        static AVAILABLE: OnceLock<[bool; 4]> = OnceLock::new();
-        AVAILABLE.get_or_init(|| Isa::ALL.map(Isa::has_features))[self as usize]
+        static AVAILABLE: OnceLock<[bool; Isa::ALL.len()]> = OnceLock::new();
+        let by_discriminant = || {
+            let mut a = [false; Isa::ALL.len()];
+            for isa in Isa::ALL {
+                a[isa as usize] = isa.has_features();
+            }
+            a
+        };
+        AVAILABLE.get_or_init(by_discriminant)[self as usize]
     }
 
     /// Whether this CPU can run the path, from the feature flags.

@@ -607,12 +607,7 @@ pub fn pack_t(
     pw: usize,
     dst: &mut [f32],
 ) {
-    let panels = rows.div_ceil(pw);
-    let dst = &mut dst[..panels * cols * pw];
-    let tail0 = (panels - 1.min(panels)) * cols * pw;
-    if !rows.is_multiple_of(pw) {
-        dst[tail0..].fill(0.0);
-    }
+    let dst = padded_panels(dst, rows, cols, pw);
     if let Tensor::F32(v) = src {
         let src = &v[offset..offset + rows * cols];
         let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
@@ -622,21 +617,36 @@ pub fn pack_t(
     let mut buf = [0.0f32; B * B];
     for p0 in (0..rows).step_by(pw) {
         let pr = pw.min(rows - p0);
-        for (r0, c0) in (0..pr)
-            .step_by(B)
-            .flat_map(|r0| (0..cols).step_by(B).map(move |c0| (r0, c0)))
-        {
-            let (g, cw) = (B.min(pr - r0), B.min(cols - c0));
-            for (r, row) in buf.chunks_exact_mut(cw).take(g).enumerate() {
-                vecops::widen_into(src, offset + (p0 + r0 + r) * cols + c0, row);
+        for r0 in (0..pr).step_by(B) {
+            for c0 in (0..cols).step_by(B) {
+                let (g, cw) = (B.min(pr - r0), B.min(cols - c0));
+                for (r, row) in buf.chunks_exact_mut(cw).take(g).enumerate() {
+                    vecops::widen_into(src, offset + (p0 + r0 + r) * cols + c0, row);
+                }
+                // The block's place in panel p0 / pw: its columns from c0, its rows from r0.
+                let at = &mut dst[p0 * cols + c0 * pw + r0..];
+                assert!((cw - 1) * pw + g <= at.len());
+                let (s, d) = (buf.as_ptr(), at.as_mut_ptr());
+                row_op!(isa, pack_t(s, cw, g, cw, pw, d, cw * pw))
             }
-            // The block's place in panel p0 / pw: its columns from c0, its rows from r0.
-            let at = &mut dst[p0 * cols + c0 * pw + r0..];
-            assert!((cw - 1) * pw + g <= at.len());
-            let (s, d) = (buf.as_ptr(), at.as_mut_ptr());
-            row_op!(isa, pack_t(s, cw, g, cw, pw, d, cw * pw))
         }
     }
+}
+
+/// The first `rows.div_ceil(pw)` panels of `cols * pw` values of `dst`, the rows of the last
+/// one past `rows` zeroed: the padding that the tiles read as whole vectors.
+fn padded_panels<T: Copy + Default>(
+    dst: &mut [T],
+    rows: usize,
+    cols: usize,
+    pw: usize,
+) -> &mut [T] {
+    let panels = rows.div_ceil(pw);
+    let dst = &mut dst[..panels * cols * pw];
+    if !rows.is_multiple_of(pw) {
+        dst[(panels - 1) * cols * pw..].fill(T::default());
+    }
+    dst
 }
 
 /// Rows and columns of the blocks in which [`pack_t`] widens 16-bit storage (16 KiB of f32,
@@ -650,12 +660,7 @@ pub const WIDEN_BLOCK: usize = 64;
 /// matrix of them, by `isa`'s W x W blocks.
 pub fn pack_pairs_t(isa: Isa, src: &[u16], rows: usize, cols: usize, pw: usize, dst: &mut [u16]) {
     assert!(cols.is_multiple_of(2), "bf16 pairs need an even width");
-    let panels = rows.div_ceil(pw);
-    let dst = &mut dst[..panels * cols * pw];
-    let tail0 = (panels - 1.min(panels)) * cols * pw;
-    if !rows.is_multiple_of(pw) {
-        dst[tail0..].fill(0);
-    }
+    let dst = padded_panels(dst, rows, cols, pw);
     let src = &src[..rows * cols];
     let (s, d) = (src.as_ptr() as *const f32, dst.as_mut_ptr() as *mut f32);
     assert!(
