@@ -2,12 +2,17 @@
 # GPU.md "Run there" in one go, on the GPU machine (no Rust, no network), from the repository
 # root with .gpu/ built by scripts/gpu_build.sh. Everything goes to one folder OUT:
 #
-#   scripts/gpu_batch.sh OUT [STEP ...]        STEP: check smoke perf table2 (default: all)
+#   scripts/gpu_batch.sh OUT [STEP ...]   STEP: check smoke accept decode perf table2
+#                                         (default: check smoke decode perf table2)
 #
 #   check   nvidia-smi, `attnbench list`, the unit tests of the CUDA backend (NVRTC compiles
 #           every kernel for this device) and tests/gpu.rs with --include-ignored
 #   smoke   configs/gpu_smoke.toml, then the PyTorch SDPA peer on the same cases
-#   perf    configs/gpu_perf.toml, then the PyTorch SDPA peer (flash, efficient, math)
+#   accept  configs/gpu_accept.toml (issue 8's acceptance shapes only), then the peer
+#   decode  configs/gpu_decode.toml (flash-decoding; SDPA has no decode to compare)
+#   perf    configs/gpu_perf.toml, then the PyTorch SDPA peer (flash and efficient; the math
+#           backend materializes every score and takes minutes at n = 16384: GPU_PEER_MATH=1
+#           adds it)
 #   table2  configs/rabe_staats_table2_gpu.toml
 # then reports again (with the peers' rows), scripts/gpu_acceptance.py -> OUT/acceptance.md,
 # and OUT/gpu_results.tar.gz of the lot.
@@ -21,16 +26,24 @@ cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu_batch.sh OUT [check|smoke|perf|table2 ...]}"
 shift
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(check smoke perf table2)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(check smoke decode perf table2)
 BUDGET="${GPU_BATCH_BUDGET_S:-570}"
 START=$(date +%s)
 mkdir -p "$OUT"
 BIN=.gpu/attnbench
 export ATTNBENCH_BIN="$PWD/$BIN"
-# NVRTC and cuBLAS from the toolkit when the loader does not find them by itself.
+# NVRTC and cuBLAS from the toolkit when the loader does not find them by itself; failing
+# that, from the NVIDIA wheels of the machine's Python (PyTorch's).
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+for lib in libnvrtc.so libcublas.so; do
+    if ! ldconfig -p | grep -q "$lib" && ! ls $(echo "${LD_LIBRARY_PATH:-}" | tr : " ") 2>/dev/null | grep -q "^$lib"; then
+        f=$(find /usr/local /opt /usr/lib -name "$lib*" 2>/dev/null | head -1)
+        [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+done
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >> "$OUT/steps.txt"
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # run CAP_S LOG CMD...: runs CMD with min(CAP_S, budget left - 20 s) seconds, appends its
@@ -59,30 +72,39 @@ for step in "${STEPS[@]}"; do
         { nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE; } > "$OUT/nvidia-smi.txt" 2>&1
         run 30 list.txt "$BIN" list
         for t in .gpu/attnbench-*; do
-            run 120 tests-unit.txt "$t" backend::cuda --include-ignored
+            run 90 tests-unit.txt "$t" backend::cuda --include-ignored
         done
         for t in .gpu/gpu-*; do
-            run 240 tests-gpu.txt "$t" --include-ignored --test-threads 1
+            run 150 tests-gpu.txt "$t" --include-ignored --test-threads 1
         done
         ;;
     smoke)
         run 150 smoke.log "$BIN" sweep --config configs/gpu_smoke.toml --out "$OUT/gpu_smoke" --resume
         run 90 smoke.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_smoke.toml --out "$OUT/gpu_smoke" --resume
         ;;
+    accept)
+        run 120 accept.log "$BIN" sweep --config configs/gpu_accept.toml --out "$OUT/gpu_accept" --resume
+        run 90 accept.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_accept.toml --out "$OUT/gpu_accept" --resume
+        ;;
+    decode)
+        run 120 decode.log "$BIN" sweep --config configs/gpu_decode.toml --out "$OUT/gpu_decode" --resume
+        ;;
     perf)
-        run 300 perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
-        run 200 perf.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        peers=torch-sdpa-flash,torch-sdpa-efficient
+        [ "${GPU_PEER_MATH:-0}" = 1 ] && peers=$peers,torch-sdpa-math
+        run "${GPU_PERF_CAP_S:-300}" perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        run 200 perf.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume --variants "$peers"
         ;;
     table2)
         run 240 table2.log "$BIN" sweep --config configs/rabe_staats_table2_gpu.toml --out "$OUT/rabe_staats_table2_gpu" --resume
         ;;
     *)
-        echo "unknown step $step (expected check, smoke, perf, table2)" >> "$OUT/steps.txt"
+        echo "unknown step $step (expected check, smoke, accept, decode, perf, table2)" >> "$OUT/steps.txt"
         ;;
     esac
 done
 
-for d in gpu_smoke gpu_perf rabe_staats_table2_gpu; do
+for d in gpu_smoke gpu_accept gpu_decode gpu_perf rabe_staats_table2_gpu; do
     [ -f "$OUT/$d/runs.csv" ] && "$BIN" report "$OUT/$d" >> "$OUT/report.log" 2>&1
 done
 python3 scripts/gpu_acceptance.py "$OUT" > "$OUT/acceptance.md" 2>> "$OUT/report.log"

@@ -225,6 +225,79 @@ fn every_cuda_variant_matches_the_oracle_on_ragged_shapes() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// (batch, heads, kv_heads, seq_q, seq_kv, splits, window)
+type DecodeShape = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    Option<usize>,
+);
+
+/// flash-decoding's split pass is built per rows-per-block (1, 2, 4, 8): one case per build
+/// (MHA, GQA 2 and 4, a partial block of 3 rows, MQA over several row blocks), caches that
+/// are no multiple of the 64-key tile, split boundaries inside a tile, sliding windows.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --features cuda -- --include-ignored"]
+fn flash_decoding_matches_the_oracle_for_every_row_build() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_gpu();
+    let shapes: [DecodeShape; 8] = [
+        (1, 4, 4, 1, 5000, None, None),
+        (2, 4, 2, 1, 777, Some(7), None),
+        (1, 8, 2, 1, 4097, None, None),
+        (1, 3, 1, 1, 300, Some(2), None),
+        (1, 2, 2, 3, 1234, Some(5), None),
+        (1, 32, 1, 1, 2000, None, None),
+        (2, 8, 2, 2, 3001, Some(3), Some(100)),
+        (1, 4, 1, 1, 70, Some(70), None),
+    ];
+    let mut failures = Vec::new();
+    let mut builds = std::collections::BTreeSet::new();
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for (b, h, kv, nq, nkv, splits, window) in shapes {
+                for causal in [false, true] {
+                    let mut c = case(
+                        VariantId::FlashDecoding,
+                        dtype,
+                        b,
+                        h,
+                        kv,
+                        nq,
+                        nkv,
+                        d,
+                        causal,
+                    );
+                    if splits.is_some() {
+                        c.splits = splits;
+                    }
+                    c.window = window;
+                    builds.insert(cuda::plan::decode_rows(&c.shape));
+                    let r = run(&c, None, GpuSettings::default());
+                    let err = r.max_abs_err.unwrap_or(f64::INFINITY);
+                    if r.status != Status::Ok || err > dtype.tolerance() {
+                        failures.push(format!(
+                            "{}: {} {} err {err:e} (tolerance {:e})",
+                            c.id(),
+                            r.status.name(),
+                            r.reason,
+                            dtype.tolerance()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        builds.into_iter().collect::<Vec<_>>(),
+        cuda::plan::DECODE_ROWS_CHOICES.to_vec()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --features cuda -- --include-ignored"]
 fn device_overhead_is_each_algorithms_workspace_formula() {

@@ -383,9 +383,10 @@ fn flash(gpu: &Gpu, case: &Case, io: &Io<'_>) -> Result<()> {
 fn decode(gpu: &Gpu, case: &Case, io: &Io<'_>, ws: &Workspace<'_>) -> Result<()> {
     let s = &case.shape;
     let splits = plan::decode_splits(case);
-    let (grid, block, per) = plan::decode_launch(case, splits);
-    let defines = plan::decode_defines(case.dtype, s.head_dim);
+    let (grid, block, per, shared) = plan::decode_launch(case, splits);
+    let defines = plan::decode_defines(case.dtype, s.head_dim, plan::decode_rows(s));
     let split = gpu.function(Kernel::Decode, &defines, "decode_split")?;
+    gpu.allow_shared(&split, shared)?;
     let combine = gpu.function(Kernel::Decode, &defines, "decode_combine")?;
     let [part_o, part_lse] = &ws.bufs[..] else {
         return Err(Error::Runtime(
@@ -412,7 +413,7 @@ fn decode(gpu: &Gpu, case: &Case, io: &Io<'_>, ws: &Workspace<'_>) -> Result<()>
         "decode_split",
         grid,
         block,
-        0,
+        shared,
         &mut [
             arg(&mut q),
             arg(&mut k),

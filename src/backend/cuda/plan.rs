@@ -101,7 +101,9 @@ impl Kernel {
             Kernel::Decode => {
                 for d in kinds {
                     for hd in HEAD_DIMS {
-                        out.push(decode_defines(d, hd));
+                        for rows in DECODE_ROWS_CHOICES {
+                            out.push(decode_defines(d, hd, rows));
+                        }
                     }
                 }
             }
@@ -149,8 +151,13 @@ pub fn flash_defines(dtype: DType, head_dim: usize) -> Defines {
     ])
 }
 
-pub fn decode_defines(dtype: DType, head_dim: usize) -> Defines {
-    flash_defines(dtype, head_dim)
+/// `rows`: query rows per split block ([`decode_rows`]).
+pub fn decode_defines(dtype: DType, head_dim: usize, rows: usize) -> Defines {
+    Defines(vec![
+        ("ELEM_KIND", elem_kind(dtype)),
+        ("HEAD_DIM", head_dim as i64),
+        ("D_ROWS", rows as i64),
+    ])
 }
 
 /// The kernel (module) flash uses for a dtype.
@@ -242,7 +249,7 @@ pub fn unsupported(algo: GpuAlgo, case: &Case) -> Option<String> {
     // Grid y (and decode's z) is at most 65535 blocks.
     let grid_yz = match algo {
         GpuAlgo::FlashDecoding => {
-            (s.batch * s.kv_heads).max((s.group() * s.seq_q).div_ceil(DECODE_ROWS))
+            (s.batch * s.kv_heads).max((s.group() * s.seq_q).div_ceil(decode_rows(s)))
         }
         _ => s.batch * s.heads,
     };
@@ -340,21 +347,50 @@ pub fn flash_tiles_visited(case: &Case, block: usize) -> usize {
     s.visible_keys(case.causal, last).div_ceil(bn)
 }
 
-/// Query rows one decode block handles (`D_ROWS` in decode.cu).
-pub const DECODE_ROWS: usize = 8;
+/// Query rows one decode block can handle (`D_ROWS` in decode.cu, one build each).
+pub const DECODE_ROWS_CHOICES: [usize; 4] = [1, 2, 4, 8];
 
-/// Blocks the default split count aims for: four per SM of an H100 SXM's 132 (decode is
-/// memory-bound; more resident warps keep more loads in flight).
-pub const DECODE_TARGET_BLOCKS: usize = 528;
+/// Query rows per decode block: the rows sharing a KV head (GQA group x new tokens), rounded
+/// up to a build in [`DECODE_ROWS_CHOICES`] (at most 8: more rows take more blocks). A block's
+/// work per key grows with its rows, so MHA decode (1 row) does not pay for 8.
+pub fn decode_rows(s: &Shape) -> usize {
+    let rows = (s.group() * s.seq_q).max(1);
+    DECODE_ROWS_CHOICES
+        .into_iter()
+        .find(|&r| r >= rows)
+        .unwrap_or(DECODE_ROWS_CHOICES[DECODE_ROWS_CHOICES.len() - 1])
+}
+
+/// Keys per shared-memory stage and the number of stages of the decode split pass (`TILE`,
+/// `STAGES` in decode.cu).
+pub const DECODE_TILE_KEYS: usize = 64;
+pub const DECODE_STAGES: usize = 2;
+
+/// Dynamic shared memory of the decode split pass (`DECODE_SHARED_BYTES` in decode.cu, which
+/// traps when launched with less): the queries in f32, then `DECODE_STAGES` K tiles (rows
+/// padded by 16 bytes) and V tiles. bf16 d = 128, 4 rows: 2 KiB + 2 x 33 KiB, so three blocks
+/// fit an SM.
+pub fn decode_shared_bytes(dtype: DType, head_dim: usize, rows: usize) -> usize {
+    let esz = dtype.size_bytes();
+    let piece = 16 / esz;
+    let stage = DECODE_TILE_KEYS * ((head_dim + piece) + head_dim) * esz;
+    rows * head_dim * 4 + DECODE_STAGES * stage
+}
+
+/// Blocks the default split count aims for: a whole number of waves on a 132-SM Hopper
+/// (H100/H200 SXM) at three resident blocks per SM (bf16/f16), four waves so that the
+/// last one's stragglers cost little. Decode is memory-bound: the blocks' staged tiles
+/// keep the copies in flight.
+pub const DECODE_TARGET_BLOCKS: usize = 132 * 3 * 4;
 
 /// Fewest keys a split should read (below that the combine costs more than it saves).
 pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 256;
 
-/// flash-decoding's default split count on the GPU: [`DECODE_TARGET_BLOCKS`] blocks, but no
-/// split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
+/// flash-decoding's default split count on the GPU: at most [`DECODE_TARGET_BLOCKS`] blocks,
+/// but no split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
 pub fn decode_default_splits(s: &Shape) -> usize {
-    let blocks = s.batch * s.kv_heads * (s.group() * s.seq_q).div_ceil(DECODE_ROWS);
-    let want = DECODE_TARGET_BLOCKS.div_ceil(blocks.max(1));
+    let blocks = s.batch * s.kv_heads * (s.group() * s.seq_q).div_ceil(decode_rows(s));
+    let want = DECODE_TARGET_BLOCKS / blocks.max(1);
     let most = s.seq_kv.div_ceil(DECODE_MIN_KEYS_PER_SPLIT).max(1);
     want.clamp(1, most)
 }
@@ -368,17 +404,23 @@ pub fn decode_splits(case: &Case) -> usize {
         .clamp(1, s.seq_kv.max(1))
 }
 
-/// (grid, block, keys per split) of the decode split pass for `splits` parts.
-pub fn decode_launch(case: &Case, splits: usize) -> ((u32, u32, u32), (u32, u32, u32), usize) {
+/// A kernel launch's grid or block dimensions.
+pub type Dim3 = (u32, u32, u32);
+
+/// (grid, block, keys per split, dynamic shared bytes) of the decode split pass for
+/// `splits` parts.
+pub fn decode_launch(case: &Case, splits: usize) -> (Dim3, Dim3, usize, u32) {
     let s = &case.shape;
     let splits = splits.clamp(1, s.seq_kv.max(1));
     let per = s.seq_kv.div_ceil(splits);
+    let rows = decode_rows(s);
     let grid = (
         splits as u32,
         (s.batch * s.kv_heads) as u32,
-        (s.group() * s.seq_q).div_ceil(DECODE_ROWS) as u32,
+        (s.group() * s.seq_q).div_ceil(rows) as u32,
     );
-    (grid, (128, 1, 1), per)
+    let shared = decode_shared_bytes(case.dtype, s.head_dim, rows) as u32;
+    (grid, (128, 1, 1), per, shared)
 }
 
 /// Bytes memset between repetitions for cold (L2-flushed) timing: twice the L2 size, so no

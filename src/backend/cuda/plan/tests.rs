@@ -60,15 +60,17 @@ fn define_sets_cover_every_launch_and_programs_define_them_first() {
             assert!(flash_kernel(d)
                 .define_sets()
                 .contains(&flash_defines(d, hd)));
-            assert!(Kernel::Decode
-                .define_sets()
-                .contains(&decode_defines(d, hd)));
+            for rows in DECODE_ROWS_CHOICES {
+                assert!(Kernel::Decode
+                    .define_sets()
+                    .contains(&decode_defines(d, hd, rows)));
+            }
         }
     }
     assert_eq!(flash_kernel(DType::F32), Kernel::FlashF32);
     assert_eq!(flash_kernel(DType::Bf16), Kernel::Flash);
     let total: usize = Kernel::ALL.iter().map(|k| k.define_sets().len()).sum();
-    assert_eq!(total, 6 + 3 + 4 + 2 + 6);
+    assert_eq!(total, 6 + 3 + 4 + 2 + 24);
     let p = Kernel::Flash.program(&flash_defines(DType::Bf16, 128));
     assert!(p.starts_with("#define ELEM_KIND 1\n#define HEAD_DIM 128\n"));
     for k in Kernel::ALL {
@@ -200,17 +202,59 @@ fn workspace_formulas() {
 #[test]
 fn decode_splits_fill_the_device_but_not_below_the_minimum_split() {
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1 << 17, 128);
-    // b 2 x kv 2 x ceil(2 / 8) = 4 blocks per split: 132 splits for 528 blocks.
-    assert_eq!(decode_default_splits(&c.shape), 132);
+    // b 2 x kv 2 x ceil(2 rows / 2 per block) = 4 blocks per split: 396 splits for 1584 blocks.
+    assert_eq!(decode_rows(&c.shape), 2);
+    assert_eq!(decode_default_splits(&c.shape), 396);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 600, 128);
     assert_eq!(decode_default_splits(&c.shape), 3);
     let c = case(VariantId::FlashDecoding, DType::Bf16, 1, 1, 128);
     assert_eq!(decode_default_splits(&c.shape), 1);
-    let (grid, block, per) = decode_launch(&c, 5);
+    let (grid, block, per, _) = decode_launch(&c, 5);
     assert_eq!((grid, block, per), ((1, 4, 1), (128, 1, 1), 1));
     let c = case(VariantId::FlashDecoding, DType::Bf16, 5, 1000, 64);
-    let (grid, _, per) = decode_launch(&c, 3);
-    // group 2 x 5 queries = 10 rows: 2 row blocks; 334 keys per split.
+    let (grid, _, per, _) = decode_launch(&c, 3);
+    // group 2 x 5 queries = 10 rows: 8 per block, 2 row blocks; 334 keys per split.
+    assert_eq!(decode_rows(&c.shape), 8);
     assert_eq!((grid, per), ((3, 4, 2), 334));
+    // The default never overshoots the target (a partial extra wave).
+    for n in [4096, 1 << 17] {
+        let c = case(VariantId::FlashDecoding, DType::Bf16, 1, n, 128);
+        let (grid, ..) = decode_launch(&c, decode_default_splits(&c.shape));
+        assert!((grid.0 * grid.1 * grid.2) as usize <= DECODE_TARGET_BLOCKS);
+    }
     assert_eq!(l2_flush_bytes(50 << 20), 100 << 20);
+}
+
+#[test]
+fn decode_rows_round_up_to_a_build_and_shared_memory_fits() {
+    let rows = |group: usize, seq_q: usize| {
+        let mut c = case(VariantId::FlashDecoding, DType::Bf16, seq_q, 4096, 128);
+        c.shape.heads = 8 * group;
+        c.shape.kv_heads = 8;
+        decode_rows(&c.shape)
+    };
+    assert_eq!(rows(1, 1), 1);
+    assert_eq!(rows(3, 1), 4);
+    assert_eq!(rows(4, 1), 4);
+    assert_eq!(rows(2, 3), 8);
+    assert_eq!(rows(32, 1), 8);
+    // decode.cu's layout: bf16 d 128, 4 rows: 2 KiB of queries, 2 stages of K (64 x 136 x 2)
+    // and V (64 x 128 x 2) bytes.
+    assert_eq!(
+        decode_shared_bytes(DType::Bf16, 128, 4),
+        4 * 128 * 4 + 2 * (64 * 136 * 2 + 64 * 128 * 2)
+    );
+    // Every build fits an SM's opt-in limit (227 KiB on sm_80/sm_90); bf16 d 128 fits three
+    // blocks in an SM's 228 KiB.
+    for d in DType::ALL {
+        for hd in HEAD_DIMS {
+            for r in DECODE_ROWS_CHOICES {
+                assert!(
+                    decode_shared_bytes(d, hd, r) <= 227 * 1024,
+                    "{d:?} {hd} {r}"
+                );
+            }
+        }
+    }
+    assert!(3 * (decode_shared_bytes(DType::Bf16, 128, 8) + 1024) <= 228 * 1024);
 }
