@@ -565,18 +565,23 @@ impl Inputs {
     /// the variant, so every variant of a sweep sees the same Q, K, V.
     pub fn generate(shape: Shape, dtype: DType, dist: InputDist, scale: f64, seed: u64) -> Inputs {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        // Each value is rounded into the storage dtype as it is drawn (the same values as
+        // rounding an f32 buffer afterwards, without the f32 buffer: a 2 GiB bf16 cache
+        // no longer passes through 4 GiB of f32).
         let mut gen = |n: usize, scaled: bool| -> Tensor {
             let f = if scaled { scale as f32 } else { 1.0 };
-            let values: Vec<f32> = (0..n)
-                .map(|_| {
-                    let x: f32 = match dist {
-                        InputDist::Normal => StandardNormal.sample(&mut rng),
-                        InputDist::Uniform => rng.random::<f32>(),
-                    };
-                    x * f
-                })
-                .collect();
-            Tensor::from_f32(values, dtype)
+            let mut draw = || {
+                let x: f32 = match dist {
+                    InputDist::Normal => StandardNormal.sample(&mut rng),
+                    InputDist::Uniform => rng.random::<f32>(),
+                };
+                x * f
+            };
+            match dtype {
+                DType::F32 => Tensor::F32((0..n).map(|_| draw()).collect()),
+                DType::Bf16 => Tensor::Bf16((0..n).map(|_| bf16::from_f32(draw())).collect()),
+                DType::F16 => Tensor::F16((0..n).map(|_| f16::from_f32(draw())).collect()),
+            }
         };
         let q = gen(shape.q_len(), true);
         let k = gen(shape.kv_len(), true);
