@@ -2,7 +2,7 @@
 # GPU.md "Run there" in one go, on the GPU machine (no Rust, no network), from the repository
 # root with .gpu/ built by scripts/gpu_build.sh. Everything goes to one folder OUT:
 #
-#   scripts/gpu_batch.sh OUT [STEP ...]   STEP: check smoke accept decode perf table2
+#   scripts/gpu_batch.sh OUT [STEP ...]   STEP: check smoke accept decode splits perf table2
 #                                         (default: check smoke decode perf table2)
 #
 #   check   nvidia-smi, `attnbench list`, the unit tests of the CUDA backend (NVRTC compiles
@@ -10,6 +10,8 @@
 #   smoke   configs/gpu_smoke.toml, then the PyTorch SDPA peer on the same cases
 #   accept  configs/gpu_accept.toml (issue 8's acceptance shapes only), then the peer
 #   decode  configs/gpu_decode.toml (flash-decoding; SDPA has no decode to compare)
+#   splits  flash-decoding bf16 d128 over the 128k cache at 16, 98 and 396 splits (the
+#           default's neighbourhood)
 #   perf    configs/gpu_perf.toml, then the PyTorch SDPA peer (flash and efficient; the math
 #           backend materializes every score and takes minutes at n = 16384: GPU_PEER_MATH=1
 #           adds it)
@@ -89,22 +91,28 @@ for step in "${STEPS[@]}"; do
     decode)
         run 120 decode.log "$BIN" sweep --config configs/gpu_decode.toml --out "$OUT/gpu_decode" --resume
         ;;
+    splits)
+        run 60 decode.log "$BIN" sweep --config configs/gpu_decode.toml --out "$OUT/gpu_decode_splits" --resume \
+            --set dtype=bf16 --set head_dim=128 --set seq_kv=131072 --set splits=16,98,396
+        ;;
     perf)
         peers=torch-sdpa-flash,torch-sdpa-efficient
         [ "${GPU_PEER_MATH:-0}" = 1 ] && peers=$peers,torch-sdpa-math
-        run "${GPU_PERF_CAP_S:-300}" perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        # The config lists flash first: a sweep cut short by its cap still has flash's rows
+        # for the peer's ratio.
+        run "${GPU_PERF_CAP_S:-200}" perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
         run 200 perf.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume --variants "$peers"
         ;;
     table2)
         run 240 table2.log "$BIN" sweep --config configs/rabe_staats_table2_gpu.toml --out "$OUT/rabe_staats_table2_gpu" --resume
         ;;
     *)
-        echo "unknown step $step (expected check, smoke, accept, decode, perf, table2)" >> "$OUT/steps.txt"
+        echo "unknown step $step (expected check, smoke, accept, decode, splits, perf, table2)" >> "$OUT/steps.txt"
         ;;
     esac
 done
 
-for d in gpu_smoke gpu_accept gpu_decode gpu_perf rabe_staats_table2_gpu; do
+for d in gpu_smoke gpu_accept gpu_decode gpu_decode_splits gpu_perf rabe_staats_table2_gpu; do
     [ -f "$OUT/$d/runs.csv" ] && "$BIN" report "$OUT/$d" >> "$OUT/report.log" 2>&1
 done
 python3 scripts/gpu_acceptance.py "$OUT" > "$OUT/acceptance.md" 2>> "$OUT/report.log"
