@@ -32,6 +32,10 @@ STEPS=("$@")
 BUDGET="${GPU_BATCH_BUDGET_S:-570}"
 START=$(date +%s)
 mkdir -p "$OUT"
+# The binaries travel packed (scripts/gpu_build.sh).
+if [ -f .gpu/bins.tar.xz ]; then
+    tar xJf .gpu/bins.tar.xz -C .gpu || { echo "cannot unpack .gpu/bins.tar.xz" >> "$OUT/steps.txt"; exit 1; }
+fi
 BIN=.gpu/attnbench
 export ATTNBENCH_BIN="$PWD/$BIN"
 # NVRTC and cuBLAS from the toolkit when the loader does not find them by itself; failing

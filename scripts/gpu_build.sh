@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU.md "Build here": on the development machine (no GPU, no CUDA toolkit needed), build the
 # release binary and the test executables that matter on the GPU machine with the `cuda`
-# feature, strip their debug info (the device tool carries at most 64 MiB) and put them in
-# .gpu/ (ignored by git):
-#   .gpu/attnbench          the CLI (sweeps, report, list)
-#   .gpu/attnbench-<hash>   the library's unit tests (NVRTC compile of every kernel for the
-#                           device, launch planning, accounting)
-#   .gpu/gpu-<hash>         tests/gpu.rs (the oracle, memory and timing tests on the GPU)
+# feature, strip their debug info and pack them into .gpu/bins.tar.xz (ignored by git; about
+# 4 MiB instead of 17: the device tool carries at most 64 MiB, the repository included):
+#   attnbench          the CLI (sweeps, report, list)
+#   attnbench-<hash>   the library's unit tests (NVRTC compile of every kernel for the
+#                      device, launch planning, accounting)
+#   gpu-<hash>         tests/gpu.rs (the oracle, memory and timing tests on the GPU)
+# scripts/gpu_batch.sh unpacks them into .gpu/ on the GPU machine.
 # The CPU-only integration tests are not copied: the GPU machine checks the GPU.
 #
 #   scripts/gpu_build.sh && ls -la .gpu
@@ -27,5 +28,6 @@ rm -f .gpu-testbins.txt
 for f in .gpu/*; do
     strip --strip-debug "$f"
 done
-ls -la .gpu
+(cd .gpu && tar cJf bins.tar.xz --remove-files ./*)
+tar tvJf .gpu/bins.tar.xz
 du -sh .gpu
