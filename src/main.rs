@@ -13,6 +13,9 @@ fn main() {
             std::process::exit(e.exit_code());
         }
     };
+    if attnbench::dist::size() <= 1 {
+        restore_sigpipe();
+    }
     let result = attnbench::cli::dispatch(&cli);
     if let Err(e) = &result {
         eprintln!("error: {e}");
@@ -32,5 +35,18 @@ fn main() {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),
         Err(e) => std::process::exit(e.exit_code()),
+    }
+}
+
+/// Output piped into a reader that stops early (`attnbench list | head`) ends the process
+/// quietly, as for other command-line tools, instead of a panic on the failed print: the
+/// Rust runtime ignores SIGPIPE, this restores the default. Not under mpirun, whose
+/// transports may see broken connections as errors to handle.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to the default has no preconditions; no other
+    // thread has started yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

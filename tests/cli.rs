@@ -620,3 +620,29 @@ fn model_and_decode_axis_errors_name_the_key() {
             .stderr(predicate::str::contains(key).and(predicate::str::contains("c.toml")));
     }
 }
+
+#[test]
+fn output_into_a_reader_that_stops_early_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // cpu_perf's --json plan is far larger than a pipe's buffer, so the binary is still
+    // printing when the reader goes away.
+    let bin = assert_cmd::cargo::cargo_bin("attnbench");
+    let mut child = std::process::Command::new(&bin)
+        .args(["sweep", "--dry-run", "--json", "--config"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/cpu_perf.toml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty());
+    // The reader (and the pipe) are dropped here.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+}
