@@ -23,7 +23,7 @@ use crate::measure::timer::StopRule;
 use crate::problem::{Case, Device};
 use crate::report::csv::{done_case_ids, CsvSink};
 use crate::report::generate;
-use crate::report::meta::Meta;
+use crate::report::meta::{Meta, Resumed};
 use crate::report::plot::Format;
 use crate::report::record::Record;
 use crate::report::samples::SamplesSink;
@@ -95,9 +95,18 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let calibration = if !root {
         Vec::new()
     } else if args.resume && meta_path.exists() {
-        Meta::read(&meta_path)
-            .map(|m| m.calibration)
-            .unwrap_or_default()
+        match Meta::read(&meta_path) {
+            Ok(mut meta) => {
+                if !todo.is_empty() {
+                    let resolved = serde_json::to_value(&config)
+                        .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
+                    meta.resumed.push(Resumed::now(resolved, &meta.config));
+                    meta.write(&meta_path)?;
+                }
+                meta.calibration
+            }
+            Err(_) => Vec::new(),
+        }
     } else {
         let calibration = if config.run.calibrate && !todo.is_empty() {
             eprintln!("calibrating FMA peak, SGEMM and copy bandwidth on {threads:?} threads ...");

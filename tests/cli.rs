@@ -646,3 +646,59 @@ fn output_into_a_reader_that_stops_early_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!stderr.contains("Broken pipe"), "{stderr}");
 }
+
+#[test]
+fn resume_records_its_command_and_a_config_that_differs_in_meta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        r#"
+[run]
+name = "resumed"
+warmup = 0
+min_reps = 1
+max_reps = 1
+calibrate = false
+
+[axes]
+variant = ["flash", "naive"]
+seq_len = [32]
+head_dim = [16]
+"#,
+    );
+    let out = tmp.path().join("res");
+    let sweep = |extra: &[&str]| {
+        attnbench()
+            .args(["sweep", "--no-report", "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(&out)
+            .args(extra)
+            .assert()
+            .success();
+    };
+    let meta = || -> serde_json::Value {
+        serde_json::from_str(&fs::read_to_string(out.join("meta.json")).unwrap()).unwrap()
+    };
+    sweep(&["--set", "variant=flash"]);
+    assert!(meta().get("resumed").is_none());
+    // The whole grid: one more row, the resume and its wider config recorded.
+    sweep(&["--resume"]);
+    let m = meta();
+    assert_eq!(m["config"]["axes"]["variant"], serde_json::json!(["flash"]));
+    let resumed = m["resumed"].as_array().unwrap();
+    assert_eq!(resumed.len(), 1);
+    assert!(resumed[0]["command_line"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "--resume"));
+    assert_eq!(
+        resumed[0]["config"]["axes"]["variant"],
+        serde_json::json!(["flash", "naive"])
+    );
+    // Nothing left to run: no entry.
+    sweep(&["--resume"]);
+    assert_eq!(meta()["resumed"].as_array().unwrap().len(), 1);
+    assert_eq!(csv_lines(&out.join("runs.csv")).len(), 1 + 2);
+}

@@ -54,6 +54,43 @@ pub struct Meta {
     /// bandwidth); absent for CPU-only runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuInfo>,
+    /// Every `--resume` that added rows to this run, in order: the rows it wrote may come
+    /// from another build or another resolved config than the first command's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed: Vec<Resumed>,
+}
+
+/// One `--resume` of a run (`Meta::resumed`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resumed {
+    pub command_line: Vec<String>,
+    pub started_unix_s: u64,
+    pub git_revision: Option<String>,
+    pub git_dirty: Option<bool>,
+    /// The resolved config when it differs from `Meta::config` (a `--set` narrowed or
+    /// widened the grid); absent when the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
+}
+
+impl Resumed {
+    /// This process's resume of a run whose first config was `first`.
+    pub fn now(config: serde_json::Value, first: &serde_json::Value) -> Resumed {
+        let (git_revision, git_dirty) = git_state();
+        Resumed {
+            command_line: std::env::args().collect(),
+            started_unix_s: unix_now(),
+            git_revision,
+            git_dirty,
+            config: (&config != first).then_some(config),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Meta {
@@ -87,12 +124,11 @@ impl Meta {
             cpu_cache_sizes_read: Some(cache::sizes_known()),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
-            started_unix_s: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            started_unix_s: unix_now(),
             calibration,
             config,
             gpu: None,
+            resumed: Vec::new(),
         }
     }
 
