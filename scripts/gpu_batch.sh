@@ -19,6 +19,8 @@
 # then reports again (with the peers' rows), scripts/gpu_acceptance.py -> OUT/acceptance.md,
 # and OUT/gpu_results.tar.gz of the lot.
 #
+# GPU_SEED=gpu-<kind> continues the committed results instead of starting afresh (below).
+#
 # The whole batch keeps under a time budget (GPU_BATCH_BUDGET_S, default 570 s: one device
 # call is capped at 600 s): each step gets what is left, a step cut short leaves its rows
 # (CSV rows are flushed one by one) and a line in OUT/steps.txt, and running the same
@@ -71,6 +73,24 @@ run() {
     echo "rc=$rc ($(( $(date +%s) - t0 )) s, cap ${t} s): $*" >> "$OUT/steps.txt"
     return 0
 }
+
+# GPU_SEED=gpu-h200: each sweep starts from the committed results/<config>/gpu-h200/ (its
+# runs.csv, samples.csv and meta.json), so --resume runs only the cases missing there (the
+# resume is recorded in meta.json's `resumed`; case ids hold the thread count, so this
+# matches on a machine of the same core count). GPU_SEED_ONLY="rabe_staats_table2_gpu ..."
+# limits it to those configs (a perf comparison wants ours and the peer from one call).
+seed() {
+    local src="results/$1/${GPU_SEED:-}"
+    if [ -n "${GPU_SEED:-}" ] && [ -f "$src/runs.csv" ] && [ ! -f "$OUT/$1/runs.csv" ]; then
+        mkdir -p "$OUT/$1"
+        cp "$src/runs.csv" "$src/meta.json" "$OUT/$1/"
+        [ -f "$src/samples.csv" ] && cp "$src/samples.csv" "$OUT/$1/"
+        echo "seeded $1 from $src ($(($(wc -l < "$src/runs.csv") - 1)) rows)" >> "$OUT/steps.txt"
+    fi
+}
+for d in ${GPU_SEED_ONLY:-gpu_smoke gpu_accept gpu_decode gpu_perf rabe_staats_table2_gpu}; do
+    seed "$d"
+done
 
 for step in "${STEPS[@]}"; do
     case "$step" in
