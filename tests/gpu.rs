@@ -96,6 +96,20 @@ fn run(c: &Case, budget: Option<u64>, gpu: GpuSettings) -> Record {
         .record
 }
 
+/// Why a row fails the oracle check (not `ok`, or an error beyond its dtype's tolerance).
+fn oracle_failure(c: &Case, r: &Record) -> Option<String> {
+    let err = r.max_abs_err.unwrap_or(f64::INFINITY);
+    (r.status != Status::Ok || err > c.dtype.tolerance()).then(|| {
+        format!(
+            "{}: {} {} err {err:e} (tolerance {:e})",
+            c.id(),
+            r.status.name(),
+            r.reason,
+            c.dtype.tolerance()
+        )
+    })
+}
+
 fn gpu_variants() -> Vec<VariantId> {
     VariantId::ALL
         .into_iter()
@@ -206,16 +220,7 @@ fn every_cuda_variant_matches_the_oracle_on_ragged_shapes() {
                             continue;
                         }
                         ran += 1;
-                        let err = r.max_abs_err.unwrap_or(f64::INFINITY);
-                        if r.status != Status::Ok || err > dtype.tolerance() {
-                            failures.push(format!(
-                                "{}: {} {} err {err:e} (tolerance {:e})",
-                                c.id(),
-                                r.status.name(),
-                                r.reason,
-                                dtype.tolerance()
-                            ));
-                        }
+                        failures.extend(oracle_failure(&c, &r));
                     }
                 }
             }
@@ -277,16 +282,7 @@ fn flash_decoding_matches_the_oracle_for_every_row_build() {
                     c.window = window;
                     builds.insert(cuda::plan::decode_rows(&c.shape));
                     let r = run(&c, None, GpuSettings::default());
-                    let err = r.max_abs_err.unwrap_or(f64::INFINITY);
-                    if r.status != Status::Ok || err > dtype.tolerance() {
-                        failures.push(format!(
-                            "{}: {} {} err {err:e} (tolerance {:e})",
-                            c.id(),
-                            r.status.name(),
-                            r.reason,
-                            dtype.tolerance()
-                        ));
-                    }
+                    failures.extend(oracle_failure(&c, &r));
                 }
             }
         }
