@@ -88,7 +88,9 @@ seed() {
         echo "seeded $1 from $src ($(($(wc -l < "$src/runs.csv") - 1)) rows)" >> "$OUT/steps.txt"
     fi
 }
-for d in ${GPU_SEED_ONLY:-gpu_smoke gpu_accept gpu_decode gpu_perf rabe_staats_table2_gpu}; do
+# The output folders of the sweeps below (OUT/<name>).
+SWEEPS="gpu_smoke gpu_accept gpu_decode gpu_decode_splits gpu_perf rabe_staats_table2_gpu"
+for d in ${GPU_SEED_ONLY:-$SWEEPS}; do
     seed "$d"
 done
 
@@ -136,7 +138,7 @@ for step in "${STEPS[@]}"; do
     esac
 done
 
-for d in gpu_smoke gpu_accept gpu_decode gpu_decode_splits gpu_perf rabe_staats_table2_gpu; do
+for d in $SWEEPS; do
     [ -f "$OUT/$d/runs.csv" ] && "$BIN" report "$OUT/$d" >> "$OUT/report.log" 2>&1
 done
 python3 scripts/gpu_acceptance.py "$OUT" > "$OUT/acceptance.md" 2>> "$OUT/report.log"

@@ -515,10 +515,16 @@ impl Tensor {
 
     /// Round f32 values into `dtype` storage.
     pub fn from_f32(values: Vec<f32>, dtype: DType) -> Tensor {
+        Tensor::collect_f32(values.into_iter(), dtype)
+    }
+
+    /// Round f32 values into `dtype` storage as they come (no f32 buffer of the whole
+    /// tensor unless the storage is f32; a `Vec`'s own iterator is collected in place).
+    pub fn collect_f32(values: impl Iterator<Item = f32>, dtype: DType) -> Tensor {
         match dtype {
-            DType::F32 => Tensor::F32(values),
-            DType::Bf16 => Tensor::Bf16(values.into_iter().map(bf16::from_f32).collect()),
-            DType::F16 => Tensor::F16(values.into_iter().map(f16::from_f32).collect()),
+            DType::F32 => Tensor::F32(values.collect()),
+            DType::Bf16 => Tensor::Bf16(values.map(bf16::from_f32).collect()),
+            DType::F16 => Tensor::F16(values.map(f16::from_f32).collect()),
         }
     }
 
@@ -565,9 +571,8 @@ impl Inputs {
     /// the variant, so every variant of a sweep sees the same Q, K, V.
     pub fn generate(shape: Shape, dtype: DType, dist: InputDist, scale: f64, seed: u64) -> Inputs {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        // Each value is rounded into the storage dtype as it is drawn (the same values as
-        // rounding an f32 buffer afterwards, without the f32 buffer: a 2 GiB bf16 cache
-        // no longer passes through 4 GiB of f32).
+        // Each value is rounded into the storage dtype as it is drawn (`collect_f32`: a
+        // 2 GiB bf16 cache does not pass through 4 GiB of f32).
         let mut gen = |n: usize, scaled: bool| -> Tensor {
             let f = if scaled { scale as f32 } else { 1.0 };
             let mut draw = || {
@@ -577,11 +582,7 @@ impl Inputs {
                 };
                 x * f
             };
-            match dtype {
-                DType::F32 => Tensor::F32((0..n).map(|_| draw()).collect()),
-                DType::Bf16 => Tensor::Bf16((0..n).map(|_| bf16::from_f32(draw())).collect()),
-                DType::F16 => Tensor::F16((0..n).map(|_| f16::from_f32(draw())).collect()),
-            }
+            Tensor::collect_f32((0..n).map(|_| draw()), dtype)
         };
         let q = gen(shape.q_len(), true);
         let k = gen(shape.kv_len(), true);

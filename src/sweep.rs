@@ -92,15 +92,17 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .into_iter()
         .collect();
     let meta_path = dir.join(META_NAME);
+    let resolved = || {
+        serde_json::to_value(&config)
+            .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))
+    };
     let calibration = if !root {
         Vec::new()
     } else if args.resume && meta_path.exists() {
         match Meta::read(&meta_path) {
             Ok(mut meta) => {
                 if !todo.is_empty() {
-                    let resolved = serde_json::to_value(&config)
-                        .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
-                    meta.resumed.push(Resumed::now(resolved, &meta.config));
+                    meta.resumed.push(Resumed::now(resolved()?, &meta.config));
                     meta.write(&meta_path)?;
                 }
                 meta.calibration
@@ -114,9 +116,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         } else {
             Vec::new()
         };
-        let resolved = serde_json::to_value(&config)
-            .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))?;
-        let mut meta = Meta::collect(resolved, threads, calibration.clone());
+        let mut meta = Meta::collect(resolved()?, threads, calibration.clone());
         if todo.iter().any(|c| c.device == Device::Cuda) {
             meta.gpu = crate::backend::cuda::gpu_info();
         }
