@@ -8,9 +8,10 @@
 
 use std::time::Instant;
 
-use attnbench::backend::cpu::cache;
 use attnbench::backend::cpu::isa::Isa;
+use attnbench::backend::cpu::tiles::Path;
 use attnbench::backend::cpu::workspace::WarmCalls;
+use attnbench::backend::cpu::{cache, naive};
 use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
 use attnbench::runner::{forward_with, pool};
 use attnbench::variant::VariantId;
@@ -38,7 +39,10 @@ fn main() {
         Some(kc) => kc.min(n),
         None => n,
     };
-    let rule = cache::pass_rows(keys, d);
+    // K and V as the kernels hold them (bf16 pairs where they multiply pairs).
+    let path = Path::of(dtype, Isa::detect(), d);
+    let v_bytes = if naive::bf16_pv(path, d, false) { 2 } else { 4 };
+    let rule = cache::pass_rows(keys, cache::kv_bytes(d, path.packed_bytes(), v_bytes));
     let counts: Vec<usize> = arg(9, "64,rule")
         .split(',')
         .map(|x| match x {

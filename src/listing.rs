@@ -79,11 +79,11 @@ pub fn list() -> String {
         ", assumed: not readable here"
     };
     s += &format!(
-        "  cpu caches: L2 {} KiB per core, L3 {} MiB{known} (naive and rabe-staats, rows per pass over 4096 keys: {} at d = 64, {} at d = 128)\n",
+        "  cpu caches: L2 {} KiB per core, L3 {} MiB{known} (naive and rabe-staats, rows per pass over 4096 f32 keys: {} at d = 64, {} at d = 128)\n",
         cache::l2_bytes() >> 10,
         cache::l3_bytes() >> 20,
-        cache::pass_rows(4096, 64),
-        cache::pass_rows(4096, 128),
+        cache::pass_rows(4096, cache::kv_bytes(64, 4, 4)),
+        cache::pass_rows(4096, cache::kv_bytes(128, 4, 4)),
     );
     s += &format!(
         "  mpi   {}\n",

@@ -14,7 +14,11 @@
 //! (d = 128, n = 8192; d = 64, n = 16384: 8 MiB), re-reading them for each pass made 12 to
 //! 24 rows 0.5x to 0.8x as fast as 64, so there the strips stay whole. On a Zen 5 (1 MiB
 //! L2: 48 rows at 4096 keys, 24 at 8192 for d = 64) the rule ran at 0.99x to 1.00x of 64
-//! rows (same tool and cases): neutral where a strip fits. The rows change no
+//! rows (same tool and cases): neutral where a strip fits. K and V count as the kernels
+//! hold them: bf16 pairs take half of f32, so bf16 at d = 128, n = 8192 (4 MiB) takes
+//! passes of 24 rows where f32 stays whole; on the Zen 5, naive bf16 (h = 1 and 8) ran
+//! 1.024x to 1.059x (non-causal, six runs) and 1.010x to 1.016x (causal) as fast as with
+//! whole strips, on 1 and 2 threads (`examples/pass_rows.rs`). The rows change no
 //! result: each row's scores, softmax and products are computed the same way whichever pass
 //! it falls in (tests in `naive` and `chunked`).
 
@@ -77,21 +81,28 @@ pub fn with_pass_rows<R>(rows: usize, f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Query rows per pass over `keys` keys of head dim `d`: [`MAX_PASS_ROWS`] when the keys'
-/// K and V (f32) take more than [`L3_SHARE`]th of L3 (every pass reads them again);
-/// else the most rows whose f32 scores take at most 3/4 of L2 (the rest holds the K^T panel
-/// and the block of V the tiles stream), a multiple of the register tile's 6 rows, from
-/// [`MIN_PASS_ROWS`] to [`MAX_PASS_ROWS`]. With 512 KiB of L2 and 32 MiB of L3 (the Zen 3
-/// VM): 64 rows up to 1536 keys, 48 at 2048, 24 at 4096, 12 at 8192 for d = 64; at d = 128
-/// 64 rows again from 8192 keys.
-pub fn pass_rows(keys: usize, d: usize) -> usize {
+/// Query rows per pass over `keys` keys whose K and V, as the kernel holds them, take
+/// `kv_bytes` bytes per key ([`kv_bytes`]): [`MAX_PASS_ROWS`] when the keys' K and V take
+/// more than [`L3_SHARE`]th of L3 (every pass reads them again); else the most rows whose
+/// f32 scores take at most 3/4 of L2 (the rest holds the K^T panel and the block of V the
+/// tiles stream), a multiple of the register tile's 6 rows, from [`MIN_PASS_ROWS`] to
+/// [`MAX_PASS_ROWS`]. With 512 KiB of L2 and 32 MiB of L3 (the Zen 3 VM), f32: 64 rows up
+/// to 1536 keys, 48 at 2048, 24 at 4096, 12 at 8192 for d = 64; at d = 128 64 rows again
+/// from 8192 keys (bf16 pairs: from 16384).
+pub fn pass_rows(keys: usize, kv_bytes: usize) -> usize {
     ROWS_OVERRIDE
         .with(Cell::get)
-        .unwrap_or_else(|| rows_for(l2_bytes(), l3_bytes(), keys, d))
+        .unwrap_or_else(|| rows_for(l2_bytes(), l3_bytes(), keys, kv_bytes))
 }
 
-fn rows_for(l2: usize, l3: usize, keys: usize, d: usize) -> usize {
-    if 2 * keys * d * 4 > l3 / L3_SHARE {
+/// Bytes per key of K and V at head dim `d`, with `k_bytes` and `v_bytes` per value as the
+/// kernel holds them (4 for f32, 2 for bf16 pairs).
+pub fn kv_bytes(d: usize, k_bytes: usize, v_bytes: usize) -> usize {
+    d * (k_bytes + v_bytes)
+}
+
+fn rows_for(l2: usize, l3: usize, keys: usize, kv_bytes: usize) -> usize {
+    if keys * kv_bytes > l3 / L3_SHARE {
         return MAX_PASS_ROWS;
     }
     let fit = (l2 / 4 * 3) / (4 * keys.max(1));
@@ -175,29 +186,34 @@ mod tests {
         assert_eq!(read_level("/nonexistent/attnbench", 2), None);
     }
 
+    /// K and V in f32 at head dim `d`.
+    fn f32(d: usize) -> usize {
+        kv_bytes(d, 4, 4)
+    }
+
     #[test]
     fn pass_rows_keep_the_scores_within_three_quarters_of_l2() {
         let (l2, l3) = (512 << 10, 32 << 20);
-        assert_eq!(rows_for(l2, l3, 1024, 64), 64);
-        assert_eq!(rows_for(l2, l3, 2048, 64), 48);
-        assert_eq!(rows_for(l2, l3, 4096, 64), 24);
-        assert_eq!(rows_for(l2, l3, 8192, 64), 12);
-        assert_eq!(rows_for(l2, l3, 4096, 128), 24);
-        assert_eq!(rows_for(l2, l3, 0, 64), 64);
-        assert_eq!(rows_for(1 << 20, l3, 4096, 64), 48);
-        assert_eq!(rows_for(1 << 20, l3, 8192, 64), 24);
+        assert_eq!(rows_for(l2, l3, 1024, f32(64)), 64);
+        assert_eq!(rows_for(l2, l3, 2048, f32(64)), 48);
+        assert_eq!(rows_for(l2, l3, 4096, f32(64)), 24);
+        assert_eq!(rows_for(l2, l3, 8192, f32(64)), 12);
+        assert_eq!(rows_for(l2, l3, 4096, f32(128)), 24);
+        assert_eq!(rows_for(l2, l3, 0, f32(64)), 64);
+        assert_eq!(rows_for(1 << 20, l3, 4096, f32(64)), 48);
+        assert_eq!(rows_for(1 << 20, l3, 8192, f32(64)), 24);
         // A tiny L2 still gives the tiles their rows.
-        assert_eq!(rows_for(16 << 10, l3, 300, 64), MIN_PASS_ROWS);
+        assert_eq!(rows_for(16 << 10, l3, 300, f32(64)), MIN_PASS_ROWS);
         for keys in [100, 1500, 3000, 5000, 7000] {
-            let r = rows_for(l2, l3, keys, 32);
+            let r = rows_for(l2, l3, keys, f32(32));
             assert!((MIN_PASS_ROWS..=MAX_PASS_ROWS).contains(&r));
             assert!(r == MAX_PASS_ROWS || r.is_multiple_of(6));
             assert!(r == MIN_PASS_ROWS || r * keys * 4 <= l2 / 4 * 3);
         }
-        assert_eq!(with_pass_rows(7, || pass_rows(300, 64)), 7);
+        assert_eq!(with_pass_rows(7, || pass_rows(300, f32(64))), 7);
         assert_eq!(
-            pass_rows(300, 64),
-            rows_for(l2_bytes(), l3_bytes(), 300, 64)
+            pass_rows(300, f32(64)),
+            rows_for(l2_bytes(), l3_bytes(), 300, f32(64))
         );
     }
 
@@ -205,11 +221,16 @@ mod tests {
     fn strips_stay_whole_when_k_and_v_outgrow_the_cores_share_of_l3() {
         let (l2, l3) = (512 << 10, 32 << 20);
         // K and V of 8192 keys at d = 128, or 16384 at d = 64: 8 MiB > 32 MiB / 8.
-        assert_eq!(rows_for(l2, l3, 8192, 128), MAX_PASS_ROWS);
-        assert_eq!(rows_for(l2, l3, 16384, 64), MAX_PASS_ROWS);
+        assert_eq!(rows_for(l2, l3, 8192, f32(128)), MAX_PASS_ROWS);
+        assert_eq!(rows_for(l2, l3, 16384, f32(64)), MAX_PASS_ROWS);
         // Exactly the share (4 MiB) still takes passes.
-        assert_eq!(rows_for(l2, l3, 8192, 64), 12);
-        assert_eq!(rows_for(l2, 64 << 20, 8192, 128), 12);
+        assert_eq!(rows_for(l2, l3, 8192, f32(64)), 12);
+        assert_eq!(rows_for(l2, 64 << 20, 8192, f32(128)), 12);
+        // bf16 pairs take half: 8192 keys at d = 128 are the share, and take passes.
+        assert_eq!(rows_for(l2, l3, 8192, kv_bytes(128, 2, 2)), 12);
+        assert_eq!(rows_for(l2, l3, 16384, kv_bytes(128, 2, 2)), MAX_PASS_ROWS);
+        // bf16 K^T pairs with a widened f32 V: 6 bytes per value, over the share.
+        assert_eq!(rows_for(l2, l3, 8192, kv_bytes(128, 2, 4)), MAX_PASS_ROWS);
     }
 
     #[test]

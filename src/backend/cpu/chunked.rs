@@ -34,7 +34,7 @@ pub const DEFAULT_Q_CHUNK: usize = 1024;
 pub const DEFAULT_KV_CHUNK: usize = 4096;
 
 /// Query rows of a chunk per work item against one key chunk (the loop inside
-/// `summarize_chunk`, cut for the cache): in passes of `cache::pass_rows(k_c, d)` rows, their
+/// `summarize_chunk`, cut for the cache): in passes of `cache::pass_rows` rows over k_c keys, their
 /// rows of the q_c x k_c slab are computed, exponentiated and multiplied by V_j while in
 /// L2, as `naive` does with its row blocks.
 pub const STRIP: usize = 64;
@@ -127,7 +127,10 @@ pub fn forward_chunked(
         scale: s.scale(),
         kc,
         nkc,
-        pass_rows: cache::pass_rows(kc.min(nkv), d),
+        pass_rows: cache::pass_rows(
+            kc.min(nkv),
+            cache::kv_bytes(d, path.packed_bytes(), if bf16_pv { 2 } else { 4 }),
+        ),
         q16: bf16_bits(&inputs.q).unwrap_or_default(),
         k16: bf16_bits(&inputs.k).unwrap_or_default(),
         v16: bf16_bits(&inputs.v).unwrap_or_default(),

@@ -32,7 +32,7 @@ use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Inputs, Shape};
 
-/// Query rows per work item; within it, passes of `cache::pass_rows(n_kv, d)` rows compute,
+/// Query rows per work item; within it, passes of `cache::pass_rows` rows compute,
 /// normalize and multiply their scores by V while they are still in L2.
 pub const ROW_BLOCK: usize = 64;
 
@@ -95,8 +95,10 @@ pub fn forward(
     let nqb = nq.div_ceil(ROW_BLOCK);
     let lens = worker_lens(&s, path, exact);
     let pv16 = bf16_pv(path, d, exact);
-    // Query rows per pass over the keys: their scores stay in L2.
-    let sub = cache::pass_rows(nkv, d);
+    // Query rows per pass over the keys: their scores stay in L2 (V as the PV tile reads
+    // it: bf16 pairs, or f32).
+    let v_bytes = if pv16 { 2 } else { 4 };
+    let sub = cache::pass_rows(nkv, cache::kv_bytes(d, path.packed_bytes(), v_bytes));
     let v16 = bf16_bits(&inputs.v).unwrap_or_default();
     let outs = Blocks::new(out, nq, d, ROW_BLOCK);
     let probs = Blocks::new(scores, nq, nkv, ROW_BLOCK);

@@ -51,6 +51,14 @@ impl Path {
             _ => Path::Widen,
         }
     }
+
+    /// Bytes per value of a packed K^T panel on this path (f32, or bf16 pairs).
+    pub fn packed_bytes(self) -> usize {
+        match self {
+            Path::Bf16Dot => 2,
+            Path::F32 | Path::Widen => 4,
+        }
+    }
 }
 
 /// Broadcast operand A (m x k): element (i, p) at `data[i*rs + p*cs]`. For bf16 pair tiles
