@@ -12,29 +12,21 @@ use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::tiles::Path;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::backend::cpu::{cache, naive};
-use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
+use attnbench::problem::{InputDist, Inputs};
 use attnbench::runner::{forward_with, pool};
-use attnbench::variant::VariantId;
 
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
+mod common;
 
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
-    let variant: VariantId = arg(1, "naive").parse().expect("variant");
-    let n: usize = arg(2, "4096").parse().expect("n");
-    let heads: usize = arg(3, "2").parse().expect("heads");
-    let d: usize = arg(4, "64").parse().expect("d");
-    let dtype: DType = arg(5, "f32").parse().expect("dtype");
-    let causal = arg(6, "0") == "1";
-    let threads: usize = arg(7, "1").parse().expect("threads");
-    let rounds: usize = arg(8, "20").parse::<usize>().expect("rounds").max(1);
-    let base = Case::cpu_fwd(variant, Shape::self_attention(heads, n, d), dtype, threads);
-    let case = Case { causal, ..base };
+    let case = common::case(["naive", "4096", "2", "64", "f32", "0", "1"]);
+    let rounds = common::parse::<usize>(8, "20", "rounds").max(1);
+    let (variant, dtype, threads) = (case.variant, case.dtype, case.threads);
+    let (n, heads, d, causal) = (
+        case.shape.seq_kv,
+        case.shape.heads,
+        case.shape.head_dim,
+        case.causal,
+    );
     let keys = match case.kv_chunk {
         Some(kc) => kc.min(n),
         None => n,
@@ -43,7 +35,7 @@ fn main() {
     let path = Path::of(dtype, Isa::detect(), d);
     let v_bytes = if naive::bf16_pv(path, d, false) { 2 } else { 4 };
     let rule = cache::pass_rows(keys, cache::kv_bytes(d, path.packed_bytes(), v_bytes));
-    let counts: Vec<usize> = arg(9, "64,rule")
+    let counts: Vec<usize> = common::arg(9, "64,rule")
         .split(',')
         .map(|x| match x {
             "rule" => rule,
@@ -89,12 +81,12 @@ fn main() {
         println!(
             "{} {dtype} n={n} h={heads} d={d} causal={causal} t={threads}, {rows:>2} rows: median {:.1} GFLOP/s (best {:.1}); ratio to {} rows: median {:.3} (quartiles {:.3}..{:.3})",
             variant.name(),
-            quantile(g, 0.5),
-            quantile(g, 1.0),
+            common::quantile(g, 0.5),
+            common::quantile(g, 1.0),
             counts[0],
-            quantile(&ratio, 0.5),
-            quantile(&ratio, 0.25),
-            quantile(&ratio, 0.75),
+            common::quantile(&ratio, 0.5),
+            common::quantile(&ratio, 0.25),
+            common::quantile(&ratio, 0.75),
         );
     }
 }

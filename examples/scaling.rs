@@ -10,38 +10,23 @@ use std::time::{Duration, Instant};
 
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::workspace::{WarmCalls, WarmStash};
-use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
+use attnbench::problem::{Case, InputDist, Inputs};
 use attnbench::runner::{forward_with, pool};
-use attnbench::variant::VariantId;
 
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
+mod common;
 
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
-    let variant: VariantId = arg(1, "naive").parse().expect("variant");
-    let n: usize = arg(2, "8192").parse().expect("n");
-    let heads: usize = arg(3, "1").parse().expect("heads");
-    let d: usize = arg(4, "128").parse().expect("d");
-    let dtype: DType = arg(5, "bf16").parse().expect("dtype");
-    let causal = arg(6, "0") == "1";
-    let threads: usize = arg(7, "2").parse().expect("threads");
-    let rounds: usize = arg(8, "10").parse::<usize>().expect("rounds").max(1);
-    let per: usize = arg(9, "3")
-        .parse::<usize>()
-        .expect("calls per block")
-        .max(1);
-    let isa = Isa::detect();
-    let shape = Shape::self_attention(heads, n, d);
-    let case = |t: usize| Case {
-        causal,
-        ..Case::cpu_fwd(variant, shape, dtype, t)
+    let many = common::case(["naive", "8192", "1", "128", "bf16", "0", "2"]);
+    let rounds = common::parse::<usize>(8, "10", "rounds").max(1);
+    let per = common::parse::<usize>(9, "3", "calls per block").max(1);
+    // On one thread, as the config's sweep makes it (a case's defaults depend on its threads).
+    let one = Case {
+        causal: many.causal,
+        ..Case::cpu_fwd(many.variant, many.shape, many.dtype, 1)
     };
-    let (one, many) = (case(1), case(threads));
+    let (variant, dtype, threads, shape) = (many.variant, many.dtype, many.threads, many.shape);
+    let (n, heads, d, causal) = (shape.seq_kv, shape.heads, shape.head_dim, many.causal);
+    let isa = Isa::detect();
     let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
     let mut out = vec![0.0f32; shape.out_len()];
     let gf = one.flops() / 1e9;
@@ -78,11 +63,11 @@ fn main() {
     println!(
         "{} {dtype} n={n} h={heads} d={d} causal={causal}: 1 thread {:.1} GFLOP/s, {threads} threads {:.1}; scaling median {:.3} (quartiles {:.3}..{:.3}, min {:.3})",
         variant.name(),
-        gf / quantile(&t1, 0.5),
-        gf / quantile(&tn, 0.5),
-        quantile(&ratio, 0.5),
-        quantile(&ratio, 0.25),
-        quantile(&ratio, 0.75),
-        quantile(&ratio, 0.0),
+        gf / common::quantile(&t1, 0.5),
+        gf / common::quantile(&tn, 0.5),
+        common::quantile(&ratio, 0.5),
+        common::quantile(&ratio, 0.25),
+        common::quantile(&ratio, 0.75),
+        common::quantile(&ratio, 0.0),
     );
 }
