@@ -16,9 +16,10 @@
 //! L2: 48 rows at 4096 keys, 24 at 8192 for d = 64) the rule ran at 0.99x to 1.00x of 64
 //! rows (same tool and cases): neutral where a strip fits. K and V count as the kernels
 //! hold them: bf16 pairs take half of f32, so bf16 at d = 128, n = 8192 (4 MiB) takes
-//! passes of 24 rows where f32 stays whole; on the Zen 5, naive bf16 (h = 1 and 8) ran
-//! 1.024x to 1.059x (non-causal, six runs) and 1.010x to 1.016x (causal) as fast as with
-//! whole strips, on 1 and 2 threads (`examples/pass_rows.rs`). The rows change no
+//! passes of 24 rows where f32 stays whole; on the Zen 5, naive bf16 ran 1.024x to 1.059x
+//! as fast as with whole strips non-causal (eight runs of 12 to 15 alternated rounds at
+//! h = 1, one of 4 at h = 8; one run of 3 rounds gave 0.99x) and 1.00x to 1.02x causal, on
+//! 1 and 2 threads (`examples/pass_rows.rs`). The rows change no
 //! result: each row's scores, softmax and products are computed the same way whichever pass
 //! it falls in (tests in `naive` and `chunked`).
 
