@@ -8,10 +8,10 @@
 
 use std::time::Instant;
 
+use attnbench::backend::cpu::cache;
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::tiles::Path;
 use attnbench::backend::cpu::workspace::WarmCalls;
-use attnbench::backend::cpu::{cache, naive};
 use attnbench::problem::{InputDist, Inputs};
 use attnbench::runner::{forward_with, pool};
 
@@ -33,8 +33,7 @@ fn main() {
     };
     // K and V as the kernels hold them (bf16 pairs where they multiply pairs).
     let path = Path::of(dtype, Isa::detect(), d);
-    let v_bytes = if naive::bf16_pv(path, d, false) { 2 } else { 4 };
-    let rule = cache::pass_rows(keys, cache::kv_bytes(d, path.packed_bytes(), v_bytes));
+    let rule = cache::pass_rows(keys, path.kv_bytes(d, path.bf16_pv(d, false)));
     let counts: Vec<usize> = common::arg(9, "64,rule")
         .split(',')
         .map(|x| match x {

@@ -2,6 +2,7 @@
 
 use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::tiles::Path;
 use crate::problem::{DType, Mode};
 use crate::runner::cuda_unavailable_reason;
 use crate::variant::VariantId;
@@ -82,8 +83,8 @@ pub fn list() -> String {
         "  cpu caches: L2 {} KiB per core, L3 {} MiB{known} (naive and rabe-staats, rows per pass over 4096 f32 keys: {} at d = 64, {} at d = 128)\n",
         cache::l2_bytes() >> 10,
         cache::l3_bytes() >> 20,
-        cache::pass_rows(4096, cache::kv_bytes(64, 4, 4)),
-        cache::pass_rows(4096, cache::kv_bytes(128, 4, 4)),
+        cache::pass_rows(4096, Path::F32.kv_bytes(64, false)),
+        cache::pass_rows(4096, Path::F32.kv_bytes(128, false)),
     );
     s += &format!(
         "  mpi   {}\n",

@@ -22,7 +22,7 @@ use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
     self, as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, softmax_row,
-    softmax_row_bf16, Path, LANES_MAX, PANEL,
+    softmax_row_bf16, Path, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
@@ -104,7 +104,7 @@ pub fn forward_chunked(
     // bf16 on AVX512_BF16: both products by `vdpbf16ps` (P rounded to bf16 for PV, as
     // `flash` does) when V's rows are whole vectors, unless the output feeds the backward
     // (`exact`); else PV in f32 on a widened V_j.
-    let bf16_pv = path == Path::Bf16Dot && !exact && d.is_multiple_of(LANES_MAX);
+    let bf16_pv = path.bf16_pv(d, exact);
     let [qw, kt, vw, sc, values, stats] = carve(buf, chunked_lens(&s, qc, kc, path));
     // Each worker computes in a strip slot of its own when there are enough of them. One
     // phase per head: one key chunk, strips aligned across query chunks, own slots, and a
@@ -127,10 +127,7 @@ pub fn forward_chunked(
         scale: s.scale(),
         kc,
         nkc,
-        pass_rows: cache::pass_rows(
-            kc.min(nkv),
-            cache::kv_bytes(d, path.packed_bytes(), if bf16_pv { 2 } else { 4 }),
-        ),
+        pass_rows: cache::pass_rows(kc.min(nkv), path.kv_bytes(d, bf16_pv)),
         q16: bf16_bits(&inputs.q).unwrap_or_default(),
         k16: bf16_bits(&inputs.k).unwrap_or_default(),
         v16: bf16_bits(&inputs.v).unwrap_or_default(),

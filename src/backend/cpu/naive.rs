@@ -26,7 +26,7 @@ use super::sched::{for_each_item_with, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
     as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, scale_stream,
-    scale_stream_pairs, softmax_row, store_fence, Path, LANES_MAX, PANEL,
+    scale_stream_pairs, softmax_row, store_fence, Path, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
@@ -46,12 +46,6 @@ pub fn scores_len(shape: &Shape) -> usize {
     shape.batch * shape.heads * shape.seq_q * shape.seq_kv
 }
 
-/// Whether PV runs on bf16 pairs (`vdpbf16ps`, P rounded to bf16): bf16 inputs on
-/// AVX512_BF16 with V rows of whole vectors, unless the output feeds the backward (`exact`).
-pub fn bf16_pv(path: Path, head_dim: usize, exact: bool) -> bool {
-    path == Path::Bf16Dot && !exact && head_dim.is_multiple_of(LANES_MAX)
-}
-
 /// Per-worker scratch floats, in the order they are carved: the K^T panels of one key/value
 /// head (bf16 pairs take half), its V widened to f32 or paired as bf16 rows, a widened
 /// query row block (f16, and bf16 off the pair path), the bf16 copy of one row block of P
@@ -64,7 +58,7 @@ pub fn worker_lens(shape: &Shape, path: Path, exact: bool) -> [usize; 5] {
     match path {
         Path::F32 => [kt, 0, 0, 0, block],
         Path::Widen => [kt, nkv * d, ROW_BLOCK * d, 0, block],
-        Path::Bf16Dot if bf16_pv(path, d, exact) => [
+        Path::Bf16Dot if path.bf16_pv(d, exact) => [
             kt / 2,
             nkv.div_ceil(2) * d,
             0,
@@ -94,11 +88,9 @@ pub fn forward(
     let c = s.scale() * LOG2E;
     let nqb = nq.div_ceil(ROW_BLOCK);
     let lens = worker_lens(&s, path, exact);
-    let pv16 = bf16_pv(path, d, exact);
-    // Query rows per pass over the keys: their scores stay in L2 (V as the PV tile reads
-    // it: bf16 pairs, or f32).
-    let v_bytes = if pv16 { 2 } else { 4 };
-    let sub = cache::pass_rows(nkv, cache::kv_bytes(d, path.packed_bytes(), v_bytes));
+    let pv16 = path.bf16_pv(d, exact);
+    // Query rows per pass over the keys: their scores stay in L2.
+    let sub = cache::pass_rows(nkv, path.kv_bytes(d, pv16));
     let v16 = bf16_bits(&inputs.v).unwrap_or_default();
     let outs = Blocks::new(out, nq, d, ROW_BLOCK);
     let probs = Blocks::new(scores, nq, nkv, ROW_BLOCK);

@@ -10,6 +10,7 @@
 
 use half::slice::HalfFloatSliceExt;
 
+use super::cache;
 use super::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{avx2, avx512, bf16};
@@ -58,6 +59,20 @@ impl Path {
             Path::Bf16Dot => 2,
             Path::F32 | Path::Widen => 4,
         }
+    }
+
+    /// Whether naive's and Rabe–Staats' PV runs on bf16 pairs (`vdpbf16ps`, P rounded to
+    /// bf16): bf16 inputs on AVX512_BF16 with V rows of whole vectors, unless the output
+    /// feeds the backward (`exact`).
+    pub fn bf16_pv(self, head_dim: usize, exact: bool) -> bool {
+        self == Path::Bf16Dot && !exact && head_dim.is_multiple_of(LANES_MAX)
+    }
+
+    /// Bytes per key of K (packed K^T panels) and V as naive and Rabe–Staats hold them on
+    /// this path at head dim `d`, V in bf16 pairs when `bf16_pv`, else f32
+    /// (`cache::pass_rows`).
+    pub fn kv_bytes(self, d: usize, bf16_pv: bool) -> usize {
+        cache::kv_bytes(d, self.packed_bytes(), if bf16_pv { 2 } else { 4 })
     }
 }
 
