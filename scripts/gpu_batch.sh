@@ -14,7 +14,7 @@
 #           default's neighbourhood)
 #   perf    configs/gpu_perf.toml, then the PyTorch SDPA peer (flash and efficient; the math
 #           backend materializes every score and takes minutes at n = 16384: GPU_PEER_MATH=1
-#           adds it)
+#           adds it); GPU_PERF_VARIANTS=flash (a comma list) times only those of ours
 #   table2  configs/rabe_staats_table2_gpu.toml
 # then reports again (with the peers' rows), scripts/gpu_acceptance.py -> OUT/acceptance.md,
 # and OUT/gpu_results.tar.gz of the lot.
@@ -126,7 +126,10 @@ for step in "${STEPS[@]}"; do
         [ "${GPU_PEER_MATH:-0}" = 1 ] && peers=$peers,torch-sdpa-math
         # The config lists flash first: a sweep cut short by its cap still has flash's rows
         # for the peer's ratio.
-        run "${GPU_PERF_CAP_S:-200}" perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume
+        # GPU_PERF_VARIANTS=flash times only those of ours (a kernel change, its peer again).
+        vs=()
+        [ -n "${GPU_PERF_VARIANTS:-}" ] && vs=(--set "variant=$GPU_PERF_VARIANTS")
+        run "${GPU_PERF_CAP_S:-200}" perf.log "$BIN" sweep --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume "${vs[@]}"
         run 200 perf.log python3 scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out "$OUT/gpu_perf" --resume --variants "$peers"
         ;;
     table2)

@@ -3,7 +3,12 @@
 // tile stays in registers as mma A fragments, K/V tiles of 64 keys are double-buffered in
 // shared memory with cp.async, S = Q K^T and O += P V use mma.sync.m16n8k16 with f32
 // accumulation, the softmax is online (running max and sum per row, one division at the
-// end); causal blocks entirely above the diagonal are skipped.
+// end); causal blocks entirely above the diagonal are skipped. The inner loop is written for
+// few instructions per mma (it is issue-bound with 2 to 3 warps per SM sub-partition): K and V
+// fragments come by ldmatrix.x4 (one instruction per two mma), addresses are 32-bit shared
+// offsets from one per-lane base, the scale is folded into the exponent (one FFMA per score)
+// and exp2 is `ex2.approx.ftz` (one MUFU; results below 2^-126 flush to 0, far below the
+// bf16/f16 resolution of P).
 // Defines: ELEM_KIND (1 = bf16, 2 = f16), HEAD_DIM (64 or 128).
 // Work O(n_q n_kv d); shared memory (64 + 4 * 64) * (HEAD_DIM + 8) * 2 bytes; no global
 // workspace.
@@ -42,6 +47,22 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1)
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices: lanes 8m..8m+7 give the row addresses of matrix m; the lane receives
+// (row g, columns 2t..2t+1) of each, i.e. the mma B fragment ("col") of a row-major
+// [key][dim] tile read as K^T: matrices at dims +0, +8 of a 16-dim step are b0, b1.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// 2^x in one MUFU instruction (subnormal results flush to 0; -inf gives 0).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Four 8x8 b16 matrices, transposed: lanes 8m..8m+7 give the row addresses of matrix m; the
@@ -102,9 +123,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
     float acc[NTILES_O][4];
 #pragma unroll
     for (int i = 0; i < NTILES_O; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float m_run[2] = {NEG_INF, NEG_INF};
+    float m_run[2] = {NEG_INF, NEG_INF};  // running max of the raw (unscaled) scores
     float l_run[2] = {0.0f, 0.0f};  // this thread's partial row sums (reduced at the end)
     u32 qa[KSTEPS][4];
+    // Per-lane byte offsets into shared memory: the K rows this lane names for ldmatrix
+    // (row lane % 8 of matrix lane / 8, the matrices 8 dims apart) and the V rows for
+    // ldmatrix.trans (matrix m: keys + (m & 1) * 8, dims + (m >> 1) * 8).
+    const int mat = lane >> 3, mr = lane & 7;
+    const u32 k_lane = smem_u32(k_smem) + (u32)(mr * STRIDE + mat * 8) * 2;
+    const u32 v_lane = smem_u32(v_smem) + (u32)(((mat & 1) * 8 + mr) * STRIDE + (mat >> 1) * 8) * 2;
 
     if (n_tiles > 0) {
         load_tile(qs, qh, m0, seq_q);
@@ -136,39 +163,39 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
             }
         }
 
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys (raw scores): one
+        // ldmatrix.x4 gives the B fragments of two 16-dim steps of one 8-key n-tile.
         float s[NTILES_S][4];
-        const elem_t* kt = k_smem + cur * BLOCK_N * STRIDE;
+        const u32 k_tile = k_lane + (u32)(cur * BLOCK_N * STRIDE) * 2;
 #pragma unroll
         for (int nt = 0; nt < NTILES_S; ++nt) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            const elem_t* krow = kt + (nt * 8 + g) * STRIDE + 2 * t;
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
-                u32 b0 = *(const u32*)(krow + kk * 16);
-                u32 b1 = *(const u32*)(krow + kk * 16 + 8);
-                mma16816(s[nt], qa[kk], b0, b1);
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                u32 kb[4];
+                ldmatrix_x4(kb, k_tile + (u32)(nt * 8 * STRIDE + kk * 16) * 2);
+                mma16816(s[nt], qa[kk], kb[0], kb[1]);
+                mma16816(s[nt], qa[kk + 1], kb[2], kb[3]);
             }
         }
 
-        // Scale into log2 units and mask keys past each row's causal bound (or past seq_kv).
+        // Mask keys past each row's causal bound (or past seq_kv); only tiles that reach
+        // past the keys every row sees.
         const long long key0 = (long long)tile * BLOCK_N;
-        const bool need_mask = key0 + BLOCK_N > n_all;
+        if (key0 + BLOCK_N > n_all) {
 #pragma unroll
-        for (int nt = 0; nt < NTILES_S; ++nt) {
+            for (int nt = 0; nt < NTILES_S; ++nt) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float x = s[nt][i] * scale_log2;
-                if (need_mask) {
+                for (int i = 0; i < 4; ++i) {
                     long long key = key0 + nt * 8 + 2 * t + (i & 1);
-                    if (key >= (i < 2 ? vis0 : vis1)) x = NEG_INF;
+                    if (key >= (i < 2 ? vis0 : vis1)) s[nt][i] = NEG_INF;
                 }
-                s[nt][i] = x;
             }
         }
 
         // Online softmax, rows g (r = 0: c0, c1) and g + 8 (r = 1: c2, c3). The four lanes
-        // of a quad hold one row's 64 scores.
+        // of a quad hold one row's 64 scores. The max is taken on raw scores (the scale is
+        // positive), the exponent is scale_log2 * s - scale_log2 * max in one FFMA.
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float mx = NEG_INF;
@@ -178,13 +205,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m_run[r], mx);
-            const float base = m_new == NEG_INF ? 0.0f : m_new;
-            const float alpha = exp2f(m_run[r] - base);
+            const float base = m_new == NEG_INF ? 0.0f : m_new * scale_log2;
+            const float alpha = ex2_ftz(m_run[r] * scale_log2 - base);
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NTILES_S; ++nt) {
-                float p0 = exp2f(s[nt][2 * r] - base);
-                float p1 = exp2f(s[nt][2 * r + 1] - base);
+                float p0 = ex2_ftz(fmaf(s[nt][2 * r], scale_log2, -base));
+                float p1 = ex2_ftz(fmaf(s[nt][2 * r + 1], scale_log2, -base));
                 s[nt][2 * r] = p0;
                 s[nt][2 * r + 1] = p1;
                 sum += p0 + p1;
@@ -200,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
 
         // O += P V: the C fragments of S n-tiles 2j and 2j + 1 are exactly the A fragment of
         // P's 16-key step j (FlashAttention-2's register reuse), rounded to the storage dtype.
-        const elem_t* vt = v_smem + cur * BLOCK_N * STRIDE;
+        const u32 v_tile = v_lane + (u32)(cur * BLOCK_N * STRIDE) * 2;
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j) {
             u32 pa[4];
@@ -208,12 +235,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
             pa[1] = pack2(s[2 * j][2], s[2 * j][3]);
             pa[2] = pack2(s[2 * j + 1][0], s[2 * j + 1][1]);
             pa[3] = pack2(s[2 * j + 1][2], s[2 * j + 1][3]);
-            const int mat = lane >> 3, mr = lane & 7;
-            const elem_t* vrow = vt + (j * 16 + (mat & 1) * 8 + mr) * STRIDE + (mat >> 1) * 8;
 #pragma unroll
             for (int dt = 0; dt < NTILES_O; dt += 2) {
                 u32 vb[4];
-                ldmatrix_x4_trans(vb, smem_u32(vrow + dt * 8));
+                ldmatrix_x4_trans(vb, v_tile + (u32)(j * 16 * STRIDE + dt * 8) * 2);
                 mma16816(acc[dt], pa, vb[0], vb[1]);
                 mma16816(acc[dt + 1], pa, vb[2], vb[3]);
             }
