@@ -58,6 +58,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct CompareArgs {
     /// The reference run: a results directory or its runs.csv.
     #[arg(value_name = "BASELINE")]
@@ -151,8 +152,8 @@ pub struct SweepArgs {
     /// Output directory [default: results/<run name>].
     #[arg(long, short = 'o', value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Override an axis or a [run] key: `seq_len=1024,2048`, `seq_len=pow2:8:12`,
-    /// `run.max_time_s=0.5`. Repeatable.
+    /// Override a key of the config: an axis (`seq_len=1024,2048`, `seq_len=pow2:8:12`), or
+    /// a `run.`, `report.` or `model.` key (`run.max_time_s=0.5`). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUES")]
     pub sets: Vec<String>,
     /// Print the number of cases and the grid, run nothing.
@@ -165,7 +166,8 @@ pub struct SweepArgs {
     /// Continue an interrupted sweep: skip cases already in DIR/runs.csv.
     #[arg(long, conflicts_with = "force")]
     pub resume: bool,
-    /// Replace the results already in DIR (runs.csv and meta.json are deleted first).
+    /// Replace the results already in DIR: what a sweep writes there (runs.csv, samples.csv,
+    /// meta.json, the derived tables and report/) is deleted first; other files stay.
     #[arg(long)]
     pub force: bool,
     /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
@@ -195,6 +197,7 @@ pub struct ReportArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct RunArgs {
     /// Variant name (see `attnbench list`).
     #[arg(long, short = 'v')]
@@ -205,18 +208,22 @@ pub struct RunArgs {
     /// Key/value sequence length [default: --seq-len].
     #[arg(long)]
     pub seq_kv: Option<usize>,
+    /// Sequences in the batch.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Query heads.
     #[arg(long, default_value_t = 1)]
     pub heads: usize,
     /// Key/value heads, for GQA/MQA [default: --heads].
     #[arg(long)]
     pub kv_heads: Option<usize>,
+    /// Dimension d of each head.
     #[arg(long, short = 'd', default_value_t = 64)]
     pub head_dim: usize,
-    /// Storage dtype of Q, K, V: f32, bf16, f16 (with --inputs: taken from the files).
+    /// Storage dtype of Q, K, V: f32, bf16, f16 [default: f32; with --inputs, the files'].
     #[arg(long)]
     pub dtype: Option<DType>,
+    /// Where to run: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
     #[arg(long, default_value = "cpu")]
     pub device: Device,
     /// What to measure: fwd, fwd+bwd (forward and backward, gradients checked too), decode
@@ -243,20 +250,23 @@ pub struct RunArgs {
     /// Causal mask, bottom-right aligned when seq_q != seq_kv.
     #[arg(long)]
     pub causal: bool,
-    /// Query chunk (tile) size [default: the variant's].
+    /// Query chunk (tile) size [default: the variant's; variants that do not chunk, such as
+    /// naive, have none and ignore it: see `attnbench list`].
     #[arg(long)]
     pub q_chunk: Option<usize>,
-    /// Key/value chunk (tile) size [default: the variant's].
+    /// Key/value chunk (tile) size [default: the variant's; ignored as --q-chunk is].
     #[arg(long)]
     pub kv_chunk: Option<usize>,
     /// Worker threads [default: all logical CPUs].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
     #[arg(long, default_value = "normal")]
     pub input_dist: InputDist,
     /// Multiplies generated Q and K (scores scale by its square).
     #[arg(long, default_value_t = 1.0)]
     pub input_scale: f64,
+    /// Seed of the generated inputs (the same seed gives the same inputs).
     #[arg(long, default_value_t = config::DEFAULT_SEED)]
     pub seed: u64,
     /// Untimed calls before timing.
@@ -265,14 +275,17 @@ pub struct RunArgs {
     /// Keep warming up (untimed) for at least this many seconds after the --warmup calls.
     #[arg(long, default_value_t = config::DEFAULT_WARMUP_S)]
     pub warmup_s: f64,
+    /// Timed calls before the spread may stop the timing (at least 3 for that).
     #[arg(long, default_value_t = config::DEFAULT_MIN_REPS)]
     pub min_reps: usize,
+    /// Most timed calls.
     #[arg(long, default_value_t = config::DEFAULT_MAX_REPS)]
     pub max_reps: usize,
     /// Time cap for the timed repetitions, in seconds.
     #[arg(long, default_value_t = config::DEFAULT_MAX_TIME_S)]
     pub max_time_s: f64,
-    /// Emulated device memory, e.g. 8GiB: larger cases are `oom`.
+    /// Emulated device memory, e.g. 8GiB: a case predicted to need more is `oom`, not run
+    /// [default: unlimited].
     #[arg(long)]
     pub memory_budget: Option<String>,
     /// Query rows sampled for the error when checking all rows is too costly.

@@ -382,7 +382,16 @@ fn kind_of(ts: &TypeStr) -> Option<Kind> {
     }
 }
 
-fn refuse_existing(path: &Path) -> Result<()> {
+/// The error `save_inputs` would give for `dir` because one of its files exists, checked
+/// before anything is measured.
+pub fn check_inputs_absent(dir: &Path) -> Result<()> {
+    [Q_FILE, K_FILE, V_FILE]
+        .into_iter()
+        .try_for_each(|f| refuse_existing(&dir.join(f)))
+}
+
+/// A usage error if `path` exists: the files this module writes never replace one.
+pub fn refuse_existing(path: &Path) -> Result<()> {
     if path.exists() {
         return Err(Error::Usage(format!(
             "{}: already exists; refusing to overwrite it (remove it or choose another path)",

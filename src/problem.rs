@@ -318,23 +318,31 @@ impl Shape {
         let hi = self.visible_keys(causal, row);
         hi.saturating_sub(window.unwrap_or(hi))..hi
     }
-    /// Number of (query, key) pairs attended, per (batch, head), with a sliding window.
+    /// Number of (query, key) pairs attended, per (batch, head), with a sliding window: the
+    /// sum over rows of `key_range(..).len()`, in closed form (O(1) at any length).
     pub fn attended_pairs_per_head(&self, causal: bool, window: Option<usize>) -> u64 {
-        match window {
-            None => self.unmasked_pairs_per_head(causal),
-            Some(_) => (0..self.seq_q)
-                .map(|i| self.key_range(causal, window, i).len() as u64)
-                .sum(),
+        // Row i sees min(visible_keys(i), window) keys; visible_keys(i) is the clamp of
+        // i + c to 0..=n_kv (c = n_kv - n_q + 1 when causal).
+        let cap = window.map_or(self.seq_kv, |w| w.min(self.seq_kv)) as i128;
+        let nq = self.seq_q as i128;
+        if !causal {
+            return u64::try_from(nq * cap).unwrap_or(u64::MAX);
         }
+        // F(x) = sum of min(max(t, 0), cap) over t = 0..x.
+        let f = |x: i128| -> i128 {
+            let x = x.max(0);
+            if x <= cap + 1 {
+                x * (x - 1) / 2
+            } else {
+                cap * (cap + 1) / 2 + (x - 1 - cap) * cap
+            }
+        };
+        let c = self.seq_kv as i128 - nq + 1;
+        u64::try_from(f(c + nq) - f(c)).unwrap_or(u64::MAX)
     }
     /// Number of (query, key) pairs that are not masked, per (batch, head).
     pub fn unmasked_pairs_per_head(&self, causal: bool) -> u64 {
-        if !causal {
-            return self.seq_q as u64 * self.seq_kv as u64;
-        }
-        (0..self.seq_q)
-            .map(|i| self.visible_keys(true, i) as u64)
-            .sum()
+        self.attended_pairs_per_head(causal, None)
     }
     /// Forward FLOPs by the FlashAttention convention: 4 * b * h * (unmasked pairs) * d
     /// (two matmuls of 2 FLOPs per multiply-add; softmax not counted).
@@ -608,6 +616,28 @@ mod tests {
             seq_kv,
             head_dim: 4,
         }
+    }
+
+    #[test]
+    fn attended_pairs_in_closed_form_equal_the_sum_over_rows() {
+        for nq in [0, 1, 2, 5, 17, 64] {
+            for nkv in [0, 1, 3, 5, 17, 64, 100] {
+                let s = shape(nq, nkv);
+                for causal in [false, true] {
+                    for window in [None, Some(0), Some(1), Some(4), Some(16), Some(200)] {
+                        let rows: u64 = (0..nq)
+                            .map(|i| s.key_range(causal, window, i).len() as u64)
+                            .sum();
+                        let got = s.attended_pairs_per_head(causal, window);
+                        assert_eq!(got, rows, "{nq}x{nkv} causal {causal} window {window:?}");
+                    }
+                }
+            }
+        }
+        // And at a length no loop over rows would finish: n(n+1)/2.
+        let n = 1usize << 31;
+        let expect = (n as u64) * (n as u64 + 1) / 2;
+        assert_eq!(shape(n, n).unmasked_pairs_per_head(true), expect);
     }
 
     #[test]

@@ -81,6 +81,17 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             modes.join(", ")
         ));
     }
+    // Byte and FLOP counts (4 b h n_q n_kv bytes of scores, 4 b h n_q n_kv d FLOPs) must
+    // not wrap: a shape past them is refused before any count is taken.
+    let product = [s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim, 16]
+        .iter()
+        .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
+    if product.is_none_or(|p| p > 1 << 62) {
+        return Some(format!(
+            "shape too large to count: batch x heads x seq_q x seq_kv x head_dim = {} x {} x {} x {} x {} overflows 64-bit byte and FLOP counts",
+            s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim
+        ));
+    }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",

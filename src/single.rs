@@ -1,5 +1,7 @@
 //! `attnbench run`: one case from flags, measured like a sweep case and printed as a table
-//! with the CSV's fields; NumPy interop (`--inputs`, `--save-inputs`, `--save-output`).
+//! with the CSV's fields; NumPy interop (`--inputs`, `--save-inputs`, `--save-output`). A
+//! case that cannot run here (a sweep's `skipped` row) is an error, exit 2; `oom` by the
+//! budget and `error` (e.g. an overflowing softmax) are results, printed with their reason.
 
 use crate::cli::RunArgs;
 use crate::config::{self, ByteSize};
@@ -8,7 +10,7 @@ use crate::measure::timer::StopRule;
 use crate::npy;
 use crate::problem::{Case, DType, Shape};
 use crate::report::table::record_table;
-use crate::runner::{run_case, Settings};
+use crate::runner::{run_case, skip_reason, Settings};
 
 pub fn run(args: &RunArgs) -> Result<()> {
     let usage = |m: String| Error::Usage(m);
@@ -144,6 +146,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
         model_layers: None,
         gpu: Default::default(),
     };
+    // A case that cannot run at all is the command's failure, not a row to read.
+    if let Some(reason) = skip_reason(&case) {
+        return Err(usage(format!("this case cannot run: {reason}")));
+    }
+    // Refuse before measuring, not after.
+    if let Some(dir) = &args.save_inputs {
+        npy::check_inputs_absent(dir)?;
+    }
+    if let Some(path) = &args.save_output {
+        npy::refuse_existing(path)?;
+    }
     let outcome = run_case(&case, &settings, given)?;
     // Under mpirun every rank ran the case; rank 0 alone prints and writes files.
     if !crate::dist::is_root() {

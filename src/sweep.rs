@@ -68,6 +68,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             dir.display()
         )));
     }
+    if root && args.resume {
+        same_run(&dir.join(META_NAME), &config.run.name)?;
+    }
     let csv_path = dir.join(CSV_NAME);
     let done = if args.resume {
         done_case_ids(&csv_path)?
@@ -111,7 +114,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         }
     } else {
         let calibration = if config.run.calibrate && !todo.is_empty() {
-            eprintln!("calibrating FMA peak, SGEMM and copy bandwidth on {threads:?} threads ...");
+            let list: Vec<String> = threads.iter().map(usize::to_string).collect();
+            eprintln!(
+                "calibrating FMA peak, SGEMM and copy bandwidth on {} thread(s) ...",
+                list.join(", ")
+            );
             threads.iter().map(|&t| calibrate(t)).collect()
         } else {
             Vec::new()
@@ -215,7 +222,18 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     if !root {
         return Ok(());
     }
-    println!("{}", summary_table(&records));
+    if !records.is_empty() {
+        println!("{}", summary_table(&records));
+    }
+    let skipped = records
+        .iter()
+        .filter(|r| r.status.name() == "skipped")
+        .count();
+    if skipped > 0 && skipped == records.len() {
+        eprintln!(
+            "note: all {skipped} cases were skipped, nothing was measured (the rows say why)"
+        );
+    }
     println!(
         "{} rows written to {} in {}",
         records.len(),
@@ -285,9 +303,32 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
     Ok(())
 }
 
+/// `--resume` continues the run in the directory: a config of another run name would
+/// append its rows to that run's CSV, so it is refused (a `--set` that widens or narrows
+/// the grid of the same run is recorded in `meta.json` instead).
+fn same_run(meta_path: &Path, name: &str) -> Result<()> {
+    let Ok(meta) = Meta::read(meta_path) else {
+        return Ok(());
+    };
+    match meta.config["run"]["name"].as_str() {
+        Some(old) if old != name => Err(Error::Usage(format!(
+            "--resume: {} holds run `{old}` but the config is run `{name}`: resume it with the config that made it (a --set may change its grid), or sweep into another --out",
+            meta_path.parent().unwrap_or(meta_path).display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// An existing non-empty directory is never overwritten silently; `--force` deletes only the
-/// files a sweep writes.
+/// files a sweep writes (its CSVs, `meta.json`, the derived tables and `report/`), so nothing
+/// of the run it replaces is left to be read as this one's.
 fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--out {}: is a file, not a directory",
+            dir.display()
+        )));
+    }
     let non_empty = std::fs::read_dir(dir)
         .map(|mut d| d.next().is_some())
         .unwrap_or(false);
@@ -299,12 +340,18 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
                 dir.display()
             )));
         }
-        for name in [CSV_NAME, META_NAME, SAMPLES_NAME] {
+        let files = [CSV_NAME, META_NAME, SAMPLES_NAME];
+        for name in files.into_iter().chain(crate::model::DERIVED_FILES) {
             let p = dir.join(name);
-            if p.exists() {
+            if p.is_file() {
                 std::fs::remove_file(&p)
                     .map_err(|e| Error::io(format!("cannot remove {}", p.display()), e))?;
             }
+        }
+        let report = dir.join(generate::REPORT_DIR);
+        if report.is_dir() {
+            std::fs::remove_dir_all(&report)
+                .map_err(|e| Error::io(format!("cannot remove {}", report.display()), e))?;
         }
     }
     std::fs::create_dir_all(dir)
@@ -372,19 +419,16 @@ impl Progress {
                     bar.println(format!("{}: {} ({})", r.case_id, r.status, r.reason));
                 }
             }
-            None => eprintln!(
-                "[{}/{}] {} {} {}{}",
-                i + 1,
-                self.total,
-                r.case_id,
-                r.status,
-                time,
-                if r.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", r.reason)
+            None => {
+                let mut line = format!("[{}/{}] {} {}", i + 1, self.total, r.case_id, r.status);
+                if !time.is_empty() {
+                    line += &format!(" {time}");
                 }
-            ),
+                if !r.reason.is_empty() {
+                    line += &format!(" ({})", r.reason);
+                }
+                eprintln!("{line}");
+            }
         }
     }
 

@@ -247,6 +247,157 @@ fn bad_flags_exit_2() {
 }
 
 #[test]
+fn a_run_whose_case_cannot_run_is_an_error_not_a_skipped_table() {
+    for extra in [
+        &["--seq-len", "16", "--heads", "4", "--kv-heads", "3"][..],
+        &["--seq-len", "16", "--mode", "decode"][..],
+        &["--seq-len", "4294967296"][..],
+    ] {
+        attnbench()
+            .args(["run", "--variant", "flash", "-d", "8"])
+            .args(extra)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains("cannot run"));
+    }
+}
+
+#[test]
+fn existing_save_paths_are_refused_before_anything_is_measured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o.npy");
+    fs::write(&out, "mine").unwrap();
+    let inputs = tmp.path().join("in");
+    fs::create_dir_all(&inputs).unwrap();
+    fs::write(inputs.join("k.npy"), "mine").unwrap();
+    for (flag, path) in [("--save-output", &out), ("--save-inputs", &inputs)] {
+        attnbench()
+            .args(run_args(&[flag]))
+            .arg(path)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains("already exists"));
+    }
+    assert_eq!(fs::read_to_string(&out).unwrap(), "mine");
+    assert_eq!(fs::read_to_string(inputs.join("k.npy")).unwrap(), "mine");
+}
+
+#[test]
+fn force_leaves_nothing_of_the_run_it_replaces_and_resume_keeps_to_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("res");
+    let sweep = |extra: &[&str]| {
+        let mut c = attnbench();
+        c.args(["sweep", "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(&out)
+            .args(extra);
+        c
+    };
+    sweep(&[]).assert().success();
+    assert!(out.join("report").join("tables.md").is_file());
+    fs::write(out.join("decode.md"), "stale").unwrap();
+    fs::write(out.join("notes.txt"), "the user's").unwrap();
+    sweep(&["--force", "--no-report", "--set", "variant=flash"])
+        .assert()
+        .success();
+    assert!(!out.join("report").exists(), "a stale report was left");
+    assert!(
+        !out.join("decode.md").exists(),
+        "a stale derived table was left"
+    );
+    assert_eq!(
+        fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "the user's"
+    );
+    // Another run's config does not append to this run's CSV.
+    let other = tmp.path().join("other.toml");
+    fs::write(
+        &other,
+        TINY.replace(r#"name = "tiny""#, r#"name = "other""#),
+    )
+    .unwrap();
+    let rows = csv_lines(&out.join("runs.csv")).len();
+    attnbench()
+        .args(["sweep", "--resume", "--config"])
+        .arg(&other)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("`tiny`").and(predicate::str::contains("`other`")));
+    assert_eq!(csv_lines(&out.join("runs.csv")).len(), rows);
+    // An output path that is a file.
+    let file = tmp.path().join("afile");
+    fs::write(&file, "x").unwrap();
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not a directory"));
+}
+
+#[test]
+fn meta_names_the_revision_of_attnbench_wherever_it_runs() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let head = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    let Some(head) = head else {
+        eprintln!("not a git checkout: nothing to compare");
+        return;
+    };
+    let head = String::from_utf8(head.stdout).unwrap().trim().to_string();
+    // Run from an unrelated git repository: its HEAD must not be recorded.
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("other");
+    fs::create_dir_all(&other).unwrap();
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .current_dir(&other)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    git(&["init", "-q"]);
+    git(&[
+        "-c",
+        "user.name=x",
+        "-c",
+        "user.email=x@x",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "x",
+    ]);
+    let cfg = write_config(tmp.path(), TINY);
+    attnbench()
+        .current_dir(&other)
+        .args(["sweep", "--no-report", "--set", "variant=flash", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(tmp.path().join("res"))
+        .assert()
+        .success();
+    let meta: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(tmp.path().join("res/meta.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["git_revision"], head);
+}
+
+#[test]
 fn list_shows_every_variant_and_the_devices() {
     let a = attnbench().arg("list").assert().success();
     let out = String::from_utf8(a.get_output().stdout.clone()).unwrap();

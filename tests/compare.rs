@@ -501,6 +501,57 @@ fn without_samples_the_time_verdict_is_unclear_never_same() {
 }
 
 #[test]
+fn one_timing_a_side_is_unclear_never_slower_or_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur) = synthetic_pair(tmp.path());
+    // One and two repetitions a side: 1.5x slower, and exactly equal.
+    for (keep, k) in [(1, 1.5), (2, 1.5), (1, 1.0)] {
+        for (dir, f) in [(&base, 1.0), (&cur, k)] {
+            let record = read_records(dir).remove(0);
+            let mut w = csv::Writer::from_path(dir.join("samples.csv")).unwrap();
+            w.write_record(["case_id", "rep", "time_s"]).unwrap();
+            for i in 0..keep {
+                w.serialize((&record.case_id, i, 1e-3 * f)).unwrap();
+            }
+            w.flush().unwrap();
+        }
+        let (code, v) = compare_json(&base, &cur, &[]);
+        assert_eq!(code, 0, "{keep} reps, x{k}: {v:#}");
+        assert_eq!(time_verdicts(&v), ["unclear"], "{keep} reps, x{k}");
+        let note = v["cases"][0]["time"]["note"].as_str().unwrap().to_string();
+        assert!(
+            note.contains("too few") && note.contains(&format!("{k:.3}")),
+            "{note}"
+        );
+    }
+}
+
+#[test]
+fn a_baseline_without_rows_is_an_error_not_a_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let header = fs::read_to_string(baseline().join("runs.csv")).unwrap();
+    fs::write(
+        empty.join("runs.csv"),
+        format!("{}\n", header.lines().next().unwrap()),
+    )
+    .unwrap();
+    for (b, c, role) in [
+        (&empty, &baseline(), "baseline"),
+        (&baseline(), &empty, "current"),
+    ] {
+        attnbench()
+            .arg("compare")
+            .arg(b)
+            .arg(c)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(role).and(predicate::str::contains("no rows")));
+    }
+}
+
+#[test]
 fn another_machine_is_normalized_by_its_calibration() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");

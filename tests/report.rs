@@ -268,3 +268,20 @@ paper_table = "{}"
         .success();
     assert!(out2.join("runs.csv").exists() && !out2.join("report").exists());
 }
+
+#[test]
+fn a_runs_csv_path_reports_its_directory_and_a_file_as_out_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    report(
+        &fixture().join("runs.csv"),
+        out.path(),
+        &["--format", "svg"],
+    )
+    .success();
+    assert!(out.path().join("tables.md").is_file());
+    let file = out.path().join("afile");
+    fs::write(&file, "x").unwrap();
+    report(&fixture(), &file, &[])
+        .code(2)
+        .stderr(predicate::str::contains("not a directory"));
+}

@@ -91,6 +91,13 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
         )));
     }
     let records = read_runs(&csv_path)?;
+    if records.is_empty() {
+        // Nothing to compare against would pass every gate.
+        return Err(Error::Input {
+            path: csv_path,
+            msg: format!("{role}: no rows: the header is there but no case was recorded"),
+        });
+    }
     let samples_path = dir.join(SAMPLES_NAME);
     let samples = if samples_path.is_file() {
         Some(read_samples(&samples_path)?)

@@ -245,6 +245,14 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
     let opts = Options::from_args(args)?;
     let baseline = load::load(&args.baseline, "baseline")?;
     let current = load::load(&args.current, "current")?;
+    let same = |r: &load::Run| r.csv_path.canonicalize().ok();
+    if same(&baseline).is_some() && same(&baseline) == same(&current) {
+        eprintln!(
+            "note: the baseline and the current run are the same file ({}): every case \
+             compares with itself",
+            current.csv_path.display()
+        );
+    }
     let c = compare(&baseline, &current, &opts)?;
     if args.json {
         println!("{}", render::json(&c)?);
@@ -474,6 +482,17 @@ fn time_of(
             return result;
         }
     };
+    if sb.len().min(sc.len()) < time::MIN_REPS {
+        let median = |s: &[f64]| time::median(&mut s.to_vec());
+        result.note = Some(format!(
+            "ratio {:.3} from {} and {} repetitions: too few to bound it (at least {} a side)",
+            median(&sc) / median(&sb) * factor,
+            sb.len(),
+            sc.len(),
+            time::MIN_REPS
+        ));
+        return result;
+    }
     let seed = time::case_seed(opts.seed, &b.case_id);
     match time::bootstrap_ratio(&sb, &sc, opts.bootstrap, seed) {
         Some(iv) => {
@@ -498,9 +517,12 @@ fn advice(cases: &[CaseComparison], decision: &Decision, opts: &Options) -> Vec<
         time::CONFIDENCE * 100.0,
         opts.time_threshold * 100.0
     )];
-    let no_samples = unclear
-        .iter()
-        .any(|c| c.time.as_ref().is_some_and(|t| t.interval.is_none()));
+    let no_samples = unclear.iter().any(|c| {
+        // (Too few repetitions also leave no interval: the advice below covers those.)
+        c.time.as_ref().is_some_and(|t| {
+            t.interval.is_none() && t.baseline_reps.min(t.current_reps) >= time::MIN_REPS
+        })
+    });
     if no_samples {
         out.push(
             "rerun the side without samples.csv (or without calibration) with this attnbench \

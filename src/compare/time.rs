@@ -15,6 +15,11 @@ use serde::Serialize;
 /// Two-sided confidence of the interval.
 pub const CONFIDENCE: f64 = 0.95;
 
+/// Fewest timed repetitions on each side for an interval: the bootstrap of one or two
+/// samples gives an interval of (nearly) zero width whatever the noise, which would turn a
+/// single pair of timings into a confident `slower` or `same`.
+pub const MIN_REPS: usize = 3;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TimeVerdict {

@@ -77,9 +77,15 @@ impl Source<'_> {
     }
 }
 
-/// The table header (`run`, `axes`, `zip`) in force at byte `offset`, if any.
+/// The table header (`run`, `axes`, `zip`) in force at byte `offset`, if any; None when
+/// `offset` is on a header line itself (an unknown table is a top-level key).
 fn table_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset)?;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next().unwrap_or("");
+    if header(line).is_some() {
+        return None;
+    }
     before
         .lines()
         .rev()

@@ -110,6 +110,10 @@ fn unknown_key_names_key_line_and_known_keys() {
     );
     let msg = config_err("[sweep]\n", &[]);
     assert!(msg.contains("sweep") && msg.contains("line 1"), "{msg}");
+    // An unknown table after another is not blamed on the one before it.
+    let msg = config_err(&format!("{MIN}[reprot]\nx = 1\n"), &[]);
+    assert!(msg.contains("reprot") && msg.contains("line 6"), "{msg}");
+    assert!(!msg.contains("in [axes]"), "{msg}");
 }
 
 #[test]

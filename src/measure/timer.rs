@@ -14,8 +14,10 @@
 //!    - the total timed time `>= max_time_s`: stop with [`StopReason::TimeCap`]. This cap
 //!      wins even over `min_reps`, so a slow case never runs for `min_reps` times its
 //!      duration;
-//!    - `reps >= min_reps`, total timed time `>= min_time_s` and the relative spread
-//!      (MAD / median) `< rel_spread`: stop with [`StopReason::Converged`].
+//!    - `reps >= max(min_reps, 3)`, total timed time `>= min_time_s` and the relative
+//!      spread (MAD / median) `< rel_spread`: stop with [`StopReason::Converged`]. The
+//!      spread of one or two samples says nothing about the noise, so convergence needs
+//!      three ([`MIN_CONVERGED_REPS`]); a fixed count of one or two calls is `max_reps`.
 //! 3. An error from the closure (warm-up or timed) is returned at once.
 //!
 //! `max_reps == 0` is treated as 1. A case is thus bounded by about
@@ -28,6 +30,9 @@ use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
 use crate::error::{Error, Result};
+
+/// Fewest timed calls whose spread can stop the loop as converged.
+pub const MIN_CONVERGED_REPS: usize = 3;
 
 /// When to stop repeating a measurement (see the module doc for the exact rule).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -175,7 +180,7 @@ impl StopRule {
             Some(StopReason::MaxReps)
         } else if total >= self.max_time_s {
             Some(StopReason::TimeCap)
-        } else if reps >= self.min_reps
+        } else if reps >= self.min_reps.max(MIN_CONVERGED_REPS)
             && total >= self.min_time_s
             && Summary::of(samples).is_some_and(|s| s.relative_spread() < self.rel_spread)
         {
@@ -240,6 +245,25 @@ mod tests {
         assert_eq!(calls, 2 + 5);
         assert!(t.samples.iter().all(|&s| s >= 200e-6));
         assert!(t.summary.min >= 200e-6);
+    }
+
+    #[test]
+    fn one_or_two_samples_never_count_as_converged() {
+        let flag = AtomicBool::new(false);
+        for min_reps in [0, 1, 2] {
+            let r = StopRule { min_reps, ..rule() };
+            let t = time_repetitions(&r, &flag, || Ok(())).unwrap();
+            assert_eq!(t.stopped_by, StopReason::Converged, "min_reps {min_reps}");
+            assert_eq!(t.samples.len(), MIN_CONVERGED_REPS, "min_reps {min_reps}");
+        }
+        // A fixed single call is still possible, by max_reps.
+        let r = StopRule {
+            min_reps: 1,
+            max_reps: 1,
+            ..rule()
+        };
+        let t = time_repetitions(&r, &flag, || Ok(())).unwrap();
+        assert_eq!((t.samples.len(), t.stopped_by), (1, StopReason::MaxReps));
     }
 
     #[test]

@@ -27,6 +27,17 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::report::record::Record;
 
+/// The names of every file [`write_results`] may write beside the CSV (a `--force` sweep
+/// removes them, so none is left from the run it replaces).
+pub const DERIVED_FILES: [&str; 6] = [
+    decode_tables::MARKDOWN,
+    bpt_tables::MARKDOWN,
+    tree_vs_ring::MARKDOWN,
+    tree_vs_ring::COUNTS_CSV,
+    tree_vs_ring::LATENCY_CSV,
+    tree_vs_ring::PLOT,
+];
+
 /// The derived files of a finished sweep in `dir`, from its `runs.csv`: `decode.md` when it
 /// has decode rows, the Tree-vs-Ring files when the config has `[model]`. Returns the
 /// paths written.

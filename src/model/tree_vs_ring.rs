@@ -613,8 +613,7 @@ fn markdown(
              not: with these link parameters each of ring's {} steps moves {} bytes over \
              InfiniBand, so the model predicts far more than the paper's 8×. The paper's \
              timings likely include compilation: both of its scripts time one first jitted \
-             call (`tree_shard_test.py:59-64`, `ring_shard_test.py:57-62`; REPRODUCTION.md \
-             1.3), which adds a similar constant to both methods and compresses the ratio. \
+             call (`tree_shard_test.py:59-64`, `ring_shard_test.py:57-62`), which adds a similar constant to both methods and compresses the ratio. \
              Treat the paper's 8× as a trend, not a number to match.\n",
             pmax.saturating_sub(1),
             count(

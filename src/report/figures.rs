@@ -1,18 +1,18 @@
 //! The report's figures, built from the records: runtime, memory overhead (dashed n² and √n
 //! guides, the memory budget, `oom` cases marked), max-abs error (with paired differences
 //! and the paper's bounds), GFLOP/s against the calibrated SGEMM peak, and one heatmap per
-//! chunk sweep. Series keep one colour across every figure; the marker shape is the dtype,
-//! a dashed line the cuda device.
+//! chunk sweep. Series keep one style across every figure (`plot::style`): few series get a
+//! colour each (marker: dtype, dashed: cuda); more are coloured by variant, the (marker,
+//! dash pattern) pair telling apart the rest of what varies between them.
 
 use std::path::Path;
 
 use super::fmt::{bytes, sci, seconds};
 use super::load::Results;
 use super::plot::axis::{AxisSpec, Scale, Unit};
-use super::plot::chart::{
-    Figure, Guide, HLine, Line, Marker, Pt, GUIDE, LIGHT_GUIDE, PALETTE, RED,
-};
+use super::plot::chart::{Figure, Guide, HLine, Line, Pt};
 use super::plot::heatmap::{HeatCell, Heatmap, Panel};
+use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED};
 use super::plot::{save, Format, Plot};
 use super::record::{Record, Status};
 use super::select::TABLE2;
@@ -22,24 +22,37 @@ use crate::error::Result;
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
 
-fn dtype_marker(dtype: &str) -> Marker {
-    match dtype {
-        "bf16" => Marker::Triangle,
-        "f16" => Marker::Square,
-        _ => Marker::Circle,
-    }
+/// The style of each series, from its variant and the rest of its label.
+fn styles(series: &[Series]) -> Vec<Style> {
+    let keys: Vec<Key> = series
+        .iter()
+        .map(|s| {
+            let rest = s
+                .label
+                .strip_prefix(s.variant.as_str())
+                .map_or(s.label.as_str(), |r| r.trim_start_matches(" · "));
+            Key {
+                group: s.variant.as_str(),
+                rest,
+                dtype: s.dtype.as_str(),
+                device: s.device.as_str(),
+            }
+        })
+        .collect();
+    style::assign(&keys)
 }
 
 /// A line per series from the rows `value` accepts.
 fn lines(series: &[Series], value: impl Fn(&Record) -> Option<Pt>) -> Vec<Line> {
     series
         .iter()
-        .enumerate()
-        .map(|(i, s)| Line {
+        .zip(styles(series))
+        .map(|(s, st)| Line {
             label: s.label.clone(),
-            color: PALETTE[i % PALETTE.len()],
-            marker: dtype_marker(&s.dtype),
-            dashed: s.device == "cuda",
+            color: st.color,
+            marker: st.marker,
+            dash: st.dash,
+            width: 2,
             connect: true,
             points: s.records.iter().filter_map(|r| value(r)).collect(),
         })
@@ -126,7 +139,8 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
             label: "oom: the predicted overhead (not run)".into(),
             color: RED,
             marker: Marker::Cross,
-            dashed: false,
+            dash: Dash::Solid,
+            width: 2,
             connect: false,
             points: ooms,
         });
@@ -211,19 +225,19 @@ fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
     })
     .into_iter()
     .map(|mut l| {
-        // Explained once in a note: the colour says which series it belongs to.
+        // Explained once in a note: colour and dash say which series it belongs to.
         l.label = String::new();
         l.marker = Marker::Cross;
-        l.dashed = true;
+        l.width = 1;
         l
     })
     .collect();
     let has_diffs = !diffs.is_empty();
     all.extend(diffs);
-    let mut notes = vec!["Solid: max |out - exact| against the f64 oracle.".to_string()];
+    let mut notes = vec!["Each series: max |out - exact| against the f64 oracle.".to_string()];
     if has_diffs {
         notes.push(format!(
-            "Dashed, ×: max |out - out of {diff_against}| on the same inputs (the paper's measure), in the colour of its series."
+            "×, thin line: max |out - out of {diff_against}| on the same inputs (the paper's measure), in the colour and dash of its series."
         ));
     }
     let paper_bounds = results.paper().is_some_and(|p| p.id == TABLE2.id) && has_diffs;
@@ -375,4 +389,56 @@ pub fn write_all(
         }
     }
     Ok(links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(label: &str) -> Series<'static> {
+        let variant = label.split(" · ").next().unwrap_or(label);
+        Series {
+            label: label.into(),
+            variant: variant.into(),
+            dtype: if label.contains("bf16") {
+                "bf16"
+            } else {
+                "f32"
+            }
+            .into(),
+            device: "cpu".into(),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn series_colour_by_variant_and_style_by_the_rest() {
+        let mut all = Vec::new();
+        for v in ["rabe-staats", "rabe-staats-seq", "flash"] {
+            for d in ["f32", "bf16"] {
+                for c in ["non-causal", "causal"] {
+                    all.push(series(&format!("{v} · {d} · {c}")));
+                }
+            }
+        }
+        let st = styles(&all);
+        for (i, a) in all.iter().enumerate() {
+            for (j, b) in all.iter().enumerate() {
+                let same_rest = a.label.split_once(" · ").map(|p| p.1)
+                    == b.label.split_once(" · ").map(|p| p.1);
+                assert_eq!(
+                    st[i].color == st[j].color,
+                    a.variant == b.variant,
+                    "{i} {j}"
+                );
+                assert_eq!(
+                    (st[i].marker, st[i].dash) == (st[j].marker, st[j].dash),
+                    same_rest,
+                    "{} / {}",
+                    a.label,
+                    b.label
+                );
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::checks::{rs_checks, Check, Verdict};
 use super::figures::write_all;
-use super::load::Results;
+use super::load::{Results, CSV_NAME};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
 use super::series::chunk_grids;
@@ -26,9 +26,27 @@ pub struct Generated {
     pub checks: Vec<Check>,
 }
 
+/// The report of the results directory `dir` (or of the directory of `dir`, a `runs.csv`)
+/// into `out` [default: `dir/report`].
 pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Generated> {
+    let dir = match dir.parent() {
+        Some(parent) if dir.is_file() && dir.file_name() == Some(CSV_NAME.as_ref()) => {
+            if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            }
+        }
+        _ => dir,
+    };
     let results = Results::read(dir)?;
     let out = out.map_or_else(|| dir.join(REPORT_DIR), Path::to_path_buf);
+    if out.exists() && !out.is_dir() {
+        return Err(Error::Usage(format!(
+            "--out {}: is a file, not a directory",
+            out.display()
+        )));
+    }
     std::fs::create_dir_all(&out)
         .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
     let paper = results.paper();

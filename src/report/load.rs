@@ -160,6 +160,19 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
             "no rows: the header is there but no case was recorded".into(),
         ));
     }
+    // A case twice (two runs' rows pasted together) would be drawn and tabulated twice.
+    let mut first = std::collections::HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Some(j) = first.insert(r.case_id.as_str(), i) {
+            return Err(input(format!(
+                "row {}: case_id `{}` appears again (first in row {}); a runs.csv holds each \
+                 case once",
+                i + 2,
+                r.case_id,
+                j + 2
+            )));
+        }
+    }
     Ok(records)
 }
 
@@ -183,6 +196,16 @@ mod tests {
         };
         assert!(msg("").contains("empty"));
         assert!(msg(&(header().join(",") + "\n")).contains("no rows"));
+        // A case twice: the fixture's first row repeated.
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report/runs.csv");
+        let text = std::fs::read_to_string(fixture).unwrap();
+        let mut lines = text.lines();
+        let (head, row) = (lines.next().unwrap(), lines.next().unwrap());
+        let twice = msg(&format!("{head}\n{row}\n{row}\n"));
+        assert!(
+            twice.contains("row 3") && twice.contains("first in row 2"),
+            "{twice}"
+        );
         let short = msg("run,case_id,variant\nx,y,naive\n");
         assert!(short.contains("missing columns") && short.contains("time_median_s"));
         assert!(

@@ -3,7 +3,7 @@
 //! reports use as the roofline.
 
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::backend::cpu::cache;
@@ -16,6 +16,8 @@ use crate::measure::calibrate::Calibration;
 pub struct Meta {
     pub attnbench_version: String,
     pub command_line: Vec<String>,
+    /// HEAD of the attnbench checkout the binary was built from (wherever it is run from);
+    /// None for a binary outside a checkout.
     pub git_revision: Option<String>,
     /// Whether tracked files outside `results/` differ from `git_revision` (committed
     /// results being re-measured in place do not make the build dirty).
@@ -149,9 +151,33 @@ impl Meta {
 /// The current git revision and whether the work tree has changes outside `results/` (None
 /// outside a repo): a sweep that re-measures a committed results directory rewrites it while
 /// it runs, which says nothing about the build.
+/// The attnbench source tree this binary was built from: the crate directory of the build,
+/// or (a tree moved or copied since) the checkout the executable lies in
+/// (`<root>/target/<profile>/attnbench`); a directory counts when it holds attnbench's
+/// `Cargo.toml` and a `.git`. None elsewhere (an installed binary): the revision of whatever
+/// repository the command runs in says nothing about the code that measured.
+fn source_tree() -> Option<PathBuf> {
+    let is_ours = |dir: &Path| {
+        dir.join(".git").exists()
+            && std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|t| t.lines().any(|l| l.trim() == r#"name = "attnbench""#))
+    };
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let exe = std::env::current_exe().ok();
+    std::iter::once(built.as_path())
+        .chain(exe.iter().flat_map(|e| e.ancestors().skip(1)))
+        .find(|d| is_ours(d))
+        .map(Path::to_path_buf)
+}
+
 fn git_state() -> (Option<String>, Option<bool>) {
+    let Some(tree) = source_tree() else {
+        return (None, None);
+    };
     let run = |args: &[&str]| {
         Command::new("git")
+            .arg("-C")
+            .arg(&tree)
             .args(args)
             .output()
             .ok()

@@ -245,7 +245,7 @@ fn rs_table(
     if *layout == TABLE3 {
         ours_row(
             md,
-            "Model of the paper's memory-efficient backward: one query chunk's score slab, min(1024, n)·n·4 B (REPRODUCTION.md 1.1)",
+            "Model of the paper's memory-efficient backward: one query chunk's score slab, min(1024, n)·n·4 B",
             &|n| bytes((PAPER_Q_CHUNK.min(n) * n * 4) as f64),
         );
     }
@@ -356,11 +356,43 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map_or("–".into(), f)
 }
 
+/// The case keys the "All cases" table shows only when they differ between its rows (with
+/// them the rows of a sweep over heads, masks or modes are told apart; without them a
+/// one-shape table stays narrow).
+type KeyColumn = (&'static str, fn(&Record) -> String);
+const VARYING_KEYS: [KeyColumn; 11] = [
+    ("mode", |r| r.mode.clone()),
+    ("device", |r| r.device.clone()),
+    ("batch", |r| r.batch.to_string()),
+    ("heads", |r| r.heads.to_string()),
+    ("kv_heads", |r| r.kv_heads.to_string()),
+    ("d", |r| r.head_dim.to_string()),
+    ("n_kv", |r| r.seq_kv.to_string()),
+    ("causal", |r| if r.causal { "yes" } else { "no" }.into()),
+    ("window", |r| opt(r.window, |w| w.to_string())),
+    ("devices", |r| r.devices.to_string()),
+    ("splits", |r| opt(r.splits, |s| s.to_string())),
+];
+
 fn all_cases(md: &mut String, records: &[Record]) {
-    md.push_str(
+    let keys: Vec<&KeyColumn> = VARYING_KEYS
+        .iter()
+        .filter(|(name, f)| {
+            if *name == "n_kv" {
+                // Beside n only where some row's differs from it.
+                return records.iter().any(|r| r.seq_kv != r.seq_q);
+            }
+            let first = records.first().map(f);
+            records.iter().any(|r| Some(f(r)) != first)
+        })
+        .collect();
+    let names: String = keys.iter().map(|(n, _)| format!(" {n} |")).collect();
+    let rules: String = keys.iter().map(|_| "---|").collect();
+    let _ = write!(
+        md,
         "\n## All cases\n\n\
-         | variant | dtype | inputs | n | q_chunk | kv_chunk | threads | status | time | GFLOP/s | overhead | max abs err | max abs diff |\n\
-         |---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n",
+         | variant | dtype |{names} inputs | n | q_chunk | kv_chunk | threads | status | time | GFLOP/s | overhead | max abs err | max abs diff |\n\
+         |---|---|{rules}---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n",
     );
     for r in records {
         let diff = match r.max_abs_diff {
@@ -368,9 +400,10 @@ fn all_cases(md: &mut String, records: &[Record]) {
             None if !r.diff_variant.is_empty() => format!("over budget ({})", r.diff_variant),
             None => "–".into(),
         };
+        let values: String = keys.iter().map(|(_, f)| format!(" {} |", f(r))).collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} |{values} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.variant,
             r.dtype,
             r.input_dist,

@@ -45,7 +45,7 @@ pub static DECODE_NAIVE: Decode = Decode {
         name: "decode-naive",
         description:
             "decode: all scores of the new queries over the cache materialized, softmax, then PV",
-        source: "seed 003 KV cache; REPRODUCTION.md 2.1 (standard attention)",
+        source: "standard attention over a KV cache, as in the Transformers Inference Optimization Toolset (2024)",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: None,
@@ -59,7 +59,7 @@ pub static DECODE_ONLINE: Decode = Decode {
         name: "decode-online",
         description:
             "decode: one pass over the cache, key by key, running max and sums per query row",
-        source: "seed 001 Sec. 3 (Rabe-Staats sequential); seed 003 online softmax",
+        source: "Rabe & Staats 2021, Sec. 3 (one key at a time, running max and sums)",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: None,
@@ -72,7 +72,7 @@ pub static FLASH_DECODING: Decode = Decode {
     info: VariantInfo {
         name: "flash-decoding",
         description: "decode: cache cut into `splits` parts in parallel, each (partial output, logsumexp) by online softmax over key blocks, combined exactly",
-        source: "flash-decoding (Dao et al. 2023); REPRODUCTION.md 2.5 split-KV combine",
+        source: "Flash-Decoding (Dao et al. 2023): split-KV with an exact log-sum-exp combine",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),

@@ -17,7 +17,7 @@ pub static FLASH: Flash = Flash;
 static INFO: VariantInfo = VariantInfo {
     name: "flash",
     description: "FlashAttention-2 order: per query block, stream key/value blocks with running max, sum and output; one division",
-    source: "seed 003 FlashAttention (FA2 forward); REPRODUCTION.md 2.4",
+    source: "FlashAttention-2 (Dao 2023) forward loop order, as in the Transformers Inference Optimization Toolset (2024)",
     modes: &[Mode::Fwd, Mode::FwdBwd],
     default_q_chunk: Some(kernel::DEFAULT_Q_CHUNK),
     default_kv_chunk: Some(kernel::DEFAULT_KV_CHUNK),

@@ -22,7 +22,7 @@ pub static LAYER_VANILLA: Layer = Layer {
     info: &VariantInfo {
         name: "layer-vanilla",
         description: "GPT block with materialized attention (naive kernel) and a full-sequence FFN",
-        source: "seed 002 Sec. 3.1 (vanilla transformer); REPRODUCTION.md 1.2",
+        source: "Liu & Abbeel 2023 (Blockwise Parallel Transformer), Sec. 3.1: vanilla transformer",
         modes: MODES,
         default_q_chunk: None,
         default_kv_chunk: None,
@@ -35,7 +35,7 @@ pub static LAYER_MEMEFF: Layer = Layer {
     info: &VariantInfo {
         name: "layer-memeff",
         description: "GPT block with blockwise (flash) attention and a full-sequence FFN",
-        source: "seed 002 Sec. 3.1 (memory-efficient attention; BPT's memeff.py)",
+        source: "Liu & Abbeel 2023 (Blockwise Parallel Transformer), Sec. 3.1: memory-efficient attention",
         modes: MODES,
         default_q_chunk: None,
         default_kv_chunk: Some(crate::backend::cpu::flash::DEFAULT_KV_CHUNK),
@@ -48,7 +48,7 @@ pub static LAYER_BPT: Layer = Layer {
     info: &VariantInfo {
         name: "layer-bpt",
         description: "Blockwise Parallel Transformer: per query block, attention over all key blocks, then out-projection, FFN and residuals",
-        source: "seed 002 Algorithm 1 (blockwise_parallel_v1); REPRODUCTION.md 2.3",
+        source: "Liu & Abbeel 2023 (Blockwise Parallel Transformer), Algorithm 1",
         modes: MODES,
         default_q_chunk: Some(DEFAULT_Q_BLOCK),
         default_kv_chunk: Some(crate::backend::cpu::flash::DEFAULT_KV_CHUNK),

@@ -40,7 +40,7 @@ pub static RING_DECODE_MPI: Mpi = Mpi {
     info: VariantInfo {
         name: "ring-decode-mpi",
         description: "ring-decode with one MPI rank per device: q broadcast, KV shards passed to the next rank with MPI_Isend/Irecv while the current one is computed",
-        source: "seed 004 Sec. 6 baseline; REPRODUCTION.md 2.6; issue 10",
+        source: "Shyam et al. 2024 (Tree Attention), Sec. 6: its Ring Attention decode baseline; over MPI",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),
@@ -53,7 +53,7 @@ pub static RING_PREFILL_MPI: Mpi = Mpi {
     info: VariantInfo {
         name: "ring-prefill-mpi",
         description: "ring-prefill with one MPI rank per device: queries and KV sharded contiguously, KV passed on with MPI_Isend/Irecv while the current block is computed",
-        source: "seed 003 Ring Attention; REPRODUCTION.md 2.6; issue 10",
+        source: "Ring Attention (Liu et al. 2023); over MPI",
         modes: &[Mode::Fwd],
         default_q_chunk: Some(super::ring::PREFILL_Q_CHUNK),
         default_kv_chunk: Some(super::ring::PREFILL_KV_CHUNK),
@@ -66,7 +66,7 @@ pub static TREE_DECODE_MPI: Mpi = Mpi {
     info: VariantInfo {
         name: "tree-decode-mpi",
         description: "tree-decode with one MPI rank per device: local flash attention, then MPI_Iallreduce (the library's algorithm) of max, numerator, denominator",
-        source: "seed 004 Algorithm 3; REPRODUCTION.md 2.7; issue 10",
+        source: "Shyam et al. 2024 (Tree Attention), Algorithm 3; over MPI",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),
@@ -79,7 +79,7 @@ pub static TREE_DECODE_MPI_EXPLICIT: Mpi = Mpi {
     info: VariantInfo {
         name: "tree-decode-mpi-explicit",
         description: "tree-decode-mpi with the simulation's allreduce schedules (ring, binary tree, two-level) over MPI point-to-point, counted",
-        source: "seed 004 Algorithm 3 and Sec. 5.3; REPRODUCTION.md 2.7-2.8; issue 10",
+        source: "Shyam et al. 2024 (Tree Attention), Algorithm 3 and Sec. 5.3 (two-level allreduce); over MPI",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),

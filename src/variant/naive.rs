@@ -21,7 +21,7 @@ pub static NAIVE: Naive = Naive {
     info: VariantInfo {
         name: "naive",
         description: "materialized S = QK^T/sqrt(d), safe softmax (row max subtracted), then PV",
-        source: "seed 001 Sec. 1 (standard attention); REPRODUCTION.md 2.1",
+        source: "standard attention, the baseline of Rabe & Staats 2021 (Sec. 1)",
         modes: &[Mode::Fwd, Mode::FwdBwd],
         default_q_chunk: None,
         default_kv_chunk: None,
@@ -35,7 +35,8 @@ pub static NAIVE_UNSAFE: Naive = Naive {
         name: "naive-unsafe",
         description:
             "naive without max subtraction: exp overflows to inf once scores reach ~89 (f32)",
-        source: "seed 001 Sec. 3 (numerical stability); seed 003 safe softmax",
+        source:
+            "Rabe & Staats 2021, Sec. 3 (numerical stability): softmax without the max subtracted",
         modes: &[Mode::Fwd],
         default_q_chunk: None,
         default_kv_chunk: None,

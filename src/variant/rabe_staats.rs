@@ -20,7 +20,7 @@ pub static RABE_STAATS_SEQ: RabeStaatsSeq = RabeStaatsSeq;
 static CHUNKED_INFO: VariantInfo = VariantInfo {
     name: "rabe-staats",
     description: "query chunks x key chunks, each key chunk summarized (exp-values, exp-sums, max), rescaled by the global max",
-    source: "seed 001 Figure 1 (query_chunk 1024, key_chunk 4096); backward Sec. 5.2",
+    source: "Rabe & Staats 2021 (Self-attention does not need O(n^2) memory), Figure 1 (query_chunk 1024, key_chunk 4096); backward Sec. 5.2",
     modes: &[Mode::Fwd, Mode::FwdBwd],
     default_q_chunk: Some(kernel::DEFAULT_Q_CHUNK),
     default_kv_chunk: Some(kernel::DEFAULT_KV_CHUNK),
@@ -31,7 +31,7 @@ static SEQ_INFO: VariantInfo = VariantInfo {
     name: "rabe-staats-seq",
     description:
         "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(1) memory)",
-    source: "seed 001 Sec. 2-3",
+    source: "Rabe & Staats 2021 (Self-attention does not need O(n^2) memory), Sec. 2-3",
     modes: &[Mode::Fwd],
     default_q_chunk: None,
     default_kv_chunk: None,

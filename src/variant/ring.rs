@@ -32,7 +32,7 @@ pub static RING_DECODE: Ring = Ring {
     info: VariantInfo {
         name: "ring-decode",
         description: "decode on p simulated devices: q broadcast, KV shards rotate around the ring in p steps, running (o, max, sum) per device",
-        source: "seed 004 Sec. 6 baseline; REPRODUCTION.md 2.6 (ringattention, Zyphra ring decode)",
+        source: "Shyam et al. 2024 (Tree Attention), Sec. 6: its Ring Attention decode baseline",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),
@@ -46,7 +46,7 @@ pub static RING_PREFILL: Ring = Ring {
     info: VariantInfo {
         name: "ring-prefill",
         description: "self-attention on p simulated devices, queries and KV sharded contiguously; KV rotates, causal blocks above the diagonal skipped",
-        source: "seed 003 Ring Attention; REPRODUCTION.md 2.6",
+        source: "Ring Attention (Liu et al. 2023), as in the Transformers Inference Optimization Toolset (2024)",
         modes: &[Mode::Fwd],
         default_q_chunk: Some(PREFILL_Q_CHUNK),
         default_kv_chunk: Some(PREFILL_KV_CHUNK),
@@ -60,7 +60,7 @@ pub static STRIPE_PREFILL: Ring = Ring {
     info: VariantInfo {
         name: "stripe-prefill",
         description: "ring-prefill with Striped Attention's placement (token k on device k mod p): causal work balanced over devices",
-        source: "seed 003 Stripe Attention (Brandon et al. 2023); REPRODUCTION.md 2.6",
+        source: "Striped Attention (Brandon et al. 2023), as in the Transformers Inference Optimization Toolset (2024)",
         modes: &[Mode::Fwd],
         default_q_chunk: Some(PREFILL_Q_CHUNK),
         default_kv_chunk: Some(PREFILL_KV_CHUNK),

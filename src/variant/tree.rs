@@ -25,7 +25,7 @@ pub static TREE_DECODE: Tree = Tree;
 static INFO: VariantInfo = VariantInfo {
     name: "tree-decode",
     description: "decode on p simulated devices: local flash attention per shard, then allreduce(max lse), allreduce(sum numerator), allreduce(sum denominator)",
-    source: "seed 004 Algorithm 3; REPRODUCTION.md 2.7",
+    source: "Shyam et al. 2024 (Tree Attention), Algorithm 3",
     modes: &[Mode::Decode],
     default_q_chunk: None,
     default_kv_chunk: Some(KV_BLOCK),

@@ -1,49 +1,32 @@
-//! A line chart (`Figure`): series of points with markers, dashed guide slopes, horizontal
-//! reference lines, drawn with plotters on any backend. The legend sits in its own panel to
-//! the right of the axes, so it never covers data; title and caption sit above.
+//! A line chart (`Figure`): series of points with markers and dash patterns, dashed guide
+//! slopes, horizontal reference lines (each also labelled inside the plot), drawn with
+//! plotters on any backend. The legend lists every entry, never covering data: in a panel
+//! to the right of the axes while it fits there, else in columns under the plot, the canvas
+//! growing as tall as it needs. Title and caption sit above.
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::axis::{AxisSpec, TickRange};
-use super::{FONT, WIDTH};
+use super::style::{dash_segments, LIGHT_GUIDE};
+pub use super::style::{Dash, Marker};
+use super::{FONT, HEIGHT, WIDTH};
 
 /// Legend panel width in pixels.
 const LEGEND_W: u32 = 400;
 /// Characters per legend line before wrapping.
-const LEGEND_CHARS: usize = 40;
-
-/// Series colours: Tableau 10 without its red (which marks budgets and oom), then darker
-/// shades of the same hues, so up to 16 series stay apart.
-pub const PALETTE: [RGBColor; 16] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
-    RGBColor(23, 190, 207),
-    RGBColor(16, 60, 120),
-    RGBColor(170, 80, 0),
-    RGBColor(20, 100, 20),
-    RGBColor(90, 50, 130),
-    RGBColor(80, 45, 35),
-    RGBColor(60, 60, 60),
-    RGBColor(110, 110, 0),
-];
-pub const RED: RGBColor = RGBColor(214, 39, 40);
-pub const GUIDE: RGBColor = RGBColor(60, 60, 60);
-pub const LIGHT_GUIDE: RGBColor = RGBColor(160, 160, 160);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Marker {
-    Circle,
-    Triangle,
-    Square,
-    Cross,
-}
+const LEGEND_CHARS: usize = 38;
+/// Title and caption band.
+const HEAD_H: u32 = 78;
+/// The axes' band (and the side legend's height).
+const BODY_H: u32 = HEIGHT - HEAD_H;
+/// Left and right margin of a legend under the plot.
+const MARGIN: i32 = 24;
+/// From a legend row's left edge to its text (the line sample and marker go before).
+const SWATCH_W: i32 = 72;
+/// Most columns of a legend under the plot.
+const MAX_COLUMNS: usize = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pt {
@@ -58,7 +41,9 @@ pub struct Line {
     pub label: String,
     pub color: RGBColor,
     pub marker: Marker,
-    pub dashed: bool,
+    pub dash: Dash,
+    /// Stroke width in pixels.
+    pub width: u32,
     /// Join the points with a line (false: markers only).
     pub connect: bool,
     /// In data units, any order.
@@ -162,9 +147,15 @@ impl Figure {
         )
     }
 
+    /// The canvas size: the usual one, taller when the legend goes under the plot.
+    pub fn size(&self) -> (u32, u32) {
+        (WIDTH, HEIGHT + self.legend().height)
+    }
+
     pub fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<()> {
+        let legend = self.legend();
         root.fill(&WHITE).map_err(err)?;
-        let (head, body) = root.split_vertically(78);
+        let (head, body) = root.split_vertically(HEAD_H);
         head.draw(&Text::new(
             self.title.clone(),
             (24, 12),
@@ -177,7 +168,11 @@ impl Figure {
             (FONT, 18).into_font().color(&RGBColor(90, 90, 90)),
         ))
         .map_err(err)?;
-        let (plot, legend) = body.split_horizontally(WIDTH - LEGEND_W);
+        let (plot, legend_area) = if legend.below {
+            body.split_vertically(BODY_H)
+        } else {
+            body.split_horizontally(WIDTH - LEGEND_W)
+        };
         let (xr, yr) = self.ranges();
         let mut chart = ChartBuilder::on(&plot)
             .margin_left(12)
@@ -202,11 +197,32 @@ impl Figure {
             .draw()
             .map_err(err)?;
 
+        // Reference lines first (under the data), their names written beside them.
+        let (px, py) = chart.plotting_area().get_pixel_range();
+        let mut tags: Vec<(String, RGBColor, (i32, i32), Pos)> = Vec::new();
+        let tag_h = 18;
         for g in &self.guides {
             if let Some(seg) = self.guide_segment(g, &xr, &yr) {
                 chart
                     .draw_series(DashedLineSeries::new(seg, 10, 7, g.color.stroke_width(2)))
                     .map_err(err)?;
+                // At the upper end: beside it where it leaves through the top, else above it.
+                let (ex, ey) = chart.backend_coord(&seg[1]);
+                let text = g.label.split(" (").next().unwrap_or(&g.label).to_string();
+                let at = if ey - 6 - tag_h < py.start {
+                    let room = px.end - ex - 12 >= text_width(&text, TAG_FONT);
+                    if room {
+                        ((ex + 8, py.start + 4), Pos::new(HPos::Left, VPos::Top))
+                    } else {
+                        ((px.end - 6, py.start + 4), Pos::new(HPos::Right, VPos::Top))
+                    }
+                } else {
+                    (
+                        (ex.min(px.end) - 6, ey - 6),
+                        Pos::new(HPos::Right, VPos::Bottom),
+                    )
+                };
+                tags.push((text, g.color, at.0, at.1));
             }
         }
         for h in &self.hlines {
@@ -219,27 +235,40 @@ impl Figure {
                         h.color.stroke_width(2),
                     ))
                     .map_err(err)?;
+                let (_, hy) = chart.backend_coord(&(xr.hi, yv));
+                let at = if hy - 4 - tag_h >= py.start {
+                    ((px.end - 8, hy - 4), Pos::new(HPos::Right, VPos::Bottom))
+                } else {
+                    ((px.end - 8, hy + 5), Pos::new(HPos::Right, VPos::Top))
+                };
+                tags.push((h.label.clone(), h.color, at.0, at.1));
             }
         }
         for l in &self.lines {
             let pts = self.plotted(l);
-            let xy: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
-            if l.connect && xy.len() > 1 {
-                if l.dashed {
-                    chart
-                        .draw_series(DashedLineSeries::new(xy, 8, 5, l.color.stroke_width(2)))
-                        .map_err(err)?;
-                } else {
-                    chart
-                        .draw_series(LineSeries::new(xy, l.color.stroke_width(2)))
-                        .map_err(err)?;
-                }
+            if l.connect && pts.len() > 1 {
+                let pixels: Vec<(f32, f32)> = pts
+                    .iter()
+                    .map(|p| {
+                        let (a, b) = chart.backend_coord(&(p.0, p.1));
+                        (a as f32, b as f32)
+                    })
+                    .collect();
+                stroke(root, &pixels, l.dash, l.color, l.width)?;
             }
             for (px, py, hollow) in pts {
                 marker(chart.plotting_area(), (px, py), l.marker, l.color, hollow)?;
             }
         }
-        self.draw_legend(&legend)
+        // Over the data, so a line crossing a label cannot hide it.
+        for (text, color, at, pos) in tags {
+            let style = (FONT, TAG_FONT)
+                .into_font()
+                .color(&readable(color))
+                .pos(pos);
+            root.draw(&Text::new(text, at, style)).map_err(err)?;
+        }
+        self.draw_legend(&legend_area, &legend)
     }
 
     /// The part of a guide inside the plot box, in plot coordinates (log-log).
@@ -258,119 +287,260 @@ impl Figure {
         (hi > lo).then(|| [(lo, y_at(lo)), (hi, y_at(hi))])
     }
 
-    /// Legend rows: (colour, dashed line?, marker, label); lines with an empty label
-    /// (explained by a note instead) are left out.
-    fn legend_entries(&self) -> Vec<(RGBColor, Option<bool>, Option<Marker>, &str)> {
-        let lines = self.lines.iter().filter(|l| !l.label.is_empty()).map(|l| {
-            (
-                l.color,
-                l.connect.then_some(l.dashed),
-                Some(l.marker),
-                l.label.as_str(),
-            )
+    /// Legend rows, every one: the labelled lines, then the reference lines and guides.
+    /// Lines with an empty label (explained by a note instead) are left out.
+    pub fn legend_entries(&self) -> Vec<Entry> {
+        let lines = self
+            .lines
+            .iter()
+            .filter(|l| !l.label.is_empty())
+            .map(|l| Entry {
+                color: l.color,
+                dash: l.connect.then_some(l.dash),
+                marker: Some(l.marker),
+                label: l.label.clone(),
+            });
+        let hlines = self.hlines.iter().map(|h| Entry {
+            color: h.color,
+            dash: Some(Dash::Dashed),
+            marker: None,
+            label: h.label.clone(),
         });
-        let hlines = self
-            .hlines
-            .iter()
-            .map(|h| (h.color, Some(true), None, h.label.as_str()));
-        let guides = self
-            .guides
-            .iter()
-            .map(|g| (g.color, Some(true), None, g.label.as_str()));
+        let guides = self.guides.iter().map(|g| Entry {
+            color: g.color,
+            dash: Some(Dash::Dashed),
+            marker: None,
+            label: g.label.clone(),
+        });
         lines.chain(hlines).chain(guides).collect()
     }
 
-    fn draw_legend<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> DrawResult<()> {
+    /// Where the legend goes: beside the plot in normal, then compact type if it fits there,
+    /// else under the plot in as many columns as its longest label allows.
+    pub fn legend(&self) -> Legend {
         let entries = self.legend_entries();
-        let available = area.dim_in_pixel().1 as i32 - 16;
-        // Normal, then compact type; past that the last entries are summarized.
-        let layouts = [
+        let available = BODY_H as i32 - 16;
+        for (font, line_h, chars, note_font, note_h) in [
             (17, 22, LEGEND_CHARS, 15, 19),
-            (14, 17, LEGEND_CHARS + 8, 13, 16),
-        ];
-        let height = |&(_, line_h, chars, _, note_h): &(i32, i32, usize, i32, i32)| {
-            let e: i32 = entries
-                .iter()
-                .map(|e| wrap(e.3, chars).len() as i32 * line_h + 6)
-                .sum();
-            let n: i32 = self
-                .notes
-                .iter()
-                .map(|t| wrap(t, chars + 6).len() as i32 * note_h + 6)
-                .sum();
-            16 + e + 10 + n
-        };
-        let layout = layouts
-            .iter()
-            .find(|l| height(l) <= available)
-            .unwrap_or(&layouts[1]);
-        let (size, line_h, chars, note_size, note_h) = *layout;
-        let text = (FONT, size).into_font().color(&BLACK);
-        let small = (FONT, note_size).into_font().color(&RGBColor(70, 70, 70));
-        let notes_h: i32 = self
-            .notes
-            .iter()
-            .map(|t| wrap(t, chars + 6).len() as i32 * note_h + 6)
-            .sum();
-        let mut yy = 16;
-        for (i, (color, dashed, mark, label)) in entries.iter().enumerate() {
-            let lines = wrap(label, chars);
-            let need = lines.len() as i32 * line_h + 6;
-            if yy + need + line_h + 10 + notes_h > available && i + 1 < entries.len() {
+            (14, 17, LEGEND_CHARS + 6, 13, 16),
+        ] {
+            let mut rows = Vec::new();
+            let mut yy = 16;
+            for e in &entries {
+                let lines = wrap(&e.label, chars);
+                let h = lines.len() as i32 * line_h;
+                rows.push(Row {
+                    entry: e.clone(),
+                    at: (0, yy),
+                    lines,
+                });
+                yy += h + 6;
+            }
+            yy += 10;
+            let mut notes = Vec::new();
+            for note in &self.notes {
+                for line in wrap(note, chars + 6) {
+                    notes.push((line, (8, yy)));
+                    yy += note_h;
+                }
+                yy += 6;
+            }
+            if yy <= available {
+                return Legend {
+                    below: false,
+                    height: 0,
+                    width: LEGEND_W as i32,
+                    font,
+                    line_h,
+                    note_font,
+                    note_h,
+                    rows,
+                    notes,
+                };
+            }
+        }
+        let (font, line_h, note_font, note_h) = (14, 18, 13, 17);
+        let usable = WIDTH as i32 - 2 * MARGIN;
+        // As many columns as make the legend shortest, labels wrapped to their width.
+        let mut best: Option<(i32, i32, Vec<Row>)> = None;
+        for columns in 1..=MAX_COLUMNS.min(entries.len().max(1)) {
+            let width = usable / columns as i32;
+            let per_column = entries.len().div_ceil(columns).max(1);
+            let mut rows = Vec::new();
+            let mut bottom = 12;
+            for (c, chunk) in entries.chunks(per_column).enumerate() {
+                let mut yy = 12;
+                for e in chunk {
+                    let lines = wrap_px(&e.label, width - SWATCH_W - 12, font);
+                    let h = lines.len() as i32 * line_h;
+                    rows.push(Row {
+                        entry: e.clone(),
+                        at: (MARGIN + c as i32 * width, yy),
+                        lines,
+                    });
+                    yy += h + 5;
+                }
+                bottom = bottom.max(yy);
+            }
+            if best.as_ref().is_none_or(|b| bottom < b.0) {
+                best = Some((bottom, width, rows));
+            }
+        }
+        let (bottom, width, rows) = best.unwrap_or((12, usable, Vec::new()));
+        let mut yy = bottom + 8;
+        let mut notes = Vec::new();
+        let note_chars = (usable as f64 / (0.6 * note_font as f64)) as usize;
+        for note in &self.notes {
+            for line in wrap(note, note_chars) {
+                notes.push((line, (MARGIN, yy)));
+                yy += note_h;
+            }
+            yy += 4;
+        }
+        Legend {
+            below: true,
+            height: (yy + 12) as u32,
+            width,
+            font,
+            line_h,
+            note_font,
+            note_h,
+            rows,
+            notes,
+        }
+    }
+
+    fn draw_legend<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        legend: &Legend,
+    ) -> DrawResult<()> {
+        let text = (FONT, legend.font).into_font().color(&BLACK);
+        let small = (FONT, legend.note_font)
+            .into_font()
+            .color(&RGBColor(70, 70, 70));
+        for row in &legend.rows {
+            let (x, y) = row.at;
+            let mid = y + legend.line_h / 2 - 2;
+            let e = &row.entry;
+            if let Some(dash) = e.dash {
+                let sample = [(x as f32 + 4.0, mid as f32), (x as f32 + 64.0, mid as f32)];
+                stroke(area, &sample, dash, e.color, 2)?;
+            }
+            if let Some(m) = e.marker {
+                marker(area, (x + 34, mid), m, e.color, false)?;
+            }
+            for (k, line) in row.lines.iter().enumerate() {
                 area.draw(&Text::new(
-                    format!("… and {} more", entries.len() - i),
-                    (58, yy),
+                    line.clone(),
+                    (x + SWATCH_W, y + k as i32 * legend.line_h),
                     text.clone(),
                 ))
                 .map_err(err)?;
-                yy += line_h + 6;
-                break;
             }
-            let mid = yy + line_h / 2 - 2;
-            if let Some(dashed) = dashed {
-                legend_line(area, mid, *color, *dashed)?;
-            }
-            if let Some(m) = mark {
-                marker(area, (28, mid), *m, *color, false)?;
-            }
-            for line in lines {
-                area.draw(&Text::new(line, (58, yy), text.clone()))
-                    .map_err(err)?;
-                yy += line_h;
-            }
-            yy += 6;
         }
-        yy += 10;
-        for note in &self.notes {
-            for line in wrap(note, chars + 6) {
-                area.draw(&Text::new(line, (8, yy), small.clone()))
-                    .map_err(err)?;
-                yy += note_h;
-            }
-            yy += 6;
+        for (line, at) in &legend.notes {
+            area.draw(&Text::new(line.clone(), *at, small.clone()))
+                .map_err(err)?;
         }
         Ok(())
     }
 }
 
-/// A legend's line sample at height `y`: solid, or three dashes.
-fn legend_line<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    y: i32,
-    color: RGBColor,
-    dashed: bool,
-) -> DrawResult<()> {
-    let segments: &[(i32, i32)] = if dashed {
-        &[(8, 18), (23, 33), (38, 48)]
+/// Font size of the names written beside reference lines and guides.
+const TAG_FONT: i32 = 16;
+
+/// One legend row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub color: RGBColor,
+    /// A line sample in this pattern (None: a marker alone).
+    pub dash: Option<Dash>,
+    pub marker: Option<Marker>,
+    pub label: String,
+}
+
+/// A legend row placed: its top-left corner in the legend's area and its text lines.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub entry: Entry,
+    pub at: (i32, i32),
+    pub lines: Vec<String>,
+}
+
+/// The legend laid out.
+#[derive(Clone, Debug)]
+pub struct Legend {
+    /// Under the plot, across the canvas (else in a panel to its right).
+    pub below: bool,
+    /// Pixels the canvas grows by (0 beside the plot).
+    pub height: u32,
+    /// Width of a column.
+    pub width: i32,
+    pub font: i32,
+    pub line_h: i32,
+    pub note_font: i32,
+    pub note_h: i32,
+    pub rows: Vec<Row>,
+    /// Note lines and their top-left corners.
+    pub notes: Vec<(String, (i32, i32))>,
+}
+
+/// Width of `text` in pixels in the embedded font at `size` (estimated if it is not
+/// registered).
+fn text_width(text: &str, size: i32) -> i32 {
+    (FONT, size)
+        .into_font()
+        .box_size(text)
+        .map(|(w, _)| w as i32)
+        .unwrap_or_else(|_| (text.chars().count() as f64 * 0.6 * size as f64).ceil() as i32)
+}
+
+/// Splits `text` at spaces into lines at most `max` pixels wide at font `size` (a word wider
+/// than that gets a line of its own).
+fn wrap_px(text: &str, max: i32, size: i32) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ') {
+        if let Some(l) = lines.last_mut() {
+            if l.is_empty() {
+                l.push_str(word);
+                continue;
+            }
+            let longer = format!("{l} {word}");
+            if text_width(&longer, size) <= max {
+                *l = longer;
+                continue;
+            }
+        }
+        lines.push(word.to_string());
+    }
+    lines
+}
+
+/// A colour dark enough for text on white (light guides are drawn in a light grey).
+fn readable(c: RGBColor) -> RGBColor {
+    if c == LIGHT_GUIDE {
+        RGBColor(110, 110, 110)
     } else {
-        &[(8, 48)]
-    };
-    for &(a, b) in segments {
-        area.draw(&PathElement::new(
-            vec![(a, y), (b, y)],
-            color.stroke_width(2),
-        ))
-        .map_err(err)?;
+        c
+    }
+}
+
+/// A polyline in pixels (of `area`) stroked `width` px wide in `dash`'s pattern.
+fn stroke<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    pixels: &[(f32, f32)],
+    dash: Dash,
+    color: RGBColor,
+    width: u32,
+) -> DrawResult<()> {
+    for piece in dash_segments(pixels, dash.pattern()) {
+        let pts: Vec<(i32, i32)> = piece
+            .iter()
+            .map(|&(x, y)| (x.round() as i32, y.round() as i32))
+            .collect();
+        area.draw(&PathElement::new(pts, color.stroke_width(width)))
+            .map_err(err)?;
     }
     Ok(())
 }
@@ -416,6 +586,22 @@ where
             &(EmptyElement::at(pos.clone())
                 + Rectangle::new([(-size, -size), (size, size)], style)),
         ),
+        Marker::Diamond => {
+            let d = size + 2;
+            area.draw(
+                &(EmptyElement::at(pos.clone())
+                    + Polygon::new(vec![(0, -d), (d, 0), (0, d), (-d, 0)], style)),
+            )
+        }
+        Marker::TriangleDown => {
+            // TriangleMarker's shape upside down.
+            let s = (size + 2) as f64;
+            let (w, h) = ((s * 0.866).round() as i32, (s * 0.5).round() as i32);
+            area.draw(
+                &(EmptyElement::at(pos.clone())
+                    + Polygon::new(vec![(0, s as i32), (-w, -h), (w, -h)], style)),
+            )
+        }
         Marker::Cross => area.draw(&Cross::new(pos.clone(), size + 2, color.stroke_width(3))),
     };
     shape(5, color.filled()).map_err(err)?;
@@ -427,11 +613,148 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::axis::{Scale, Unit};
+    use super::super::style::{GUIDE, PALETTE, RED};
     use super::*;
 
     #[test]
     fn wrap_breaks_at_spaces() {
         assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
         assert_eq!(wrap("short", 40), ["short"]);
+    }
+
+    /// A memory chart of `n` series (labels like results/quick's), a budget and two guides.
+    fn figure(n: usize) -> Figure {
+        let variants = [
+            "naive",
+            "naive-unsafe",
+            "rabe-staats",
+            "rabe-staats-seq",
+            "flash",
+        ];
+        let lines = (0..n)
+            .map(|i| Line {
+                label: format!(
+                    "{} · {} · kv_heads={} · {}",
+                    variants[i / 8 % variants.len()],
+                    if i % 8 < 4 { "f32" } else { "bf16" },
+                    if i % 2 == 0 { 4 } else { 1 },
+                    if i % 4 < 2 { "non-causal" } else { "causal" },
+                ),
+                color: PALETTE[i % PALETTE.len()],
+                marker: Marker::Circle,
+                dash: Dash::Solid,
+                width: 2,
+                connect: true,
+                points: vec![Pt {
+                    x: 256.0,
+                    y: 1e6,
+                    hollow: false,
+                }],
+            })
+            .collect();
+        Figure {
+            title: "t".into(),
+            caption: "c".into(),
+            x: AxisSpec::new("n", Scale::Log2, Unit::Tokens),
+            y: AxisSpec::new("bytes", Scale::Log2, Unit::Bytes),
+            lines,
+            hlines: vec![HLine {
+                label: "memory budget 8.00 GiB".into(),
+                y: 8e9,
+                color: RED,
+            }],
+            guides: vec![Guide {
+                label: "∝ n² (standard attention)".into(),
+                color: GUIDE,
+                exponent: 2.0,
+                anchor: (256.0, 1e3),
+            }],
+            notes: vec!["Measured by the counting allocator during one call.".into()],
+            y_from_zero: false,
+        }
+    }
+
+    /// Every entry is laid out once, inside the canvas, no two overlapping.
+    fn check_complete(fig: &Figure) -> Legend {
+        let _ = super::super::register_font();
+        let legend = fig.legend();
+        let want: Vec<String> = fig
+            .lines
+            .iter()
+            .map(|l| l.label.clone())
+            .chain(fig.hlines.iter().map(|h| h.label.clone()))
+            .chain(fig.guides.iter().map(|g| g.label.clone()))
+            .collect();
+        let got: Vec<String> = legend.rows.iter().map(|r| r.entry.label.clone()).collect();
+        assert_eq!(got, want, "the legend lists every entry, in order");
+        for r in &legend.rows {
+            assert_eq!(r.lines.join(" "), r.entry.label, "text kept whole");
+            for line in &r.lines {
+                let right = SWATCH_W + text_width(line, legend.font);
+                assert!(
+                    right <= legend.width,
+                    "{line:?} runs {right} > {}",
+                    legend.width
+                );
+            }
+        }
+        let (w, h) = fig.size();
+        let (area_w, area_h) = if legend.below {
+            (w as i32, legend.height as i32)
+        } else {
+            (LEGEND_W as i32, BODY_H as i32)
+        };
+        let boxes: Vec<(i32, i32, i32, i32)> = legend
+            .rows
+            .iter()
+            .map(|r| {
+                let (x, y) = r.at;
+                (
+                    x,
+                    y,
+                    x + legend.width,
+                    y + r.lines.len() as i32 * legend.line_h,
+                )
+            })
+            .collect();
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(
+                a.0 >= 0 && a.1 >= 0 && a.2 <= area_w && a.3 <= area_h,
+                "{a:?}"
+            );
+            for b in &boxes[i + 1..] {
+                let apart = a.2 <= b.0 || b.2 <= a.0 || a.3 <= b.1 || b.3 <= a.1;
+                assert!(apart, "{a:?} overlaps {b:?}");
+            }
+        }
+        let last = legend.notes.last().map_or(0, |n| n.1 .1 + legend.note_h);
+        assert!(last <= area_h, "notes fit: {last} > {area_h}");
+        assert!(h >= HEIGHT);
+        legend
+    }
+
+    #[test]
+    fn few_entries_stay_beside_the_plot() {
+        let fig = figure(5);
+        let legend = check_complete(&fig);
+        assert!(!legend.below);
+        assert_eq!(fig.size(), (WIDTH, HEIGHT));
+        assert_eq!(legend.font, 17, "normal type while it fits");
+    }
+
+    #[test]
+    fn many_entries_go_under_the_plot_in_columns() {
+        // results/quick: 5 variants x 8 settings, a budget and a guide.
+        let fig = figure(40);
+        let legend = check_complete(&fig);
+        assert!(legend.below);
+        let columns: std::collections::HashSet<i32> = legend.rows.iter().map(|r| r.at.0).collect();
+        assert!(columns.len() >= 2, "{} columns", columns.len());
+        assert!(fig.size().1 > HEIGHT);
+        // Hundreds of series still all listed, the canvas taller still.
+        let big = figure(211);
+        check_complete(&big);
+        assert!(big.size().1 > fig.size().1);
     }
 }

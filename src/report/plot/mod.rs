@@ -6,6 +6,7 @@
 pub mod axis;
 pub mod chart;
 pub mod heatmap;
+pub mod style;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -16,7 +17,8 @@ use crate::error::{Error, Result};
 
 /// The family name the embedded font is registered under.
 pub const FONT: &str = "sans-serif";
-/// Image size in pixels (PNG; the SVG has the same user units).
+/// Image size in pixels (PNG; the SVG has the same user units); a chart whose legend goes
+/// under the plot is taller.
 pub const WIDTH: u32 = 1400;
 pub const HEIGHT: u32 = 820;
 
@@ -45,6 +47,14 @@ pub enum Plot {
 }
 
 impl Plot {
+    /// Canvas size in pixels.
+    pub fn size(&self) -> (u32, u32) {
+        match self {
+            Plot::Chart(f) => f.size(),
+            Plot::Heatmap(_) => (WIDTH, HEIGHT),
+        }
+    }
+
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, plotters::coord::Shift>,
@@ -56,7 +66,7 @@ impl Plot {
     }
 }
 
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, DEJAVU_SANS).is_ok()
@@ -74,18 +84,19 @@ fn register_font() -> Result<()> {
 pub fn save(plot: &Plot, dir: &Path, stem: &str, formats: &[Format]) -> Result<Vec<String>> {
     register_font()?;
     let mut names = Vec::new();
+    let size = plot.size();
     for &f in formats {
         let name = format!("{stem}.{}", f.ext());
         let path = dir.join(&name);
         let fail = |e: String| Error::Runtime(format!("drawing {}: {e}", path.display()));
         match f {
             Format::Png => {
-                let root = BitMapBackend::new(&path, (WIDTH, HEIGHT)).into_drawing_area();
+                let root = BitMapBackend::new(&path, size).into_drawing_area();
                 plot.draw(&root).map_err(fail)?;
                 root.present().map_err(|e| fail(e.to_string()))?;
             }
             Format::Svg => {
-                let root = SVGBackend::new(&path, (WIDTH, HEIGHT)).into_drawing_area();
+                let root = SVGBackend::new(&path, size).into_drawing_area();
                 plot.draw(&root).map_err(fail)?;
                 root.present().map_err(|e| fail(e.to_string()))?;
             }
