@@ -94,6 +94,8 @@ struct Member<'a> {
     /// Its warm scratch buffers while other cases run.
     stash: WarmStash,
     samples: Vec<f64>,
+    /// The sum of `samples`.
+    total_s: f64,
     /// The stopping rule's verdict after its latest call.
     decision: Option<StopReason>,
     error: Option<Error>,
@@ -127,9 +129,12 @@ impl Member<'_> {
         match result {
             Ok(()) => {
                 self.samples.push(seconds);
-                self.decision = self
-                    .stop
-                    .decide(&self.samples, INTERRUPTED.load(Ordering::Relaxed));
+                self.total_s += seconds;
+                self.decision = self.stop.decide(
+                    &self.samples,
+                    self.total_s,
+                    INTERRUPTED.load(Ordering::Relaxed),
+                );
             }
             Err(e) => self.error = Some(e),
         }
@@ -175,6 +180,7 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
                 out,
                 stash: WarmStash::default(),
                 samples: Vec::new(),
+                total_s: 0.0,
                 decision: None,
                 error,
             }

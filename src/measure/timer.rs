@@ -20,8 +20,10 @@
 //!      three ([`MIN_CONVERGED_REPS`]); a fixed count of one or two calls is `max_reps`.
 //! 3. An error from the closure (warm-up or timed) is returned at once.
 //!
-//! `max_reps == 0` is treated as 1. A case is thus bounded by about
-//! `2 * max_time_s` plus one call of overshoot.
+//! `max_reps == 0` is treated as 1. A case is thus bounded by about `2 * max_time_s` plus
+//! one call of overshoot, plus the untimed bookkeeping: the spread (a sort of the samples)
+//! is checked after each of the first 64 calls and then about every `reps / 32` calls, so
+//! it stays small even for hundreds of thousands of microsecond calls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -140,9 +142,12 @@ where
     let is_interrupted = || interrupted.load(Ordering::Relaxed);
     warm_up(rule, interrupted, || f().map(|_| ()))?;
     let mut samples = Vec::with_capacity(rule.max_reps.clamp(1, 1024));
+    let mut total = 0.0;
     loop {
-        samples.push(f()?);
-        if let Some(stopped_by) = rule.decide(&samples, is_interrupted()) {
+        let t = f()?;
+        samples.push(t);
+        total += t;
+        if let Some(stopped_by) = rule.decide(&samples, total, is_interrupted()) {
             return Timing::of(samples, stopped_by);
         }
     }
@@ -169,11 +174,10 @@ where
 }
 
 impl StopRule {
-    /// Whether the timed loop stops after these samples (step 2 of the module doc, in its
-    /// order), and why; `None` = make another timed call.
-    pub fn decide(&self, samples: &[f64], interrupted: bool) -> Option<StopReason> {
+    /// Whether the timed loop stops after these samples, whose sum is `total` (step 2 of the
+    /// module doc, in its order), and why; `None` = make another timed call.
+    pub fn decide(&self, samples: &[f64], total: f64, interrupted: bool) -> Option<StopReason> {
         let reps = samples.len();
-        let total: f64 = samples.iter().sum();
         if interrupted {
             Some(StopReason::Interrupted)
         } else if reps >= self.max_reps.max(1) {
@@ -182,6 +186,7 @@ impl StopRule {
             Some(StopReason::TimeCap)
         } else if reps >= self.min_reps.max(MIN_CONVERGED_REPS)
             && total >= self.min_time_s
+            && spread_due(reps)
             && Summary::of(samples).is_some_and(|s| s.relative_spread() < self.rel_spread)
         {
             Some(StopReason::Converged)
@@ -189,6 +194,14 @@ impl StopRule {
             None
         }
     }
+}
+
+/// Whether the spread is checked after `reps` calls: after each of the first 64, then at
+/// the counts with at most 6 significant bits (32 per doubling, at most `reps / 32` apart),
+/// so a case of very many short calls sorts its samples O(log reps) times, not after every
+/// call, and stops at most 1/32 later than it could.
+fn spread_due(reps: usize) -> bool {
+    reps <= 64 || reps.trailing_zeros() + 5 >= reps.ilog2()
 }
 
 impl Timing {
@@ -245,6 +258,19 @@ mod tests {
         assert_eq!(calls, 2 + 5);
         assert!(t.samples.iter().all(|&s| s >= 200e-6));
         assert!(t.summary.min >= 200e-6);
+    }
+
+    #[test]
+    fn the_spread_is_checked_often_early_and_rarely_late() {
+        assert!((1..=64).all(spread_due));
+        // 64, then 32 per doubling: 64 + 32 * log2(200000 / 64) = 436.
+        let checks = (1..=200_000).filter(|&r| spread_due(r)).count();
+        assert!(checks < 450, "{checks} sorts for 200000 calls");
+        // Never more than reps / 32 + 1 calls between two checks.
+        let due: Vec<usize> = (1..=200_000).filter(|&r| spread_due(r)).collect();
+        for w in due.windows(2) {
+            assert!(w[1] - w[0] <= w[0] / 32 + 1, "{} -> {}", w[0], w[1]);
+        }
     }
 
     #[test]

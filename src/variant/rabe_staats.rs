@@ -30,7 +30,7 @@ static CHUNKED_INFO: VariantInfo = VariantInfo {
 static SEQ_INFO: VariantInfo = VariantInfo {
     name: "rabe-staats-seq",
     description:
-        "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(1) memory)",
+        "one query at a time, keys one at a time, running max m*, sum s*, value v* (O(d) memory per worker, O(1) in n)",
     source: "Rabe & Staats 2021 (Self-attention does not need O(n^2) memory), Sec. 2-3",
     modes: &[Mode::Fwd],
     default_q_chunk: None,
