@@ -320,8 +320,8 @@ fn same_run(meta_path: &Path, name: &str) -> Result<()> {
 }
 
 /// An existing non-empty directory is never overwritten silently; `--force` deletes only the
-/// files a sweep writes (its CSVs, `meta.json`, the derived tables and `report/`), so nothing
-/// of the run it replaces is left to be read as this one's.
+/// files a sweep writes (its CSVs, `meta.json`, and with them the derived tables and
+/// `report/`), so nothing of the run it replaces is left to be read as this one's.
 fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
     if dir.exists() && !dir.is_dir() {
         return Err(Error::Usage(format!(
@@ -340,8 +340,11 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
                 dir.display()
             )));
         }
-        let files = [CSV_NAME, META_NAME, SAMPLES_NAME];
-        for name in files.into_iter().chain(crate::model::DERIVED_FILES) {
+        // The derived files and report/ go only with the run they derive from: in a
+        // directory that holds no run, a `report/` is the user's own.
+        let holds_run = dir.join(CSV_NAME).is_file() || dir.join(META_NAME).is_file();
+        let derived = crate::model::DERIVED_FILES.iter().filter(|_| holds_run);
+        for name in [CSV_NAME, META_NAME, SAMPLES_NAME].iter().chain(derived) {
             let p = dir.join(name);
             if p.is_file() {
                 std::fs::remove_file(&p)
@@ -349,7 +352,7 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
             }
         }
         let report = dir.join(generate::REPORT_DIR);
-        if report.is_dir() {
+        if holds_run && report.is_dir() {
             std::fs::remove_dir_all(&report)
                 .map_err(|e| Error::io(format!("cannot remove {}", report.display()), e))?;
         }

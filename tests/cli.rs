@@ -331,6 +331,25 @@ fn force_leaves_nothing_of_the_run_it_replaces_and_resume_keeps_to_one_run() {
         .code(2)
         .stderr(predicate::str::contains("`tiny`").and(predicate::str::contains("`other`")));
     assert_eq!(csv_lines(&out.join("runs.csv")).len(), rows);
+    // A directory that holds no run keeps its own report/ under --force.
+    let own = tmp.path().join("own");
+    fs::create_dir_all(own.join("report")).unwrap();
+    fs::write(own.join("report").join("mine.md"), "the user's").unwrap();
+    attnbench()
+        .args([
+            "sweep",
+            "--force",
+            "--no-report",
+            "--set",
+            "variant=flash",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&own)
+        .assert()
+        .success();
+    assert!(own.join("report").join("mine.md").is_file());
     // An output path that is a file.
     let file = tmp.path().join("afile");
     fs::write(&file, "x").unwrap();

@@ -524,6 +524,14 @@ fn one_timing_a_side_is_unclear_never_slower_or_same() {
             "{note}"
         );
     }
+    // The advice says how to get enough calls.
+    attnbench()
+        .arg("compare")
+        .arg(&base)
+        .arg(&cur)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("run.max_reps >= 3"));
 }
 
 #[test]

@@ -482,6 +482,9 @@ fn time_of(
             return result;
         }
     };
+    // The counts the verdict rests on: the samples (a runs.csv's `reps` says the same for a
+    // run attnbench wrote).
+    (result.baseline_reps, result.current_reps) = (sb.len(), sc.len());
     if sb.len().min(sc.len()) < time::MIN_REPS {
         let median = |s: &[f64]| time::median(&mut s.to_vec());
         result.note = Some(format!(
@@ -529,6 +532,18 @@ fn advice(cases: &[CaseComparison], decision: &Decision, opts: &Options) -> Vec<
              version, which records every repetition"
                 .into(),
         );
+    }
+    let few = unclear.iter().any(|c| {
+        c.time
+            .as_ref()
+            .is_some_and(|t| t.baseline_reps.min(t.current_reps) < time::MIN_REPS)
+    });
+    if few {
+        out.push(format!(
+            "a side with fewer than {} timed calls cannot be judged: let both runs make at \
+             least {0} (run.max_reps >= {0}, and a run.max_time_s that leaves room for them)",
+            time::MIN_REPS
+        ));
     }
     out.push(
         "take more repetitions in both runs: raise run.min_reps and run.min_time_s \
