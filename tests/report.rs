@@ -285,3 +285,178 @@ fn a_runs_csv_path_reports_its_directory_and_a_file_as_out_is_refused() {
         .code(2)
         .stderr(predicate::str::contains("not a directory"));
 }
+
+/// A results directory with 3 variants x threads (1, 2) x dtype x causal x heads x head_dim
+/// = 96 series at two n (the fixture's first row with those columns changed) and the
+/// fixture's meta.json with an SGEMM peak for each thread count.
+fn many_series(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let text = fs::read_to_string(fixture().join("runs.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let template: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
+    let mut csv = header.join(",") + "\n";
+    for (k, variant) in ["naive", "rabe-staats", "flash"].iter().enumerate() {
+        for threads in [1, 2] {
+            for dtype in ["f32", "bf16"] {
+                for causal in ["false", "true"] {
+                    for heads in [1, 8] {
+                        for d in [64, 128] {
+                            for n in [256, 1024] {
+                                let mut row: Vec<String> =
+                                    template.iter().map(|c| c.to_string()).collect();
+                                let scale = threads * threads;
+                                for (name, value) in [
+                                    (
+                                        "case_id",
+                                        format!(
+                                            "{variant}|{threads}|{dtype}|{causal}|{heads}|{d}|{n}"
+                                        ),
+                                    ),
+                                    ("variant", variant.to_string()),
+                                    ("dtype", dtype.into()),
+                                    ("heads", heads.to_string()),
+                                    ("kv_heads", heads.to_string()),
+                                    ("head_dim", d.to_string()),
+                                    ("causal", causal.into()),
+                                    ("threads", threads.to_string()),
+                                    ("seq_q", n.to_string()),
+                                    ("seq_kv", n.to_string()),
+                                    ("timed_rows", n.to_string()),
+                                    (
+                                        "time_median_s",
+                                        format!("{}", 1e-6 * (n * (k + 1) * scale) as f64),
+                                    ),
+                                    ("gflops", format!("{}", 10 * (k + 1) * scale)),
+                                    ("mem_overhead_bytes", (n * n * (k + 1)).to_string()),
+                                ] {
+                                    row[col(name)] = value;
+                                }
+                                csv += &(row.join(",") + "\n");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    fs::write(dir.join("runs.csv"), csv).unwrap();
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(fixture().join("meta.json")).unwrap()).unwrap();
+    let mut two = meta["calibration"][0].clone();
+    two["threads"] = 2.into();
+    two["sgemm_gflops"] = 180.0.into();
+    meta["calibration"].as_array_mut().unwrap().push(two);
+    meta["config"].as_object_mut().unwrap().remove("report");
+    fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+}
+
+#[test]
+fn charts_with_too_many_series_are_split_into_facet_files_all_embedded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("many");
+    many_series(&dir);
+    let out = tmp.path().join("out");
+    report(&dir, &out, &[]).success();
+    let md = fs::read_to_string(out.join("tables.md")).unwrap();
+    let plots = &md[md.find("## Plots").expect("a plots section")..];
+    // 96 series: threads, dtype, causal, heads and head_dim have 2 values each; threads
+    // then dtype (the first two of the fixed order) leave 24 series per panel.
+    let panels = [
+        "threads-1__dtype-f32",
+        "threads-1__dtype-bf16",
+        "threads-2__dtype-f32",
+        "threads-2__dtype-bf16",
+    ];
+    let captions = [
+        "1 thread · f32",
+        "1 thread · bf16",
+        "2 threads · f32",
+        "2 threads · bf16",
+    ];
+    for (stem, title) in [
+        ("runtime", "Runtime vs sequence length"),
+        ("memory", "Memory overhead vs sequence length"),
+        ("error", "Max abs error vs sequence length"),
+        ("gflops", "Throughput vs sequence length"),
+    ] {
+        assert!(
+            !out.join(format!("{stem}.png")).exists(),
+            "{stem}.png: split, not whole"
+        );
+        assert!(!md.contains(&format!("]({stem}.png)")));
+        // Under the chart's heading, one image per panel, in order.
+        let section = &plots[plots.find(&format!("### {title}\n")).unwrap()..];
+        let section = &section[..section[4..].find("\n### ").map_or(section.len(), |i| i + 4)];
+        let images: Vec<&str> = section.lines().filter(|l| l.starts_with("![")).collect();
+        let want: Vec<String> = panels
+            .iter()
+            .zip(captions)
+            .map(|(p, c)| format!("![{title}: {c}]({stem}__{p}.png)"))
+            .collect();
+        assert_eq!(images, want, "{stem}");
+        for (p, c) in panels.iter().zip(captions) {
+            let png = out.join(format!("{stem}__{p}.png"));
+            let bytes = fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
+            let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
+                .unwrap()
+                .to_rgb8();
+            assert_eq!(img.width(), 1400);
+            let svg = fs::read_to_string(out.join(format!("{stem}__{p}.svg"))).unwrap();
+            assert!(svg.contains(c), "{stem}__{p}.svg shows its panel's values");
+            if stem == "gflops" {
+                // Each panel keeps the peak of its own thread count only.
+                let own = if p.starts_with("threads-1") {
+                    "1 thread:"
+                } else {
+                    "2 threads:"
+                };
+                let other = if p.starts_with("threads-1") {
+                    "2 threads:"
+                } else {
+                    "1 thread:"
+                };
+                assert!(
+                    svg.contains(&format!("calibrated SGEMM peak, {own}")),
+                    "{p}"
+                );
+                assert!(
+                    !svg.contains(&format!("calibrated SGEMM peak, {other}")),
+                    "{p}"
+                );
+            }
+            if stem == "memory" {
+                assert!(svg.contains("memory budget 8.00 GiB"), "{p}");
+            }
+        }
+    }
+    // No other image is embedded, and every embedded one exists.
+    let embedded: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("!["))
+        .map(|l| &l[l.rfind('(').unwrap() + 1..l.len() - 1])
+        .collect();
+    assert_eq!(embedded.len(), 16);
+    for f in embedded {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn a_new_report_leaves_no_stale_plot_of_an_old_one_and_keeps_other_files() {
+    let out = tempfile::tempdir().unwrap();
+    let stale = out.path().join("runtime__threads-9.png");
+    fs::write(&stale, "old").unwrap();
+    fs::write(out.path().join("notes.md"), "mine").unwrap();
+    report(&fixture(), out.path(), &["--format", "svg"]).success();
+    assert!(
+        !stale.exists(),
+        "a stale facet of an earlier report was left"
+    );
+    assert_eq!(
+        fs::read_to_string(out.path().join("notes.md")).unwrap(),
+        "mine"
+    );
+    assert!(out.path().join("runtime.svg").is_file());
+}

@@ -3,7 +3,9 @@
 //! and the paper's bounds), GFLOP/s against the calibrated SGEMM peak, and one heatmap per
 //! chunk sweep. Series keep one style across every figure (`plot::style`): few series get a
 //! colour each (marker: dtype, dashed: cuda); more are coloured by variant, the (marker,
-//! dash pattern) pair telling apart the rest of what varies between them.
+//! dash pattern) pair telling apart the rest of what varies between them. A line chart with
+//! more than `MAX_SERIES` series is split into facets (`facets`), one file per panel, all
+//! panels of a chart on the same axes.
 
 use std::path::Path;
 
@@ -17,7 +19,7 @@ use super::plot::{save, Format, Plot};
 use super::record::{Record, Status};
 use super::select::TABLE2;
 use super::series::{group, ChunkGrid, Series};
-use super::tables::{PlotLink, DAGGER};
+use super::tables::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
@@ -42,19 +44,195 @@ fn styles(series: &[Series]) -> Vec<Style> {
     style::assign(&keys)
 }
 
-/// A line per series from the rows `value` accepts.
-fn lines(series: &[Series], value: impl Fn(&Record) -> Option<Pt>) -> Vec<Line> {
+/// Most series one line chart shows. A chart with more is split into facets (`facets`).
+/// 40 is results/quick's sweep (5 variants x 8 settings), which still reads as one chart:
+/// 5 colours, 8 (marker, dash) styles, a legend of 10 rows in 4 columns. Past it the styles
+/// repeat within a colour less and less distinguishably and the legend outgrows the plot
+/// (results/cpu_perf's 210 series made a 1400x3700 image), so it is also where faceting
+/// starts: charts up to it keep their single image.
+pub const MAX_SERIES: usize = 40;
+
+/// The identity columns a chart is split by, in the order that breaks ties between columns
+/// with equally few values: threads first (times and peaks at different thread counts are
+/// not comparable, and each SGEMM peak then lands in its own panel), then dtype and the
+/// mask, then the shape, then the rest. The variant is never among them: colours show it.
+pub const FACET_KEYS: [&str; 16] = [
+    "threads",
+    "dtype",
+    "causal",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "batch",
+    "mode",
+    "device",
+    "devices",
+    "window",
+    "input_dist",
+    "input_scale",
+    "seq_kv",
+    "q_chunk",
+    "kv_chunk",
+];
+
+/// One panel of a chart: the series that share `values`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Facet {
+    /// (column, value as shown) every member shares, outermost split first; empty: the
+    /// whole chart, not split.
+    pub values: Vec<(&'static str, String)>,
+    /// Indices into the series, in their order.
+    pub members: Vec<usize>,
+}
+
+/// The value `series` has in identity column `col`.
+fn key_value<'s>(series: &'s Series, col: &str) -> Option<&'s str> {
     series
+        .key
         .iter()
-        .zip(styles(series))
-        .map(|(s, st)| Line {
-            label: s.label.clone(),
-            color: st.color,
-            marker: st.marker,
-            dash: st.dash,
+        .find(|(c, _)| *c == col)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Splits `members` (indices into `series`) until each part has at most `max` series:
+/// by the column of `FACET_KEYS` with the fewest distinct values among them (at least 2;
+/// ties go to the earlier column), one part per value in first-seen order, then again
+/// within each part that is still too big, until it fits or no column is left. Up to `max`
+/// members: one facet with no values.
+pub fn facets(series: &[Series], members: Vec<usize>, max: usize) -> Vec<Facet> {
+    let mut out = Vec::new();
+    split(
+        series,
+        Facet {
+            values: Vec::new(),
+            members,
+        },
+        max,
+        &mut out,
+    );
+    out
+}
+
+fn split(series: &[Series], facet: Facet, max: usize, out: &mut Vec<Facet>) {
+    if facet.members.len() <= max {
+        out.push(facet);
+        return;
+    }
+    let mut best: Option<(&'static str, Vec<&str>)> = None;
+    for col in FACET_KEYS {
+        if facet.values.iter().any(|(c, _)| *c == col) {
+            continue;
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for &i in &facet.members {
+            if let Some(v) = key_value(&series[i], col) {
+                if !seen.contains(&v) {
+                    seen.push(v);
+                }
+            }
+        }
+        if seen.len() >= 2 && best.as_ref().is_none_or(|b| seen.len() < b.1.len()) {
+            best = Some((col, seen));
+        }
+    }
+    let Some((col, values)) = best else {
+        out.push(facet);
+        return;
+    };
+    for v in values {
+        let mut values = facet.values.clone();
+        values.push((col, v.to_string()));
+        let members = facet
+            .members
+            .iter()
+            .copied()
+            .filter(|&i| key_value(&series[i], col) == Some(v))
+            .collect();
+        split(series, Facet { values, members }, max, out);
+    }
+}
+
+/// A facet value as a file-name piece: `column-value`, lowercase ASCII letters, digits,
+/// `_` and `-` (`threads-2`, `dtype-bf16`, `causal-true`, `head_dim-128`, `q_chunk-sqrtn`,
+/// `input_scale-0p5`).
+pub fn slug(col: &str, value: &str) -> String {
+    let raw = match col {
+        "causal" => (if value == "causal" { "true" } else { "false" }).to_string(),
+        "threads" => value.split(' ').next().unwrap_or(value).to_string(),
+        _ => match value.rsplit_once('=') {
+            Some((_, v)) => v.to_string(),
+            None => value.strip_prefix(col).unwrap_or(value).to_string(),
+        },
+    };
+    let mut v = String::new();
+    for c in raw.chars() {
+        match c {
+            'a'..='z' | '0'..='9' | '_' => v.push(c),
+            'A'..='Z' => v.push(c.to_ascii_lowercase()),
+            '.' => v.push('p'),
+            '√' => v.push_str("sqrt"),
+            _ => {
+                if !v.is_empty() && !v.ends_with('-') {
+                    v.push('-');
+                }
+            }
+        }
+    }
+    let v = v.trim_end_matches('-');
+    format!("{col}-{}", if v.is_empty() { "x" } else { v })
+}
+
+/// The file stems of a chart's facets: `stem__col-value__col-value`, made unique in order
+/// (`_2`, `_3`, ... should two values read the same); `stem` alone for an unsplit chart.
+pub fn facet_stems(stem: &str, facets: &[Facet]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    facets
+        .iter()
+        .map(|f| {
+            let base: String = std::iter::once(stem.to_string())
+                .chain(f.values.iter().map(|(c, v)| slug(c, v)))
+                .collect::<Vec<_>>()
+                .join("__");
+            let mut name = base.clone();
+            let mut k = 2;
+            while !seen.insert(name.clone()) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        })
+        .collect()
+}
+
+/// A series as one chart draws it: its style and legend label.
+struct Member<'s, 'a> {
+    series: &'s Series<'a>,
+    style: Style,
+    label: String,
+}
+
+/// What one chart, or one facet of it, is drawn from.
+struct Part<'s, 'a> {
+    results: &'a Results,
+    members: Vec<Member<'s, 'a>>,
+    /// The rows its oom marks, reference lines and notes come from: every row for a whole
+    /// chart, the members' for a facet.
+    records: Vec<&'a Record>,
+    caption: String,
+}
+
+/// A line per member from the rows `value` accepts.
+fn lines(members: &[Member], value: impl Fn(&Record) -> Option<Pt>) -> Vec<Line> {
+    members
+        .iter()
+        .map(|m| Line {
+            label: m.label.clone(),
+            color: m.style.color,
+            marker: m.style.marker,
+            dash: m.style.dash,
             width: 2,
             connect: true,
-            points: s.records.iter().filter_map(|r| value(r)).collect(),
+            points: m.series.records.iter().filter_map(|r| value(r)).collect(),
         })
         .filter(|l| !l.points.is_empty())
         .collect()
@@ -72,44 +250,97 @@ fn pt(r: &Record, y: Option<f64>) -> Option<Pt> {
     })
 }
 
-fn extrapolation_note(results: &Results) -> Option<String> {
-    results.records.iter().any(|r| r.extrapolated).then(|| {
+fn time_y(r: &Record) -> Option<f64> {
+    r.time_median_s.filter(|_| ok(r))
+}
+
+fn memory_y(r: &Record) -> Option<f64> {
+    r.mem_overhead_bytes.filter(|_| ok(r)).map(|b| b as f64)
+}
+
+fn error_y(r: &Record) -> Option<f64> {
+    r.max_abs_err.filter(|e| ok(r) && *e > 0.0)
+}
+
+fn diff_y(r: &Record) -> Option<f64> {
+    r.max_abs_diff.filter(|d| ok(r) && *d > 0.0)
+}
+
+fn gflops_y(r: &Record) -> Option<f64> {
+    r.gflops.filter(|_| ok(r))
+}
+
+/// The line charts, in the order they are drawn and listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chart {
+    Runtime,
+    Memory,
+    Error,
+    Gflops,
+}
+
+impl Chart {
+    const ALL: [Chart; 4] = [Chart::Runtime, Chart::Memory, Chart::Error, Chart::Gflops];
+
+    fn stem(self) -> &'static str {
+        match self {
+            Chart::Runtime => "runtime",
+            Chart::Memory => "memory",
+            Chart::Error => "error",
+            Chart::Gflops => "gflops",
+        }
+    }
+
+    /// Whether `series` draws anything on this chart (what its series count counts).
+    fn has_data(self, series: &Series) -> bool {
+        series.records.iter().any(|r| match self {
+            Chart::Runtime => time_y(r).is_some(),
+            Chart::Memory => memory_y(r).is_some() || r.status == Status::Oom,
+            Chart::Error => error_y(r).is_some() || diff_y(r).is_some(),
+            Chart::Gflops => gflops_y(r).is_some(),
+        })
+    }
+
+    fn figure(self, p: &Part) -> Figure {
+        match self {
+            Chart::Runtime => runtime(p),
+            Chart::Memory => memory(p),
+            Chart::Error => error(p),
+            Chart::Gflops => gflops(p),
+        }
+    }
+}
+
+fn extrapolation_note(records: &[&Record]) -> Option<String> {
+    records.iter().any(|r| r.extrapolated).then(|| {
         format!(
             "Hollow markers ({DAGGER} in tables.md): time extrapolated, timed on the first query chunks and scaled by the row count."
         )
     })
 }
 
-fn runtime(results: &Results, series: &[Series], caption: &str) -> Figure {
+fn runtime(p: &Part) -> Figure {
     Figure {
         title: "Runtime vs sequence length".into(),
-        caption: caption.into(),
+        caption: p.caption.clone(),
         x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new(
             "median time per call (log scale)",
             Scale::Log10,
             Unit::Seconds,
         ),
-        lines: lines(
-            series,
-            |r| if ok(r) { pt(r, r.time_median_s) } else { None },
-        ),
+        lines: lines(&p.members, |r| pt(r, time_y(r))),
         hlines: Vec::new(),
         guides: Vec::new(),
-        notes: extrapolation_note(results).into_iter().collect(),
+        notes: extrapolation_note(&p.records).into_iter().collect(),
         y_from_zero: false,
+        shared: None,
     }
 }
 
-fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
-    let budget = results.memory_budget();
-    let mut lines = lines(series, |r| {
-        if ok(r) {
-            pt(r, r.mem_overhead_bytes.map(|b| b as f64))
-        } else {
-            None
-        }
-    });
+fn memory(p: &Part) -> Figure {
+    let budget = p.results.memory_budget();
+    let mut lines = lines(&p.members, |r| pt(r, memory_y(r)));
     for l in &mut lines {
         for p in &mut l.points {
             p.hollow = false; // memory is always measured, never extrapolated
@@ -121,7 +352,7 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
         .flat_map(|l| l.points.iter())
         .map(|p| (p.x, p.y))
         .reduce(|a, b| if (b.0, b.1) < (a.0, a.1) { b } else { a });
-    let ooms: Vec<Pt> = results
+    let ooms: Vec<Pt> = p
         .records
         .iter()
         .filter(|r| r.status == Status::Oom)
@@ -147,7 +378,7 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
     }
     // Whole-layer runs grow as n (BPT, memory-efficient) or n² (vanilla); attention runs
     // are compared with n² and Rabe–Staats' √n.
-    let layers = results.records.iter().any(|r| r.mode.starts_with("layer-"));
+    let layers = p.records.iter().any(|r| r.mode.starts_with("layer-"));
     let (low, low_label) = if layers {
         (1.0, "∝ n (linear)")
     } else {
@@ -171,7 +402,7 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
     });
     Figure {
         title: "Memory overhead vs sequence length".into(),
-        caption: caption.into(),
+        caption: p.caption.clone(),
         x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new(
             "peak bytes beyond inputs and outputs (log scale)",
@@ -192,34 +423,27 @@ fn memory(results: &Results, series: &[Series], caption: &str) -> Figure {
             "Measured by the counting allocator during one call (never extrapolated).".into(),
         ],
         y_from_zero: false,
+        shared: None,
     }
 }
 
-fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
-    let mut all = lines(series, |r| {
-        if ok(r) {
-            pt(r, r.max_abs_err.filter(|e| *e > 0.0))
-        } else {
-            None
-        }
-    });
+fn error(p: &Part) -> Figure {
+    let mut all = lines(&p.members, |r| pt(r, error_y(r)));
     for l in &mut all {
         for p in &mut l.points {
             p.hollow = false;
         }
     }
-    let diff_against = results
+    let diff_against = p
+        .results
         .records
         .iter()
         .find(|r| r.max_abs_diff.is_some())
         .map_or(String::new(), |r| r.diff_variant.clone());
-    let diffs: Vec<Line> = lines(series, |r| {
-        if !ok(r) || r.max_abs_diff.is_none() {
-            return None;
-        }
+    let diffs: Vec<Line> = lines(&p.members, |r| {
         Some(Pt {
             x: r.seq_q as f64,
-            y: r.max_abs_diff.filter(|d| *d > 0.0)?,
+            y: diff_y(r)?,
             hollow: false,
         })
     })
@@ -240,7 +464,7 @@ fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
             "×, thin line: max |out - out of {diff_against}| on the same inputs (the paper's measure), in the colour and dash of its series."
         ));
     }
-    let paper_bounds = results.paper().is_some_and(|p| p.id == TABLE2.id) && has_diffs;
+    let paper_bounds = p.results.paper().is_some_and(|t| t.id == TABLE2.id) && has_diffs;
     let hlines = if paper_bounds {
         super::checks::ERROR_BOUNDS
             .iter()
@@ -256,7 +480,7 @@ fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
     };
     Figure {
         title: "Max abs error vs sequence length".into(),
-        caption: caption.into(),
+        caption: p.caption.clone(),
         x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new("max abs error (log scale)", Scale::Log10, Unit::Number),
         lines: all,
@@ -264,18 +488,21 @@ fn error(results: &Results, series: &[Series], caption: &str) -> Figure {
         guides: Vec::new(),
         notes,
         y_from_zero: false,
+        shared: None,
     }
 }
 
-fn gflops(results: &Results, series: &[Series], caption: &str) -> Figure {
-    let lines = lines(series, |r| if ok(r) { pt(r, r.gflops) } else { None });
-    let threads: Vec<usize> = results
+fn gflops(p: &Part) -> Figure {
+    let lines = lines(&p.members, |r| pt(r, gflops_y(r)));
+    // The peaks of the thread counts this chart (or facet) shows.
+    let threads: Vec<usize> = p
         .records
         .iter()
-        .filter(|r| ok(r) && r.gflops.is_some())
+        .filter(|r| gflops_y(r).is_some())
         .map(|r| r.threads)
         .collect();
-    let hlines = results
+    let hlines = p
+        .results
         .calibration()
         .iter()
         .filter(|c| threads.contains(&c.threads) && c.sgemm_gflops > 0.0)
@@ -292,10 +519,10 @@ fn gflops(results: &Results, series: &[Series], caption: &str) -> Figure {
         .collect();
     let mut notes =
         vec!["FLOPs by the FlashAttention convention: 4·b·h·(unmasked pairs)·d.".into()];
-    notes.extend(extrapolation_note(results));
+    notes.extend(extrapolation_note(&p.records));
     Figure {
         title: "Throughput vs sequence length".into(),
-        caption: caption.into(),
+        caption: p.caption.clone(),
         x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new("GFLOP/s", Scale::Linear, Unit::Number),
         lines,
@@ -303,7 +530,144 @@ fn gflops(results: &Results, series: &[Series], caption: &str) -> Figure {
         guides: Vec::new(),
         notes,
         y_from_zero: true,
+        shared: None,
     }
+}
+
+/// A chart's images: the whole chart under `stem` while it has at most `MAX_SERIES` series,
+/// else one figure per facet, named by `facet_stems`, captioned with the facet's values and
+/// sharing one extent (the same x and y axes in every panel). Empty: nothing to draw.
+fn chart_plots(
+    chart: Chart,
+    results: &Results,
+    series: &[Series],
+    styles: &[Style],
+    caption: &str,
+    max: usize,
+) -> Vec<(String, String, Figure)> {
+    let with_data: Vec<usize> = (0..series.len())
+        .filter(|&i| chart.has_data(&series[i]))
+        .collect();
+    let parts = facets(series, with_data, max);
+    if parts.len() <= 1 && parts.iter().all(|f| f.values.is_empty()) {
+        // Exactly as before faceting existed: every series, every row.
+        let part = Part {
+            results,
+            members: series
+                .iter()
+                .zip(styles)
+                .map(|(s, st)| Member {
+                    series: s,
+                    style: *st,
+                    label: s.label.clone(),
+                })
+                .collect(),
+            records: results.records.iter().collect(),
+            caption: caption.to_string(),
+        };
+        let fig = chart.figure(&part);
+        if fig.lines.iter().any(|l| !l.points.is_empty()) {
+            let title = fig.title.clone();
+            return vec![(chart.stem().to_string(), title, fig)];
+        }
+        return Vec::new();
+    }
+    let stems = facet_stems(chart.stem(), &parts);
+    // Labels without what the panel's caption says; styles over every panel at once (colour
+    // by variant, marker and dash by the rest of the label), so a series looks the same in
+    // every panel and a variant keeps its colour across them.
+    let labels: Vec<Vec<String>> = parts
+        .iter()
+        .map(|f| {
+            f.members
+                .iter()
+                .map(|&i| {
+                    series[i]
+                        .parts
+                        .iter()
+                        .filter(|(c, _)| !f.values.iter().any(|(fc, _)| fc == c))
+                        .map(|(_, v)| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" · ")
+                })
+                .collect()
+        })
+        .collect();
+    let keys: Vec<Key> = parts
+        .iter()
+        .zip(&labels)
+        .flat_map(|(f, ls)| f.members.iter().zip(ls))
+        .map(|(&i, label)| {
+            let s = &series[i];
+            Key {
+                group: s.variant.as_str(),
+                rest: label
+                    .strip_prefix(s.variant.as_str())
+                    .map_or(label.as_str(), |r| r.trim_start_matches(" · ")),
+                dtype: s.dtype.as_str(),
+                device: s.device.as_str(),
+            }
+        })
+        .collect();
+    let mut panel_styles = style::assign_grouped(&keys).into_iter();
+    let count = parts.len();
+    let mut figs: Vec<(String, String, Figure)> = parts
+        .iter()
+        .zip(labels.iter())
+        .zip(stems)
+        .enumerate()
+        .map(|(k, ((f, ls), stem))| {
+            let members: Vec<Member> = f
+                .members
+                .iter()
+                .zip(ls)
+                .map(|(&i, label)| Member {
+                    series: &series[i],
+                    style: panel_styles.next().unwrap_or(styles[i]),
+                    label: label.clone(),
+                })
+                .collect();
+            let mine: std::collections::HashSet<*const Record> = members
+                .iter()
+                .flat_map(|m| m.series.records.iter().map(|r| *r as *const Record))
+                .collect();
+            let values = f
+                .values
+                .iter()
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+                .join(" · ");
+            let shared = if caption.is_empty() {
+                String::new()
+            } else {
+                format!(" · {caption}")
+            };
+            let part = Part {
+                results,
+                members,
+                records: results
+                    .records
+                    .iter()
+                    .filter(|r| mine.contains(&(*r as *const Record)))
+                    .collect(),
+                caption: format!(
+                    "{values}{shared}   (panel {} of {count}, same axes in every panel)",
+                    k + 1
+                ),
+            };
+            let fig = chart.figure(&part);
+            (stem, format!("{}: {values}", fig.title), fig)
+        })
+        .filter(|(_, _, fig)| fig.lines.iter().any(|l| !l.points.is_empty()))
+        .collect();
+    let extent = figs
+        .iter()
+        .filter_map(|(_, _, f)| f.extent())
+        .reduce(|a, b| a.union(b));
+    for (_, _, f) in &mut figs {
+        f.shared = extent;
+    }
+    figs
 }
 
 fn heatmap(g: &ChunkGrid) -> Heatmap {
@@ -360,31 +724,45 @@ pub fn write_all(
             .filter(|r| matches!(r.status, Status::Ok | Status::Oom)),
     );
     let (series, caption) = (&grouping.series, grouping.caption.as_str());
-    let mut plots: Vec<(&str, Plot)> = Vec::new();
-    for (stem, fig) in [
-        ("runtime", runtime(results, series, caption)),
-        ("memory", memory(results, series, caption)),
-        ("error", error(results, series, caption)),
-        ("gflops", gflops(results, series, caption)),
-    ] {
-        if fig.lines.iter().any(|l| !l.points.is_empty()) {
-            plots.push((stem, Plot::Chart(fig)));
+    let styles = styles(series);
+    let mut links = Vec::new();
+    for chart in Chart::ALL {
+        let plots = chart_plots(chart, results, series, &styles, caption, MAX_SERIES);
+        let Some((_, _, first)) = plots.first() else {
+            continue;
+        };
+        let title = first.title.clone();
+        let note = (plots.len() > 1).then(|| {
+            format!(
+                "More than {MAX_SERIES} series: one panel per value of what varies least \
+                 between them, the same axes in every panel ({} panels).",
+                plots.len()
+            )
+        });
+        let mut images = Vec::new();
+        for (stem, alt, fig) in plots {
+            let files = save(&Plot::Chart(fig), dir, &stem, formats)?;
+            if let Some(file) = files.into_iter().next() {
+                images.push(PlotImage { alt, file });
+            }
+        }
+        if !images.is_empty() {
+            links.push(PlotLink {
+                title,
+                note,
+                images,
+            });
         }
     }
     for g in grids {
-        plots.push((g.stem.as_str(), Plot::Heatmap(heatmap(g))));
-    }
-    let mut links = Vec::new();
-    for (stem, plot) in &plots {
-        let files = save(plot, dir, stem, formats)?;
-        let title = match plot {
-            Plot::Chart(f) => f.title.clone(),
-            Plot::Heatmap(h) => h.title.clone(),
-        };
-        if let Some(file) = files.first() {
+        let h = heatmap(g);
+        let title = h.title.clone();
+        let files = save(&Plot::Heatmap(h), dir, &g.stem, formats)?;
+        if let Some(file) = files.into_iter().next() {
             links.push(PlotLink {
-                title,
-                file: file.clone(),
+                title: title.clone(),
+                note: None,
+                images: vec![PlotImage { alt: title, file }],
             });
         }
     }
@@ -399,6 +777,8 @@ mod tests {
         let variant = label.split(" · ").next().unwrap_or(label);
         Series {
             label: label.into(),
+            parts: Vec::new(),
+            key: Vec::new(),
             variant: variant.into(),
             dtype: if label.contains("bf16") {
                 "bf16"
@@ -440,5 +820,329 @@ mod tests {
                 );
             }
         }
+    }
+
+    use crate::problem::{Case, DType, Shape};
+    use crate::variant::VariantId;
+    use std::collections::HashSet;
+
+    /// A series with identity `pairs` besides its variant (no rows: `facets` reads keys).
+    fn keyed(variant: &str, pairs: &[(&'static str, String)]) -> Series<'static> {
+        let mut key = vec![("variant", variant.to_string())];
+        key.extend(pairs.iter().cloned());
+        Series {
+            label: key
+                .iter()
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+                .join(" · "),
+            parts: key.clone(),
+            variant: variant.into(),
+            dtype: "f32".into(),
+            device: "cpu".into(),
+            key,
+            records: Vec::new(),
+        }
+    }
+
+    /// variants x threads (1, 2, 4) x dtype x causal x heads: 5 x 24 = 120 series.
+    fn big_sweep() -> Vec<Series<'static>> {
+        let mut all = Vec::new();
+        for v in [
+            "naive",
+            "naive-unsafe",
+            "rabe-staats",
+            "rabe-staats-seq",
+            "flash",
+        ] {
+            for t in [1, 2, 4] {
+                for d in ["f32", "bf16"] {
+                    for c in ["non-causal", "causal"] {
+                        for h in [1, 8] {
+                            all.push(keyed(
+                                v,
+                                &[
+                                    (
+                                        "threads",
+                                        format!("{t} thread{}", if t == 1 { "" } else { "s" }),
+                                    ),
+                                    ("dtype", d.into()),
+                                    ("causal", c.into()),
+                                    ("heads", format!("h={h}")),
+                                ],
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    fn values(f: &Facet) -> Vec<(&str, &str)> {
+        f.values.iter().map(|(c, v)| (*c, v.as_str())).collect()
+    }
+
+    #[test]
+    fn facets_split_by_the_key_with_fewest_values_ties_in_key_order() {
+        let all = big_sweep();
+        let parts = facets(&all, (0..all.len()).collect(), 40);
+        // threads has 3 values; dtype, causal and heads 2 each: dtype wins the tie (it comes
+        // first), then 60 > 40 splits again by causal (before heads), leaving 30 each.
+        assert_eq!(parts.len(), 4);
+        assert_eq!(
+            parts.iter().map(values).collect::<Vec<_>>(),
+            [
+                vec![("dtype", "f32"), ("causal", "non-causal")],
+                vec![("dtype", "f32"), ("causal", "causal")],
+                vec![("dtype", "bf16"), ("causal", "non-causal")],
+                vec![("dtype", "bf16"), ("causal", "causal")],
+            ]
+        );
+        assert!(parts.iter().all(|f| f.members.len() == 30));
+        // A lower limit goes on to heads (2 values) before threads (3).
+        let small = facets(&all, (0..all.len()).collect(), 20);
+        assert_eq!(small.len(), 8);
+        assert!(small.iter().all(|f| f.values.last().unwrap().0 == "heads"));
+        assert!(small.iter().all(|f| f.members.len() == 15));
+        // Between equally few values, threads comes first.
+        let two: Vec<Series> = all
+            .iter()
+            .filter(|s| key_value(s, "threads") != Some("4 threads"))
+            .cloned()
+            .collect();
+        let parts = facets(&two, (0..two.len()).collect(), 40);
+        assert_eq!(parts[0].values[0].0, "threads");
+    }
+
+    #[test]
+    fn every_series_lands_in_exactly_one_facet_that_matches_it() {
+        let all = big_sweep();
+        for max in [1, 7, 20, 40, 119] {
+            let parts = facets(&all, (0..all.len()).collect(), max);
+            let mut seen: Vec<usize> = parts.iter().flat_map(|f| f.members.clone()).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..all.len()).collect::<Vec<_>>(), "max {max}");
+            for f in &parts {
+                // Split as far as the keys allow: 5 variants are never split apart.
+                assert!(
+                    f.members.len() <= max.max(5),
+                    "max {max}: {}",
+                    f.members.len()
+                );
+                assert!(f.values.iter().all(|(c, _)| *c != "variant"));
+                for &i in &f.members {
+                    for (c, v) in &f.values {
+                        assert_eq!(key_value(&all[i], c), Some(v.as_str()));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_chart_up_to_the_limit_or_with_nothing_left_to_split_by_is_one_facet() {
+        let all = big_sweep();
+        let forty: Vec<usize> = (0..40).collect();
+        assert_eq!(
+            facets(&all, forty.clone(), MAX_SERIES),
+            vec![Facet {
+                values: Vec::new(),
+                members: forty
+            }]
+        );
+        // Only the variant differs: colours show it, so it is never split.
+        let variants: Vec<Series> = (0..50).map(|i| keyed(&format!("v{i}"), &[])).collect();
+        let parts = facets(&variants, (0..50).collect(), 10);
+        assert_eq!(parts.len(), 1);
+        assert!(parts[0].values.is_empty());
+    }
+
+    #[test]
+    fn facet_names_are_safe_unique_and_stable() {
+        let all = big_sweep();
+        let parts = facets(&all, (0..all.len()).collect(), 20);
+        let stems = facet_stems("gflops", &parts);
+        assert_eq!(stems, facet_stems("gflops", &parts), "deterministic");
+        assert_eq!(stems[0], "gflops__dtype-f32__causal-false__heads-1");
+        assert_eq!(stems[7], "gflops__dtype-bf16__causal-true__heads-8");
+        assert_eq!(stems.iter().collect::<HashSet<_>>().len(), stems.len());
+        for s in &stems {
+            assert!(
+                s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c)),
+                "{s}"
+            );
+        }
+        assert_eq!(slug("threads", "2 threads"), "threads-2");
+        assert_eq!(slug("threads", "1 thread"), "threads-1");
+        assert_eq!(slug("head_dim", "d=128"), "head_dim-128");
+        assert_eq!(slug("q_chunk", "q_chunk ⌈√n⌉"), "q_chunk-sqrtn");
+        assert_eq!(slug("input_scale", "input_scale=0.5"), "input_scale-0p5");
+        assert_eq!(slug("window", "no window"), "window-no-window");
+        assert_eq!(slug("mode", "fwd+bwd"), "mode-fwd-bwd");
+        // Two values that read the same as names still get two files.
+        let clash = [
+            Facet {
+                values: vec![("mode", "fwd+bwd".into())],
+                members: vec![0],
+            },
+            Facet {
+                values: vec![("mode", "fwd-bwd".into())],
+                members: vec![1],
+            },
+        ];
+        assert_eq!(
+            facet_stems("runtime", &clash),
+            ["runtime__mode-fwd-bwd", "runtime__mode-fwd-bwd_2"]
+        );
+        // Unsplit: the chart's own name.
+        let whole = [Facet {
+            values: Vec::new(),
+            members: vec![0],
+        }];
+        assert_eq!(facet_stems("memory", &whole), ["memory"]);
+    }
+
+    /// 3 variants x threads (1, 2) x dtype x causal x heads x head_dim at two n: 96 series,
+    /// each facet (threads x dtype) on its own scale (times grow with the threads' index).
+    fn sweep_results() -> Results {
+        let mut meta: crate::report::meta::Meta =
+            serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
+        let mut two = meta.calibration[0].clone();
+        two.threads = 2;
+        two.sgemm_gflops = 180.0;
+        meta.calibration.push(two);
+        let mut records = Vec::new();
+        for (k, v) in ["naive", "rabe-staats", "flash"].iter().enumerate() {
+            for threads in [1, 2] {
+                for dtype in [DType::F32, DType::Bf16] {
+                    for causal in [false, true] {
+                        for heads in [1, 8] {
+                            for d in [64, 128] {
+                                for n in [256, 1024] {
+                                    let id: VariantId = v.parse().unwrap();
+                                    let shape = Shape::self_attention(heads, n, d);
+                                    let case = Case {
+                                        causal,
+                                        ..Case::cpu_fwd(id, shape, dtype, threads)
+                                    };
+                                    let mut r = Record::for_case("t", &case, Status::Ok, "");
+                                    let scale = if threads == 1 { 1.0 } else { 100.0 };
+                                    r.time_median_s = Some(scale * 1e-3 * (n * (k + 1)) as f64);
+                                    r.gflops = Some(scale * (10 + k + d / 64) as f64);
+                                    r.mem_overhead_bytes = Some((n * n * (k + 1)) as u64);
+                                    r.max_abs_err = Some(1e-7 * scale);
+                                    records.push(r);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Results {
+            dir: std::path::PathBuf::from("t"),
+            records,
+            meta: Some(meta),
+        }
+    }
+
+    #[test]
+    fn sibling_facets_share_their_axes_and_keep_their_own_peaks() {
+        let results = sweep_results();
+        let grouping = group(results.records.iter());
+        assert_eq!(grouping.series.len(), 96);
+        let st = styles(&grouping.series);
+        for chart in Chart::ALL {
+            let plots = chart_plots(
+                chart,
+                &results,
+                &grouping.series,
+                &st,
+                &grouping.caption,
+                40,
+            );
+            let stems: Vec<&str> = plots.iter().map(|p| p.0.as_str()).collect();
+            let c = chart.stem();
+            assert_eq!(
+                stems,
+                [
+                    format!("{c}__threads-1__dtype-f32"),
+                    format!("{c}__threads-1__dtype-bf16"),
+                    format!("{c}__threads-2__dtype-f32"),
+                    format!("{c}__threads-2__dtype-bf16"),
+                ]
+            );
+            let ranges: Vec<(f64, f64, f64, f64)> = plots
+                .iter()
+                .map(|(_, _, f)| {
+                    let (x, y) = f.ranges();
+                    (x.lo, x.hi, y.lo, y.hi)
+                })
+                .collect();
+            assert!(ranges.iter().all(|r| *r == ranges[0]), "{c}: {ranges:?}");
+            if chart != Chart::Memory {
+                // The panels' own data differ (1 vs 2 threads): sharing is what aligns them.
+                let own: Vec<_> = plots
+                    .iter()
+                    .map(|(_, _, f)| f.extent().unwrap().y)
+                    .collect();
+                assert_ne!(own[0], own[2], "{c}");
+            }
+            for (stem, alt, f) in &plots {
+                assert_eq!(f.lines.iter().filter(|l| !l.label.is_empty()).count(), 24);
+                let threads = if stem.contains("threads-1") {
+                    "1 thread"
+                } else {
+                    "2 threads"
+                };
+                let dtype = if stem.ends_with("f32") { "f32" } else { "bf16" };
+                let values = format!("{threads} · {dtype}");
+                assert!(f.caption.starts_with(&values), "{}", f.caption);
+                assert!(f.caption.contains(&grouping.caption), "{}", f.caption);
+                assert_eq!(*alt, format!("{}: {values}", f.title));
+                // Labels leave out what the caption says.
+                assert!(f.lines.iter().all(|l| !l.label.contains("thread")
+                    && !l.label.contains("f32")
+                    && !l.label.contains("bf16")));
+                if chart == Chart::Gflops {
+                    let peaks: Vec<&str> = f.hlines.iter().map(|h| h.label.as_str()).collect();
+                    assert_eq!(peaks.len(), 1, "{stem}: {peaks:?}");
+                    assert!(
+                        peaks[0].contains(&format!("{threads}:")),
+                        "{stem}: {peaks:?}"
+                    );
+                }
+                if chart == Chart::Memory {
+                    assert_eq!(f.hlines.len(), 1, "the budget in every panel");
+                    assert_eq!(f.guides.len(), 2);
+                }
+            }
+            // A variant keeps its colour in every panel.
+            for (_, _, f) in &plots {
+                for l in &f.lines {
+                    let first = plots[0]
+                        .2
+                        .lines
+                        .iter()
+                        .find(|m| m.label == l.label)
+                        .unwrap();
+                    assert_eq!(
+                        (l.color, l.marker, l.dash),
+                        (first.color, first.marker, first.dash)
+                    );
+                }
+            }
+        }
+        // Under the limit: the chart as it was, one figure under its own name.
+        let few: Vec<Series> = grouping.series[..40].to_vec();
+        let st = styles(&few);
+        let plots = chart_plots(Chart::Runtime, &results, &few, &st, &grouping.caption, 40);
+        assert_eq!(plots.len(), 1);
+        assert_eq!(plots[0].0, "runtime");
+        assert_eq!(plots[0].2.caption, grouping.caption);
+        assert!(plots[0].2.shared.is_none());
+        assert_eq!(plots[0].2.lines.len(), 40);
     }
 }

@@ -49,6 +49,7 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
     }
     std::fs::create_dir_all(&out)
         .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
+    remove_old_plots(&out)?;
     let paper = results.paper();
     let layout = paper.as_ref().and_then(|p| layout_of(&p.id));
     let rows = rs_rows(&results.records, &layout.unwrap_or(TABLE2));
@@ -71,8 +72,11 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
     std::fs::write(&tables, md)
         .map_err(|e| Error::io(format!("cannot write {}", tables.display()), e))?;
     let mut files = vec![TABLES_NAME.to_string()];
-    for p in &plots {
-        let stem = p.file.rsplit_once('.').map_or(p.file.as_str(), |(s, _)| s);
+    for img in plots.iter().flat_map(|p| &p.images) {
+        let stem = img
+            .file
+            .rsplit_once('.')
+            .map_or(img.file.as_str(), |(s, _)| s);
         files.extend(formats.iter().map(|f| format!("{stem}.{}", f.ext())));
     }
     Ok(Generated { out, files, checks })
@@ -92,6 +96,33 @@ pub fn checks_text(checks: &[Check]) -> String {
         .collect()
 }
 
+/// Whether `name` is a plot file a report writes: `<chart>.<ext>` or a facet
+/// `<chart>__<values>.<ext>` of the four line charts, or a `chunks_*` heatmap, in PNG or SVG.
+fn is_plot_file(name: &str) -> bool {
+    let Some((stem, ext)) = name.rsplit_once('.') else {
+        return false;
+    };
+    let chart = stem.split_once("__").map_or(stem, |(c, _)| c);
+    matches!(ext, "png" | "svg")
+        && (["runtime", "memory", "error", "gflops"].contains(&chart)
+            || stem.starts_with("chunks_"))
+}
+
+/// Removes the plots of an earlier report in `out`, so a chart that is now split into
+/// facets (or no longer drawn) leaves no stale file beside the new ones; other files stay.
+fn remove_old_plots(out: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(out)
+        .map_err(|e| Error::io(format!("cannot read {}", out.display()), e))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_file() && entry.file_name().to_str().is_some_and(is_plot_file) {
+            std::fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
 /// `attnbench report DIR`: generate, then print where it went and the checks.
 pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
     let g = generate(dir, out, formats)?;
@@ -104,4 +135,31 @@ pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
         println!("derived checks:\n{}", checks_text(&g.checks));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_reports_own_plot_files_count_as_old_plots() {
+        for name in [
+            "runtime.png",
+            "memory.svg",
+            "gflops__threads-2__dtype-bf16.png",
+            "chunks_rabe-staats_f32_n4096.svg",
+        ] {
+            assert!(is_plot_file(name), "{name}");
+        }
+        for name in [
+            "tables.md",
+            "runtime.csv",
+            "runtime_notes.png",
+            "my_memory.svg",
+            "chunks",
+            "errors.png",
+        ] {
+            assert!(!is_plot_file(name), "{name}");
+        }
+    }
 }

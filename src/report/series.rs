@@ -13,6 +13,11 @@ use crate::variant::VariantId;
 #[derive(Clone, Debug)]
 pub struct Series<'a> {
     pub label: String,
+    /// The (column, value as shown) pairs `label` is made of, the variant first.
+    pub parts: Vec<(&'static str, String)>,
+    /// Every identity column but the sequence length, (column, value as shown): what a chart
+    /// with too many series is split by (`figures::facets`).
+    pub key: Vec<(&'static str, String)>,
     pub variant: String,
     pub dtype: String,
     pub device: String,
@@ -144,18 +149,24 @@ pub fn group<'a>(records: impl IntoIterator<Item = &'a Record>) -> Grouping<'a> 
         .iter()
         .enumerate()
         .map(|(i, key)| {
-            let mut parts = vec![key[0].1.clone()];
+            let mut parts = vec![key[0].clone()];
             parts.extend(
                 key.iter()
                     .zip(&varies)
                     .skip(1)
                     .filter(|((col, value), v)| **v && !unremarkable(col, value))
-                    .map(|((_, value), _)| value.clone()),
+                    .map(|(kv, _)| kv.clone()),
             );
             let mut recs = members.remove(&i).unwrap_or_default();
             recs.sort_by_key(|r| r.seq_q);
             Series {
-                label: parts.join(" · "),
+                label: parts
+                    .iter()
+                    .map(|(_, v)| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" · "),
+                parts,
+                key: key.clone(),
                 variant: key[0].1.clone(),
                 dtype: key[2].1.clone(),
                 device: key[1].1.clone(),

@@ -18,10 +18,22 @@ use super::series::ChunkGrid;
 /// Marks an extrapolated time.
 pub const DAGGER: &str = "†";
 
-/// A plot written beside tables.md.
+/// A plot written beside tables.md: one image, or one per facet of a chart split because it
+/// had too many series.
 #[derive(Clone, Debug)]
 pub struct PlotLink {
     pub title: String,
+    /// A line under the heading (how a split chart was split); None for a single image.
+    pub note: Option<String>,
+    /// In the order they are shown.
+    pub images: Vec<PlotImage>,
+}
+
+/// One image of a plot.
+#[derive(Clone, Debug)]
+pub struct PlotImage {
+    /// The alt text: the plot's title, with the facet's values for a facet.
+    pub alt: String,
     /// File name relative to the report directory (the PNG when there is one).
     pub file: String,
 }
@@ -56,7 +68,13 @@ pub fn render(i: &Inputs) -> String {
     if !i.plots.is_empty() {
         md.push_str("\n## Plots\n\n");
         for p in i.plots {
-            let _ = writeln!(md, "### {}\n\n![{}]({})\n", p.title, p.title, p.file);
+            let _ = writeln!(md, "### {}\n", p.title);
+            if let Some(note) = &p.note {
+                let _ = writeln!(md, "{note}\n");
+            }
+            for img in &p.images {
+                let _ = writeln!(md, "![{}]({})\n", img.alt, img.file);
+            }
         }
     }
     md

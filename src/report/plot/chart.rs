@@ -80,6 +80,26 @@ pub struct Figure {
     pub notes: Vec<String>,
     /// Start a linear y axis at 0.
     pub y_from_zero: bool,
+    /// Bounds the axes must cover besides this figure's own data: the union of the extents
+    /// of sibling facets, so that every panel of a split chart gets the same axes.
+    pub shared: Option<Extent>,
+}
+
+/// The bounds of a figure's data in plot coordinates (after the axes' scales).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Extent {
+    pub x: (f64, f64),
+    pub y: (f64, f64),
+}
+
+impl Extent {
+    /// The smallest extent covering both.
+    pub fn union(self, other: Extent) -> Extent {
+        Extent {
+            x: (self.x.0.min(other.x.0), self.x.1.max(other.x.1)),
+            y: (self.y.0.min(other.y.0), self.y.1.max(other.y.1)),
+        }
+    }
 }
 
 type DrawResult<T> = Result<T, String>;
@@ -118,7 +138,8 @@ impl Figure {
         v
     }
 
-    fn ranges(&self) -> (TickRange, TickRange) {
+    /// The bounds of the points and of the horizontal lines (None: nothing to plot).
+    pub fn extent(&self) -> Option<Extent> {
         let pts: Vec<(f64, f64)> = self
             .lines
             .iter()
@@ -135,15 +156,24 @@ impl Figure {
         for (x, y) in pts {
             (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
         }
-        if x0 > x1 {
-            (x0, x1) = (0.0, 1.0);
-        }
-        if y0 > y1 {
-            (y0, y1) = (0.0, 1.0);
-        }
+        (x0 <= x1 && y0 <= y1).then_some(Extent {
+            x: (x0, x1),
+            y: (y0, y1),
+        })
+    }
+
+    /// The axes' ranges and ticks: the data's extent, and the shared one when set.
+    pub fn ranges(&self) -> (TickRange, TickRange) {
+        let extent = match (self.extent(), self.shared) {
+            (Some(a), Some(b)) => a.union(b),
+            (a, b) => a.or(b).unwrap_or(Extent {
+                x: (0.0, 1.0),
+                y: (0.0, 1.0),
+            }),
+        };
         (
-            TickRange::for_data(&self.x, x0, x1, false),
-            TickRange::for_data(&self.y, y0, y1, self.y_from_zero),
+            TickRange::for_data(&self.x, extent.x.0, extent.x.1, false),
+            TickRange::for_data(&self.y, extent.y.0, extent.y.1, self.y_from_zero),
         )
     }
 
@@ -672,6 +702,7 @@ mod tests {
             }],
             notes: vec!["Measured by the counting allocator during one call.".into()],
             y_from_zero: false,
+            shared: None,
         }
     }
 

@@ -151,6 +151,13 @@ pub fn assign(keys: &[Key]) -> Vec<Style> {
             })
             .collect();
     }
+    assign_grouped(keys)
+}
+
+/// One style per series as `assign` gives past `FEW` series, however few there are: colour
+/// by group (by the rest when there is one group), (marker, dash) by the rest. The panels of
+/// a split chart use it, so that a variant has one colour in every panel.
+pub fn assign_grouped(keys: &[Key]) -> Vec<Style> {
     let groups = first_seen(keys.iter().map(|k| k.group));
     let rests = first_seen(keys.iter().map(|k| k.rest));
     let single_group = groups.iter().all(|&g| g == 0);
