@@ -25,7 +25,7 @@ use crate::report::csv::{done_case_ids, CsvSink};
 use crate::report::generate;
 use crate::report::meta::{Meta, Resumed};
 use crate::report::plot::Format;
-use crate::report::record::Record;
+use crate::report::record::{Record, Status};
 use crate::report::samples::SamplesSink;
 use crate::report::table::{human_seconds, summary_table};
 use crate::runner::{run_case, GpuSettings, Settings, INTERRUPTED};
@@ -227,7 +227,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     }
     let skipped = records
         .iter()
-        .filter(|r| r.status.name() == "skipped")
+        .filter(|r| r.status == Status::Skipped)
         .count();
     if skipped > 0 && skipped == records.len() {
         eprintln!(

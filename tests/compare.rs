@@ -434,6 +434,16 @@ fn runs_csv_files_are_accepted_as_arguments() {
     assert_eq!(v["baseline"]["has_samples"], true);
 }
 
+/// Writes `samples.csv` in `dir`: the repetitions `times` of one case.
+fn write_samples(dir: &Path, case_id: &str, times: &[f64]) {
+    let mut w = csv::Writer::from_path(dir.join("samples.csv")).unwrap();
+    w.write_record(["case_id", "rep", "time_s"]).unwrap();
+    for (i, t) in times.iter().enumerate() {
+        w.serialize((case_id, i, t)).unwrap();
+    }
+    w.flush().unwrap();
+}
+
 /// One case from the baseline with hand-made samples: the baseline's, and the current's
 /// at exactly 1.1 times them, on the 10% threshold.
 fn synthetic_pair(tmp: &Path) -> (PathBuf, PathBuf) {
@@ -444,12 +454,8 @@ fn synthetic_pair(tmp: &Path) -> (PathBuf, PathBuf) {
         let d = tmp.join(name);
         fs::create_dir_all(&d).unwrap();
         write_records(&d, std::slice::from_ref(&record));
-        let mut w = csv::Writer::from_path(d.join("samples.csv")).unwrap();
-        w.write_record(["case_id", "rep", "time_s"]).unwrap();
-        for (i, t) in base_samples.iter().enumerate() {
-            w.serialize((&record.case_id, i, t * k)).unwrap();
-        }
-        w.flush().unwrap();
+        let times: Vec<f64> = base_samples.iter().map(|t| t * k).collect();
+        write_samples(&d, &record.case_id, &times);
         dirs.push(d);
     }
     (dirs[0].clone(), dirs[1].clone())
@@ -508,12 +514,7 @@ fn one_timing_a_side_is_unclear_never_slower_or_same() {
     for (keep, k) in [(1, 1.5), (2, 1.5), (1, 1.0)] {
         for (dir, f) in [(&base, 1.0), (&cur, k)] {
             let record = read_records(dir).remove(0);
-            let mut w = csv::Writer::from_path(dir.join("samples.csv")).unwrap();
-            w.write_record(["case_id", "rep", "time_s"]).unwrap();
-            for i in 0..keep {
-                w.serialize((&record.case_id, i, 1e-3 * f)).unwrap();
-            }
-            w.flush().unwrap();
+            write_samples(dir, &record.case_id, &vec![1e-3 * f; keep]);
         }
         let (code, v) = compare_json(&base, &cur, &[]);
         assert_eq!(code, 0, "{keep} reps, x{k}: {v:#}");

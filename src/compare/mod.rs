@@ -245,8 +245,8 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
     let opts = Options::from_args(args)?;
     let baseline = load::load(&args.baseline, "baseline")?;
     let current = load::load(&args.current, "current")?;
-    let same = |r: &load::Run| r.csv_path.canonicalize().ok();
-    if same(&baseline).is_some() && same(&baseline) == same(&current) {
+    let file = |r: &load::Run| r.csv_path.canonicalize().ok();
+    if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
         eprintln!(
             "note: the baseline and the current run are the same file ({}): every case \
              compares with itself",

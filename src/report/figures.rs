@@ -18,29 +18,28 @@ use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED
 use super::plot::{save, Format, Plot};
 use super::record::{Record, Status};
 use super::select::TABLE2;
-use super::series::{group, ChunkGrid, Series};
+use super::series::{group, join_label, ChunkGrid, Series, CHUNKS_PREFIX};
 use super::tables::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
 
+/// What the style of `s`, drawn under `label`, is chosen from: its variant and the rest of
+/// the label.
+fn style_key<'a>(s: &'a Series, label: &'a str) -> Key<'a> {
+    Key {
+        group: s.variant.as_str(),
+        rest: label
+            .strip_prefix(s.variant.as_str())
+            .map_or(label, |r| r.trim_start_matches(" · ")),
+        dtype: s.dtype.as_str(),
+        device: s.device.as_str(),
+    }
+}
+
 /// The style of each series, from its variant and the rest of its label.
 fn styles(series: &[Series]) -> Vec<Style> {
-    let keys: Vec<Key> = series
-        .iter()
-        .map(|s| {
-            let rest = s
-                .label
-                .strip_prefix(s.variant.as_str())
-                .map_or(s.label.as_str(), |r| r.trim_start_matches(" · "));
-            Key {
-                group: s.variant.as_str(),
-                rest,
-                dtype: s.dtype.as_str(),
-                device: s.device.as_str(),
-            }
-        })
-        .collect();
+    let keys: Vec<Key> = series.iter().map(|s| style_key(s, &s.label)).collect();
     style::assign(&keys)
 }
 
@@ -309,6 +308,17 @@ impl Chart {
             Chart::Gflops => gflops(p),
         }
     }
+}
+
+/// Whether `name` is a plot file a report writes: a line chart `<stem>.<ext>` or a facet
+/// `<stem>__<values>.<ext>` of it, or a chunk-sweep heatmap, in PNG or SVG.
+pub fn is_plot_file(name: &str) -> bool {
+    let Some((stem, ext)) = name.rsplit_once('.') else {
+        return false;
+    };
+    let chart = stem.split_once("__").map_or(stem, |(c, _)| c);
+    matches!(ext, "png" | "svg")
+        && (Chart::ALL.iter().any(|c| c.stem() == chart) || stem.starts_with(CHUNKS_PREFIX))
 }
 
 fn extrapolation_note(records: &[&Record]) -> Option<String> {
@@ -582,13 +592,12 @@ fn chart_plots(
             f.members
                 .iter()
                 .map(|&i| {
-                    series[i]
-                        .parts
-                        .iter()
-                        .filter(|(c, _)| !f.values.iter().any(|(fc, _)| fc == c))
-                        .map(|(_, v)| v.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" · ")
+                    join_label(
+                        series[i]
+                            .parts
+                            .iter()
+                            .filter(|(c, _)| !f.values.iter().any(|(fc, _)| fc == c)),
+                    )
                 })
                 .collect()
         })
@@ -597,17 +606,7 @@ fn chart_plots(
         .iter()
         .zip(&labels)
         .flat_map(|(f, ls)| f.members.iter().zip(ls))
-        .map(|(&i, label)| {
-            let s = &series[i];
-            Key {
-                group: s.variant.as_str(),
-                rest: label
-                    .strip_prefix(s.variant.as_str())
-                    .map_or(label.as_str(), |r| r.trim_start_matches(" · ")),
-                dtype: s.dtype.as_str(),
-                device: s.device.as_str(),
-            }
-        })
+        .map(|(&i, label)| style_key(&series[i], label))
         .collect();
     let mut panel_styles = style::assign_grouped(&keys).into_iter();
     let count = parts.len();
@@ -773,6 +772,28 @@ pub fn write_all(
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_the_reports_own_plot_files_count_as_old_plots() {
+        for name in [
+            "runtime.png",
+            "memory.svg",
+            "gflops__threads-2__dtype-bf16.png",
+            "chunks_rabe-staats_f32_n4096.svg",
+        ] {
+            assert!(is_plot_file(name), "{name}");
+        }
+        for name in [
+            "tables.md",
+            "runtime.csv",
+            "runtime_notes.png",
+            "my_memory.svg",
+            "chunks",
+            "errors.png",
+        ] {
+            assert!(!is_plot_file(name), "{name}");
+        }
+    }
+
     fn series(label: &str) -> Series<'static> {
         let variant = label.split(" · ").next().unwrap_or(label);
         Series {
@@ -831,11 +852,7 @@ mod tests {
         let mut key = vec![("variant", variant.to_string())];
         key.extend(pairs.iter().cloned());
         Series {
-            label: key
-                .iter()
-                .map(|(_, v)| v.as_str())
-                .collect::<Vec<_>>()
-                .join(" · "),
+            label: join_label(&key),
             parts: key.clone(),
             variant: variant.into(),
             dtype: "f32".into(),

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::checks::{rs_checks, Check, Verdict};
-use super::figures::write_all;
+use super::figures::{is_plot_file, write_all};
 use super::load::{Results, CSV_NAME};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
@@ -96,18 +96,6 @@ pub fn checks_text(checks: &[Check]) -> String {
         .collect()
 }
 
-/// Whether `name` is a plot file a report writes: `<chart>.<ext>` or a facet
-/// `<chart>__<values>.<ext>` of the four line charts, or a `chunks_*` heatmap, in PNG or SVG.
-fn is_plot_file(name: &str) -> bool {
-    let Some((stem, ext)) = name.rsplit_once('.') else {
-        return false;
-    };
-    let chart = stem.split_once("__").map_or(stem, |(c, _)| c);
-    matches!(ext, "png" | "svg")
-        && (["runtime", "memory", "error", "gflops"].contains(&chart)
-            || stem.starts_with("chunks_"))
-}
-
 /// Removes the plots of an earlier report in `out`, so a chart that is now split into
 /// facets (or no longer drawn) leaves no stale file beside the new ones; other files stay.
 fn remove_old_plots(out: &Path) -> Result<()> {
@@ -135,31 +123,4 @@ pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
         println!("derived checks:\n{}", checks_text(&g.checks));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_reports_own_plot_files_count_as_old_plots() {
-        for name in [
-            "runtime.png",
-            "memory.svg",
-            "gflops__threads-2__dtype-bf16.png",
-            "chunks_rabe-staats_f32_n4096.svg",
-        ] {
-            assert!(is_plot_file(name), "{name}");
-        }
-        for name in [
-            "tables.md",
-            "runtime.csv",
-            "runtime_notes.png",
-            "my_memory.svg",
-            "chunks",
-            "errors.png",
-        ] {
-            assert!(!is_plot_file(name), "{name}");
-        }
-    }
 }

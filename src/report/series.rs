@@ -10,6 +10,18 @@ use super::record::Record;
 use crate::variant::VariantId;
 
 /// Records that form one line, sorted by sequence length.
+/// How the file stems of the chunk-sweep heatmaps begin.
+pub const CHUNKS_PREFIX: &str = "chunks_";
+
+/// A legend label from (column, value) parts: the values joined by " · ".
+pub fn join_label<'p>(parts: impl IntoIterator<Item = &'p (&'static str, String)>) -> String {
+    parts
+        .into_iter()
+        .map(|(_, v)| v.as_str())
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
 #[derive(Clone, Debug)]
 pub struct Series<'a> {
     pub label: String,
@@ -160,11 +172,7 @@ pub fn group<'a>(records: impl IntoIterator<Item = &'a Record>) -> Grouping<'a> 
             let mut recs = members.remove(&i).unwrap_or_default();
             recs.sort_by_key(|r| r.seq_q);
             Series {
-                label: parts
-                    .iter()
-                    .map(|(_, v)| v.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" · "),
+                label: join_label(&parts),
                 parts,
                 key: key.clone(),
                 variant: key[0].1.clone(),
@@ -214,7 +222,7 @@ pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
                 keys.push(key);
                 grids.push(ChunkGrid {
                     title: format!("{} · {} · n={}", r.variant, r.dtype, r.seq_q),
-                    stem: format!("chunks_{}_{}_n{}", r.variant, r.dtype, r.seq_q),
+                    stem: format!("{CHUNKS_PREFIX}{}_{}_n{}", r.variant, r.dtype, r.seq_q),
                     q_chunks: Vec::new(),
                     kv_chunks: Vec::new(),
                     cells: BTreeMap::new(),

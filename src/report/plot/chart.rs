@@ -110,18 +110,26 @@ fn err<E: std::fmt::Display>(e: E) -> String {
 
 /// Splits `text` into lines of at most `width` characters at spaces.
 pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    wrap_while(text, |line| line.chars().count() <= width)
+}
+
+/// Words of `text` (split at spaces) gathered into lines while `fits` accepts the line; a
+/// word that does not fit alone still gets a line of its own.
+fn wrap_while(text: &str, fits: impl Fn(&str) -> bool) -> Vec<String> {
     let mut lines = vec![String::new()];
     for word in text.split(' ') {
-        let last = lines.last_mut().map_or(0, |l| l.chars().count());
-        if last > 0 && last + 1 + word.chars().count() > width {
-            lines.push(String::new());
-        }
         if let Some(l) = lines.last_mut() {
-            if !l.is_empty() {
-                l.push(' ');
+            if l.is_empty() {
+                l.push_str(word);
+                continue;
             }
-            l.push_str(word);
+            let longer = format!("{l} {word}");
+            if fits(&longer) {
+                *l = longer;
+                continue;
+            }
         }
+        lines.push(word.to_string());
     }
     lines
 }
@@ -529,22 +537,7 @@ fn text_width(text: &str, size: i32) -> i32 {
 /// Splits `text` at spaces into lines at most `max` pixels wide at font `size` (a word wider
 /// than that gets a line of its own).
 fn wrap_px(text: &str, max: i32, size: i32) -> Vec<String> {
-    let mut lines = vec![String::new()];
-    for word in text.split(' ') {
-        if let Some(l) = lines.last_mut() {
-            if l.is_empty() {
-                l.push_str(word);
-                continue;
-            }
-            let longer = format!("{l} {word}");
-            if text_width(&longer, size) <= max {
-                *l = longer;
-                continue;
-            }
-        }
-        lines.push(word.to_string());
-    }
-    lines
+    wrap_while(text, |line| text_width(line, size) <= max)
 }
 
 /// A colour dark enough for text on white (light guides are drawn in a light grey).
