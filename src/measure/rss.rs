@@ -67,14 +67,20 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn peak_rss_is_at_least_current_and_grows_with_touched_pages() {
-        // Current first: other tests allocate concurrently, and the peak read afterwards
-        // includes everything resident at the earlier read (VmHWM >= VmRSS at any time).
-        let cur = current_rss_bytes().expect("VmRSS on Linux");
-        let before = peak_rss_bytes().expect("VmHWM on Linux");
-        assert!(before > 0);
-        assert!(before >= cur, "peak {before} < earlier current {cur}");
+        // Both fields from one read of /proc/self/status: the kernel prints VmHWM as at least
+        // the VmRSS of the same moment. (Two reads are not comparable: other tests run in this
+        // process and reset the peak between them.)
+        let status = std::fs::read_to_string("/proc/self/status").expect("status on Linux");
+        let cur = parse_kb_field(&status, "VmRSS:").expect("VmRSS on Linux");
+        let peak_then = parse_kb_field(&status, "VmHWM:").expect("VmHWM on Linux");
+        assert!(cur > 0);
+        assert!(
+            peak_then >= cur,
+            "peak {peak_then} < current {cur} of the same read"
+        );
         let _ = reset_peak_rss();
-        // Touch 32 MiB so the peak must include it.
+        // Touch 32 MiB so the peak must include it; it stays resident until the read below,
+        // so a reset by a concurrent test cannot take it out of the peak either.
         let block = std::hint::black_box(vec![1u8; 32 << 20]);
         let peak = peak_rss_bytes().expect("VmHWM on Linux");
         assert!(peak >= 32 << 20, "peak {peak}");
