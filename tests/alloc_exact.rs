@@ -1,13 +1,72 @@
-//! Exact byte counts of the counting allocator. One `#[test]` in its own binary: with any
-//! other test (or the harness's output capture) running on another thread, an allocation or
-//! free between a probe's baseline and its peak would shift the figure by a few bytes.
+//! Exact byte counts of the counting allocator and its budget. One `#[test]` in its own
+//! binary: with any other test (or the harness's output capture) running on another thread,
+//! an allocation or free between a probe's baseline and its peak would shift the figure, a
+//! probe's start would reset another's peak, and a budget would refuse another test's block.
 
 use attnbench::measure::alloc;
 
 #[test]
 fn exact_allocation_accounting() {
+    probe_sees_a_large_block();
+    probe_excludes_what_was_live_before_start();
+    global_limit_refuses_large_fallible_requests();
     realloc_growth_is_counted();
     block_bookkeeping_allocates_what_predictions_count();
+}
+
+const MIB: u64 = 1 << 20;
+
+fn probe_sees_a_large_block() {
+    let probe = alloc::MemoryProbe::start();
+    let block: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
+    let live = alloc::current_bytes();
+    drop(block);
+    let overhead = probe.finish();
+    assert!(overhead >= 64 * MIB, "overhead {overhead}");
+    assert!(alloc::peak_bytes() >= live);
+}
+
+fn probe_excludes_what_was_live_before_start() {
+    let before: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
+    let probe = alloc::MemoryProbe::start();
+    assert!(probe.baseline() >= 64 * MIB);
+    let small: Vec<u8> = std::hint::black_box(Vec::with_capacity(1024));
+    drop(small);
+    let overhead = probe.finish();
+    assert!(overhead < 64 * MIB, "overhead {overhead}");
+    drop(before);
+}
+
+/// Restores "no limit" even if the check panics.
+struct LimitGuard;
+impl Drop for LimitGuard {
+    fn drop(&mut self) {
+        alloc::set_limit(None);
+    }
+}
+
+fn global_limit_refuses_large_fallible_requests() {
+    let _restore = LimitGuard;
+    let headroom = 256 * MIB;
+    alloc::set_limit(Some(alloc::current_bytes() + headroom));
+    assert!(alloc::limit().is_some());
+
+    let mut ok: Vec<u8> = std::hint::black_box(Vec::new());
+    assert!(ok.try_reserve_exact(64 * MIB as usize).is_ok());
+    drop(ok);
+
+    let mut too_big: Vec<u8> = Vec::new();
+    assert!(too_big.try_reserve_exact(2 * headroom as usize).is_err());
+
+    // Growing past the limit fails and leaves the block as it was.
+    let mut grow: Vec<u8> = vec![7; 2 * MIB as usize];
+    assert!(grow.try_reserve_exact(2 * headroom as usize).is_err());
+    assert_eq!(grow.len(), 2 * MIB as usize);
+    assert!(grow.iter().all(|&b| b == 7));
+    drop(grow);
+
+    alloc::set_limit(None);
+    assert_eq!(alloc::limit(), None);
 }
 
 /// Growing a block in place (realloc) is counted by its growth.

@@ -563,16 +563,18 @@ fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let tmp = tempfile::tempdir().unwrap();
-    // 8 cases of ~0.3 s each (time cap per case), so the interrupt lands mid-sweep.
+    // 8 cases of 0.3 s each (rel_spread 0 never converges and max_reps is out of reach, so
+    // the time cap stops every case), so the interrupt lands mid-sweep.
     let cfg = write_config(
         tmp.path(),
         r#"
 [run]
 name = "slow"
 warmup = 0
-min_reps = 1000
-max_reps = 1000
+min_reps = 3
+max_reps = 100000000
 max_time_s = 0.3
+rel_spread = 0.0
 calibrate = false
 
 [axes]
@@ -601,11 +603,9 @@ head_dim = [16]
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    // SAFETY: kill(2) on the child's pid; the child is not yet reaped, so the pid is its.
+    let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
     let code = child.wait().unwrap().code();
     assert_eq!(code, Some(130), "interrupted sweep exit code");
     let kept = csv_lines_if_any(&csv);

@@ -1,18 +1,19 @@
 //! Memory overhead from the counting allocator: deterministic, so asserted exactly against
 //! the papers' claims and against each variant's own prediction.
-
-use std::sync::Mutex;
+//!
+//! One `#[test]` in its own binary, the checks in sequence: the allocator's counters and its
+//! budget are process-wide, and with a second test on another thread (or the harness freeing
+//! a finished test's thread and output) an allocation or free inside a probe would shift a
+//! figure, and a budget of a few KiB would refuse another test's large block.
 
 use attnbench::error::Error;
+use attnbench::interleave::{group_bytes, run_group};
 use attnbench::measure::alloc;
 use attnbench::measure::timer::StopRule;
 use attnbench::problem::{Case, DType, Inputs, Mode, Shape};
 use attnbench::report::record::{Record, Status};
 use attnbench::runner::{forward, packing_bytes, run_case, Settings};
 use attnbench::variant::VariantId;
-
-/// Tests of one binary run on parallel threads and share the allocator: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
     let shape = Shape::self_attention(heads, n, 64);
@@ -29,8 +30,20 @@ fn train(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usiz
     }
 }
 
-fn measure(c: &Case, budget: Option<u64>) -> Record {
-    let settings = Settings {
+#[test]
+fn memory_accounting() {
+    naive_overhead_holds_the_full_score_matrix();
+    rabe_staats_overhead_is_over_30x_below_naive_at_16k();
+    memory_efficient_backwards_hold_no_quadratic_buffer_at_8k();
+    measured_overhead_matches_the_prediction();
+    budget_makes_naive_oom_by_prediction_without_running_it();
+    an_allocation_over_the_budget_is_an_oom_error_not_an_abort();
+    a_group_over_the_memory_budget_runs_case_by_case_with_the_same_rows();
+}
+
+/// One call per case, no warm-up: the memory figures need no timing.
+fn settings(budget: Option<u64>) -> Settings {
+    Settings {
         run_name: "test".into(),
         stop: StopRule {
             warmup: 0,
@@ -47,22 +60,23 @@ fn measure(c: &Case, budget: Option<u64>) -> Record {
         diff_against: None,
         model_layers: None,
         gpu: Default::default(),
-    };
-    run_case(c, &settings, None).expect("harness runs").record
+    }
 }
 
-#[test]
+fn measure(c: &Case, budget: Option<u64>) -> Record {
+    run_case(c, &settings(budget), None)
+        .expect("harness runs")
+        .record
+}
+
 fn naive_overhead_holds_the_full_score_matrix() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let n = 2048;
     let r = measure(&case(VariantId::Naive, n, 1, DType::F32, 2), None);
     assert_eq!(r.status, Status::Ok, "{}", r.reason);
     assert!(r.mem_overhead_bytes.unwrap() >= (n * n * 4) as u64);
 }
 
-#[test]
 fn rabe_staats_overhead_is_over_30x_below_naive_at_16k() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // One head, d = 64, one stream of work: the paper's setting (Table 2).
     let naive = measure(&case(VariantId::Naive, 16384, 1, DType::F32, 1), None);
     let rs = measure(&case(VariantId::RabeStaats, 16384, 1, DType::F32, 1), None);
@@ -77,9 +91,7 @@ fn rabe_staats_overhead_is_over_30x_below_naive_at_16k() {
     assert!(a > 30 * b, "ratio {} not above 30", a as f64 / b as f64);
 }
 
-#[test]
 fn memory_efficient_backwards_hold_no_quadratic_buffer_at_8k() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // One stream of work, as the paper measures (each worker holds its own chunk slabs).
     let n = 8192;
     let naive = measure(&train(VariantId::Naive, n, 1, DType::F32, 1), None);
@@ -103,9 +115,7 @@ fn memory_efficient_backwards_hold_no_quadratic_buffer_at_8k() {
 /// The measured overhead is the variant's prediction plus at most 64 KiB of bookkeeping
 /// (rayon jobs, locks, block flags) and, for fwd+bwd only, the backward's GEMM packing
 /// buffers of each worker (the forward kernels allocate nothing but their workspace).
-#[test]
 fn measured_overhead_matches_the_prediction() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The MPI variants' per-rank predictions are checked under mpirun (tests/mpi.rs).
     for v in VariantId::in_process() {
         for (n, heads, dtype, threads) in [
@@ -188,9 +198,7 @@ fn check_prediction(c: &Case, threads: usize) {
     }
 }
 
-#[test]
 fn budget_makes_naive_oom_by_prediction_without_running_it() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let budget = Some(8u64 << 30);
     let naive = measure(&case(VariantId::Naive, 65536, 1, DType::Bf16, 2), budget);
     assert_eq!(naive.status, Status::Oom);
@@ -202,9 +210,7 @@ fn budget_makes_naive_oom_by_prediction_without_running_it() {
     assert!(naive.time_median_s.is_none(), "an oom case must not run");
 }
 
-#[test]
 fn an_allocation_over_the_budget_is_an_oom_error_not_an_abort() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = case(VariantId::Naive, 1024, 1, DType::F32, 1);
     let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, 1.0, 1);
     let mut out = vec![0.0f32; c.shape.out_len()];
@@ -215,4 +221,48 @@ fn an_allocation_over_the_budget_is_an_oom_error_not_an_abort() {
     assert!(matches!(result, Err(Error::OutOfMemory(_))), "{result:?}");
     // And with room, the same call succeeds.
     assert!(forward(&c, &inputs, &mut out).is_ok());
+}
+
+/// `run.interleave`: a group whose cases fit the budget one at a time but not together runs
+/// case by case, with the rows it would have had (the budget here is a few KiB, which is why
+/// this runs in this binary and not beside other tests).
+fn a_group_over_the_memory_budget_runs_case_by_case_with_the_same_rows() {
+    let small = |variant, threads| {
+        Case::cpu_fwd(
+            variant,
+            Shape::self_attention(2, 48, 16),
+            DType::F32,
+            threads,
+        )
+    };
+    let timed = |budget| Settings {
+        stop: StopRule {
+            warmup: 1,
+            min_reps: 2,
+            max_reps: 2,
+            rel_spread: 0.0,
+            ..settings(None).stop
+        },
+        ..settings(budget)
+    };
+    let cases = [small(VariantId::Naive, 1), small(VariantId::Flash, 1)];
+    let refs: Vec<&Case> = cases.iter().collect();
+    let one = group_bytes(&refs[..1]);
+    assert!(group_bytes(&refs) > one);
+    // Each case fits alone, the two together do not.
+    let outcomes = run_group(&refs, &timed(Some(group_bytes(&refs) - 1))).unwrap();
+    assert_eq!(outcomes.len(), 2);
+    for (c, o) in cases.iter().zip(&outcomes) {
+        assert_eq!(o.record.case_id, c.id());
+        assert_eq!(o.record.status, Status::Ok, "{}", o.record.reason);
+        assert_eq!(o.record.reps, 2);
+        // run_case keeps the inputs; the interleaved path shares one copy and keeps none.
+        assert!(o.inputs.is_some());
+    }
+    // Cases on different thread counts are never timed together either.
+    let mixed = [small(VariantId::Naive, 1), small(VariantId::Naive, 2)];
+    let refs: Vec<&Case> = mixed.iter().collect();
+    let outcomes = run_group(&refs, &timed(None)).unwrap();
+    assert!(outcomes.iter().all(|o| o.inputs.is_some()));
+    assert_eq!(outcomes[1].record.case_id, mixed[1].id());
 }

@@ -18,7 +18,8 @@
 //!
 //! The counters are process-wide: everything every thread allocates is counted, so a probe
 //! measures one call only if nothing else allocates meanwhile (the runner measures one case
-//! at a time). Tests that set the limit or assert on the probe should hold [`test_lock`].
+//! at a time). Tests that assert on the probe or set a limit run alone in their own test binary
+//! (`tests/alloc_exact.rs`, `tests/memory.rs`); unit tests that run cases hold [`test_lock`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -272,14 +273,6 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// Restores "no limit" even if the test panics.
-    struct LimitGuard;
-    impl Drop for LimitGuard {
-        fn drop(&mut self) {
-            set_limit(None);
-        }
-    }
-
     #[test]
     fn counters_track_live_and_peak_exactly() {
         let c = Counters::new();
@@ -316,32 +309,6 @@ mod tests {
     }
 
     #[test]
-    fn probe_sees_a_large_block() {
-        let _g = test_lock();
-        let probe = MemoryProbe::start();
-        let block: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
-        let live = current_bytes();
-        drop(block);
-        let overhead = probe.finish();
-        assert!(overhead >= 64 * MIB, "overhead {overhead}");
-        assert!(peak_bytes() >= live);
-    }
-
-    #[test]
-    fn probe_excludes_what_was_live_before_start() {
-        let _g = test_lock();
-        let before: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
-        let probe = MemoryProbe::start();
-        assert!(probe.baseline() >= 64 * MIB);
-        let small: Vec<u8> = std::hint::black_box(Vec::with_capacity(1024));
-        drop(small);
-        let overhead = probe.finish();
-        // Other tests may allocate meanwhile, but hardly 64 MiB in that moment.
-        assert!(overhead < 64 * MIB, "overhead {overhead}");
-        drop(before);
-    }
-
-    #[test]
     fn large_blocks_start_on_a_cache_line_through_every_realloc() {
         let aligned = |v: &Vec<f32>| (v.as_ptr() as usize).is_multiple_of(LARGE_ALIGN);
         // Large blocks (mmap'd by glibc, 16 bytes past a page without the rule) are aligned.
@@ -367,33 +334,5 @@ mod tests {
         assert_eq!(l(ALIGN_FROM_BYTES, 4096).align(), 4096);
         assert_eq!(l(ALIGN_FROM_BYTES, 4).size(), ALIGN_FROM_BYTES);
         assert_eq!(l(isize::MAX as usize - 3, 4).align(), 4);
-    }
-
-    #[test]
-    fn global_limit_refuses_large_fallible_requests() {
-        let _g = test_lock();
-        let _restore = LimitGuard;
-        // Generous headroom, so that concurrent tests' infallible allocations are never
-        // refused (that would abort the test binary); the refused request is far beyond it.
-        let headroom = 4096 * MIB;
-        set_limit(Some(current_bytes() + headroom));
-        assert!(limit().is_some());
-
-        let mut ok: Vec<u8> = std::hint::black_box(Vec::new());
-        assert!(ok.try_reserve_exact(64 * MIB as usize).is_ok());
-        drop(ok);
-
-        let mut too_big: Vec<u8> = Vec::new();
-        assert!(too_big.try_reserve_exact(2 * headroom as usize).is_err());
-
-        // Growing past the limit fails and leaves the block as it was.
-        let mut grow: Vec<u8> = vec![7; 2 * MIB as usize];
-        assert!(grow.try_reserve_exact(2 * headroom as usize).is_err());
-        assert_eq!(grow.len(), 2 * MIB as usize);
-        assert!(grow.iter().all(|&b| b == 7));
-        drop(grow);
-
-        set_limit(None);
-        assert_eq!(limit(), None);
     }
 }
