@@ -773,10 +773,12 @@ fn measure_extrapolated(
     let mut part_settings = settings.clone();
     part_settings.stop.warmup = settings.stop.warmup.saturating_sub(1);
     let outcome = measure_mode(&part, &part_settings, Some(part_inputs), predicted_part)?;
-    Ok(Outcome {
-        record: extrapolate::scale_record(outcome.record, case, &settings.run_name, predicted),
-        ..outcome
-    })
+    Ok(extrapolate::scale_outcome(
+        outcome,
+        case,
+        &settings.run_name,
+        predicted,
+    ))
 }
 
 fn case_inputs(case: &Case) -> Inputs {

@@ -444,6 +444,14 @@ fn write_samples(dir: &Path, case_id: &str, times: &[f64]) {
     w.flush().unwrap();
 }
 
+/// The one-case run in `dir` with the timings `times`: its samples, and its row's `reps`.
+fn set_timings(dir: &Path, times: &[f64]) {
+    let mut record = read_records(dir).remove(0);
+    record.reps = times.len();
+    write_records(dir, std::slice::from_ref(&record));
+    write_samples(dir, &record.case_id, times);
+}
+
 /// One case from the baseline with hand-made samples: the baseline's, and the current's
 /// at exactly 1.1 times them, on the 10% threshold.
 fn synthetic_pair(tmp: &Path) -> (PathBuf, PathBuf) {
@@ -455,7 +463,7 @@ fn synthetic_pair(tmp: &Path) -> (PathBuf, PathBuf) {
         fs::create_dir_all(&d).unwrap();
         write_records(&d, std::slice::from_ref(&record));
         let times: Vec<f64> = base_samples.iter().map(|t| t * k).collect();
-        write_samples(&d, &record.case_id, &times);
+        set_timings(&d, &times);
         dirs.push(d);
     }
     (dirs[0].clone(), dirs[1].clone())
@@ -507,14 +515,49 @@ fn without_samples_the_time_verdict_is_unclear_never_same() {
 }
 
 #[test]
+fn samples_of_another_run_are_not_judged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur) = synthetic_pair(tmp.path());
+    // The current samples.csv holds 4 timings where its row says 7, as when a runs.csv is
+    // paired with the samples of a rerun: 1.5x slower, but not of that row.
+    let record = read_records(&cur).remove(0);
+    write_samples(&cur, &record.case_id, &[1.5e-3; 4]);
+    let (code, v) = compare_json(&base, &cur, &["--fail-on-unclear"]);
+    assert_eq!(code, 4, "{v:#}");
+    let note = v["cases"][0]["time"]["note"].as_str().unwrap();
+    assert!(
+        note.contains("4 timings") && note.contains("7 repetitions"),
+        "{note}"
+    );
+    // A copy of runs.csv under another name is read alone: the samples.csv and meta.json
+    // beside it are of the directory's runs.csv, whatever the copy holds.
+    fs::copy(cur.join("runs.csv"), cur.join("runs_before.csv")).unwrap();
+    set_timings(&cur, &[1.0e-3; 7]);
+    let out = attnbench()
+        .arg("compare")
+        .arg(cur.join("runs_before.csv"))
+        .arg(&cur)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["baseline"]["has_samples"], false, "{v:#}");
+    assert_eq!(time_verdicts(&v), ["unclear"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("runs_before.csv is not named runs.csv"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn one_timing_a_side_is_unclear_never_slower_or_same() {
     let tmp = tempfile::tempdir().unwrap();
     let (base, cur) = synthetic_pair(tmp.path());
     // One and two repetitions a side: 1.5x slower, and exactly equal.
     for (keep, k) in [(1, 1.5), (2, 1.5), (1, 1.0)] {
         for (dir, f) in [(&base, 1.0), (&cur, k)] {
-            let record = read_records(dir).remove(0);
-            write_samples(dir, &record.case_id, &vec![1e-3 * f; keep]);
+            set_timings(dir, &vec![1e-3 * f; keep]);
         }
         let (code, v) = compare_json(&base, &cur, &[]);
         assert_eq!(code, 0, "{keep} reps, x{k}: {v:#}");

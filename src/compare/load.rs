@@ -66,10 +66,12 @@ pub struct Run {
     pub samples: Option<HashMap<String, Vec<f64>>>,
     pub meta: Option<RunMeta>,
     pub meta_path: PathBuf,
+    /// Said to the user when loading left something out (a CSV not named `runs.csv`).
+    pub note: Option<String>,
 }
 
-/// Loads a results directory, or a `runs.csv` file with its neighbours. `role` ("baseline",
-/// "current") names the argument in messages.
+/// Loads a results directory, or a `runs.csv` file with its neighbours (a CSV of another
+/// name alone). `role` ("baseline", "current") names the argument in messages.
 pub fn load(path: &Path, role: &str) -> Result<Run> {
     let (dir, csv_path) = if path.is_dir() {
         (path.to_path_buf(), path.join(CSV_NAME))
@@ -98,14 +100,23 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
             msg: format!("{role}: no rows: the header is there but no case was recorded"),
         });
     }
+    // A CSV under another name (a copy kept before a rerun) is not what the samples.csv and
+    // meta.json beside it describe: they belong to that directory's runs.csv.
+    let own_neighbours = csv_path.file_name() == Some(CSV_NAME.as_ref());
+    let note = (!own_neighbours).then(|| {
+        format!(
+            "{role} {} is not named {CSV_NAME}: the {SAMPLES_NAME} and {META_NAME} beside it              are not read (they belong to that directory's {CSV_NAME}), so its times are              unclear and its machine unknown",
+            path.display()
+        )
+    });
     let samples_path = dir.join(SAMPLES_NAME);
-    let samples = if samples_path.is_file() {
+    let samples = if own_neighbours && samples_path.is_file() {
         Some(read_samples(&samples_path)?)
     } else {
         None
     };
     let meta_path = dir.join(META_NAME);
-    let meta = if meta_path.is_file() {
+    let meta = if own_neighbours && meta_path.is_file() {
         Some(read_meta(&meta_path)?)
     } else {
         None
@@ -117,6 +128,7 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
         samples,
         meta,
         meta_path,
+        note,
     })
 }
 

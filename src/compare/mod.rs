@@ -245,6 +245,9 @@ pub fn command(args: &CompareArgs) -> Result<i32> {
     let opts = Options::from_args(args)?;
     let baseline = load::load(&args.baseline, "baseline")?;
     let current = load::load(&args.current, "current")?;
+    for note in [&baseline.note, &current.note].into_iter().flatten() {
+        eprintln!("note: {note}");
+    }
     let file = |r: &load::Run| r.csv_path.canonicalize().ok();
     if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
         eprintln!(
@@ -482,8 +485,21 @@ fn time_of(
             return result;
         }
     };
-    // The counts the verdict rests on: the samples (a runs.csv's `reps` says the same for a
-    // run attnbench wrote).
+    // Samples that are not the row's (samples.csv of another run of the case) would judge
+    // other timings than the row shows: a run attnbench wrote has one sample per rep.
+    for (s, r, run) in [(&sb, b, baseline), (&sc, c, current)] {
+        if s.len() != r.reps {
+            result.note = Some(format!(
+                "{}: samples.csv has {} timings of this case, runs.csv says {} repetitions: \
+                 they are not of the same run",
+                run.label,
+                s.len(),
+                r.reps
+            ));
+            return result;
+        }
+    }
+    // The counts the verdict rests on.
     (result.baseline_reps, result.current_reps) = (sb.len(), sc.len());
     if sb.len().min(sc.len()) < time::MIN_REPS {
         let median = |s: &[f64]| time::median(&mut s.to_vec());

@@ -68,8 +68,9 @@ mod tests {
     #[test]
     fn peak_rss_is_at_least_current_and_grows_with_touched_pages() {
         // Both fields from one read of /proc/self/status: the kernel prints VmHWM as at least
-        // the VmRSS of the same moment. (Two reads are not comparable: other tests run in this
-        // process and reset the peak between them.)
+        // the VmRSS of the same moment. Two reads are not comparable: between them other tests
+        // in this process free pages (the high-water mark is not refreshed on every free) or
+        // reset the peak.
         let status = std::fs::read_to_string("/proc/self/status").expect("status on Linux");
         let cur = parse_kb_field(&status, "VmRSS:").expect("VmRSS on Linux");
         let peak_then = parse_kb_field(&status, "VmHWM:").expect("VmHWM on Linux");
