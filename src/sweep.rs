@@ -22,11 +22,12 @@ use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::{Case, Device};
 use crate::report::csv::{done_case_ids, CsvSink};
+use crate::report::durable::{self, DirLock, Tail};
 use crate::report::generate;
 use crate::report::meta::{Meta, Resumed};
 use crate::report::plot::Format;
 use crate::report::record::{Record, Status};
-use crate::report::samples::SamplesSink;
+use crate::report::samples::{self, SamplesSink};
 use crate::report::table::{human_seconds, summary_table};
 use crate::runner::{run_case, GpuSettings, Settings, INTERRUPTED};
 
@@ -57,9 +58,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         ));
     }
     let prepared = if root {
-        prepare_dir(&dir, args.resume, args.force)
+        prepare_dir(&dir, args.resume, args.force).map(Some)
     } else {
-        Ok(())
+        Ok(None)
     };
     if !dist::all_ok(prepared.is_ok())? {
         prepared?;
@@ -68,8 +69,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             dir.display()
         )));
     }
+    // Held to the end: no second sweep writes into this directory meanwhile.
+    let _lock = prepared?;
     if root && args.resume {
         same_run(&dir.join(META_NAME), &config.run.name)?;
+        end_files_on_whole_rows(&dir)?;
     }
     let csv_path = dir.join(CSV_NAME);
     let done = if args.resume {
@@ -102,16 +106,12 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let calibration = if !root {
         Vec::new()
     } else if args.resume && meta_path.exists() {
-        match Meta::read(&meta_path) {
-            Ok(mut meta) => {
-                if !todo.is_empty() {
-                    meta.resumed.push(Resumed::now(resolved()?, &meta.config));
-                    meta.write(&meta_path)?;
-                }
-                meta.calibration
-            }
-            Err(_) => Vec::new(),
+        let mut meta = Meta::read(&meta_path)?;
+        if !todo.is_empty() {
+            meta.resumed.push(Resumed::now(resolved()?, &meta.config));
+            meta.write(&meta_path)?;
         }
+        meta.calibration
     } else {
         let calibration = if config.run.calibrate && !todo.is_empty() {
             let list: Vec<String> = threads.iter().map(usize::to_string).collect();
@@ -247,17 +247,36 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     }
     if INTERRUPTED.load(Ordering::Relaxed) {
         return Err(Error::Interrupted(format!(
-            "interrupted: {} rows kept in {}; continue with `attnbench sweep --config {} --out {} --resume`",
+            "interrupted: {} rows kept in {}; continue with `{}`",
             records.len() + done.len(),
             csv_path.display(),
-            args.config.display(),
-            dir.display()
+            resume_command(args, &dir)
         )));
     }
     if !args.no_report {
         report_at_end(&dir)?;
     }
     Ok(())
+}
+
+/// The command that continues this sweep: its config, every `--set` (they shape the grid),
+/// `--no-report` if given, quoted for a POSIX shell.
+fn resume_command(args: &SweepArgs, dir: &Path) -> String {
+    let quote = |s: &str| shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned());
+    let mut words = vec![
+        "attnbench sweep --config".to_string(),
+        quote(&args.config.to_string_lossy()),
+        "--out".into(),
+        quote(&dir.to_string_lossy()),
+    ];
+    for set in &args.sets {
+        words.push(format!("--set {}", quote(set)));
+    }
+    if args.no_report {
+        words.push("--no-report".into());
+    }
+    words.push("--resume".into());
+    words.join(" ")
 }
 
 /// The report of a finished sweep. Its failure is an error, but the rows are already safe in
@@ -307,9 +326,16 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
 /// append its rows to that run's CSV, so it is refused (a `--set` that widens or narrows
 /// the grid of the same run is recorded in `meta.json` instead).
 fn same_run(meta_path: &Path, name: &str) -> Result<()> {
-    let Ok(meta) = Meta::read(meta_path) else {
+    if !meta_path.exists() {
+        // The resume writes a new one, for this machine.
         return Ok(());
-    };
+    }
+    let meta = Meta::read(meta_path).map_err(|e| {
+        Error::Usage(format!(
+            "--resume: {e}: its machine, calibration and config cannot be read; repair it, or \
+             move it away to have the resume write a new meta.json for this machine"
+        ))
+    })?;
     match meta.config["run"]["name"].as_str() {
         Some(old) if old != name => Err(Error::Usage(format!(
             "--resume: {} holds run `{old}` but the config is run `{name}`: resume it with the config that made it (a --set may change its grid), or sweep into another --out",
@@ -319,16 +345,21 @@ fn same_run(meta_path: &Path, name: &str) -> Result<()> {
     }
 }
 
-/// An existing non-empty directory is never overwritten silently; `--force` deletes only the
-/// files a sweep writes (its CSVs, `meta.json`, and with them the derived tables and
-/// `report/`), so nothing of the run it replaces is left to be read as this one's.
-fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
+/// Creates and locks the directory for this sweep (a second sweep into it is refused while
+/// the lock is held). An existing non-empty directory is never overwritten silently;
+/// `--force` deletes only the files a sweep writes (its CSVs, `meta.json`, and with them the
+/// derived tables and `report/`), so nothing of the run it replaces is left to be read as
+/// this one's.
+fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<DirLock> {
     if dir.exists() && !dir.is_dir() {
         return Err(Error::Usage(format!(
             "--out {}: is a file, not a directory",
             dir.display()
         )));
     }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+    let lock = DirLock::acquire(dir)?;
     let non_empty = std::fs::read_dir(dir)
         .map(|mut d| d.next().is_some())
         .unwrap_or(false);
@@ -357,8 +388,36 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<()> {
                 .map_err(|e| Error::io(format!("cannot remove {}", report.display()), e))?;
         }
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))
+    Ok(lock)
+}
+
+/// Before a resume appends: a last row that a crash or a full disk cut short is removed (its
+/// case runs again), one that only lacks its newline (a hand edit) is completed.
+fn end_files_on_whole_rows(dir: &Path) -> Result<()> {
+    for name in [CSV_NAME, SAMPLES_NAME] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        let header = durable::first_line(&path)?;
+        let whole = |line: &str| match name {
+            CSV_NAME => durable::is_whole_row::<Record>(&header, line),
+            _ => durable::is_whole_row::<samples::Row>(&header, line),
+        };
+        match durable::end_on_a_whole_line(&path, whole)? {
+            Tail::Whole => {}
+            Tail::Completed => eprintln!(
+                "resume: the last row of {} had no newline: added one",
+                path.display()
+            ),
+            Tail::Removed(line) => eprintln!(
+                "resume: the last row of {} was cut short (a crash or a full disk while it \
+                 was written); removed it, its case runs again: `{line}`",
+                path.display()
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// First Ctrl-C: finish cleanly after the current repetition. Second: exit at once (rows

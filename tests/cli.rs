@@ -557,7 +557,7 @@ fn malformed_or_misshaped_inputs_are_clear_errors() {
         .stderr(predicate::str::contains("k.npy"));
 }
 
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 #[test]
 fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
     use std::process::Stdio;
@@ -585,13 +585,15 @@ head_dim = [16]
     );
     let out = tmp.path().join("res");
     let bin = assert_cmd::cargo::cargo_bin("attnbench");
+    let stderr_path = tmp.path().join("stderr.txt");
     let mut child = std::process::Command::new(&bin)
         .args(["sweep", "--config"])
         .arg(&cfg)
         .arg("--out")
         .arg(&out)
+        .args(["--set", "head_dim=16"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
     let csv = out.join("runs.csv");
@@ -603,6 +605,15 @@ head_dim = [16]
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A second sweep into the directory meanwhile is refused, not interleaved.
+    attnbench()
+        .args(["sweep", "--resume", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("another attnbench sweep"));
     // SAFETY: kill(2) on the child's pid; the child is not yet reaped, so the pid is its.
     let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
@@ -616,14 +627,126 @@ head_dim = [16]
     for rec in r.records() {
         assert_eq!(rec.unwrap().len(), n_cols);
     }
+    // The message says how to continue, with the --set of the interrupted command; that
+    // command, run by a shell, finishes the sweep.
+    let said = fs::read_to_string(&stderr_path).unwrap();
+    let resume = said
+        .split("continue with `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no resume command in: {said}"));
+    assert!(
+        resume.starts_with("attnbench sweep --config")
+            && resume.contains("--set ")
+            && resume.contains("head_dim=16")
+            && resume.ends_with("--resume"),
+        "{resume}"
+    );
+    let script = format!("{} {}", bin.display(), &resume["attnbench ".len()..]);
+    let status = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{script}");
+    assert_eq!(csv_lines(&csv).len(), 1 + 8);
+}
+
+/// What a crash, a full disk or a hand edit leaves at the end of the files, and a damaged
+/// meta.json, as a resume meets them.
+#[test]
+fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let out = tmp.path().join("res");
+    let sweep = |extra: &[&str]| {
+        let mut cmd = attnbench();
+        cmd.args(["sweep", "--no-report", "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(&out)
+            .args(extra);
+        cmd
+    };
+    sweep(&[]).assert().success();
+    let csv = out.join("runs.csv");
+    let samples = out.join("samples.csv");
+    let whole = fs::read_to_string(&csv).unwrap();
+    let rows = csv_lines(&csv).len();
+    let last_id = |p: &Path| -> String {
+        let text = fs::read_to_string(p).unwrap();
+        let last = text.lines().last().unwrap();
+        last.split(',').nth(1).unwrap().to_string()
+    };
+    let torn_id = last_id(&csv);
+    // A row cut short (as by a full disk), in both files: removed, and its case runs again.
+    fs::write(&csv, &whole[..whole.len() - 20]).unwrap();
+    let text = fs::read_to_string(&samples).unwrap();
+    fs::write(&samples, &text[..text.len() - 4]).unwrap();
+    sweep(&["--resume"]).assert().success().stderr(
+        predicate::str::contains("was cut short").and(predicate::str::contains("1 to run")),
+    );
+    assert_eq!(csv_lines(&csv).len(), rows);
+    assert_eq!(last_id(&csv), torn_id);
+    let n_cols = DOCUMENTED_HEADER.split(',').count();
+    let mut r = csv::Reader::from_path(&csv).unwrap();
+    assert!(r.records().all(|rec| rec.unwrap().len() == n_cols));
+    // Every case's samples are its row's: compare with itself judges every timed case.
     attnbench()
-        .args(["sweep", "--resume", "--config"])
-        .arg(&cfg)
-        .arg("--out")
+        .arg("compare")
+        .arg(&out)
         .arg(&out)
         .assert()
-        .success();
-    assert_eq!(csv_lines(&csv).len(), 1 + 8);
+        .success()
+        .stdout(predicate::str::contains("not of the same run").not());
+    // A whole last row without its newline (a hand edit) is kept.
+    let text = fs::read_to_string(&csv).unwrap();
+    fs::write(&csv, text.trim_end()).unwrap();
+    sweep(&["--resume"]).assert().success().stderr(
+        predicate::str::contains("had no newline").and(predicate::str::contains("0 to run")),
+    );
+    assert_eq!(fs::read_to_string(&csv).unwrap(), text);
+    // An unreadable meta.json is not ignored (the resume would lose its run name and
+    // calibration): refused, naming the file.
+    fs::write(out.join("meta.json"), "{\"config\": ").unwrap();
+    sweep(&["--resume"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("meta.json").and(predicate::str::contains("repair it")));
+}
+
+/// A run in which no case was timed (all over the memory budget) still writes a well-formed
+/// samples.csv, and compare against it reports the lost cases as regressions.
+#[test]
+fn a_run_of_no_timed_case_compares_as_lost_cases() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), TINY);
+    let (base, oom) = (tmp.path().join("base"), tmp.path().join("oom"));
+    for (out, extra) in [
+        (&base, vec![]),
+        (&oom, vec!["--set", "run.memory_budget=1B"]),
+    ] {
+        attnbench()
+            .args(["sweep", "--no-report", "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .assert()
+            .success();
+    }
+    assert_eq!(
+        fs::read_to_string(oom.join("samples.csv")).unwrap(),
+        "case_id,rep,time_s\n"
+    );
+    attnbench()
+        .arg("compare")
+        .arg(&base)
+        .arg(&oom)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("status"));
 }
 
 fn csv_lines_if_any(path: &Path) -> usize {

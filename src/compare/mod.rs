@@ -219,6 +219,9 @@ pub struct Counts {
     pub missing: usize,
     /// Current cases without a baseline (reported only).
     pub new: usize,
+    /// Matched cases measured (`ok`) on both sides: the ones whose time, memory and error
+    /// were judged.
+    pub measured_both: usize,
 }
 
 /// The whole comparison, worst case first.
@@ -317,6 +320,8 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
         ..Counts::default()
     };
     for c in &cases {
+        counts.measured_both +=
+            usize::from(c.baseline_status == Status::Ok && c.current_status == Status::Ok);
         counts.regressed += usize::from(!c.regressions.is_empty());
         counts.unclear += usize::from(c.unclear);
         counts.memory_regressions += usize::from(c.regressions.contains(&"memory"));
@@ -544,8 +549,8 @@ fn advice(cases: &[CaseComparison], decision: &Decision, opts: &Options) -> Vec<
     });
     if no_samples {
         out.push(
-            "rerun the side without samples.csv (or without calibration) with this attnbench \
-             version, which records every repetition"
+            "rerun the side whose samples.csv is missing or not of its runs.csv (or that has \
+             no calibration) with this attnbench version, which records every repetition"
                 .into(),
         );
     }

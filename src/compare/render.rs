@@ -89,6 +89,14 @@ pub fn markdown(c: &Comparison) -> String {
         n.missing,
         n.new
     );
+    if n.matched > 0 && n.measured_both == 0 {
+        let _ = writeln!(
+            s,
+            "Note: none of the {} matched cases ran on both sides (skipped, oom or error), so \
+             no time, memory or error was judged.\n",
+            n.matched
+        );
+    }
     if !c.cases.is_empty() {
         let _ = writeln!(
             s,

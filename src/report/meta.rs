@@ -137,8 +137,8 @@ impl Meta {
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Runtime(format!("serializing meta.json: {e}")))?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+        // Replaced at once: a full disk during a resume's rewrite keeps the old file.
+        super::durable::write_atomic(path, (text + "\n").as_bytes())
     }
 
     pub fn read(path: &Path) -> Result<Meta> {

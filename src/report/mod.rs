@@ -3,6 +3,7 @@
 //! meta.json) only, so runs made elsewhere can be shown the same way.
 pub mod checks;
 pub mod csv;
+pub mod durable;
 pub mod figures;
 pub mod fmt;
 pub mod generate;

@@ -17,14 +17,15 @@ use crate::error::{Error, Result};
 /// The header, in order.
 pub const HEADER: [&str; 3] = ["case_id", "rep", "time_s"];
 
+/// One row of the file.
 #[derive(Debug, Serialize, Deserialize)]
-struct Row {
-    case_id: String,
-    rep: usize,
-    time_s: f64,
+pub struct Row {
+    pub case_id: String,
+    pub rep: usize,
+    pub time_s: f64,
 }
 
-/// Appends the samples of one case at a time, writing the header when the file is new.
+/// Appends the samples of one case at a time; writes the header when it opens a new file.
 pub struct SamplesSink {
     writer: ::csv::Writer<File>,
     path: PathBuf,
@@ -52,9 +53,18 @@ impl SamplesSink {
             .append(true)
             .open(path)
             .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        let writer = ::csv::WriterBuilder::new()
-            .has_headers(!exists)
+        let mut writer = ::csv::WriterBuilder::new()
+            .has_headers(false)
             .from_writer(file);
+        if !exists {
+            // The header at once, so that a run whose cases all fail (no samples) still
+            // leaves a well-formed file.
+            let err = |e: String| Error::Runtime(format!("writing {}: {e}", path.display()));
+            writer
+                .write_record(HEADER)
+                .map_err(|e| err(e.to_string()))?;
+            writer.flush().map_err(|e| err(e.to_string()))?;
+        }
         Ok(SamplesSink {
             writer,
             path: path.to_path_buf(),
@@ -77,12 +87,16 @@ impl SamplesSink {
 }
 
 /// Every case's samples, in call order. A malformed file is an `Input` error naming the file
-/// and the row (the header is row 1).
+/// and the row (the header is row 1); an empty file (a run of no timed case, written before
+/// the header came first) holds none.
 pub fn read_samples(path: &Path) -> Result<HashMap<String, Vec<f64>>> {
     let bad = |msg: String| Error::Input {
         path: path.to_path_buf(),
         msg,
     };
+    if path.metadata().is_ok_and(|m| m.len() == 0) {
+        return Ok(HashMap::new());
+    }
     let mut r = ::csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
     let found = r.headers().map_err(|e| bad(e.to_string()))?.clone();
     if found.iter().ne(HEADER) {
