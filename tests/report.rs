@@ -164,6 +164,38 @@ fn missing_columns_and_empty_csvs_are_clear_errors_exiting_2() {
 }
 
 #[test]
+fn rows_with_an_empty_or_repeated_case_id_are_refused_exiting_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("res");
+    fs::create_dir_all(&dir).unwrap();
+    let out = tmp.path().join("out");
+    let text = fs::read_to_string(fixture().join("runs.csv")).unwrap();
+    let mut lines = text.lines();
+    let (head, first, second) = (
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+    );
+    assert_eq!(head.split(',').nth(1), Some("case_id"));
+    // The second row with its case_id cleared.
+    let mut cells: Vec<&str> = second.split(',').collect();
+    cells[1] = "";
+    fs::write(
+        dir.join("runs.csv"),
+        format!("{head}\n{first}\n{}\n", cells.join(",")),
+    )
+    .unwrap();
+    report(&dir, &out, &[]).code(2).stderr(
+        predicate::str::contains("runs.csv").and(predicate::str::contains("row 3: empty case_id")),
+    );
+    assert!(!out.join("tables.md").exists(), "nothing written");
+    fs::write(dir.join("runs.csv"), format!("{head}\n{first}\n{first}\n")).unwrap();
+    report(&dir, &out, &[]).code(2).stderr(
+        predicate::str::contains("row 3: case_id").and(predicate::str::contains("appears again")),
+    );
+}
+
+#[test]
 fn report_needs_no_meta_json_and_reads_csvs_from_before_the_new_columns() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("old");

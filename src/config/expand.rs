@@ -7,6 +7,7 @@ use super::axes::{Axes, ZipGroup};
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
 use crate::problem::{Case, Device, Shape};
+use crate::variant::VariantId;
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
@@ -25,6 +26,26 @@ pub(super) fn expansion_order(innermost: &[Axis]) -> Vec<Axis> {
 fn deepest(g: &ZipGroup, order: &[Axis]) -> Option<Axis> {
     g.members()
         .max_by_key(|m| order.iter().position(|a| a == m))
+}
+
+/// The split count a case gets when the config names none; `None`: the variant does not cut
+/// the cache into splits (the `splits` axis does not apply). flash-decoding's default fills
+/// the CPU threads, or on the GPU the device. Reports tell a default split count, which
+/// changes with the shape, from one the config chose by it.
+pub fn default_splits(
+    variant: VariantId,
+    device: Device,
+    shape: &Shape,
+    threads: usize,
+) -> Option<usize> {
+    let v = variant.get();
+    let default = v.default_splits(shape, threads);
+    match (device, v.cuda()) {
+        (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
+            default.map(|_| cuda_plan::decode_default_splits(shape))
+        }
+        _ => default,
+    }
 }
 
 /// The factors in expansion order (outermost first).
@@ -157,9 +178,7 @@ fn build(
         chunk(info.default_q_chunk, q_chunk, seq_q),
         chunk(info.default_kv_chunk, kv_chunk, seq_kv),
     );
-    let mut default_splits = v.default_splits(&shape, threads);
-    // On the GPU, flash's tiles are fixed by its kernel (the record shows them) and
-    // flash-decoding's default split count fills the device instead of the CPU threads.
+    // On the GPU, flash's tiles are fixed by its kernel (the record shows them).
     match (device, v.cuda()) {
         (Device::Cuda, Some(GpuAlgo::Flash)) => {
             let (bm, bn) = cuda_plan::flash_tiles(dtype);
@@ -169,10 +188,10 @@ fn build(
         (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
             // The GPU kernel cuts the cache into splits only (no key blocks).
             (q_chunk, kv_chunk) = (None, None);
-            default_splits = default_splits.map(|_| cuda_plan::decode_default_splits(&shape));
         }
         _ => {}
     }
+    let default_splits = default_splits(variant, device, &shape, threads);
     Some(Case {
         variant,
         mode,

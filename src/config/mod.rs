@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
+pub use expand::default_splits;
 pub use model::{CheckShape, ComputeSpec, ModelConfig};
 pub use overrides::apply_set;
 pub use report::ReportConfig;

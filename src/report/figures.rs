@@ -18,7 +18,7 @@ use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED
 use super::plot::{save, Format, Plot};
 use super::record::{Record, Status};
 use super::select::TABLE2;
-use super::series::{group, join_label, ChunkGrid, Series, CHUNKS_PREFIX};
+use super::series::{group, join_label, not_applicable, ChunkGrid, Series, CHUNKS_PREFIX};
 use super::tables::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
 
@@ -55,7 +55,9 @@ pub const MAX_SERIES: usize = 40;
 /// with equally few values: threads first (times and peaks at different thread counts are
 /// not comparable, and each SGEMM peak then lands in its own panel), then dtype and the
 /// mask, then the shape, then the rest. The variant is never among them: colours show it.
-pub const FACET_KEYS: [&str; 16] = [
+/// A key that only some cases have (`series::not_applicable`) splits a chart only where two
+/// of its values apply.
+pub const FACET_KEYS: [&str; 20] = [
     "threads",
     "dtype",
     "causal",
@@ -72,6 +74,10 @@ pub const FACET_KEYS: [&str; 16] = [
     "seq_kv",
     "q_chunk",
     "kv_chunk",
+    "splits",
+    "allreduce",
+    "d_out",
+    "seed",
 ];
 
 /// One panel of a chart: the series that share `values`.
@@ -130,7 +136,8 @@ fn split(series: &[Series], facet: Facet, max: usize, out: &mut Vec<Facet>) {
                 }
             }
         }
-        if seen.len() >= 2 && best.as_ref().is_none_or(|b| seen.len() < b.1.len()) {
+        let applicable = seen.iter().filter(|v| !not_applicable(col, v)).count();
+        if applicable >= 2 && best.as_ref().is_none_or(|b| seen.len() < b.1.len()) {
             best = Some((col, seen));
         }
     }

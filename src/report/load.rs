@@ -160,9 +160,16 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
             "no rows: the header is there but no case was recorded".into(),
         ));
     }
-    // A case twice (two runs' rows pasted together) would be drawn and tabulated twice.
+    // A case twice (two runs' rows pasted together) would be drawn and tabulated twice; a
+    // row without a case_id is no case attnbench wrote (`compare` refuses both too).
     let mut first = std::collections::HashMap::new();
     for (i, r) in records.iter().enumerate() {
+        if r.case_id.trim().is_empty() {
+            return Err(input(format!(
+                "row {}: empty case_id; every row attnbench writes names its case",
+                i + 2
+            )));
+        }
         if let Some(j) = first.insert(r.case_id.as_str(), i) {
             return Err(input(format!(
                 "row {}: case_id `{}` appears again (first in row {}); a runs.csv holds each \
@@ -205,6 +212,18 @@ mod tests {
         assert!(
             twice.contains("row 3") && twice.contains("first in row 2"),
             "{twice}"
+        );
+        // A row without a case_id (the fixture's second row with it cleared).
+        let cleared = {
+            let (run, rest) = row.split_once(',').unwrap();
+            let (_, rest) = rest.split_once(',').unwrap();
+            format!("{run},,{rest}")
+        };
+        assert_eq!(head.split(',').nth(1), Some("case_id"));
+        let empty = msg(&format!("{head}\n{row}\n{cleared}\n"));
+        assert!(
+            empty.contains("row 3") && empty.contains("empty case_id"),
+            "{empty}"
         );
         let short = msg("run,case_id,variant\nx,y,naive\n");
         assert!(short.contains("missing columns") && short.contains("time_median_s"));

@@ -148,9 +148,6 @@ impl Meta {
     }
 }
 
-/// The current git revision and whether the work tree has changes outside `results/` (None
-/// outside a repo): a sweep that re-measures a committed results directory rewrites it while
-/// it runs, which says nothing about the build.
 /// The attnbench source tree this binary was built from: the crate directory of the build,
 /// or (a tree moved or copied since) the checkout the executable lies in
 /// (`<root>/target/<profile>/attnbench`); a directory counts when it holds attnbench's
@@ -170,6 +167,9 @@ fn source_tree() -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
+/// The git revision of [`source_tree`] and whether it has changes outside `results/` (None
+/// outside a checkout): a sweep that re-measures a committed results directory rewrites it
+/// while it runs, which says nothing about the build.
 fn git_state() -> (Option<String>, Option<bool>) {
     let Some(tree) = source_tree() else {
         return (None, None);

@@ -1,12 +1,14 @@
 //! Grouping records into plot series: one series per combination of every identity column
-//! except the sequence length, labelled by the columns that differ between series (the
-//! ones that are the same everywhere go into the plot's caption instead). Chunk sizes are
-//! grouped by their rule, not their value: the paper's `min(chunk, n)` clamping and
-//! `kv_chunk = ⌈√n⌉` change the value with n but belong to one line.
+//! (every part of `case_id`) except the sequence length, labelled by the columns that differ
+//! between series (the ones that are the same everywhere go into the plot's caption
+//! instead). Chunk sizes are grouped by their rule, not their value: the paper's
+//! `min(chunk, n)` clamping and `kv_chunk = ⌈√n⌉` change the value with n but belong to one
+//! line; so are split counts (a default one changes with the cache length).
 
 use std::collections::BTreeMap;
 
 use super::record::Record;
+use crate::problem::{Device, Shape};
 use crate::variant::VariantId;
 
 /// Records that form one line, sorted by sequence length.
@@ -113,7 +115,103 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
                 format!("n_kv={}", r.seq_kv)
             },
         ),
+        ("splits", splits_rule(r)),
+        (
+            "allreduce",
+            if r.allreduce.is_empty() {
+                NO_ALLREDUCE.into()
+            } else {
+                format!("allreduce={}", r.allreduce)
+            },
+        ),
+        (
+            "d_out",
+            if r.d_out.is_empty() {
+                NO_D_OUT.into()
+            } else {
+                format!("d_out={}", r.d_out)
+            },
+        ),
+        ("seed", format!("seed={}", r.seed)),
     ]
+}
+
+/// The values of the keys that only some cases have (flash-decoding's split count, the
+/// allreduce of variants with collectives, the upstream gradient of fwd+bwd): the case has
+/// no such setting.
+const NO_SPLITS: &str = "no splits";
+const NO_ALLREDUCE: &str = "no allreduce";
+const NO_D_OUT: &str = "no d_out";
+
+/// Identity columns shown only in the labels of series that differ in them, never in the
+/// caption: they apply to some variants or modes only (a caption speaks for every series), or
+/// say nothing while they are the same everywhere (the seed).
+pub const LABEL_ONLY: [&str; 4] = ["splits", "allreduce", "d_out", "seed"];
+
+/// Whether `value` of identity column `col` says that the key does not apply to the case. Such
+/// values do not make a column vary (flash-decoding's one split count beside rows of other
+/// variants without one is no difference) and are left out of labels.
+pub fn not_applicable(col: &str, value: &str) -> bool {
+    matches!(
+        (col, value),
+        ("splits", NO_SPLITS) | ("allreduce", NO_ALLREDUCE) | ("d_out", NO_D_OUT)
+    )
+}
+
+const SPLITS_DEFAULT: &str = "splits default";
+
+/// A split count by its rule: `default` where it is the one the config gives a case without
+/// `splits` (it changes with the cache length, the heads and the threads), else its value.
+/// `identities` names every count by its value after all where any row chose one.
+fn splits_rule(r: &Record) -> String {
+    let Some(splits) = r.splits else {
+        return NO_SPLITS.into();
+    };
+    let default = match (r.variant.parse::<VariantId>(), r.device.parse::<Device>()) {
+        (Ok(v), Ok(device)) => {
+            let shape = Shape {
+                batch: r.batch,
+                heads: r.heads,
+                kv_heads: r.kv_heads,
+                seq_q: r.seq_q,
+                seq_kv: r.seq_kv,
+                head_dim: r.head_dim,
+            };
+            crate::config::default_splits(v, device, &shape, r.threads)
+        }
+        _ => None,
+    };
+    if default == Some(splits) {
+        SPLITS_DEFAULT.into()
+    } else {
+        format!("splits={splits}")
+    }
+}
+
+/// `identity` of each record, with split counts by their rule only where no row chose one:
+/// rows that differ in nothing but n and a default split count (which changes with the
+/// lengths, the heads and the threads) are one line, `splits default`; but once any row chose
+/// its split count (`splits = [1, 8]`), every count is named by its value, also one that
+/// happens to be the default, so that the same count reads the same in every label.
+fn identities(records: &[&Record]) -> Vec<Vec<(&'static str, String)>> {
+    let mut ids: Vec<Vec<(&'static str, String)>> = records.iter().map(|r| identity(r)).collect();
+    let Some(col) = ids
+        .first()
+        .and_then(|k| k.iter().position(|(c, _)| *c == "splits"))
+    else {
+        return ids;
+    };
+    let chosen = ids
+        .iter()
+        .any(|k| k[col].1 != SPLITS_DEFAULT && !not_applicable("splits", &k[col].1));
+    if chosen {
+        for (k, r) in ids.iter_mut().zip(records) {
+            if let Some(splits) = r.splits {
+                k[col].1 = format!("splits={splits}");
+            }
+        }
+    }
+    ids
 }
 
 /// Values that say nothing when every series has them (left out of the caption).
@@ -127,14 +225,14 @@ fn unremarkable(col: &str, value: &str) -> bool {
             | ("seq_kv", "n_kv=n")
             | ("q_chunk", "q_chunk default")
             | ("kv_chunk", "kv_chunk default")
-    )
+    ) || not_applicable(col, value)
 }
 
 pub fn group<'a>(records: impl IntoIterator<Item = &'a Record>) -> Grouping<'a> {
+    let records: Vec<&'a Record> = records.into_iter().collect();
     let mut order: Vec<Vec<(&'static str, String)>> = Vec::new();
     let mut members: BTreeMap<usize, Vec<&'a Record>> = BTreeMap::new();
-    for r in records {
-        let id = identity(r);
+    for (r, id) in records.iter().copied().zip(identities(&records)) {
         let i = match order.iter().position(|k| *k == id) {
             Some(i) => i,
             None => {
@@ -145,14 +243,25 @@ pub fn group<'a>(records: impl IntoIterator<Item = &'a Record>) -> Grouping<'a> 
         members.entry(i).or_default().push(r);
     }
     let columns = order.first().map_or(0, Vec::len);
+    // A column varies where the series have two values of it that apply to them.
     let varies: Vec<bool> = (0..columns)
-        .map(|c| order.iter().any(|k| k[c].1 != order[0][c].1))
+        .map(|c| {
+            let mut applicable = order
+                .iter()
+                .map(|k| &k[c])
+                .filter(|(col, v)| !not_applicable(col, v));
+            applicable
+                .next()
+                .is_some_and(|first| applicable.any(|kv| kv.1 != first.1))
+        })
         .collect();
     let caption = order.first().map_or(String::new(), |first| {
         first
             .iter()
             .zip(&varies)
-            .filter(|((col, v), varies)| !**varies && *col != "variant" && !unremarkable(col, v))
+            .filter(|((col, v), varies)| {
+                !**varies && *col != "variant" && !LABEL_ONLY.contains(col) && !unremarkable(col, v)
+            })
             .map(|((_, v), _)| v.clone())
             .collect::<Vec<_>>()
             .join(" · ")
@@ -207,11 +316,12 @@ pub struct ChunkGrid<'a> {
 pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
     let mut keys: Vec<Vec<(&'static str, String)>> = Vec::new();
     let mut grids: Vec<ChunkGrid> = Vec::new();
-    for r in records {
+    let all: Vec<&Record> = records.iter().collect();
+    for (r, id) in records.iter().zip(identities(&all)) {
         let (Some(q), Some(kv)) = (r.q_chunk, r.kv_chunk) else {
             continue;
         };
-        let mut key: Vec<(&'static str, String)> = identity(r)
+        let mut key: Vec<(&'static str, String)> = id
             .into_iter()
             .filter(|(c, _)| *c != "q_chunk" && *c != "kv_chunk")
             .collect();
@@ -258,6 +368,255 @@ pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::{Case, DType, InputDist, Mode, UpstreamGrad};
+    use crate::report::record::Status;
+    use crate::sim::plan::Allreduce;
+
+    /// A row of `variant` in `mode` (4 heads over 1 key head, d = 64, 2 threads, seed 0, the
+    /// variant's default split count and allreduce), changed by `edit`.
+    fn row(variant: VariantId, mode: Mode, n: usize, edit: impl FnOnce(&mut Case)) -> Record {
+        let shape = Shape {
+            batch: 1,
+            heads: 4,
+            kv_heads: 1,
+            seq_q: if mode == Mode::Decode { 1 } else { n },
+            seq_kv: n,
+            head_dim: 64,
+        };
+        let mut case = Case {
+            variant,
+            mode,
+            device: Device::Cpu,
+            dtype: DType::F32,
+            shape,
+            q_chunk: None,
+            kv_chunk: None,
+            causal: false,
+            window: None,
+            devices: 1,
+            splits: crate::config::default_splits(variant, Device::Cpu, &shape, 2),
+            allreduce: variant.get().default_allreduce(),
+            threads: 2,
+            input_dist: InputDist::Normal,
+            input_scale: 1.0,
+            seed: 0,
+            d_out: UpstreamGrad::Random,
+        };
+        edit(&mut case);
+        Record::for_case("t", &case, Status::Ok, "")
+    }
+
+    fn labels(g: &Grouping) -> Vec<String> {
+        g.series.iter().map(|s| s.label.clone()).collect()
+    }
+
+    #[test]
+    fn rows_that_differ_only_in_splits_are_two_series_named_by_them() {
+        let fd = VariantId::FlashDecoding;
+        let rows: Vec<Record> = [2, 8]
+            .iter()
+            .flat_map(|&sp| {
+                [4096, 16384].map(|n| row(fd, Mode::Decode, n, |c| c.splits = Some(sp)))
+            })
+            .collect();
+        // Before the split count was part of a series, these were 2 (one per n_kv), each
+        // with two points at n = 1.
+        let g = group(&rows);
+        assert_eq!(
+            labels(&g),
+            [
+                "flash-decoding · n_kv=4096 · splits=2",
+                "flash-decoding · n_kv=16384 · splits=2",
+                "flash-decoding · n_kv=4096 · splits=8",
+                "flash-decoding · n_kv=16384 · splits=8",
+            ]
+        );
+        assert!(g.series.iter().all(|s| s.records.len() == 1));
+        assert!(!g.caption.contains("splits"), "{}", g.caption);
+        // Default counts (1 at n_kv = 1024, 4 at 4096) are no difference: labels as before.
+        let defaults = [1024, 4096].map(|n| row(fd, Mode::Decode, n, |_| {}));
+        assert_eq!(
+            defaults.iter().map(|r| r.splits).collect::<Vec<_>>(),
+            [Some(1), Some(4)]
+        );
+        assert_eq!(
+            labels(&group(&defaults)),
+            ["flash-decoding · n_kv=1024", "flash-decoding · n_kv=4096"]
+        );
+        // Beside a chosen count they are named by their values too.
+        let mut chosen = defaults.to_vec();
+        chosen.push(row(fd, Mode::Decode, 4096, |c| c.splits = Some(2)));
+        assert_eq!(
+            labels(&group(&chosen)),
+            [
+                "flash-decoding · n_kv=1024 · splits=1",
+                "flash-decoding · n_kv=4096 · splits=4",
+                "flash-decoding · n_kv=4096 · splits=2"
+            ]
+        );
+        // A prefill-shaped sweep over n: one line per split count.
+        let sweep: Vec<Record> = [1, 8]
+            .iter()
+            .flat_map(|&sp| {
+                [256, 1024, 4096].map(|n| row(fd, Mode::Fwd, n, |c| c.splits = Some(sp)))
+            })
+            .collect();
+        let g = group(&sweep);
+        assert_eq!(
+            labels(&g),
+            ["flash-decoding · splits=1", "flash-decoding · splits=8"]
+        );
+        assert!(g
+            .series
+            .iter()
+            .all(|s| s.records.len() == 3
+                && s.records.iter().all(|r| r.splits == s.records[0].splits)));
+        // The default split count changes with n (more key blocks, up to 2 per thread) but
+        // is one rule: one line, named `splits default` beside a chosen count.
+        let defaults: Vec<Record> = [256, 1024, 4096]
+            .map(|n| row(fd, Mode::Fwd, n, |_| {}))
+            .into_iter()
+            .collect();
+        let counts: Vec<Option<usize>> = defaults.iter().map(|r| r.splits).collect();
+        assert!(counts.windows(2).any(|w| w[0] != w[1]), "{counts:?}");
+        let g = group(&defaults);
+        assert_eq!(labels(&g), ["flash-decoding"]);
+        assert_eq!(g.series[0].records.len(), 3);
+        // A chosen count that is the default at some n (1 at n <= 1024 here) is still named
+        // by its value there, and its rows stay one line (above).
+        assert_eq!(row(fd, Mode::Fwd, 256, |_| {}).splits, Some(1));
+    }
+
+    #[test]
+    fn rows_that_differ_only_in_seed_are_two_series_named_by_it() {
+        let rows: Vec<Record> = [0, 1]
+            .iter()
+            .flat_map(|&seed| {
+                [256, 1024].map(|n| row(VariantId::Naive, Mode::Fwd, n, |c| c.seed = seed))
+            })
+            .collect();
+        let g = group(&rows);
+        assert_eq!(labels(&g), ["naive · seed=0", "naive · seed=1"]);
+        assert!(g.series.iter().all(|s| s.records.len() == 2));
+        assert!(!g.caption.contains("seed"), "{}", g.caption);
+    }
+
+    #[test]
+    fn allreduce_and_d_out_tell_series_apart_where_two_values_apply() {
+        let tree = |a| {
+            row(VariantId::TreeDecode, Mode::Decode, 4096, move |c| {
+                c.devices = 4;
+                c.allreduce = Some(a);
+            })
+        };
+        let rows = [
+            row(VariantId::RingDecode, Mode::Decode, 4096, |c| c.devices = 4),
+            tree(Allreduce::Ring),
+            tree(Allreduce::Tree),
+        ];
+        assert_eq!(
+            labels(&group(&rows)),
+            [
+                "ring-decode",
+                "tree-decode · allreduce=ring",
+                "tree-decode · allreduce=tree"
+            ]
+        );
+        let rows = [
+            row(VariantId::Naive, Mode::Fwd, 256, |_| {}),
+            row(VariantId::Naive, Mode::FwdBwd, 256, |_| {}),
+            row(VariantId::Naive, Mode::FwdBwd, 256, |c| {
+                c.d_out = UpstreamGrad::Ones
+            }),
+        ];
+        assert_eq!(
+            labels(&group(&rows)),
+            [
+                "naive",
+                "naive · fwd+bwd · d_out=random",
+                "naive · fwd+bwd · d_out=ones"
+            ]
+        );
+    }
+
+    #[test]
+    fn keys_that_do_not_vary_leave_labels_and_caption_as_they_were() {
+        // One split count (flash-decoding's alone), one allreduce, one upstream gradient
+        // (fwd+bwd rows only) and one seed: none of them in a label or the caption.
+        let rows = [
+            row(VariantId::Naive, Mode::Fwd, 256, |_| {}),
+            row(VariantId::Naive, Mode::FwdBwd, 256, |_| {}),
+            row(VariantId::FlashDecoding, Mode::Decode, 256, |c| {
+                c.splits = Some(8)
+            }),
+            row(VariantId::TreeDecode, Mode::Decode, 256, |c| c.devices = 4),
+            row(VariantId::RingDecode, Mode::Decode, 256, |c| c.devices = 4),
+        ];
+        let g = group(&rows);
+        assert_eq!(
+            labels(&g),
+            [
+                "naive",
+                "naive · fwd+bwd",
+                "flash-decoding · decode · n_kv=256",
+                "tree-decode · decode · p=4 · n_kv=256",
+                "ring-decode · decode · p=4 · n_kv=256"
+            ]
+        );
+        assert_eq!(
+            g.caption,
+            "cpu · f32 · b=1 · h=4 · kv_heads=1 · d=64 · non-causal · 2 threads · normal"
+        );
+        // ... though every series still knows them (what a chart too big is split by).
+        let key = |s: &Series, col: &str| s.key.iter().find(|(c, _)| *c == col).unwrap().1.clone();
+        assert_eq!(key(&g.series[2], "splits"), "splits=8");
+        assert_eq!(key(&g.series[0], "splits"), NO_SPLITS);
+        assert_eq!(key(&g.series[3], "allreduce"), "allreduce=tree");
+        assert_eq!(key(&g.series[1], "d_out"), "d_out=random");
+        assert_eq!(key(&g.series[0], "seed"), "seed=0");
+    }
+
+    /// Every part of `case_id` but the sequence length is an identity column: two rows with
+    /// different case_ids and the same n are never one series.
+    #[test]
+    fn every_case_id_key_but_n_separates_series() {
+        let base = |edit: fn(&mut Case)| row(VariantId::FlashDecoding, Mode::FwdBwd, 1024, edit);
+        let edits: [fn(&mut Case); 23] = [
+            |_| {},
+            |c| c.variant = VariantId::Naive,
+            |c| c.mode = Mode::Fwd,
+            |c| c.device = Device::Cuda,
+            |c| c.dtype = DType::Bf16,
+            |c| c.shape.batch = 2,
+            |c| c.shape.heads = 8,
+            |c| c.shape.kv_heads = 2,
+            |c| c.shape.seq_kv = 2048,
+            |c| c.shape.head_dim = 128,
+            |c| c.q_chunk = Some(7),
+            |c| c.kv_chunk = Some(7),
+            |c| c.causal = true,
+            |c| c.window = Some(16),
+            |c| c.devices = 2,
+            |c| c.threads = 1,
+            |c| c.input_dist = InputDist::Uniform,
+            |c| c.input_scale = 0.5,
+            |c| c.seed = 1,
+            |c| c.d_out = UpstreamGrad::Ones,
+            |c| c.splits = Some(5),
+            // Rows of one variant all have an allreduce or none; two values name it.
+            |c| c.allreduce = Some(Allreduce::Ring),
+            |c| c.allreduce = Some(Allreduce::Tree),
+        ];
+        let rows: Vec<Record> = edits.iter().map(|&e| base(e)).collect();
+        let ids: std::collections::HashSet<&str> =
+            rows.iter().map(|r| r.case_id.as_str()).collect();
+        assert_eq!(ids.len(), rows.len(), "each edit changes case_id");
+        let g = group(&rows);
+        assert_eq!(g.series.len(), rows.len(), "{:?}", labels(&g));
+        let distinct: std::collections::HashSet<&str> =
+            g.series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(distinct.len(), rows.len(), "{:?}", labels(&g));
+    }
 
     #[test]
     fn ceil_sqrt_and_rules() {

@@ -376,9 +376,10 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
 
 /// The case keys the "All cases" table shows only when they differ between its rows (with
 /// them the rows of a sweep over heads, masks or modes are told apart; without them a
-/// one-shape table stays narrow).
+/// one-shape table stays narrow). With the columns always shown they are every part of
+/// `case_id` (a runs.csv holds each once), so no two rows read the same.
 type KeyColumn = (&'static str, fn(&Record) -> String);
-const VARYING_KEYS: [KeyColumn; 11] = [
+const VARYING_KEYS: [KeyColumn; 15] = [
     ("mode", |r| r.mode.clone()),
     ("device", |r| r.device.clone()),
     ("batch", |r| r.batch.to_string()),
@@ -390,7 +391,24 @@ const VARYING_KEYS: [KeyColumn; 11] = [
     ("window", |r| opt(r.window, |w| w.to_string())),
     ("devices", |r| r.devices.to_string()),
     ("splits", |r| opt(r.splits, |s| s.to_string())),
+    ("allreduce", |r| or_dash(&r.allreduce)),
+    ("d_out", |r| or_dash(&r.d_out)),
+    ("input_scale", |r| r.input_scale.to_string()),
+    ("seed", |r| r.seed.to_string()),
 ];
+
+/// Keys only some rows have (the allreduce of variants with collectives, the upstream
+/// gradient of fwd+bwd): a column only where two rows have different values of it, not where
+/// the rows without one (`–`) are all that differ (the variant or mode says that already).
+const WHERE_THEY_APPLY: [&str; 2] = ["allreduce", "d_out"];
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "–".into()
+    } else {
+        s.into()
+    }
+}
 
 fn all_cases(md: &mut String, records: &[Record]) {
     let keys: Vec<&KeyColumn> = VARYING_KEYS
@@ -400,8 +418,15 @@ fn all_cases(md: &mut String, records: &[Record]) {
                 // Beside n only where some row's differs from it.
                 return records.iter().any(|r| r.seq_kv != r.seq_q);
             }
-            let first = records.first().map(f);
-            records.iter().any(|r| Some(f(r)) != first)
+            let mut values = records.iter().map(f);
+            if WHERE_THEY_APPLY.contains(name) {
+                let mut applied = values.filter(|v| v != "–");
+                return applied
+                    .next()
+                    .is_some_and(|first| applied.any(|v| v != first));
+            }
+            let first = values.next();
+            values.any(|v| Some(v) != first)
         })
         .collect();
     let names: String = keys.iter().map(|(n, _)| format!(" {n} |")).collect();
@@ -489,5 +514,101 @@ fn chunk_grid(md: &mut String, g: &ChunkGrid) {
             })
             .collect();
         let _ = writeln!(md, "| {q} | {} |", cells.join(" | "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
+    use crate::variant::VariantId;
+
+    fn row(variant: VariantId, mode: Mode, edit: impl FnOnce(&mut Case)) -> Record {
+        let mut case = Case {
+            variant,
+            mode,
+            device: Device::Cpu,
+            dtype: DType::F32,
+            shape: Shape {
+                batch: 1,
+                heads: 1,
+                kv_heads: 1,
+                seq_q: 256,
+                seq_kv: 256,
+                head_dim: 64,
+            },
+            q_chunk: None,
+            kv_chunk: None,
+            causal: false,
+            window: None,
+            devices: 1,
+            splits: None,
+            allreduce: variant.get().default_allreduce(),
+            threads: 1,
+            input_dist: InputDist::Normal,
+            input_scale: 1.0,
+            seed: 0,
+            d_out: UpstreamGrad::Random,
+        };
+        edit(&mut case);
+        Record::for_case("t", &case, Status::Ok, "")
+    }
+
+    /// The header row of the "All cases" table.
+    fn header(records: &[Record]) -> String {
+        let mut md = String::new();
+        all_cases(&mut md, records);
+        md.lines()
+            .find(|l| l.starts_with("| variant"))
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn rows_that_differ_only_in_seed_or_d_out_get_a_column_for_it() {
+        let naive = VariantId::Naive;
+        let seeds = [
+            row(naive, Mode::Fwd, |_| {}),
+            row(naive, Mode::Fwd, |c| c.seed = 1),
+        ];
+        let h = header(&seeds);
+        assert!(h.starts_with("| variant | dtype | seed | inputs |"), "{h}");
+        let mut md = String::new();
+        all_cases(&mut md, &seeds);
+        assert!(md.contains("| naive | f32 | 1 | normal | 256 |"), "{md}");
+        let grads = [
+            row(naive, Mode::FwdBwd, |_| {}),
+            row(naive, Mode::FwdBwd, |c| c.d_out = UpstreamGrad::Ones),
+        ];
+        assert!(header(&grads).contains("| d_out |"));
+        let scales = [
+            row(naive, Mode::Fwd, |_| {}),
+            row(naive, Mode::Fwd, |c| c.input_scale = 0.5),
+        ];
+        assert!(header(&scales).contains("| input_scale |"));
+    }
+
+    #[test]
+    fn keys_that_are_the_same_where_they_apply_add_no_column() {
+        // One seed, one upstream gradient (fwd+bwd rows only), one allreduce (tree-decode
+        // only): only the mode and the devices differ.
+        let rows = [
+            row(VariantId::Naive, Mode::Fwd, |_| {}),
+            row(VariantId::Naive, Mode::FwdBwd, |_| {}),
+            row(VariantId::TreeDecode, Mode::Decode, |c| c.devices = 2),
+            row(VariantId::RingDecode, Mode::Decode, |c| c.devices = 2),
+        ];
+        assert_eq!(
+            header(&rows),
+            "| variant | dtype | mode | devices | inputs | n | q_chunk | kv_chunk | threads | \
+             status | time | GFLOP/s | overhead | max abs err | max abs diff |"
+        );
+        let trees = [
+            row(VariantId::TreeDecode, Mode::Decode, |_| {}),
+            row(VariantId::TreeDecode, Mode::Decode, |c| {
+                c.allreduce = Some(crate::sim::plan::Allreduce::Ring)
+            }),
+        ];
+        assert!(header(&trees).contains("| allreduce |"));
     }
 }
