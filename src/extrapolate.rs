@@ -95,15 +95,11 @@ pub fn estimate_full_s(part_s: f64, case: &Case, rows: usize) -> f64 {
     part_s * case.shape.seq_q as f64 / rows as f64
 }
 
-/// The full case's record from the part's: identity, inputs/outputs bytes and FLOPs of the
-/// full case; times scaled by `seq_q / rows` (each sample scales, so median, min, max and
-/// MAD do); GFLOP/s from the full FLOPs and the scaled median; memory, RSS and error as
-/// measured on the part; flagged `extrapolated` with `timed_rows`.
 /// The outcome of the full case from that of its part: the row by [`scale_record`], and the
 /// timed samples by the same factor, so that `samples.csv` (which `compare` judges) and the
 /// row's time columns agree.
 pub fn scale_outcome(part: Outcome, full: &Case, run: &str, predicted_full: u64) -> Outcome {
-    let ratio = full.shape.seq_q as f64 / part.record.seq_q as f64;
+    let ratio = time_ratio(full, &part.record);
     Outcome {
         record: scale_record(part.record, full, run, predicted_full),
         samples: part.samples.iter().map(|t| t * ratio).collect(),
@@ -111,8 +107,17 @@ pub fn scale_outcome(part: Outcome, full: &Case, run: &str, predicted_full: u64)
     }
 }
 
+/// The factor from the part's times to the full case's: `seq_q / rows`.
+fn time_ratio(full: &Case, part: &Record) -> f64 {
+    full.shape.seq_q as f64 / part.seq_q as f64
+}
+
+/// The full case's record from the part's: identity, inputs/outputs bytes and FLOPs of the
+/// full case; times scaled by `seq_q / rows` (each sample scales, so median, min, max and
+/// MAD do); GFLOP/s from the full FLOPs and the scaled median; memory, RSS and error as
+/// measured on the part; flagged `extrapolated` with `timed_rows`.
 pub fn scale_record(part: Record, full: &Case, run: &str, predicted_full: u64) -> Record {
-    let ratio = full.shape.seq_q as f64 / part.seq_q as f64;
+    let ratio = time_ratio(full, &part);
     let scale = |t: Option<f64>| t.map(|t| t * ratio);
     let mut r = Record::for_case(run, full, part.status, part.reason);
     r.reps = part.reps;

@@ -246,11 +246,16 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         }
     }
     if INTERRUPTED.load(Ordering::Relaxed) {
+        let next = if dist::size() > 1 {
+            // See the refusal of --resume above.
+            "a sweep under mpirun cannot resume: rerun it with --force".to_string()
+        } else {
+            format!("continue with `{}`", resume_command(args, &dir))
+        };
         return Err(Error::Interrupted(format!(
-            "interrupted: {} rows kept in {}; continue with `{}`",
+            "interrupted: {} rows kept in {}; {next}",
             records.len() + done.len(),
             csv_path.display(),
-            resume_command(args, &dir)
         )));
     }
     if !args.no_report {
@@ -357,20 +362,25 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<DirLock> {
             dir.display()
         )));
     }
+    // The lock file (and a temporary a crash left) are not results.
+    let non_empty = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .any(|e| !durable::is_bookkeeping(&e.file_name().to_string_lossy()))
+        })
+        .unwrap_or(false);
+    if non_empty && !resume && !force {
+        // Refused before the lock file is made: a directory we do not write stays as it was.
+        return Err(Error::Usage(format!(
+            "output directory {} exists and is not empty: pass --resume to continue it, \
+             --force to replace its results, or --out for another directory",
+            dir.display()
+        )));
+    }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
     let lock = DirLock::acquire(dir)?;
-    let non_empty = std::fs::read_dir(dir)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false);
     if non_empty && !resume {
-        if !force {
-            return Err(Error::Usage(format!(
-                "output directory {} exists and is not empty: pass --resume to continue it, \
-                 --force to replace its results, or --out for another directory",
-                dir.display()
-            )));
-        }
         // The derived files and report/ go only with the run they derive from: in a
         // directory that holds no run, a `report/` is the user's own.
         let holds_run = dir.join(CSV_NAME).is_file() || dir.join(META_NAME).is_file();
@@ -391,29 +401,29 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<DirLock> {
     Ok(lock)
 }
 
-/// Before a resume appends: a last row that a crash or a full disk cut short is removed (its
-/// case runs again), one that only lacks its newline (a hand edit) is completed.
+/// Before a resume appends: a file of another version is refused before anything in it
+/// changes; then a last row that a crash, a full disk or an edit left unfinished (no newline,
+/// or too few fields) is removed, and its case runs again.
 fn end_files_on_whole_rows(dir: &Path) -> Result<()> {
     for name in [CSV_NAME, SAMPLES_NAME] {
         let path = dir.join(name);
-        if !path.is_file() {
-            continue;
+        if durable::has_whole_first_line(&path) {
+            match name {
+                CSV_NAME => crate::report::csv::check_header(&path)?,
+                _ => samples::check_header(&path)?,
+            }
         }
-        let header = durable::first_line(&path)?;
-        let whole = |line: &str| match name {
-            CSV_NAME => durable::is_whole_row::<Record>(&header, line),
-            _ => durable::is_whole_row::<samples::Row>(&header, line),
-        };
-        match durable::end_on_a_whole_line(&path, whole)? {
+        match durable::end_on_a_whole_row(&path)? {
             Tail::Whole => {}
-            Tail::Completed => eprintln!(
-                "resume: the last row of {} had no newline: added one",
+            Tail::Removed { header: true, .. } => eprintln!(
+                "resume: {} held only part of its header; it is written again",
                 path.display()
             ),
-            Tail::Removed(line) => eprintln!(
-                "resume: the last row of {} was cut short (a crash or a full disk while it \
-                 was written); removed it, its case runs again: `{line}`",
-                path.display()
+            Tail::Removed { text, .. } => eprintln!(
+                "resume: the last row of {} was unfinished (a crash, a full disk or an edit \
+                 left it without its newline); removed it, its case runs again: `{}`",
+                path.display(),
+                text.trim_end()
             ),
         }
     }
@@ -421,8 +431,17 @@ fn end_files_on_whole_rows(dir: &Path) -> Result<()> {
 }
 
 /// First Ctrl-C: finish cleanly after the current repetition. Second: exit at once (rows
-/// already written are on disk either way, since every row is flushed).
+/// already written are on disk either way, since every row is flushed). SIGTERM and SIGHUP
+/// do the same (ctrlc's `termination`), except that a SIGHUP ignored when
+/// the sweep started (`nohup`) stays ignored.
 fn install_interrupt_handler() {
+    #[cfg(unix)]
+    let hangup_ignored = {
+        // SAFETY: reads the current disposition only (no new action is installed).
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        let read = unsafe { libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) };
+        read == 0 && old.sa_sigaction == libc::SIG_IGN
+    };
     let _ = ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             eprintln!("\ninterrupted again: exiting now");
@@ -432,6 +451,11 @@ fn install_interrupt_handler() {
             "\ninterrupt: stopping after the current repetition (press Ctrl-C again to quit now)"
         );
     });
+    #[cfg(unix)]
+    if hangup_ignored {
+        // SAFETY: restores the ignore disposition nohup set; no handler code is involved.
+        unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+    }
 }
 
 /// Progress on stderr: an indicatif bar (case i/N, current case, ETA) on a terminal, plain

@@ -557,17 +557,9 @@ fn malformed_or_misshaped_inputs_are_clear_errors() {
         .stderr(predicate::str::contains("k.npy"));
 }
 
-#[cfg(target_os = "linux")]
-#[test]
-fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-    let tmp = tempfile::tempdir().unwrap();
-    // 8 cases of 0.3 s each (rel_spread 0 never converges and max_reps is out of reach, so
-    // the time cap stops every case), so the interrupt lands mid-sweep.
-    let cfg = write_config(
-        tmp.path(),
-        r#"
+/// 8 cases of 0.3 s each (rel_spread 0 never converges and max_reps is out of reach, so the
+/// time cap stops every case): a signal lands mid-sweep.
+const SLOW: &str = r#"
 [run]
 name = "slow"
 warmup = 0
@@ -581,8 +573,36 @@ calibrate = false
 variant = ["flash", "naive"]
 seq_len = [64, 96, 128, 160]
 head_dim = [16]
-"#,
-    );
+"#;
+
+/// Waits until `csv` has `lines` lines (header included).
+#[cfg(unix)]
+fn wait_for_lines(csv: &Path, lines: usize) {
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    while csv_lines_if_any(csv) < lines {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the sweep never wrote {} rows",
+            lines - 1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(unix)]
+fn send_signal(child: &std::process::Child, signal: libc::c_int) {
+    // SAFETY: kill(2) on the child's pid; the child is not yet reaped, so the pid is its.
+    let sent = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), SLOW);
     let out = tmp.path().join("res");
     let bin = assert_cmd::cargo::cargo_bin("attnbench");
     let stderr_path = tmp.path().join("stderr.txt");
@@ -597,14 +617,7 @@ head_dim = [16]
         .spawn()
         .unwrap();
     let csv = out.join("runs.csv");
-    let start = Instant::now();
-    while csv_lines_if_any(&csv) < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "sweep never wrote 2 rows"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_lines(&csv, 3);
     // A second sweep into the directory meanwhile is refused, not interleaved.
     attnbench()
         .args(["sweep", "--resume", "--config"])
@@ -614,9 +627,7 @@ head_dim = [16]
         .assert()
         .code(2)
         .stderr(predicate::str::contains("another attnbench sweep"));
-    // SAFETY: kill(2) on the child's pid; the child is not yet reaped, so the pid is its.
-    let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-    assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
+    send_signal(&child, libc::SIGINT);
     let code = child.wait().unwrap().code();
     assert_eq!(code, Some(130), "interrupted sweep exit code");
     let kept = csv_lines_if_any(&csv);
@@ -653,6 +664,44 @@ head_dim = [16]
     assert_eq!(csv_lines(&csv).len(), 1 + 8);
 }
 
+/// SIGTERM (what `timeout` and CI runners send) stops a sweep as Ctrl-C does; a SIGHUP that
+/// was ignored when it started (`nohup`) stays ignored.
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_like_ctrl_c_and_a_nohup_sweep_survives_a_hangup() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), SLOW);
+    let out = tmp.path().join("res");
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("attnbench"));
+    cmd.args(["sweep", "--no-report", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: between fork and exec only signal(2), which is async-signal-safe, as nohup does.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let csv = out.join("runs.csv");
+    wait_for_lines(&csv, 2);
+    send_signal(&child, libc::SIGHUP);
+    // Two more rows after the hangup: it went on.
+    let at_hangup = csv_lines_if_any(&csv);
+    wait_for_lines(&csv, at_hangup + 2);
+    assert!(child.try_wait().unwrap().is_none(), "exited after SIGHUP");
+    send_signal(&child, libc::SIGTERM);
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let kept = csv_lines_if_any(&csv);
+    assert!((at_hangup + 2..1 + 8).contains(&kept), "{kept} lines kept");
+}
+
 /// What a crash, a full disk or a hand edit leaves at the end of the files, and a damaged
 /// meta.json, as a resume meets them.
 #[test]
@@ -666,6 +715,8 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
             .arg(&cfg)
             .arg("--out")
             .arg(&out)
+            // Every case timed: the last row and the last samples are of one case.
+            .args(["--set", "kv_heads=2"])
             .args(extra);
         cmd
     };
@@ -685,7 +736,9 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
     let text = fs::read_to_string(&samples).unwrap();
     fs::write(&samples, &text[..text.len() - 4]).unwrap();
     sweep(&["--resume"]).assert().success().stderr(
-        predicate::str::contains("was cut short").and(predicate::str::contains("1 to run")),
+        predicate::str::contains("runs.csv was unfinished")
+            .and(predicate::str::contains("samples.csv was unfinished"))
+            .and(predicate::str::contains("1 to run")),
     );
     assert_eq!(csv_lines(&csv).len(), rows);
     assert_eq!(last_id(&csv), torn_id);
@@ -700,13 +753,16 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
         .assert()
         .success()
         .stdout(predicate::str::contains("not of the same run").not());
-    // A whole last row without its newline (a hand edit) is kept.
+    // A last row that only lacks its newline may be one cut inside its last field, which
+    // still parses: it goes too, and its case runs again.
     let text = fs::read_to_string(&csv).unwrap();
     fs::write(&csv, text.trim_end()).unwrap();
     sweep(&["--resume"]).assert().success().stderr(
-        predicate::str::contains("had no newline").and(predicate::str::contains("0 to run")),
+        predicate::str::contains("runs.csv was unfinished")
+            .and(predicate::str::contains("1 to run")),
     );
-    assert_eq!(fs::read_to_string(&csv).unwrap(), text);
+    assert_eq!(csv_lines(&csv).len(), rows);
+    assert_eq!(last_id(&csv), torn_id);
     // An unreadable meta.json is not ignored (the resume would lose its run name and
     // calibration): refused, naming the file.
     fs::write(out.join("meta.json"), "{\"config\": ").unwrap();

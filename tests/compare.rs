@@ -3,6 +3,7 @@
 //! normalization, malformed inputs, and `samples.csv` as the sweep writes it.
 
 use assert_cmd::Command;
+use attnbench::measure::stats::Summary;
 use attnbench::report::record::{Record, Status};
 use predicates::prelude::*;
 use std::collections::BTreeSet;
@@ -72,17 +73,35 @@ fn edit_records(dir: &Path, f: impl FnOnce(&mut Vec<Record>)) {
     write_records(dir, &records);
 }
 
-/// Rewrites `samples.csv`, mapping each (case_id, time) to a new time.
+/// Rewrites `samples.csv`, mapping each (case_id, time) to a new time, and the time columns
+/// of each row from its new samples, as a sweep would have written them.
 fn edit_samples(dir: &Path, f: impl Fn(&str, f64) -> f64) {
     let p = dir.join("samples.csv");
     let mut r = csv::Reader::from_path(&p).unwrap();
     let rows: Vec<(String, usize, f64)> = r.deserialize().map(|x| x.unwrap()).collect();
     let mut w = csv::Writer::from_path(&p).unwrap();
     w.write_record(["case_id", "rep", "time_s"]).unwrap();
+    let mut by_case: std::collections::HashMap<String, Vec<f64>> = Default::default();
     for (id, rep, t) in rows {
-        w.serialize((&id, rep, f(&id, t))).unwrap();
+        let t = f(&id, t);
+        w.serialize((&id, rep, t)).unwrap();
+        let times = by_case.entry(id).or_default();
+        if rep == 0 {
+            times.clear();
+        }
+        times.push(t);
     }
     w.flush().unwrap();
+    edit_records(dir, |records| {
+        for r in records.iter_mut() {
+            if let Some(s) = by_case.get(&r.case_id).and_then(|t| Summary::of(t)) {
+                r.time_median_s = Some(s.median);
+                r.time_min_s = Some(s.min);
+                r.time_max_s = Some(s.max);
+                r.time_mad_s = Some(s.mad);
+            }
+        }
+    });
 }
 
 fn edit_meta(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
@@ -205,18 +224,6 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
     edit_samples(&cur, |_, t| t * 1.3);
-    edit_records(&cur, |rs| {
-        for r in rs {
-            for t in [
-                &mut r.time_median_s,
-                &mut r.time_min_s,
-                &mut r.time_max_s,
-                &mut r.time_mad_s,
-            ] {
-                *t = t.map(|x| x * 1.3);
-            }
-        }
-    });
     let (code, v) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(v["verdict"], "regression");
@@ -444,10 +451,16 @@ fn write_samples(dir: &Path, case_id: &str, times: &[f64]) {
     w.flush().unwrap();
 }
 
-/// The one-case run in `dir` with the timings `times`: its samples, and its row's `reps`.
+/// The one-case run in `dir` with the timings `times`: its samples, and its row's `reps`
+/// and times, as a sweep writes them.
 fn set_timings(dir: &Path, times: &[f64]) {
     let mut record = read_records(dir).remove(0);
+    let summary = Summary::of(times).unwrap();
     record.reps = times.len();
+    record.time_median_s = Some(summary.median);
+    record.time_min_s = Some(summary.min);
+    record.time_max_s = Some(summary.max);
+    record.time_mad_s = Some(summary.mad);
     write_records(dir, std::slice::from_ref(&record));
     write_samples(dir, &record.case_id, times);
 }
@@ -527,6 +540,17 @@ fn samples_of_another_run_are_not_judged() {
     let note = v["cases"][0]["time"]["note"].as_str().unwrap();
     assert!(
         note.contains("4 timings") && note.contains("7 repetitions"),
+        "{note}"
+    );
+    // As many timings as the row's reps, but not the ones its median came from (an older
+    // extrapolated row's unscaled part timings): not judged either.
+    let median = record.time_median_s.unwrap();
+    write_samples(&cur, &record.case_id, &[median / 128.0; 7]);
+    let (code, v) = compare_json(&base, &cur, &["--fail-on-unclear"]);
+    assert_eq!(code, 4, "{v:#}");
+    let note = v["cases"][0]["time"]["note"].as_str().unwrap();
+    assert!(
+        note.contains("median") && note.contains("not of the same run"),
         "{note}"
     );
     // A copy of runs.csv under another name is read alone: the samples.csv and meta.json

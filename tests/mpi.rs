@@ -63,7 +63,13 @@ fn check_run(p: usize) {
     files.sort();
     assert_eq!(
         files,
-        ["decode.md", "meta.json", "runs.csv", "samples.csv"],
+        [
+            ".attnbench.lock",
+            "decode.md",
+            "meta.json",
+            "runs.csv",
+            "samples.csv"
+        ],
         "p {p}"
     );
 

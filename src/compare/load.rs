@@ -105,7 +105,9 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
     let own_neighbours = csv_path.file_name() == Some(CSV_NAME.as_ref());
     let note = (!own_neighbours).then(|| {
         format!(
-            "{role} {} is not named {CSV_NAME}: the {SAMPLES_NAME} and {META_NAME} beside it              are not read (they belong to that directory's {CSV_NAME}), so its times are              unclear and its machine unknown",
+            "{role} {} is not named {CSV_NAME}: the {SAMPLES_NAME} and {META_NAME} beside it \
+             are not read (they belong to that directory's {CSV_NAME}), so its times are \
+             unclear and its machine unknown",
             path.display()
         )
     });

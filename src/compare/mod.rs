@@ -32,6 +32,10 @@ pub const EXIT_REGRESSION: i32 = 3;
 /// Exit code with `--fail-on-unclear`: no regression, but some time verdicts are unclear.
 pub const EXIT_UNCLEAR: i32 = 4;
 
+/// How far (relative) the median of a case's samples may lie from its row's
+/// `time_median_s`: rounding only (an extrapolated row scales its median, the samples each).
+const SAME_MEDIAN_REL: f64 = 1e-9;
+
 /// Resamples below this give too coarse a 95% interval to be worth reporting.
 const MIN_BOOTSTRAP: usize = 100;
 
@@ -490,19 +494,34 @@ fn time_of(
             return result;
         }
     };
-    // Samples that are not the row's (samples.csv of another run of the case) would judge
-    // other timings than the row shows: a run attnbench wrote has one sample per rep.
+    // Samples that are not the row's (samples.csv of another run of the case, or of an
+    // older attnbench that kept an extrapolated case's unscaled timings) would judge other
+    // timings than the row shows: a run attnbench writes has one sample per rep, and the
+    // row's median is theirs.
     for (s, r, run) in [(&sb, b, baseline), (&sc, c, current)] {
-        if s.len() != r.reps {
-            result.note = Some(format!(
-                "{}: samples.csv has {} timings of this case, runs.csv says {} repetitions: \
-                 they are not of the same run",
-                run.label,
+        let median = time::median(&mut s.clone());
+        let why = if s.len() != r.reps {
+            format!(
+                "{} timings of this case, runs.csv says {} repetitions",
                 s.len(),
                 r.reps
-            ));
-            return result;
-        }
+            )
+        } else if r
+            .time_median_s
+            .is_some_and(|m| (median - m).abs() > SAME_MEDIAN_REL * m.abs())
+        {
+            format!(
+                "timings of median {median:.6e} s, runs.csv says {:.6e} s",
+                r.time_median_s.unwrap_or(f64::NAN)
+            )
+        } else {
+            continue;
+        };
+        result.note = Some(format!(
+            "{}: samples.csv has {why}: they are not of the same run",
+            run.label
+        ));
+        return result;
     }
     // The counts the verdict rests on.
     (result.baseline_reps, result.current_reps) = (sb.len(), sc.len());

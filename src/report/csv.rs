@@ -44,7 +44,8 @@ impl CsvSink {
     }
 }
 
-fn check_header(path: &Path) -> Result<()> {
+/// Refuses a file whose header is not the one this version writes.
+pub fn check_header(path: &Path) -> Result<()> {
     let mut r = ::csv::Reader::from_path(path)
         .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
     let found: Vec<String> = r

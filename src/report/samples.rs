@@ -17,12 +17,11 @@ use crate::error::{Error, Result};
 /// The header, in order.
 pub const HEADER: [&str; 3] = ["case_id", "rep", "time_s"];
 
-/// One row of the file.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct Row {
-    pub case_id: String,
-    pub rep: usize,
-    pub time_s: f64,
+struct Row {
+    case_id: String,
+    rep: usize,
+    time_s: f64,
 }
 
 /// Appends the samples of one case at a time; writes the header when it opens a new file.
@@ -35,18 +34,7 @@ impl SamplesSink {
     pub fn open(path: &Path) -> Result<SamplesSink> {
         let exists = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
         if exists {
-            let mut r = ::csv::Reader::from_path(path)
-                .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-            let found = r
-                .headers()
-                .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-            if found.iter().ne(HEADER) {
-                return Err(Error::Runtime(format!(
-                    "{} does not have the header {}; use a new --out directory",
-                    path.display(),
-                    HEADER.join(",")
-                )));
-            }
+            check_header(path)?;
         }
         let file = OpenOptions::new()
             .create(true)
@@ -84,6 +72,23 @@ impl SamplesSink {
         }
         self.writer.flush().map_err(|e| err(e.to_string()))
     }
+}
+
+/// Refuses a file whose header is not [`HEADER`] (of another version, or not ours).
+pub fn check_header(path: &Path) -> Result<()> {
+    let mut r = ::csv::Reader::from_path(path)
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
+    let found = r
+        .headers()
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
+    if found.iter().ne(HEADER) {
+        return Err(Error::Runtime(format!(
+            "{} does not have the header {}; use a new --out directory",
+            path.display(),
+            HEADER.join(",")
+        )));
+    }
+    Ok(())
 }
 
 /// Every case's samples, in call order. A malformed file is an `Input` error naming the file
