@@ -187,8 +187,8 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     } else {
         (0..todo.len()).map(|i| i..i + 1).collect()
     };
-    'groups: for group in groups {
-        if INTERRUPTED.load(Ordering::Relaxed) {
+    for group in groups {
+        if interrupted_on_any_rank()? {
             break;
         }
         let cases = &todo[group.clone()];
@@ -204,9 +204,10 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
                 Device::Cpu => copy_bandwidth(case.threads),
             };
             outcome.record.set_bandwidth(copy);
-            // A case cut short by Ctrl-C is not written: its numbers would be partial.
+            // A case cut short by Ctrl-C is not written: its numbers would be partial. (The
+            // sweep stops at the top of the loop, where under MPI every rank agrees to.)
             if INTERRUPTED.load(Ordering::Relaxed) {
-                break 'groups;
+                break;
             }
             // Samples first: a case in runs.csv always has its samples (a crash in between
             // leaves samples that the rerun of the case replaces).
@@ -262,6 +263,17 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         report_at_end(&dir)?;
     }
     Ok(())
+}
+
+/// Whether a signal asked the sweep to stop, on this process or, under MPI, on any rank:
+/// every rank must stop before the same case, or the others would wait in its collectives.
+fn interrupted_on_any_rank() -> Result<bool> {
+    let any = !dist::all_ok(!INTERRUPTED.load(Ordering::Relaxed))?;
+    if any {
+        // Another rank's signal: this rank ends as interrupted too (no report, exit 130).
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    }
+    Ok(any)
 }
 
 /// The command that continues this sweep: its config, every `--set` (they shape the grid),

@@ -205,3 +205,68 @@ fn a_dead_rank_fails_the_run() {
     assert!(!o.status.success());
     assert!(start.elapsed() < Duration::from_secs(60));
 }
+
+/// A signal that reaches one rank only (here rank 1, not the root) stops every rank before
+/// the same case: without agreement the root would wait in the next case's collectives
+/// until --mpi-timeout. The root says the run was interrupted and keeps whole rows.
+#[test]
+fn a_signal_to_one_rank_stops_every_rank_at_the_same_case() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sig");
+    let log = tmp.path().join("log.txt");
+    let mut child = Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_attnbench"))
+        .args(["sweep", "--config"])
+        .arg(repo().join("configs/mpi_smoke.toml"))
+        .args(["--set", "devices=2", "--set", "run.min_reps=300"])
+        .args(["--set", "run.max_reps=300", "--mpi-timeout", "60", "--out"])
+        .arg(&out)
+        .args(["--force", "--no-report"])
+        .stdout(std::fs::File::create(tmp.path().join("stdout.txt")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("mpirun runs");
+    let csv = out.join("runs.csv");
+    let start = Instant::now();
+    while std::fs::read_to_string(&csv).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no rows written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Rank 1 of this job: its command line names our --out, its environment its rank.
+    let rank1 = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let has = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+            has(&read("cmdline"), out.to_str().unwrap().as_bytes())
+                && has(&read("environ"), b"OMPI_COMM_WORLD_RANK=1\0")
+        })
+        .expect("rank 1's process");
+    // SAFETY: kill(2) on a process of this test's job.
+    assert_eq!(unsafe { libc::kill(rank1, libc::SIGINT) }, 0);
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopped.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the ranks did not stop together within 30 s (a rank waits in a collective)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains("interrupted:") && said.contains("rerun it with --force"),
+        "{said}"
+    );
+    let rows = records(&out);
+    assert!(rows.len() >= 2, "{} rows", rows.len());
+}
