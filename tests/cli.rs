@@ -4,7 +4,7 @@
 use assert_cmd::Command;
 use predicates::prelude::*;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The CSV header as the README documents it (the contract scripts depend on).
 const DOCUMENTED_HEADER: &str = "run,case_id,variant,device,dtype,mode,batch,heads,kv_heads,\
@@ -39,7 +39,7 @@ kv_heads = [2, 3]
 head_dim = [8]
 "#;
 
-fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+fn write_config(dir: &Path, text: &str) -> PathBuf {
     let p = dir.join("c.toml");
     fs::write(&p, text).unwrap();
     p
@@ -590,6 +590,21 @@ fn wait_for_lines(csv: &Path, lines: usize) {
     }
 }
 
+/// A sweep of [`SLOW`] into `dir/res`, to spawn (stdout discarded), with its config and
+/// output paths.
+#[cfg(unix)]
+fn slow_sweep(dir: &Path) -> (std::process::Command, PathBuf, PathBuf) {
+    let cfg = write_config(dir, SLOW);
+    let out = dir.join("res");
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("attnbench"));
+    cmd.args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null());
+    (cmd, cfg, out)
+}
+
 #[cfg(unix)]
 fn send_signal(child: &std::process::Child, signal: libc::c_int) {
     // SAFETY: kill(2) on the child's pid; the child is not yet reaped, so the pid is its.
@@ -602,17 +617,11 @@ fn send_signal(child: &std::process::Child, signal: libc::c_int) {
 fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
     use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), SLOW);
-    let out = tmp.path().join("res");
+    let (mut cmd, cfg, out) = slow_sweep(tmp.path());
     let bin = assert_cmd::cargo::cargo_bin("attnbench");
     let stderr_path = tmp.path().join("stderr.txt");
-    let mut child = std::process::Command::new(&bin)
-        .args(["sweep", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&out)
+    let mut child = cmd
         .args(["--set", "head_dim=16"])
-        .stdout(Stdio::null())
         .stderr(fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
@@ -672,15 +681,8 @@ fn sigterm_stops_like_ctrl_c_and_a_nohup_sweep_survives_a_hangup() {
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), SLOW);
-    let out = tmp.path().join("res");
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("attnbench"));
-    cmd.args(["sweep", "--no-report", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let (mut cmd, _, out) = slow_sweep(tmp.path());
+    cmd.arg("--no-report").stderr(Stdio::null());
     // SAFETY: between fork and exec only signal(2), which is async-signal-safe, as nohup does.
     unsafe {
         cmd.pre_exec(|| {
