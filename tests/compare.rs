@@ -295,6 +295,38 @@ fn one_page_more_memory_is_a_memory_regression_with_exit_3() {
 }
 
 #[test]
+fn an_ok_row_that_lost_its_memory_or_error_figure_is_a_regression() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    let mut target = String::new();
+    edit_records(&cur, |rs| {
+        let r = rs
+            .iter_mut()
+            .find(|r| r.status == Status::Ok && r.mem_overhead_bytes.is_some())
+            .expect("an ok row with memory");
+        r.mem_overhead_bytes = None;
+        r.max_abs_err = None;
+        target = r.case_id.clone();
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &[]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(cases_with(&v, "memory"), std::slice::from_ref(&target));
+    assert_eq!(cases_with(&v, "error"), std::slice::from_ref(&target));
+    assert_eq!(
+        v["cases"][0]["unrecorded"],
+        serde_json::json!(["memory", "error"])
+    );
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("**memory not recorded**"));
+}
+
+#[test]
 fn memory_on_another_cpu_kernel_path_is_not_judged_but_said() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");

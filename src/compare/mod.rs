@@ -116,6 +116,9 @@ pub struct CaseComparison {
     pub error: Option<ErrResult>,
     /// What regressed: any of "status", "error", "memory", "slower". Empty: none.
     pub regressions: Vec<&'static str>,
+    /// Figures the baseline's row has and the current's, ok too, lacks ("memory", "error"):
+    /// a gate that can no longer judge them is a regression, as a vanished case is.
+    pub unrecorded: Vec<&'static str>,
     /// The time verdict is unclear.
     pub unclear: bool,
 }
@@ -408,6 +411,14 @@ fn compare_case(
     if status == StatusChange::Lost {
         regressions.push("status");
     }
+    let mut unrecorded = Vec::new();
+    if both_ok && b.mem_overhead_bytes.is_some() && c.mem_overhead_bytes.is_none() {
+        unrecorded.push("memory");
+    }
+    if both_ok && b.max_abs_err.is_some() && c.max_abs_err.is_none() {
+        unrecorded.push("error");
+    }
+    regressions.extend(&unrecorded);
     if error.is_some_and(|e| e.verdict == ErrVerdict::Worse) {
         regressions.push("error");
     }
@@ -435,6 +446,7 @@ fn compare_case(
         memory,
         error,
         regressions,
+        unrecorded,
         unclear,
     }
 }

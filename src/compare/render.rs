@@ -185,6 +185,9 @@ fn row(c: &CaseComparison) -> String {
             human_bytes(m.tolerated_bytes)
         ));
     }
+    for figure in &c.unrecorded {
+        verdicts.push(format!("**{figure} not recorded**"));
+    }
     match c.time.as_ref().map(|t| t.verdict) {
         Some(TimeVerdict::Slower) => verdicts.push("**slower**".into()),
         Some(v) => verdicts.push(v.name().into()),
