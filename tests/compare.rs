@@ -257,13 +257,23 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
 /// Adds `bytes` to the memory overhead of the first ok `flash` case of `dtype` in the run
 /// at `dir`; returns its case id.
 fn add_memory(dir: &Path, dtype: &str, bytes: u64) -> String {
+    edit_first(
+        dir,
+        |r| r.status == Status::Ok && r.variant == "flash" && r.dtype == dtype,
+        |r| r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + bytes),
+    )
+}
+
+/// Edits the first row `pick` accepts and returns its case id.
+fn edit_first(
+    dir: &Path,
+    pick: impl Fn(&Record) -> bool,
+    edit: impl FnOnce(&mut Record),
+) -> String {
     let mut target = String::new();
     edit_records(dir, |rs| {
-        let r = rs
-            .iter_mut()
-            .find(|r| r.status == Status::Ok && r.variant == "flash" && r.dtype == dtype)
-            .unwrap();
-        r.mem_overhead_bytes = r.mem_overhead_bytes.map(|m| m + bytes);
+        let r = rs.iter_mut().find(|r| pick(r)).expect("a row to edit");
+        edit(r);
         target = r.case_id.clone();
     });
     target
@@ -299,16 +309,14 @@ fn an_ok_row_that_lost_its_memory_or_error_figure_is_a_regression() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
-    let mut target = String::new();
-    edit_records(&cur, |rs| {
-        let r = rs
-            .iter_mut()
-            .find(|r| r.status == Status::Ok && r.mem_overhead_bytes.is_some())
-            .expect("an ok row with memory");
-        r.mem_overhead_bytes = None;
-        r.max_abs_err = None;
-        target = r.case_id.clone();
-    });
+    let target = edit_first(
+        &cur,
+        |r| r.status == Status::Ok && r.mem_overhead_bytes.is_some(),
+        |r| {
+            r.mem_overhead_bytes = None;
+            r.max_abs_err = None;
+        },
+    );
     let (code, v) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(cases_with(&v, "memory"), std::slice::from_ref(&target));
@@ -379,14 +387,15 @@ fn an_error_row_where_the_baseline_was_ok_is_flagged_with_exit_3() {
     let tmp = tempfile::tempdir().unwrap();
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
-    let mut target = String::new();
-    edit_records(&cur, |rs| {
-        let r = rs.iter_mut().find(|r| r.status == Status::Ok).unwrap();
-        r.status = Status::Error;
-        r.reason = "12 of the checked output values are NaN or infinite".into();
-        r.max_abs_err = Some(f64::INFINITY);
-        target = r.case_id.clone();
-    });
+    let target = edit_first(
+        &cur,
+        |r| r.status == Status::Ok,
+        |r| {
+            r.status = Status::Error;
+            r.reason = "12 of the checked output values are NaN or infinite".into();
+            r.max_abs_err = Some(f64::INFINITY);
+        },
+    );
     let (code, v) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(cases_with(&v, "status"), [target]);

@@ -306,32 +306,13 @@ impl Record {
 
 /// The CSV header, in order.
 pub fn header() -> Vec<String> {
-    let case = crate::problem::Case {
-        variant: crate::variant::VariantId::Naive,
-        mode: crate::problem::Mode::Fwd,
-        device: crate::problem::Device::Cpu,
-        dtype: crate::problem::DType::F32,
-        shape: crate::problem::Shape {
-            batch: 1,
-            heads: 1,
-            kv_heads: 1,
-            seq_q: 1,
-            seq_kv: 1,
-            head_dim: 1,
-        },
-        q_chunk: None,
-        kv_chunk: None,
-        causal: false,
-        window: None,
-        devices: 1,
-        splits: None,
-        allreduce: None,
-        threads: 1,
-        input_dist: crate::problem::InputDist::Normal,
-        input_scale: 1.0,
-        seed: 0,
-        d_out: crate::problem::UpstreamGrad::Random,
-    };
+    use crate::problem::{Case, DType, Shape};
+    let case = Case::cpu_fwd(
+        crate::variant::VariantId::Naive,
+        Shape::self_attention(1, 1, 1),
+        DType::F32,
+        1,
+    );
     Record::for_case("", &case, Status::Ok, "")
         .fields()
         .into_iter()

@@ -384,23 +384,10 @@ mod tests {
             head_dim: 64,
         };
         let mut case = Case {
-            variant,
             mode,
-            device: Device::Cpu,
-            dtype: DType::F32,
-            shape,
             q_chunk: None,
             kv_chunk: None,
-            causal: false,
-            window: None,
-            devices: 1,
-            splits: crate::config::default_splits(variant, Device::Cpu, &shape, 2),
-            allreduce: variant.get().default_allreduce(),
-            threads: 2,
-            input_dist: InputDist::Normal,
-            input_scale: 1.0,
-            seed: 0,
-            d_out: UpstreamGrad::Random,
+            ..Case::cpu_fwd(variant, shape, DType::F32, 2)
         };
         edit(&mut case);
         Record::for_case("t", &case, Status::Ok, "")

@@ -520,35 +520,16 @@ fn chunk_grid(md: &mut String, g: &ChunkGrid) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
+    use crate::problem::{Case, DType, Mode, Shape, UpstreamGrad};
     use crate::variant::VariantId;
 
     fn row(variant: VariantId, mode: Mode, edit: impl FnOnce(&mut Case)) -> Record {
         let mut case = Case {
-            variant,
             mode,
-            device: Device::Cpu,
-            dtype: DType::F32,
-            shape: Shape {
-                batch: 1,
-                heads: 1,
-                kv_heads: 1,
-                seq_q: 256,
-                seq_kv: 256,
-                head_dim: 64,
-            },
             q_chunk: None,
             kv_chunk: None,
-            causal: false,
-            window: None,
-            devices: 1,
             splits: None,
-            allreduce: variant.get().default_allreduce(),
-            threads: 1,
-            input_dist: InputDist::Normal,
-            input_scale: 1.0,
-            seed: 0,
-            d_out: UpstreamGrad::Random,
+            ..Case::cpu_fwd(variant, Shape::self_attention(1, 256, 64), DType::F32, 1)
         };
         edit(&mut case);
         Record::for_case("t", &case, Status::Ok, "")

@@ -375,14 +375,7 @@ impl Figure {
                 yy += h + 6;
             }
             yy += 10;
-            let mut notes = Vec::new();
-            for note in &self.notes {
-                for line in wrap(note, chars + 6) {
-                    notes.push((line, (8, yy)));
-                    yy += note_h;
-                }
-                yy += 6;
-            }
+            let notes = place_notes(&self.notes, chars + 6, (8, &mut yy), note_h, 6);
             if yy <= available {
                 return Legend {
                     below: false,
@@ -426,15 +419,8 @@ impl Figure {
         }
         let (bottom, width, rows) = best.unwrap_or((12, usable, Vec::new()));
         let mut yy = bottom + 8;
-        let mut notes = Vec::new();
         let note_chars = (usable as f64 / (0.6 * note_font as f64)) as usize;
-        for note in &self.notes {
-            for line in wrap(note, note_chars) {
-                notes.push((line, (MARGIN, yy)));
-                yy += note_h;
-            }
-            yy += 4;
-        }
+        let notes = place_notes(&self.notes, note_chars, (MARGIN, &mut yy), note_h, 4);
         Legend {
             below: true,
             height: (yy + 12) as u32,
@@ -536,6 +522,26 @@ fn text_width(text: &str, size: i32) -> i32 {
 
 /// Splits `text` at spaces into lines at most `max` pixels wide at font `size` (a word wider
 /// than that gets a line of its own).
+/// The legend's notes wrapped to `chars` per line, placed one line every `line_h` px from
+/// (x, *y) down with `gap` px after each note; *y ends below the last.
+fn place_notes(
+    notes: &[String],
+    chars: usize,
+    (x, y): (i32, &mut i32),
+    line_h: i32,
+    gap: i32,
+) -> Vec<(String, (i32, i32))> {
+    let mut placed = Vec::new();
+    for note in notes {
+        for line in wrap(note, chars) {
+            placed.push((line, (x, *y)));
+            *y += line_h;
+        }
+        *y += gap;
+    }
+    placed
+}
+
 fn wrap_px(text: &str, max: i32, size: i32) -> Vec<String> {
     wrap_while(text, |line| text_width(line, size) <= max)
 }
