@@ -421,8 +421,10 @@ fn end_files_on_whole_rows(dir: &Path) -> Result<()> {
         let path = dir.join(name);
         if durable::has_whole_first_line(&path) {
             match name {
-                CSV_NAME => crate::report::csv::check_header(&path)?,
-                _ => samples::check_header(&path)?,
+                CSV_NAME => {
+                    crate::report::csv::check_header(&path, &crate::report::record::header())?
+                }
+                _ => crate::report::csv::check_header(&path, &samples::HEADER)?,
             }
         }
         match durable::end_on_a_whole_row(&path)? {

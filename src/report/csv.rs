@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::record::{header, Record};
 use crate::error::{Error, Result};
 
-/// Appends records to a CSV file, writing the header first when the file is new or empty.
+/// Appends records to `runs.csv`.
 pub struct CsvSink {
     writer: ::csv::Writer<File>,
     path: PathBuf,
@@ -16,20 +16,8 @@ pub struct CsvSink {
 
 impl CsvSink {
     pub fn open(path: &Path) -> Result<CsvSink> {
-        let exists = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
-        if exists {
-            check_header(path)?;
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        let writer = ::csv::WriterBuilder::new()
-            .has_headers(!exists)
-            .from_writer(file);
         Ok(CsvSink {
-            writer,
+            writer: open_append(path, &header())?,
             path: path.to_path_buf(),
         })
     }
@@ -44,18 +32,40 @@ impl CsvSink {
     }
 }
 
-/// Refuses a file whose header is not the one this version writes.
-pub fn check_header(path: &Path) -> Result<()> {
+/// Opens a CSV file of these columns to append rows (without headers) to. A new or empty
+/// file gets the header at once, so a run that writes no row still leaves a well-formed
+/// file; an existing one must have this header.
+pub fn open_append<S: AsRef<str>>(path: &Path, header: &[S]) -> Result<::csv::Writer<File>> {
+    let exists = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
+    if exists {
+        check_header(path, header)?;
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let mut writer = ::csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(file);
+    if !exists {
+        let err = |e: String| Error::Runtime(format!("writing {}: {e}", path.display()));
+        writer
+            .write_record(header.iter().map(AsRef::as_ref))
+            .map_err(|e| err(e.to_string()))?;
+        writer.flush().map_err(|e| err(e.to_string()))?;
+    }
+    Ok(writer)
+}
+
+/// Refuses a file whose header is not `want`, the columns this version writes.
+pub fn check_header<S: AsRef<str>>(path: &Path, want: &[S]) -> Result<()> {
     let mut r = ::csv::Reader::from_path(path)
         .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-    let found: Vec<String> = r
+    let found = r
         .headers()
-        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?
-        .iter()
-        .map(str::to_string)
-        .collect();
-    let want = header();
-    if found != want {
+        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
+    if found.iter().ne(want.iter().map(AsRef::as_ref)) {
         return Err(Error::Runtime(format!(
             "{} has a different CSV header than this version of attnbench writes; \
              use a new --out directory (found {} columns, expected {})",

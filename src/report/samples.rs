@@ -7,7 +7,7 @@
 //! new `rep = 0` starts it over: the last run of a case wins, as it does for `--resume`.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -32,29 +32,8 @@ pub struct SamplesSink {
 
 impl SamplesSink {
     pub fn open(path: &Path) -> Result<SamplesSink> {
-        let exists = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
-        if exists {
-            check_header(path)?;
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        let mut writer = ::csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_writer(file);
-        if !exists {
-            // The header at once, so that a run whose cases all fail (no samples) still
-            // leaves a well-formed file.
-            let err = |e: String| Error::Runtime(format!("writing {}: {e}", path.display()));
-            writer
-                .write_record(HEADER)
-                .map_err(|e| err(e.to_string()))?;
-            writer.flush().map_err(|e| err(e.to_string()))?;
-        }
         Ok(SamplesSink {
-            writer,
+            writer: crate::report::csv::open_append(path, &HEADER)?,
             path: path.to_path_buf(),
         })
     }
@@ -72,23 +51,6 @@ impl SamplesSink {
         }
         self.writer.flush().map_err(|e| err(e.to_string()))
     }
-}
-
-/// Refuses a file whose header is not [`HEADER`] (of another version, or not ours).
-pub fn check_header(path: &Path) -> Result<()> {
-    let mut r = ::csv::Reader::from_path(path)
-        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-    let found = r
-        .headers()
-        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-    if found.iter().ne(HEADER) {
-        return Err(Error::Runtime(format!(
-            "{} does not have the header {}; use a new --out directory",
-            path.display(),
-            HEADER.join(",")
-        )));
-    }
-    Ok(())
 }
 
 /// Every case's samples, in call order. A malformed file is an `Input` error naming the file
