@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates the CI baseline of this machine's CPU kernel path, results/baseline/ci/<path>/
-# (`attnbench list --kernel-path`), from configs/ci.toml with the release build of the
-# checked-out commit. Use it when a change is meant to move the numbers (or
-# changes the cases), on a quiet machine, then commit the result on its own: a baseline
-# change is a reviewed commit of its own (README, "Comparing runs").
+# Regenerates the CI baseline of this machine, results/baseline/ci/<machine key>/
+# (`attnbench list --machine-key`: CPU vendor, family, model and kernel path), from
+# configs/ci.toml with the release build of the checked-out commit, and makes that commit
+# the baseline build of the A/B time gate (results/baseline/ci/ab-revision). Use it when a
+# change is meant to move the numbers (or changes the cases), or on a machine that has no
+# baseline yet, then commit the result on its own: a baseline change is a reviewed commit
+# of its own (README, "The CI gate and its baseline").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! git diff --quiet HEAD -- src Cargo.toml Cargo.lock configs/ci.toml 2>/dev/null; then
-    echo "warning: uncommitted changes to the sources or configs/ci.toml; the baseline's" \
-         "meta.json will record git_dirty = true" >&2
+# The A/B gate rebuilds the baseline from its revision: what is measured must be committed.
+if ! git diff --quiet HEAD -- src Cargo.toml Cargo.lock build.rs configs/ci.toml 2>/dev/null; then
+    echo "error: uncommitted changes to the sources or configs/ci.toml: commit them first" \
+         "(the baseline names the commit it was measured with)" >&2
+    exit 2
 fi
 if [[ -r /proc/loadavg ]]; then
     read -r load _ < /proc/loadavg
@@ -17,13 +21,13 @@ if [[ -r /proc/loadavg ]]; then
 fi
 
 cargo build --release
-path="$(./target/release/attnbench list --kernel-path)"
-out="results/baseline/ci/$path"
-new="results/baseline/ci/$path.new"
-others="$(ls -d results/baseline/ci/*/ 2> /dev/null | grep -v "/$path/$" || true)"
+key="$(./target/release/attnbench list --machine-key)"
+out="results/baseline/ci/$key"
+new="results/baseline/ci/$key.new"
+others="$(ls -d results/baseline/ci/*/ 2> /dev/null | grep -v "/$key/$" || true)"
 if [ -n "$others" ]; then
     echo "note: only $out is regenerated; when the change moves memory or the cases, also" \
-         "run this on a machine of each other path:" $others >&2
+         "run this on a machine of each other key:" $others >&2
 fi
 rm -rf "$new"
 log="$(mktemp)"
@@ -35,7 +39,9 @@ fi
 # Replace the old baseline only once the new one is complete.
 rm -rf "$out"
 mv "$new" "$out"
+git rev-parse HEAD > results/baseline/ci/ab-revision
 # The new baseline passes against itself, or it is not a baseline.
 ./target/release/attnbench compare "$out" "$out" > /dev/null
-echo "wrote $out ($(($(wc -l < "$out/runs.csv") - 1)) cases). Review, then commit it alone:"
-echo "  git add $out && git commit -m 'CI baseline: <why the numbers move>'"
+echo "wrote $out ($(($(wc -l < "$out/runs.csv") - 1)) cases) and results/baseline/ci/ab-revision" \
+     "($(cat results/baseline/ci/ab-revision)). Review, then commit them alone:"
+echo "  git add $out results/baseline/ci/ab-revision && git commit -m 'CI baseline: <why the numbers move>'"

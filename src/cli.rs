@@ -36,6 +36,10 @@ pub struct ListArgs {
     /// portable), e.g. to pick the CI baseline measured on the same path.
     #[arg(long)]
     pub kernel_path: bool,
+    /// Print only this machine's key: CPU vendor, family, model and kernel path (e.g.
+    /// intel-6-85-avx512), the name of its CI baseline directory.
+    #[arg(long, conflicts_with = "kernel_path")]
+    pub machine_key: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +56,13 @@ pub enum Command {
     /// Compare two runs case by case (CI regression gate): time, memory and error. Exit code
     /// 0 no regression, 3 regression found, 4 only unclear verdicts with --fail-on-unclear.
     Compare(CompareArgs),
+    /// Time this build against another build in the same run, alternating between the two
+    /// case by case (the CI time gate). Exit code 0 no kernel slower, 3 a kernel slower or a
+    /// case that only the current build fails.
+    Ab(Box<crate::ab::AbArgs>),
+    /// Serve cases over the worker protocol (JSON lines on stdin/stdout) until stdin
+    /// closes: how `ab` drives a build.
+    Worker,
     /// Analytic models from the papers (no measurement).
     #[command(subcommand)]
     Model(ModelCommand),
@@ -87,6 +98,11 @@ pub struct CompareArgs {
     /// Exit 4 when some time verdicts are unclear (and nothing regressed).
     #[arg(long)]
     pub fail_on_unclear: bool,
+    /// Show the time verdicts but let none of them fail the comparison: for a baseline
+    /// measured at another hour or on another machine, where `attnbench ab` (both builds
+    /// timed in one run) gates time instead. Memory, error and status still gate.
+    #[arg(long, conflicts_with = "fail_on_unclear")]
+    pub no_time_gate: bool,
     /// Print the comparison as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
@@ -320,6 +336,8 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
             if crate::dist::is_root() {
                 if a.kernel_path {
                     println!("{}", crate::backend::cpu::isa::Isa::detect().name());
+                } else if a.machine_key {
+                    println!("{}", crate::report::meta::machine_key());
                 } else {
                     print!("{}", crate::listing::list());
                 }
@@ -332,6 +350,11 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
             Ok(())
         }
         Command::Compare(a) => return crate::compare::command(a),
+        Command::Ab(a) => return crate::ab::command(a),
+        Command::Worker => {
+            let stdin = std::io::stdin().lock();
+            crate::worker::serve::serve(stdin, std::io::stdout().lock())
+        }
     }
     .map(|()| 0)
 }

@@ -4,6 +4,7 @@
 //!
 //! Data flow: config --expand--> cases --runner--> records --CSV--> report / compare.
 
+pub mod ab;
 pub mod backend;
 pub mod cli;
 pub mod compare;
@@ -27,6 +28,7 @@ pub mod sim;
 pub mod single;
 pub mod sweep;
 pub mod variant;
+pub mod worker;
 
 /// Every heap allocation of the process is counted, so the memory probe can read the peak
 /// bytes live during a call, and large requests over the memory budget fail (as `oom`).

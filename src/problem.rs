@@ -354,8 +354,9 @@ impl Shape {
     }
 }
 
-/// One point of the sweep grid: everything that determines a measurement.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One point of the sweep grid: everything that determines a measurement. Its JSON form
+/// (serde) is what the worker protocol sends (`crate::worker`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Case {
     pub variant: VariantId,
     pub mode: Mode,

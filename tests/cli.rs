@@ -1053,3 +1053,39 @@ head_dim = [16]
     assert_eq!(meta()["resumed"].as_array().unwrap().len(), 1);
     assert_eq!(csv_lines(&out.join("runs.csv")).len(), 1 + 2);
 }
+
+#[test]
+fn min_reps_wins_over_a_tiny_max_time_s() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        &TINY
+            .replace("min_reps = 1", "min_reps = 5")
+            .replace("max_reps = 2", "max_reps = 50")
+            .replace("max_time_s = 0.05", "max_time_s = 0.000001"),
+    );
+    let out = tmp.path().join("out");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let mut rdr = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+    let headers = rdr.headers().unwrap().clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (status, reps, stopped) = (col("status"), col("reps"), col("stopped_by"));
+    let mut ok = 0;
+    for row in rdr.records() {
+        let row = row.unwrap();
+        if &row[status] == "ok" {
+            ok += 1;
+            assert_eq!(&row[reps], "5", "{row:?}");
+            assert_eq!(&row[stopped], "time_cap", "{row:?}");
+        }
+    }
+    assert!(ok > 0);
+    let samples = fs::read_to_string(out.join("samples.csv")).unwrap();
+    assert_eq!(samples.lines().count() - 1, 5 * ok);
+}

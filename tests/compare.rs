@@ -18,7 +18,7 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The committed CI baselines, one per CPU kernel path (`results/baseline/ci/<path>/`).
+/// The committed CI baselines, one per machine (`results/baseline/ci/<machine key>/`).
 fn baselines() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = fs::read_dir(repo().join("results/baseline/ci"))
         .expect("results/baseline/ci")
@@ -30,15 +30,25 @@ fn baselines() -> Vec<PathBuf> {
     dirs
 }
 
-/// The baseline of this machine's kernel path, as `.ci/run` picks it, else the first one.
+/// The baseline `.ci/run` picks: this machine's, else one of the same kernel path, else
+/// the first one.
 fn baseline() -> PathBuf {
-    let path = attnbench::backend::cpu::isa::Isa::detect().name();
-    let own = repo().join("results/baseline/ci").join(path);
+    let own = repo()
+        .join("results/baseline/ci")
+        .join(attnbench::report::meta::machine_key());
     if own.join("runs.csv").is_file() {
-        own
-    } else {
-        baselines().remove(0)
+        return own;
     }
+    let path = attnbench::backend::cpu::isa::Isa::detect().name();
+    let all = baselines();
+    all.iter()
+        .find(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(&format!("-{path}")))
+        })
+        .cloned()
+        .unwrap_or_else(|| all[0].clone())
 }
 
 /// A copy of a results directory, to edit.

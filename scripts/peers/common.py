@@ -1,7 +1,8 @@
 """Shared pieces of the peer benchmarks: the cases of an attnbench config (from
 `attnbench sweep --dry-run --json`, so a peer runs exactly the shapes attnbench expands), the
-same stopping rule and statistics as attnbench's timer, an f64 oracle on the same rows
-attnbench checks, and rows in attnbench's CSV schema (appended and flushed one at a time).
+same stopping rule and statistics as attnbench's timer, and an f64 oracle on the same rows
+attnbench checks. The rows and samples in attnbench's CSV formats are results.py's
+(standard library only), re-exported here.
 
 Only the Python standard library and NumPy are needed here; the peers import their
 framework themselves.
@@ -9,86 +10,18 @@ framework themselves.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-# runs.csv columns, in order (src/report/record.rs; tests/peers.rs checks the two agree).
-HEADER = [
-    "run",
-    "case_id",
-    "variant",
-    "device",
-    "dtype",
-    "mode",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "q_chunk",
-    "kv_chunk",
-    "causal",
-    "window",
-    "devices",
-    "threads",
-    "status",
-    "reason",
-    "reps",
-    "time_median_s",
-    "time_min_s",
-    "time_max_s",
-    "time_mad_s",
-    "mem_overhead_bytes",
-    "mem_predicted_bytes",
-    "peak_rss_bytes",
-    "io_bytes",
-    "max_abs_err",
-    "max_rel_err",
-    "err_rows",
-    "flops",
-    "gflops",
-    "comm_bytes",
-    "comm_steps",
-    "seed",
-    "input_dist",
-    "input_scale",
-    "stopped_by",
-    "time_bwd_median_s",
-    "grad_max_abs_err",
-    "grad_max_rel_err",
-    "grad_err_rows",
-    "grad_err_scope",
-    "d_out",
-    "extrapolated",
-    "timed_rows",
-    "diff_variant",
-    "max_abs_diff",
-    "splits",
-    "allreduce",
-    "kv_read_bytes",
-    "kv_gbytes_per_s",
-    "copy_gbytes_per_s",
-    "copy_bw_frac",
-    "comm_elements",
-    "comm_max_device_bytes",
-    "device_peak_elements",
-    "device_peak_bytes",
-    "device_pairs_max",
-    "critical_path_pairs",
-    "comm_time_s",
-    "comm_time_min_s",
-    "sim_comm_bytes",
-    "sim_comm_max_device_bytes",
-    "probe_gflops",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import HEADER, ResultsOut, base_record, fill_timing, peer_case_id, summary  # noqa: E402,F401 - used as common.*
 
 # reference::ALL_ROWS_MAX_MACS: above this the oracle checks `error_rows` sampled rows.
 ALL_ROWS_MAX_MACS = 1 << 28
@@ -136,36 +69,10 @@ def peer_cases(cases: list[dict], variants: list[str]) -> list[tuple[str, dict]]
     return out
 
 
-def peer_case_id(case_id: str, variant: str, q_chunk=None, kv_chunk=None, device=None) -> str:
-    """attnbench's case_id with the peer's variant and chunks (`-` when it does not chunk),
-    and the device it ran on when that differs from the case's."""
-    parts = case_id.split("|")
-    parts[0] = variant
-    if device is not None:
-        parts[2] = device
-    qc = "-" if q_chunk is None else str(q_chunk)
-    kc = "-" if kv_chunk is None else str(kv_chunk)
-    parts[7] = f"qc{qc}kc{kc}"
-    return "|".join(parts)
-
-
 def stop_rule(run: dict) -> dict:
     rule = {k: run[k] for k in ("warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "rel_spread")}
     rule["warmup_s"] = run.get("warmup_s", 0.0)  # configs resolved before it existed lack it
     return rule
-
-
-def summary(samples: list[float]) -> dict:
-    """Median (mean of the middle two for an even count), min, max, unscaled MAD."""
-    s = sorted(samples)
-    n = len(s)
-
-    def med(x):
-        return x[n // 2] if n % 2 else 0.5 * (x[n // 2 - 1] + x[n // 2])
-
-    m = med(s)
-    dev = sorted(abs(x - m) for x in s)
-    return {"reps": n, "median": m, "min": s[0], "max": s[-1], "mad": med(dev)}
 
 
 def time_repetitions(call, rule: dict) -> tuple[list[float], str]:
@@ -326,97 +233,6 @@ def dq_error(q, k, v, d_out, dq, case: dict, sample: int) -> dict:
         "grad_err_scope": "dq",
         "non_finite": bad,
     }
-
-
-def base_record(run: dict, entry: dict, variant: str, q_chunk=None, kv_chunk=None, device=None) -> dict:
-    """A row for `entry` (one line of the dry-run JSON) run by peer `variant` (on `device`
-    when given, else on the case's)."""
-    c = entry["case"]
-    s = c["shape"]
-    rec = {h: "" for h in HEADER}
-    # Peers time every case in full (attnbench's CSV reads this column as a boolean).
-    rec["extrapolated"] = "false"
-    rec.update(
-        run=run["name"],
-        case_id=peer_case_id(entry["case_id"], variant, q_chunk, kv_chunk, device),
-        variant=variant,
-        device=device or c["device"],
-        dtype=c["dtype"],
-        mode=c["mode"],
-        batch=s["batch"],
-        heads=s["heads"],
-        kv_heads=s["kv_heads"],
-        seq_q=s["seq_q"],
-        seq_kv=s["seq_kv"],
-        head_dim=s["head_dim"],
-        q_chunk="" if q_chunk is None else q_chunk,
-        kv_chunk="" if kv_chunk is None else kv_chunk,
-        causal=c["causal"],
-        window="" if c["window"] is None else c["window"],
-        devices=c["devices"],
-        threads=c["threads"],
-        status="ok",
-        reps=0,
-        io_bytes=entry["io_bytes"],
-        flops=entry["flops"],
-        seed=c["seed"],
-        input_dist=c["input_dist"],
-        input_scale=c["input_scale"],
-        d_out=c["d_out"] if c["mode"] == "fwd+bwd" else "",
-    )
-    return rec
-
-
-def fill_timing(rec: dict, samples: list[float], stopped_by: str, flops: float) -> None:
-    sm = summary(samples)
-    rec.update(
-        reps=sm["reps"],
-        time_median_s=sm["median"],
-        time_min_s=sm["min"],
-        time_max_s=sm["max"],
-        time_mad_s=sm["mad"],
-        gflops=flops / sm["median"] / 1e9 if sm["median"] > 0 else "",
-        stopped_by=stopped_by,
-    )
-
-
-def _text(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)  # shortest round trip, "1.0" style like attnbench's writer
-    return str(v)
-
-
-class CsvOut:
-    """Appends rows to DIR/runs.csv (creating it with the header), flushing each row. An
-    existing file must have attnbench's header; nothing in it is ever rewritten."""
-
-    def __init__(self, out_dir: str):
-        self.path = Path(out_dir) / "runs.csv"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        exists = self.path.exists() and self.path.stat().st_size > 0
-        if exists:
-            with open(self.path, newline="") as f:
-                header = next(csv.reader(f), [])
-            if header != HEADER:
-                raise SystemExit(f"error: {self.path} does not have attnbench's runs.csv header")
-        self.f = open(self.path, "a", newline="")
-        self.w = csv.writer(self.f, lineterminator="\n")
-        if not exists:
-            self.w.writerow(HEADER)
-            self.f.flush()
-
-    def done_ids(self) -> set[str]:
-        with open(self.path, newline="") as f:
-            return {r["case_id"] for r in csv.DictReader(f)}
-
-    def write(self, rec: dict) -> None:
-        self.w.writerow([_text(rec[h]) for h in HEADER])
-        self.f.flush()
-        os.fsync(self.f.fileno())
 
 
 def progress(i: int, n: int, rec: dict) -> None:

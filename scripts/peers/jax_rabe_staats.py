@@ -6,7 +6,7 @@ Reads an attnbench config, runs every distinct problem of it (attnbench's varian
 axes dropped) with the paper's defaults (query_chunk_size 1024, key_chunk_size 4096, each
 clamped to n as the code does), jitted, timed by attnbench's rule (warm-up, repetitions
 until convergence or the cap, median), and appends rows in attnbench's CSV schema to
-DIR/runs.csv.
+DIR/runs.csv and each timed case's repetitions to DIR/samples.csv.
 
     python scripts/peers/jax_rabe_staats.py --config configs/cpu_perf.toml --out results/cpu_perf
 
@@ -100,7 +100,7 @@ def run_cases(args, todo: list[dict], run: dict) -> None:
     jax.config.update("jax_platforms", "cpu")
     attention = figure1()
     rule = common.stop_rule(run)
-    out = common.CsvOut(args.out)
+    out = common.ResultsOut(args.out)
     jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 
     def batched(q, k, v):
@@ -151,7 +151,7 @@ def run_cases(args, todo: list[dict], run: dict) -> None:
             dq = np.asarray(r[1][0], dtype=np.float32)
             g = common.dq_error(qn, kn, vn, common.d_out_for(c), dq, c, run["error_rows"])
             rec.update({k: g[k] for k in ("grad_max_abs_err", "grad_max_rel_err", "grad_err_rows", "grad_err_scope")})
-        out.write(rec)
+        out.write(rec, samples)
         common.progress(index, total, rec)
         del q, k, v, result
 
@@ -174,7 +174,7 @@ def main() -> None:
     config, cases = common.load_cases(args.config, args.sets)
     run = config["run"]
     args.out = args.out or f"results/{run['name']}"
-    out = common.CsvOut(args.out)
+    out = common.ResultsOut(args.out)
     done = out.done_ids() if args.resume else set()
     todo = common.peer_cases(cases, [VARIANT])
     by_threads: dict[int, list[dict]] = {}
@@ -197,7 +197,7 @@ def main() -> None:
             common.progress(i, len(todo), rec)
             continue
         by_threads.setdefault(c["threads"], []).append({"entry": entry, "rec": rec, "index": i, "total": len(todo)})
-    out.f.close()
+    out.close()
 
     ncpu = len(os.sched_getaffinity(0))
     for threads, items in sorted(by_threads.items()):

@@ -6,7 +6,8 @@ axes dropped) with SDPA's flash backend (`torch-sdpa-flash`), memory-efficient b
 (`torch-sdpa-efficient`, CUDA only) and math backend (`torch-sdpa-math`), pinned with
 `torch.nn.attention.sdpa_kernel`, timed by attnbench's rule (warm-up, repetitions until
 convergence or the cap, median), and appends rows in attnbench's CSV schema to
-DIR/runs.csv, so `attnbench report` and `compare` treat them like its own.
+DIR/runs.csv and each timed case's repetitions to DIR/samples.csv, so `attnbench report`
+and `compare` treat them like its own.
 
     python scripts/peers/torch_sdpa.py --config configs/cpu_perf.toml --out results/cpu_perf
     python scripts/peers/torch_sdpa.py --device cuda --config configs/gpu_perf.toml --out OUT/gpu_perf
@@ -65,7 +66,7 @@ def main() -> None:
     config, cases = common.load_cases(args.config, args.sets)
     run = config["run"]
     rule = common.stop_rule(run)
-    out = common.CsvOut(args.out or f"results/{run['name']}")
+    out = common.ResultsOut(args.out or f"results/{run['name']}")
     done = out.done_ids() if args.resume else set()
     variants = [v for v in (args.variants or DEFAULT_VARIANTS[args.device]).split(",") if v]
     for v in variants:
@@ -192,7 +193,7 @@ def main() -> None:
             d_out = go.float().cpu().numpy()
             g = common.dq_error(qn, kn, vn, d_out, dq, c, run["error_rows"])
             rec.update({k: g[k] for k in ("grad_max_abs_err", "grad_max_rel_err", "grad_err_rows", "grad_err_scope")})
-        out.write(rec)
+        out.write(rec, samples)
         common.progress(i, len(todo), rec)
         del q, k, v, go, result
 

@@ -48,6 +48,9 @@ pub struct Options {
     /// `None`: calibration when the machines differ, else none.
     pub normalize: Option<Normalize>,
     pub fail_on_unclear: bool,
+    /// Whether a `slower` or `unclear` time verdict counts toward the exit code
+    /// (`--no-time-gate` turns it off: time is shown, memory and error still gate).
+    pub time_gate: bool,
     pub bootstrap: usize,
     pub seed: u64,
 }
@@ -78,6 +81,7 @@ impl Options {
             err_factor: a.err_threshold,
             normalize: a.normalize,
             fail_on_unclear: a.fail_on_unclear,
+            time_gate: !a.no_time_gate,
             bootstrap: a.bootstrap,
             seed: a.seed,
         })
@@ -425,15 +429,17 @@ fn compare_case(
     if memory.is_some_and(|m| m.verdict == MemVerdict::Higher) {
         regressions.push("memory");
     }
-    if time
-        .as_ref()
-        .is_some_and(|t| t.verdict == TimeVerdict::Slower)
+    if opts.time_gate
+        && time
+            .as_ref()
+            .is_some_and(|t| t.verdict == TimeVerdict::Slower)
     {
         regressions.push("slower");
     }
-    let unclear = time
-        .as_ref()
-        .is_some_and(|t| t.verdict == TimeVerdict::Unclear);
+    let unclear = opts.time_gate
+        && time
+            .as_ref()
+            .is_some_and(|t| t.verdict == TimeVerdict::Unclear);
     CaseComparison {
         case_id: b.case_id.clone(),
         variant: c.variant.clone(),

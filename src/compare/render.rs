@@ -31,7 +31,7 @@ pub fn markdown(c: &Comparison) -> String {
         s,
         "- time: ratio of median times current/baseline with its {:.0}% bootstrap interval \
          ({} resamples, seed {}); slower when the interval is above {:.3}, faster when below \
-         {:.3}; normalization: {} ({})",
+         {:.3}; normalization: {} ({}){}",
         c.confidence * 100.0,
         o.bootstrap,
         o.seed,
@@ -44,7 +44,12 @@ pub fn markdown(c: &Comparison) -> String {
                 "times divided by each case's machine-speed probe seconds per GFLOP (probe_gflops)"
             }
         },
-        c.normalize.why
+        c.normalize.why,
+        if o.time_gate {
+            ""
+        } else {
+            "; **time not gated** (--no-time-gate): shown only, no time verdict fails"
+        }
     );
     let _ = writeln!(
         s,

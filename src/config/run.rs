@@ -22,11 +22,12 @@ pub struct RunConfig {
     pub warmup: usize,
     /// Warm up for at least this many seconds (after the `warmup` calls).
     pub warmup_s: f64,
+    /// Timed calls at least, even past `max_time_s`.
     pub min_reps: usize,
     pub max_reps: usize,
     /// Keep repeating at least this long.
     pub min_time_s: f64,
-    /// Per-case cap on the time spent in timed repetitions.
+    /// Per-case cap on the time spent in timed repetitions, once `min_reps` are made.
     pub max_time_s: f64,
     /// Stop once MAD/median is under this (after `min_reps`).
     pub rel_spread: f64,

@@ -11,9 +11,11 @@
 //!    - the interrupt flag is set: stop with [`StopReason::Interrupted`] and return what was
 //!      measured (at least one sample);
 //!    - `reps == max_reps`: stop with [`StopReason::MaxReps`];
-//!    - the total timed time `>= max_time_s`: stop with [`StopReason::TimeCap`]. This cap
-//!      wins even over `min_reps`, so a slow case never runs for `min_reps` times its
-//!      duration;
+//!    - at least `min_reps` calls made and the total timed time `>= max_time_s`: stop with
+//!      [`StopReason::TimeCap`]. `min_reps` wins over the cap: a config that asks for 5
+//!      timings gets 5 (a comparison needs them), so a slow case runs `min_reps` calls
+//!      whatever their duration; a config that wants one call of a slow case says
+//!      `min_reps = 1`;
 //!    - `reps >= max(min_reps, 3)`, total timed time `>= min_time_s` and the relative
 //!      spread (MAD / median) `< rel_spread`: stop with [`StopReason::Converged`]. The
 //!      spread of one or two samples says nothing about the noise, so convergence needs
@@ -21,7 +23,8 @@
 //! 3. An error from the closure (warm-up or timed) is returned at once.
 //!
 //! `max_reps == 0` is treated as 1. A case is thus bounded by about `2 * max_time_s` plus
-//! one call of overshoot, plus the untimed bookkeeping: the spread (a sort of the samples)
+//! one call of overshoot, or by `min_reps` calls where those take longer, plus the untimed
+//! bookkeeping: the spread (a sort of the samples)
 //! is checked after each of the first 64 calls and then about every `reps / 32` calls, so
 //! it stays small even for hundreds of thousands of microsecond calls.
 
@@ -46,14 +49,15 @@ pub struct StopRule {
     /// milliseconds before a 2-thread call really runs on two cores.
     #[serde(default)]
     pub warmup_s: f64,
-    /// Timed calls required before convergence may stop the loop (the time cap may stop
-    /// it earlier).
+    /// Timed calls made before anything but `max_reps` or an interrupt stops the loop
+    /// (convergence and the time cap alike).
     pub min_reps: usize,
     /// Hard cap on timed calls.
     pub max_reps: usize,
     /// Timed seconds required before convergence may stop the loop.
     pub min_time_s: f64,
-    /// Cap on timed seconds per case (and, separately, on warm-up seconds).
+    /// Cap on timed seconds per case once `min_reps` calls are made (and, separately, on
+    /// warm-up seconds).
     pub max_time_s: f64,
     /// Target relative spread (MAD / median), e.g. 0.02 for 2 %.
     pub rel_spread: f64,
@@ -182,7 +186,7 @@ impl StopRule {
             Some(StopReason::Interrupted)
         } else if reps >= self.max_reps.max(1) {
             Some(StopReason::MaxReps)
-        } else if total >= self.max_time_s {
+        } else if reps >= self.min_reps && total >= self.max_time_s {
             Some(StopReason::TimeCap)
         } else if reps >= self.min_reps.max(MIN_CONVERGED_REPS)
             && total >= self.min_time_s
@@ -339,24 +343,36 @@ mod tests {
     }
 
     #[test]
-    fn time_cap_beats_min_reps() {
+    fn min_reps_beats_the_time_cap() {
         let flag = AtomicBool::new(false);
         let r = StopRule {
             warmup: 1,
-            min_reps: 1000,
+            min_reps: 7,
             max_reps: 1000,
             max_time_s: 0.01,
             ..rule()
         };
-        let t = time_repetitions(&r, &flag, || {
-            spin(Duration::from_millis(3));
-            Ok(())
-        })
-        .unwrap();
+        // Calls that report 1/256 s each: the cap is crossed at the 3rd, min_reps asks for 7.
+        let t = time_measured_repetitions(&r, &flag, || Ok(1.0 / 256.0)).unwrap();
         assert_eq!(t.stopped_by, StopReason::TimeCap);
-        // 3 ms calls against a 10 ms cap: the 4th call crosses it.
-        assert!((1..=4).contains(&t.samples.len()), "{}", t.samples.len());
-        assert!(t.samples.iter().sum::<f64>() >= 0.01);
+        assert_eq!(t.samples.len(), 7);
+    }
+
+    #[test]
+    fn the_time_cap_stops_the_loop_once_min_reps_are_made() {
+        let flag = AtomicBool::new(false);
+        let r = StopRule {
+            warmup: 1,
+            min_reps: 2,
+            max_reps: 1000,
+            max_time_s: 0.01,
+            rel_spread: 0.0,
+            ..rule()
+        };
+        // 1/256 s per call against a 0.01 s cap: the 3rd call crosses it.
+        let t = time_measured_repetitions(&r, &flag, || Ok(1.0 / 256.0)).unwrap();
+        assert_eq!(t.stopped_by, StopReason::TimeCap);
+        assert_eq!(t.samples.len(), 3);
     }
 
     #[test]

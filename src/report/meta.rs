@@ -170,7 +170,7 @@ fn source_tree() -> Option<PathBuf> {
 /// The git revision of [`source_tree`] and whether it has changes outside `results/` (None
 /// outside a checkout): a sweep that re-measures a committed results directory rewrites it
 /// while it runs, which says nothing about the build.
-fn git_state() -> (Option<String>, Option<bool>) {
+pub(crate) fn git_state() -> (Option<String>, Option<bool>) {
     let Some(tree) = source_tree() else {
         return (None, None);
     };
@@ -211,6 +211,46 @@ fn cpuinfo_field(cpuinfo: &str, name: &str) -> Option<String> {
         .map(|(_, value)| value.trim().to_string())
 }
 
+/// This machine's key (`attnbench list --machine-key`): [`machine_key_of`] this CPU's id
+/// and kernel path.
+pub fn machine_key() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok();
+    machine_key_of(
+        cpuinfo.as_deref().and_then(cpu_id).as_deref(),
+        Isa::detect().name(),
+    )
+}
+
+/// The key of a machine as far as speed goes: CPU vendor, family and model (a
+/// `cpu_id`, stepping left out: steppings of one model are one core design) and the kernel
+/// path, as `intel-6-85-avx512` or `amd-26-2-avx512-bf16`; `unknown-PATH` without an id.
+/// A kernel path alone is not a machine: Zen 5 and Sapphire Rapids both run `avx512-bf16`,
+/// at bf16 rates 2x apart.
+pub fn machine_key_of(cpu_id: Option<&str>, kernel_path: &str) -> String {
+    let parsed = cpu_id.and_then(|id| {
+        let words: Vec<&str> = id.split_whitespace().collect();
+        match words.as_slice() {
+            [vendor, "family", family, "model", model, ..] => Some((*vendor, *family, *model)),
+            _ => None,
+        }
+    });
+    match parsed {
+        Some((vendor, family, model)) => {
+            let vendor = match vendor {
+                "GenuineIntel" => "intel".to_string(),
+                "AuthenticAMD" => "amd".to_string(),
+                v => v
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .collect::<String>()
+                    .to_ascii_lowercase(),
+            };
+            format!("{vendor}-{family}-{model}-{kernel_path}")
+        }
+        None => format!("unknown-{kernel_path}"),
+    }
+}
+
 /// `cpu_id` from the text of `/proc/cpuinfo` (its first processor); None when a field is
 /// missing (other architectures name them differently).
 fn cpu_id(cpuinfo: &str) -> Option<String> {
@@ -226,7 +266,31 @@ fn cpu_id(cpuinfo: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_id, cpuinfo_field};
+    use super::{cpu_id, cpuinfo_field, machine_key_of};
+
+    #[test]
+    fn machine_keys_name_vendor_family_model_and_path() {
+        let intel = Some("GenuineIntel family 6 model 85 stepping 7");
+        assert_eq!(machine_key_of(intel, "avx512"), "intel-6-85-avx512");
+        let zen5 = Some("AuthenticAMD family 26 model 2 stepping 1");
+        assert_eq!(machine_key_of(zen5, "avx512-bf16"), "amd-26-2-avx512-bf16");
+        // Another stepping of the same model is the same machine; another path is not.
+        let other = Some("AuthenticAMD family 26 model 2 stepping 0");
+        assert_eq!(machine_key_of(other, "avx512-bf16"), "amd-26-2-avx512-bf16");
+        assert_ne!(
+            machine_key_of(zen5, "avx2"),
+            machine_key_of(zen5, "avx512-bf16")
+        );
+        assert_eq!(
+            machine_key_of(Some("Hygon Genuine family 24 model 1"), "avx2"),
+            "unknown-avx2"
+        );
+        assert_eq!(
+            machine_key_of(Some("HygonGenuine family 24 model 1 stepping 2"), "avx2"),
+            "hygongenuine-24-1-avx2"
+        );
+        assert_eq!(machine_key_of(None, "portable"), "unknown-portable");
+    }
 
     #[test]
     fn cpu_id_names_the_generation_of_the_first_processor() {

@@ -91,6 +91,13 @@ impl Serialize for Allreduce {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Allreduce {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One message: `range` of the sender's buffer goes to `dst`, which adds it elementwise
 /// (`reduce`) or stores it.
 #[derive(Clone, Debug, PartialEq, Eq)]

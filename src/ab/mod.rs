@@ -1,0 +1,406 @@
+//! `attnbench ab`: times two implementations of the same cases in the same run, alternating
+//! between them, and says which kernels got slower. Each side is a worker process
+//! (`crate::worker`): another build of attnbench (the CI time gate: the baseline build
+//! against the current one) or anything that speaks the protocol. For every case, `rounds`
+//! rounds each time a block of calls on both sides back to back, in a seeded random order;
+//! the verdicts come from the rounds' paired ratios (`paired`), grouped by kernel (variant,
+//! mode, dtype). The idea is Google Benchmark's random interleaving, at the level of whole
+//! processes. Cost: 2 · rounds · (warm-up + block + one memory probe pass and oracle check)
+//! per case; O(cases · rounds) memory.
+
+pub mod paired;
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::compare::time::{case_seed, classify, median, Interval, TimeVerdict};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::measure::timer::StopRule;
+use crate::problem::Case;
+use crate::runner::skip_reason;
+use crate::variant::Engine;
+use crate::worker::client::{this_executable, Failure, Worker};
+use crate::worker::protocol::RunReply;
+
+/// Exit code when a kernel got slower or a case stopped working (as `compare`).
+pub const EXIT_SLOWER: i32 = 3;
+
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct AbArgs {
+    /// The baseline: an attnbench binary of another build (run as `PATH worker`).
+    #[arg(long, value_name = "PATH")]
+    pub baseline: PathBuf,
+    /// The build to judge [default: this executable].
+    #[arg(long, value_name = "PATH")]
+    pub current: Option<PathBuf>,
+    /// The config whose cases are timed (its `[run]` warm-up, max_reps, memory budget and
+    /// error_rows apply; its stopping rule is replaced by the rounds' blocks).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Override a key of the config, as `sweep --set`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Rounds per case: each times one block on both sides.
+    #[arg(long, default_value_t = 7, value_name = "N")]
+    pub rounds: usize,
+    /// Timed seconds of one block (at least 3 calls, however long they take).
+    #[arg(long, default_value_t = 0.005, value_name = "S")]
+    pub block_s: f64,
+    /// Relative change that counts: a kernel is slower when the whole 95% interval of its
+    /// ratio current/baseline is above 1 + T, faster when below 1 / (1 + T).
+    #[arg(long, default_value_t = 0.10, value_name = "T")]
+    pub time_threshold: f64,
+    /// Write ab.md, ab_cases.csv and ab_groups.csv into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Seed of the rounds' order and of the bootstrap.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+    /// Bootstrap resamples per kernel for the interval.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub bootstrap: usize,
+    /// A worker that has not answered a request after this many seconds is stopped.
+    #[arg(long, default_value_t = 300.0, value_name = "S")]
+    pub worker_timeout_s: f64,
+}
+
+/// Fewest timed calls of a block: its median needs more than one or two.
+pub const BLOCK_MIN_REPS: usize = 3;
+
+/// One case of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseRow {
+    pub case_id: String,
+    /// The kernel it belongs to: `variant mode dtype`.
+    pub kernel: String,
+    /// `ok`, or why it was not judged (`baseline: ...`) or regressed (`current: ...`).
+    pub status: String,
+    pub rounds: usize,
+    pub baseline_median_s: Option<f64>,
+    pub current_median_s: Option<f64>,
+    pub ratio: Option<f64>,
+    pub baseline_mem_overhead_bytes: Option<u64>,
+    pub current_mem_overhead_bytes: Option<u64>,
+    pub baseline_max_abs_err: Option<f64>,
+    pub current_max_abs_err: Option<f64>,
+    #[serde(skip)]
+    log_ratios: Vec<f64>,
+}
+
+/// One kernel's verdict.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupRow {
+    pub kernel: String,
+    pub verdict: TimeVerdict,
+    pub cases: usize,
+    pub ratio: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// What `ab` found.
+pub struct Outcome {
+    pub baseline: String,
+    pub current: String,
+    pub cases: Vec<CaseRow>,
+    pub groups: Vec<GroupRow>,
+    pub threshold: f64,
+    pub rounds: usize,
+    pub block_s: f64,
+    pub seconds: f64,
+}
+
+impl Outcome {
+    /// Cases the current build failed although the baseline ran them.
+    pub fn broken(&self) -> impl Iterator<Item = &CaseRow> {
+        self.cases
+            .iter()
+            .filter(|c| c.status.starts_with("current"))
+    }
+
+    pub fn slower(&self) -> impl Iterator<Item = &GroupRow> {
+        self.groups
+            .iter()
+            .filter(|g| g.verdict == TimeVerdict::Slower)
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        if self.slower().next().is_some() || self.broken().next().is_some() {
+            EXIT_SLOWER
+        } else {
+            0
+        }
+    }
+}
+
+/// The command: runs, prints the Markdown summary, writes the files; returns the exit code.
+pub fn command(args: &AbArgs) -> Result<i32> {
+    if args.rounds < 2 {
+        return Err(Error::Usage(format!(
+            "--rounds: {} is too few; a paired interval needs at least 2 rounds",
+            args.rounds
+        )));
+    }
+    if !(args.block_s > 0.0 && args.block_s.is_finite()) {
+        return Err(Error::Usage(format!(
+            "--block-s: {} is not a positive number of seconds",
+            args.block_s
+        )));
+    }
+    if !(args.time_threshold > 0.0 && args.time_threshold.is_finite()) {
+        return Err(Error::Usage(format!(
+            "--time-threshold: {} is not a positive fraction",
+            args.time_threshold
+        )));
+    }
+    let config = Config::load(&args.config, &args.sets)?;
+    let outcome = run(args, &config)?;
+    let md = render::markdown(&outcome);
+    print!("{md}");
+    if let Some(dir) = &args.out {
+        render::write(dir, &outcome, &md)?;
+    }
+    Ok(outcome.exit_code())
+}
+
+/// The cases `ab` times: those this build would run in process (skipped cases and MPI
+/// variants, which need mpirun, are left out).
+pub fn timed_cases(config: &Config) -> Vec<Case> {
+    config
+        .expand()
+        .into_iter()
+        .filter(|c| skip_reason(c).is_none() && c.variant.engine() == Engine::InProcess)
+        .collect()
+}
+
+fn run(args: &AbArgs, config: &Config) -> Result<Outcome> {
+    let cases = timed_cases(config);
+    if cases.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}: no case of this config runs in process here",
+            args.config.display()
+        )));
+    }
+    let timeout = Duration::from_secs_f64(args.worker_timeout_s.max(1.0));
+    let current_path = match &args.current {
+        Some(p) => p.clone(),
+        None => this_executable()?,
+    };
+    let mut sides = [
+        Worker::start("baseline", &args.baseline, &["worker"], timeout)?,
+        Worker::start("current", &current_path, &["worker"], timeout)?,
+    ];
+    let [baseline, current] = [&sides[0], &sides[1]].map(describe);
+    eprintln!(
+        "ab: {} cases x {} rounds, blocks of {} s; baseline {baseline}; current {current}",
+        cases.len(),
+        args.rounds,
+        args.block_s
+    );
+    let stop = StopRule {
+        warmup: config.run.warmup,
+        warmup_s: config.run.warmup_s,
+        min_reps: BLOCK_MIN_REPS,
+        max_reps: config.run.max_reps.max(BLOCK_MIN_REPS),
+        min_time_s: 0.0,
+        max_time_s: args.block_s,
+        // Never converges: a block is its time, or its minimum of calls.
+        rel_spread: 0.0,
+    };
+    let budget = config.run.memory_budget.map(|b| b.bytes());
+    let started = Instant::now();
+    let mut last_note = Instant::now();
+    let mut rows = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        rows.push(time_case(
+            &mut sides,
+            case,
+            &stop,
+            config.run.error_rows,
+            budget,
+            args,
+            timeout,
+        )?);
+        if last_note.elapsed() > Duration::from_secs(10) || i + 1 == cases.len() {
+            eprintln!(
+                "ab: {}/{} cases, {:.0} s",
+                i + 1,
+                cases.len(),
+                started.elapsed().as_secs_f64()
+            );
+            last_note = Instant::now();
+        }
+    }
+    let groups = judge(&rows, args);
+    Ok(Outcome {
+        baseline,
+        current,
+        cases: rows,
+        groups,
+        threshold: args.time_threshold,
+        rounds: args.rounds,
+        block_s: args.block_s,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn describe(w: &Worker) -> String {
+    let h = &w.hello;
+    let rev = h
+        .git_revision
+        .as_deref()
+        .map_or("revision unknown".to_string(), |r| {
+            let short = &r[..r.len().min(10)];
+            let dirty = if h.git_dirty == Some(true) {
+                " (dirty)"
+            } else {
+                ""
+            };
+            format!("git {short}{dirty}")
+        });
+    format!("`{}` ({}, {rev})", w.label, h.implementation)
+}
+
+/// The rounds of one case. A side that fails the first round ends the case (not judged
+/// when it is the baseline, a regression when only the current build fails); a worker lost
+/// on the way is started again for the next case.
+fn time_case(
+    sides: &mut [Worker; 2],
+    case: &Case,
+    stop: &StopRule,
+    error_rows: usize,
+    budget: Option<u64>,
+    args: &AbArgs,
+    timeout: Duration,
+) -> Result<CaseRow> {
+    let id = case.id();
+    let mut row = CaseRow {
+        case_id: id.clone(),
+        kernel: format!("{} {} {}", case.variant.name(), case.mode, case.dtype),
+        status: "ok".into(),
+        rounds: 0,
+        baseline_median_s: None,
+        current_median_s: None,
+        ratio: None,
+        baseline_mem_overhead_bytes: None,
+        current_mem_overhead_bytes: None,
+        baseline_max_abs_err: None,
+        current_max_abs_err: None,
+        log_ratios: Vec::new(),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(case_seed(args.seed, &id));
+    let mut pairs: Vec<(f64, f64)> = Vec::with_capacity(args.rounds);
+    let mut all = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        let first = usize::from(rng.random::<bool>());
+        let mut medians = [0.0; 2];
+        let mut failure: [Option<String>; 2] = [None, None];
+        for side in [first, 1 - first] {
+            match sides[side].run(case, stop, error_rows, budget) {
+                Ok(reply) if reply.status == "ok" && !reply.samples.is_empty() => {
+                    if round == 0 {
+                        first_round_figures(&mut row, side, &reply);
+                    }
+                    medians[side] = median(&mut reply.samples.clone());
+                    all[side].extend(reply.samples);
+                }
+                Ok(reply) => failure[side] = Some(not_ok(&reply)),
+                Err(Failure::Refused(e)) => failure[side] = Some(e),
+                Err(Failure::Lost(e)) => {
+                    failure[side] = Some(e);
+                    restart(&mut sides[side], args, timeout)?;
+                }
+            }
+        }
+        match failure {
+            [None, None] => pairs.push((medians[0], medians[1])),
+            [Some(a), _] => {
+                row.status = format!("baseline: {a}");
+                break;
+            }
+            [None, Some(b)] => {
+                row.status = format!("current: {b}");
+                break;
+            }
+        }
+    }
+    row.rounds = pairs.len();
+    row.log_ratios = paired::log_ratios(&pairs);
+    row.ratio = paired::case_ratio(&row.log_ratios);
+    let [a, b] = &mut all;
+    row.baseline_median_s = (!a.is_empty()).then(|| median(a));
+    row.current_median_s = (!b.is_empty()).then(|| median(b));
+    Ok(row)
+}
+
+fn first_round_figures(row: &mut CaseRow, side: usize, reply: &RunReply) {
+    if side == 0 {
+        row.baseline_mem_overhead_bytes = reply.mem_overhead_bytes;
+        row.baseline_max_abs_err = reply.max_abs_err;
+    } else {
+        row.current_mem_overhead_bytes = reply.mem_overhead_bytes;
+        row.current_max_abs_err = reply.max_abs_err;
+    }
+}
+
+fn not_ok(reply: &RunReply) -> String {
+    if reply.reason.is_empty() {
+        reply.status.clone()
+    } else {
+        format!("{}: {}", reply.status, reply.reason)
+    }
+}
+
+/// A worker lost mid-run is started again, so one crash costs one case.
+fn restart(worker: &mut Worker, args: &AbArgs, timeout: Duration) -> Result<()> {
+    let path = if worker.label == "baseline" {
+        args.baseline.clone()
+    } else {
+        match &args.current {
+            Some(p) => p.clone(),
+            None => this_executable()?,
+        }
+    };
+    *worker = Worker::start(&worker.label.clone(), &path, &["worker"], timeout)?;
+    Ok(())
+}
+
+/// One verdict per kernel, slowest first.
+fn judge(rows: &[CaseRow], args: &AbArgs) -> Vec<GroupRow> {
+    let mut by_kernel: BTreeMap<&str, Vec<Vec<f64>>> = BTreeMap::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.status == "ok" && !r.log_ratios.is_empty())
+    {
+        by_kernel
+            .entry(&r.kernel)
+            .or_default()
+            .push(r.log_ratios.clone());
+    }
+    let mut groups: Vec<GroupRow> = by_kernel
+        .into_iter()
+        .filter_map(|(kernel, cases)| {
+            let iv: Interval =
+                paired::group_interval(&cases, args.bootstrap, case_seed(args.seed, kernel))?;
+            Some(GroupRow {
+                kernel: kernel.to_string(),
+                verdict: classify(&iv, args.time_threshold),
+                cases: cases.len(),
+                ratio: iv.ratio,
+                lo: iv.lo,
+                hi: iv.hi,
+            })
+        })
+        .collect();
+    groups.sort_by(|a, b| b.ratio.total_cmp(&a.ratio));
+    groups
+}

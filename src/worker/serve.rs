@@ -1,0 +1,170 @@
+//! `attnbench worker`: answers the worker protocol (`protocol`) on stdin/stdout until stdin
+//! closes or `quit`. Each `run` goes through the one run sequence (`runner::run_case`:
+//! predict memory, inputs, warm-up, timed calls under the requested stopping rule, memory
+//! probe pass, oracle), so a worker measures a case exactly as a sweep of its build does.
+//! Cost per request: that of the case's run; O(1) state between requests.
+
+use std::io::{BufRead, Write};
+
+use super::protocol::{Hello, Reply, Request, RunReply, PROTOCOL};
+use crate::error::{Error, Result};
+use crate::runner::{run_case, Settings};
+
+/// Serves requests from `input` to `output`, one reply line per request line.
+pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::Io {
+        context: "worker: writing a reply to stdout".into(),
+        source: e,
+    };
+    for line in input.lines() {
+        let line = line.map_err(|e| Error::Io {
+            context: "worker: reading a request from stdin".into(),
+            source: e,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (reply, quit) = match serde_json::from_str::<Request>(&line) {
+            Ok(Request::Quit) => (r#"{"ok":true}"#.to_string(), true),
+            Ok(request) => (answer(request), false),
+            Err(e) => (
+                to_line(&Reply::<()>::failed(format!("bad request: {e}"))),
+                false,
+            ),
+        };
+        writeln!(output, "{reply}").map_err(io)?;
+        output.flush().map_err(io)?;
+        if quit {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn answer(request: Request) -> String {
+    match request {
+        Request::Hello { protocol } if protocol != PROTOCOL => to_line(&Reply::<()>::failed(
+            format!("this worker speaks protocol {PROTOCOL}, not {protocol}"),
+        )),
+        Request::Hello { .. } => to_line(&Reply::ok(hello())),
+        Request::Run {
+            case,
+            stop,
+            error_rows,
+            memory_budget,
+        } => {
+            let settings = Settings {
+                run_name: "worker".into(),
+                stop,
+                memory_budget,
+                error_rows,
+                extrapolate: None,
+                diff_against: None,
+                model_layers: None,
+                gpu: Default::default(),
+            };
+            match run_case(&case, &settings, None) {
+                Ok(outcome) => {
+                    let r = outcome.record;
+                    to_line(&Reply::ok(RunReply {
+                        status: r.status.name().to_string(),
+                        reason: r.reason,
+                        samples: outcome.samples,
+                        mem_overhead_bytes: r.mem_overhead_bytes,
+                        max_abs_err: r.max_abs_err,
+                    }))
+                }
+                Err(e) => to_line(&Reply::<()>::failed(e.to_string())),
+            }
+        }
+        Request::Quit => unreachable!("handled by serve"),
+    }
+}
+
+/// Who this worker is: the build's version, source revision and kernel path.
+pub fn hello() -> Hello {
+    let (git_revision, git_dirty) = crate::report::meta::git_state();
+    Hello {
+        protocol: PROTOCOL,
+        implementation: format!("attnbench {}", env!("CARGO_PKG_VERSION")),
+        git_revision,
+        git_dirty,
+        cpu_kernel_path: Some(crate::backend::cpu::isa::Isa::detect().name().to_string()),
+    }
+}
+
+fn to_line<T: serde::Serialize>(reply: &Reply<T>) -> String {
+    serde_json::to_string(reply)
+        .unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"reply not serializable: {e}"}}"#))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::timer::StopRule;
+    use crate::problem::{Case, DType, Shape};
+    use crate::variant::VariantId;
+
+    fn served(requests: &[String]) -> Vec<serde_json::Value> {
+        let input = requests.join("\n");
+        let mut out = Vec::new();
+        serve(input.as_bytes(), &mut out).unwrap();
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_session_answers_every_line_in_order_and_stops_at_quit() {
+        let _g = crate::measure::alloc::test_lock();
+        let case = Case::cpu_fwd(
+            VariantId::Flash,
+            Shape::self_attention(2, 24, 16),
+            DType::F32,
+            1,
+        );
+        let run = serde_json::to_string(&Request::Run {
+            case: Box::new(case),
+            stop: StopRule {
+                warmup: 1,
+                min_reps: 4,
+                max_reps: 4,
+                ..StopRule::default()
+            },
+            error_rows: 8,
+            memory_budget: None,
+        })
+        .unwrap();
+        let replies = served(&[
+            r#"{"op":"hello","protocol":1}"#.into(),
+            "not json".into(),
+            run,
+            r#"{"op":"hello","protocol":99}"#.into(),
+            r#"{"op":"quit"}"#.into(),
+            r#"{"op":"hello","protocol":1}"#.into(),
+        ]);
+        assert_eq!(replies.len(), 5, "{replies:?}");
+        assert_eq!(replies[0]["ok"], true);
+        assert_eq!(replies[0]["protocol"], 1);
+        assert!(replies[0]["implementation"]
+            .as_str()
+            .unwrap()
+            .starts_with("attnbench "));
+        assert_eq!(replies[1]["ok"], false);
+        assert!(replies[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("bad request"));
+        let r: Reply<RunReply> = serde_json::from_value(replies[2].clone()).unwrap();
+        let body = r.body.unwrap();
+        assert_eq!(body.status, "ok", "{}", body.reason);
+        assert_eq!(body.samples.len(), 4);
+        assert!(body.samples.iter().all(|&s| s > 0.0));
+        assert!(body.max_abs_err.is_some_and(|e| e < 1e-5));
+        assert!(body.mem_overhead_bytes.is_some());
+        assert_eq!(replies[3]["ok"], false);
+        assert_eq!(replies[4], serde_json::json!({"ok": true}));
+    }
+}
