@@ -906,8 +906,31 @@ fn the_ci_config_runs_every_variant_and_the_baseline_holds_exactly_its_cases() {
     }
 }
 
+/// The A/B gate's baseline build (`results/baseline/ci/ab-revision`) is a full commit hash,
+/// and a committed baseline was measured with that very build, clean: the build the time
+/// gate runs is the one whose memory and error the baselines hold.
+#[test]
+fn the_ab_revision_is_the_build_of_a_committed_baseline() {
+    let rev = fs::read_to_string(repo().join("results/baseline/ci/ab-revision")).unwrap();
+    let rev = rev.trim();
+    assert!(
+        rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit()),
+        "ab-revision holds a full commit hash, not {rev:?}"
+    );
+    let measured_with_it = baselines().iter().any(|d| {
+        let meta: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(d.join("meta.json")).unwrap()).unwrap();
+        meta["git_revision"] == rev && meta["git_dirty"] == false
+    });
+    assert!(
+        measured_with_it,
+        "no committed baseline was measured with {rev} (scripts/update-baseline.sh writes both)"
+    );
+}
+
 /// One committed baseline holds exactly the CI config's cases, each ok or declined by design,
-/// with its samples, its calibration, and the kernel path its directory is named after.
+/// with its samples, its calibration, and the machine key (CPU and kernel path) its directory
+/// is named after.
 fn check_baseline(dir: &Path, want: &BTreeSet<String>, all: &BTreeSet<&str>) {
     let records = read_records(dir);
     let have: BTreeSet<String> = records.iter().map(|r| r.case_id.clone()).collect();
@@ -955,11 +978,13 @@ fn check_baseline(dir: &Path, want: &BTreeSet<String>, all: &BTreeSet<&str>) {
     assert!(!meta["calibration"].as_array().unwrap().is_empty());
     let path = meta["cpu_kernel_path"]
         .as_str()
-        .or_else(|| meta["calibration"][0]["kernel_isa"].as_str());
+        .or_else(|| meta["calibration"][0]["kernel_isa"].as_str())
+        .expect("the baseline records its kernel path");
+    let key = attnbench::report::meta::machine_key_of(meta["cpu_id"].as_str(), path);
     assert_eq!(
-        path,
+        Some(key.as_str()),
         dir.file_name().and_then(|n| n.to_str()),
-        "{}: a baseline lives in the directory named after its kernel path",
+        "{}: a baseline lives in the directory named after its machine key",
         dir.display()
     );
 }

@@ -1,10 +1,10 @@
 //! `attnbench ab`: times two implementations of the same cases in the same run, alternating
 //! between them, and says which kernels got slower. Each side is a worker process
 //! (`crate::worker`): another build of attnbench (the CI time gate: the baseline build
-//! against the current one) or anything that speaks the protocol. For every case, `rounds`
-//! rounds each time a block of calls on both sides back to back, in a seeded random order;
-//! the verdicts come from the rounds' paired ratios (`paired`), grouped by kernel (variant,
-//! mode, dtype). The idea is Google Benchmark's random interleaving, at the level of whole
+//! against the current one) or anything that speaks the protocol. Each of `rounds` rounds
+//! starts both workers afresh and, for every case, times a block of calls on both sides
+//! back to back, in a seeded random order; the verdicts come from the rounds' paired ratios
+//! (`paired`), grouped by kernel (variant, mode, dtype). The idea is Google Benchmark's random interleaving, at the level of whole
 //! processes. Cost: 2 · rounds · (warm-up + block + one memory probe pass and oracle check)
 //! per case; O(cases · rounds) memory.
 
@@ -190,22 +190,14 @@ fn run(args: &AbArgs, config: &Config) -> Result<Outcome> {
             args.config.display()
         )));
     }
-    let timeout = Duration::from_secs_f64(args.worker_timeout_s.max(1.0));
-    let current_path = match &args.current {
-        Some(p) => p.clone(),
-        None => this_executable()?,
+    let programs = Programs {
+        baseline: args.baseline.clone(),
+        current: match &args.current {
+            Some(p) => p.clone(),
+            None => this_executable()?,
+        },
+        timeout: Duration::from_secs_f64(args.worker_timeout_s.max(1.0)),
     };
-    let mut sides = [
-        Worker::start("baseline", &args.baseline, &["worker"], timeout)?,
-        Worker::start("current", &current_path, &["worker"], timeout)?,
-    ];
-    let [baseline, current] = [&sides[0], &sides[1]].map(describe);
-    eprintln!(
-        "ab: {} cases x {} rounds, blocks of {} s; baseline {baseline}; current {current}",
-        cases.len(),
-        args.rounds,
-        args.block_s
-    );
     let stop = StopRule {
         warmup: config.run.warmup,
         warmup_s: config.run.warmup_s,
@@ -216,30 +208,47 @@ fn run(args: &AbArgs, config: &Config) -> Result<Outcome> {
         // Never converges: a block is its time, or its minimum of calls.
         rel_spread: 0.0,
     };
-    let budget = config.run.memory_budget.map(|b| b.bytes());
+    let block = Block {
+        stop,
+        error_rows: config.run.error_rows,
+        budget: config.run.memory_budget.map(|b| b.bytes()),
+    };
+    let mut rows: Vec<CaseRun> = cases.iter().map(CaseRun::new).collect();
     let started = Instant::now();
     let mut last_note = Instant::now();
-    let mut rows = Vec::with_capacity(cases.len());
-    for (i, case) in cases.iter().enumerate() {
-        rows.push(time_case(
-            &mut sides,
-            case,
-            &stop,
-            config.run.error_rows,
-            budget,
-            args,
-            timeout,
-        )?);
-        if last_note.elapsed() > Duration::from_secs(10) || i + 1 == cases.len() {
+    let (mut baseline, mut current) = (String::new(), String::new());
+    for round in 0..args.rounds {
+        // Fresh processes every round: a process's physical pages (and so its cache-set
+        // conflicts) stay the same for all its calls, which made one process of a build
+        // run a case up to 1.2x slower than another process of the same build, for the
+        // whole of a run. New processes each round make that a round-to-round noise,
+        // which the median over rounds removes.
+        let mut sides = programs.start()?;
+        if round == 0 {
+            [baseline, current] = [&sides[0], &sides[1]].map(describe);
             eprintln!(
-                "ab: {}/{} cases, {:.0} s",
-                i + 1,
+                "ab: {} cases x {} rounds, blocks of {} s; baseline {baseline}; current {current}",
                 cases.len(),
+                args.rounds,
+                args.block_s
+            );
+        }
+        for (case, row) in cases.iter().zip(rows.iter_mut()) {
+            if row.row.status == "ok" {
+                row.round(&mut sides, &programs, case, &block, args.seed, round)?;
+            }
+        }
+        if last_note.elapsed() > Duration::from_secs(10) || round + 1 == args.rounds {
+            eprintln!(
+                "ab: round {}/{} done, {:.0} s",
+                round + 1,
+                args.rounds,
                 started.elapsed().as_secs_f64()
             );
             last_note = Instant::now();
         }
     }
+    let rows: Vec<CaseRow> = rows.into_iter().map(CaseRun::finish).collect();
     let groups = judge(&rows, args);
     Ok(Outcome {
         baseline,
@@ -259,7 +268,7 @@ fn describe(w: &Worker) -> String {
         .git_revision
         .as_deref()
         .map_or("revision unknown".to_string(), |r| {
-            let short = &r[..r.len().min(10)];
+            let short: String = r.chars().take(10).collect();
             let dirty = if h.git_dirty == Some(true) {
                 " (dirty)"
             } else {
@@ -270,85 +279,128 @@ fn describe(w: &Worker) -> String {
     format!("`{}` ({}, {rev})", w.label, h.implementation)
 }
 
-/// The rounds of one case. A side that fails the first round ends the case (not judged
-/// when it is the baseline, a regression when only the current build fails); a worker lost
-/// on the way is started again for the next case.
-fn time_case(
-    sides: &mut [Worker; 2],
-    case: &Case,
-    stop: &StopRule,
+/// The two worker programs.
+struct Programs {
+    baseline: PathBuf,
+    current: PathBuf,
+    timeout: Duration,
+}
+
+impl Programs {
+    fn start(&self) -> Result<[Worker; 2]> {
+        Ok([self.start_side(0)?, self.start_side(1)?])
+    }
+
+    fn start_side(&self, side: usize) -> Result<Worker> {
+        let (label, path) = if side == 0 {
+            ("baseline", &self.baseline)
+        } else {
+            ("current", &self.current)
+        };
+        Worker::start(label, path, &["worker"], self.timeout)
+    }
+}
+
+/// What each block of a case is asked for.
+struct Block {
+    stop: StopRule,
     error_rows: usize,
     budget: Option<u64>,
-    args: &AbArgs,
-    timeout: Duration,
-) -> Result<CaseRow> {
-    let id = case.id();
-    let mut row = CaseRow {
-        case_id: id.clone(),
-        kernel: format!("{} {} {}", case.variant.name(), case.mode, case.dtype),
-        status: "ok".into(),
-        rounds: 0,
-        baseline_median_s: None,
-        current_median_s: None,
-        ratio: None,
-        baseline_mem_overhead_bytes: None,
-        current_mem_overhead_bytes: None,
-        baseline_max_abs_err: None,
-        current_max_abs_err: None,
-        log_ratios: Vec::new(),
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(case_seed(args.seed, &id));
-    let mut pairs: Vec<(f64, f64)> = Vec::with_capacity(args.rounds);
-    let mut all = [Vec::new(), Vec::new()];
-    for round in 0..args.rounds {
+}
+
+/// A case while its rounds are timed.
+struct CaseRun {
+    row: CaseRow,
+    /// (baseline median, current median) of each round.
+    pairs: Vec<(f64, f64)>,
+    /// Every timed call of each side.
+    all: [Vec<f64>; 2],
+}
+
+impl CaseRun {
+    fn new(case: &Case) -> CaseRun {
+        CaseRun {
+            row: CaseRow {
+                case_id: case.id(),
+                kernel: format!("{} {} {}", case.variant.name(), case.mode, case.dtype),
+                status: "ok".into(),
+                rounds: 0,
+                baseline_median_s: None,
+                current_median_s: None,
+                ratio: None,
+                baseline_mem_overhead_bytes: None,
+                current_mem_overhead_bytes: None,
+                baseline_max_abs_err: None,
+                current_max_abs_err: None,
+                log_ratios: Vec::new(),
+            },
+            pairs: Vec::new(),
+            all: [Vec::new(), Vec::new()],
+        }
+    }
+
+    /// One round: a block on each side, in an order drawn from the seed, the case and the
+    /// round. A side that fails ends the case (not judged when it is the baseline, a
+    /// regression when only the current build fails); a worker lost on the way is started
+    /// again for the next case.
+    fn round(
+        &mut self,
+        sides: &mut [Worker; 2],
+        programs: &Programs,
+        case: &Case,
+        block: &Block,
+        seed: u64,
+        round: usize,
+    ) -> Result<()> {
+        let mut rng = ChaCha8Rng::seed_from_u64(case_seed(seed ^ round as u64, &self.row.case_id));
         let first = usize::from(rng.random::<bool>());
         let mut medians = [0.0; 2];
         let mut failure: [Option<String>; 2] = [None, None];
         for side in [first, 1 - first] {
-            match sides[side].run(case, stop, error_rows, budget) {
+            match sides[side].run(case, &block.stop, block.error_rows, block.budget) {
                 Ok(reply) if reply.status == "ok" && !reply.samples.is_empty() => {
-                    if round == 0 {
-                        first_round_figures(&mut row, side, &reply);
+                    if self.pairs.is_empty() {
+                        self.first_round_figures(side, &reply);
                     }
                     medians[side] = median(&mut reply.samples.clone());
-                    all[side].extend(reply.samples);
+                    self.all[side].extend(reply.samples);
                 }
                 Ok(reply) => failure[side] = Some(not_ok(&reply)),
                 Err(Failure::Refused(e)) => failure[side] = Some(e),
                 Err(Failure::Lost(e)) => {
                     failure[side] = Some(e);
-                    restart(&mut sides[side], args, timeout)?;
+                    sides[side] = programs.start_side(side)?;
                 }
             }
         }
         match failure {
-            [None, None] => pairs.push((medians[0], medians[1])),
-            [Some(a), _] => {
-                row.status = format!("baseline: {a}");
-                break;
-            }
-            [None, Some(b)] => {
-                row.status = format!("current: {b}");
-                break;
-            }
+            [None, None] => self.pairs.push((medians[0], medians[1])),
+            [Some(a), _] => self.row.status = format!("baseline: {a}"),
+            [None, Some(b)] => self.row.status = format!("current: {b}"),
+        }
+        Ok(())
+    }
+
+    fn first_round_figures(&mut self, side: usize, reply: &RunReply) {
+        let row = &mut self.row;
+        if side == 0 {
+            row.baseline_mem_overhead_bytes = reply.mem_overhead_bytes;
+            row.baseline_max_abs_err = reply.max_abs_err;
+        } else {
+            row.current_mem_overhead_bytes = reply.mem_overhead_bytes;
+            row.current_max_abs_err = reply.max_abs_err;
         }
     }
-    row.rounds = pairs.len();
-    row.log_ratios = paired::log_ratios(&pairs);
-    row.ratio = paired::case_ratio(&row.log_ratios);
-    let [a, b] = &mut all;
-    row.baseline_median_s = (!a.is_empty()).then(|| median(a));
-    row.current_median_s = (!b.is_empty()).then(|| median(b));
-    Ok(row)
-}
 
-fn first_round_figures(row: &mut CaseRow, side: usize, reply: &RunReply) {
-    if side == 0 {
-        row.baseline_mem_overhead_bytes = reply.mem_overhead_bytes;
-        row.baseline_max_abs_err = reply.max_abs_err;
-    } else {
-        row.current_mem_overhead_bytes = reply.mem_overhead_bytes;
-        row.current_max_abs_err = reply.max_abs_err;
+    fn finish(mut self) -> CaseRow {
+        let row = &mut self.row;
+        row.rounds = self.pairs.len();
+        row.log_ratios = paired::log_ratios(&self.pairs);
+        row.ratio = paired::case_ratio(&row.log_ratios);
+        let [a, b] = &mut self.all;
+        row.baseline_median_s = (!a.is_empty()).then(|| median(a));
+        row.current_median_s = (!b.is_empty()).then(|| median(b));
+        self.row
     }
 }
 
@@ -358,20 +410,6 @@ fn not_ok(reply: &RunReply) -> String {
     } else {
         format!("{}: {}", reply.status, reply.reason)
     }
-}
-
-/// A worker lost mid-run is started again, so one crash costs one case.
-fn restart(worker: &mut Worker, args: &AbArgs, timeout: Duration) -> Result<()> {
-    let path = if worker.label == "baseline" {
-        args.baseline.clone()
-    } else {
-        match &args.current {
-            Some(p) => p.clone(),
-            None => this_executable()?,
-        }
-    };
-    *worker = Worker::start(&worker.label.clone(), &path, &["worker"], timeout)?;
-    Ok(())
 }
 
 /// One verdict per kernel, slowest first.
