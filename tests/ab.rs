@@ -180,6 +180,20 @@ fn bad_arguments_exit_2_naming_the_flag() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/attnbench"));
+    for timeout in ["inf", "0"] {
+        Command::new(bin())
+            .args([
+                "ab",
+                "--baseline",
+                "/nonexistent",
+                "--config",
+                "configs/ci.toml",
+            ])
+            .args(["--worker-timeout-s", timeout])
+            .assert()
+            .code(2)
+            .stderr(predicates::str::contains("--worker-timeout-s"));
+    }
 }
 
 #[test]

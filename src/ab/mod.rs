@@ -162,7 +162,20 @@ pub fn command(args: &AbArgs) -> Result<i32> {
             args.time_threshold
         )));
     }
+    if !(args.worker_timeout_s >= 1.0 && args.worker_timeout_s <= 1e6) {
+        return Err(Error::Usage(format!(
+            "--worker-timeout-s: {} is not a number of seconds from 1 to 1e6",
+            args.worker_timeout_s
+        )));
+    }
     let config = Config::load(&args.config, &args.sets)?;
+    // A directory that cannot be written is said before minutes of measuring, not after.
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+            context: format!("--out: creating {}", dir.display()),
+            source: e,
+        })?;
+    }
     let outcome = run(args, &config)?;
     let md = render::markdown(&outcome);
     print!("{md}");
@@ -196,7 +209,7 @@ fn run(args: &AbArgs, config: &Config) -> Result<Outcome> {
             Some(p) => p.clone(),
             None => this_executable()?,
         },
-        timeout: Duration::from_secs_f64(args.worker_timeout_s.max(1.0)),
+        timeout: Duration::from_secs_f64(args.worker_timeout_s),
     };
     let stop = StopRule {
         warmup: config.run.warmup,
