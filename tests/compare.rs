@@ -264,6 +264,32 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
         .stdout(predicate::str::contains("**slower**").and(predicate::str::contains("1.300 [")));
 }
 
+/// `--no-time-gate` (what `.ci/run` uses): every time 1.3x slower still shows `slower`
+/// verdicts but exits 0; a memory regression beside it still exits 3.
+#[test]
+fn no_time_gate_shows_time_but_only_memory_error_and_status_fail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    edit_samples(&cur, |_, t| t * 1.3);
+    let (code, v) = compare_json(&baseline(), &cur, &["--no-time-gate"]);
+    assert_eq!(code, 0, "{v:#}");
+    assert!(v["counts"]["slower"].as_u64().unwrap() > 0, "{v:#}");
+    assert_eq!(v["counts"]["regressed"], 0);
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(&cur)
+        .arg("--no-time-gate")
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("**time not gated**"));
+    let id = add_memory(&cur, "f32", 4096);
+    let (code, v) = compare_json(&baseline(), &cur, &["--no-time-gate"]);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(v["counts"]["regressed"], 1, "{id}: {v:#}");
+}
+
 /// Adds `bytes` to the memory overhead of the first ok `flash` case of `dtype` in the run
 /// at `dir`; returns its case id.
 fn add_memory(dir: &Path, dtype: &str, bytes: u64) -> String {

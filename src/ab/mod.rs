@@ -30,8 +30,8 @@ use crate::variant::Engine;
 use crate::worker::client::{this_executable, Failure, Worker};
 use crate::worker::protocol::RunReply;
 
-/// Exit code when a kernel got slower or a case stopped working (as `compare`).
-pub const EXIT_SLOWER: i32 = 3;
+/// Exit code when a kernel got slower or a case stopped working: `compare`'s.
+pub use crate::compare::EXIT_REGRESSION as EXIT_SLOWER;
 
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
