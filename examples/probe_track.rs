@@ -14,7 +14,8 @@ use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::measure::probe::probe_thread;
 use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
 use attnbench::runner::{forward, pool};
-use attnbench::variant::VariantId;
+use attnbench::variant::DefaultCase;
+use attnbench::problem::VariantId;
 
 fn pearson(x: &[f64], y: &[f64]) -> f64 {
     let n = x.len() as f64;

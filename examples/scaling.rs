@@ -12,6 +12,7 @@ use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::workspace::{WarmCalls, WarmStash};
 use attnbench::problem::{Case, InputDist, Inputs};
 use attnbench::runner::{forward_with, pool};
+use attnbench::variant::DefaultCase;
 
 mod common;
 

@@ -11,7 +11,7 @@ use crate::config::ByteSize;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::report::plot::Format;
 use crate::sim::plan::Allreduce;
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -15,15 +15,19 @@ use crate::measure::timer::{time_measured_repetitions, Timing};
 use crate::problem::{Case, Inputs};
 use crate::report::record::{Record, Status};
 use crate::runner::{
-    failed, human_bytes, oom_by_prediction, oom_or_error, record_output_error, record_timing,
-    Outcome, Settings, INTERRUPTED,
+    failed, oom_by_prediction, oom_or_error, record_output_error, record_timing, Outcome, Settings,
+    INTERRUPTED,
 };
+use crate::units;
+use crate::variant::Registry;
 
 /// The driver's allocation granularity assumed by the `cuMemGetInfo` cross-check.
 const DRIVER_GRANULARITY: u64 = 2 << 20;
 
 pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Result<Outcome> {
-    let row = |status, reason: String| Record::for_case(&settings.run_name, case, status, reason);
+    let row = |status, reason: String| {
+        crate::runner::record_for(&settings.run_name, case, status, reason)
+    };
     let skipped = |reason: String| Outcome {
         record: row(Status::Skipped, reason),
         output: None,
@@ -47,10 +51,10 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         if need > budget {
             let reason = format!(
                 "predicted {} device workspace + {} inputs/outputs = {} exceeds the memory budget {}",
-                human_bytes(predicted),
-                human_bytes(case.io_bytes()),
-                human_bytes(need),
-                human_bytes(budget)
+                units::bytes_2dp(predicted),
+                units::bytes_2dp(case.io_bytes()),
+                units::bytes_2dp(need),
+                units::bytes_2dp(budget)
             );
             return Ok(oom_by_prediction(row(Status::Oom, reason), predicted));
         }

@@ -119,7 +119,7 @@ fn time_ratio(full: &Case, part: &Record) -> f64 {
 pub fn scale_record(part: Record, full: &Case, run: &str, predicted_full: u64) -> Record {
     let ratio = time_ratio(full, &part);
     let scale = |t: Option<f64>| t.map(|t| t * ratio);
-    let mut r = Record::for_case(run, full, part.status, part.reason);
+    let mut r = crate::runner::record_for(run, full, part.status, part.reason);
     r.reps = part.reps;
     r.time_median_s = scale(part.time_median_s);
     r.time_min_s = scale(part.time_min_s);
@@ -154,7 +154,7 @@ mod tests {
     use super::*;
     use crate::problem::{DType, Device, InputDist};
     use crate::report::record::Status;
-    use crate::variant::VariantId;
+    use crate::problem::VariantId;
 
     fn case(seq: usize, q_chunk: Option<usize>, threads: usize) -> Case {
         Case {

@@ -14,6 +14,7 @@
 //! each case keeps its own warm scratch buffers, so the group holds the sum of its cases'
 //! workspaces (a group predicted over the memory budget runs one case after the other).
 
+use crate::variant::Registry;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -28,7 +29,7 @@ use crate::measure::alloc;
 use crate::measure::probe::probe_pool;
 use crate::measure::timer::{warm_up, StopReason, StopRule, Timing};
 use crate::problem::{Case, Device, Inputs, Mode};
-use crate::report::record::{Record, Status};
+use crate::report::record::Status;
 use crate::runner::{
     failed, finish_outcome, forward, memory_and_error, oom_or_error, packing_bytes, pool,
     predicted_bytes, record_timing, run_case, skip_reason, stop_rule, Outcome, Settings,
@@ -250,7 +251,7 @@ fn finish(
     interrupted: bool,
 ) -> Outcome {
     let case = m.case;
-    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    let mut record = crate::runner::record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted_bytes(case));
     if let Some(e) = m.error.take() {
         return failed(record, oom_or_error(&e), e, None);
@@ -284,7 +285,8 @@ fn finish(
 mod tests {
     use super::*;
     use crate::problem::{DType, Shape};
-    use crate::variant::VariantId;
+    use crate::variant::DefaultCase;
+    use crate::problem::VariantId;
 
     fn settings(max_reps: usize) -> Settings {
         Settings {

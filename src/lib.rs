@@ -5,6 +5,7 @@
 //! Data flow: config --expand--> cases --runner--> records --CSV--> report / compare.
 
 pub mod ab;
+pub mod algorithm;
 pub mod backend;
 pub mod cli;
 pub mod compare;
@@ -27,6 +28,7 @@ pub mod runner;
 pub mod sim;
 pub mod single;
 pub mod sweep;
+pub mod units;
 pub mod variant;
 pub mod worker;
 

@@ -5,7 +5,8 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
 use crate::problem::{DType, Mode};
 use crate::runner::cuda_unavailable_reason;
-use crate::variant::VariantId;
+use crate::variant::Registry;
+use crate::problem::VariantId;
 
 pub fn list() -> String {
     let mut s = String::from("variants:\n");

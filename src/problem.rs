@@ -6,13 +6,10 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
-
-use crate::sim::plan::Allreduce;
-use crate::variant::VariantId;
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
 /// the output is always f32.
@@ -106,6 +103,18 @@ impl Mode {
             Mode::LayerTrain => "layer-train",
         }
     }
+
+    /// Whether the mode runs a whole transformer layer (`crate::layer`), not attention alone.
+    pub fn is_layer(self) -> bool {
+        matches!(self, Mode::LayerFwd | Mode::LayerTrain)
+    }
+}
+
+/// Values of one GPT layer's parameters for hidden size `h`: 12h^2 + 13h (QKV projection
+/// 3h^2 + 3h, output projection h^2 + h, FFN 8h^2 + 5h, two layer norms 4h; Liu & Abbeel,
+/// Blockwise Parallel Transformer, Section 3).
+pub fn layer_param_count(h: usize) -> usize {
+    12 * h * h + 13 * h
 }
 
 impl fmt::Display for Mode {
@@ -354,6 +363,193 @@ impl Shape {
     }
 }
 
+/// The attention variants by name: the plain identifiers every layer may hold. What each
+/// one does is the registry's (`crate::variant`: `VariantId::get`, the only match on
+/// behaviour); a new member is one line here, its file and one registry arm there.
+macro_rules! variant_ids {
+    ($($id:ident = $name:literal,)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum VariantId {
+            $($id,)*
+        }
+
+        impl VariantId {
+            pub const ALL: [VariantId; [$(VariantId::$id,)*].len()] = [$(VariantId::$id,)*];
+
+            /// The name configs, CSV rows and the CLI use.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(VariantId::$id => $name,)*
+                }
+            }
+        }
+    };
+}
+
+variant_ids! {
+    Naive = "naive",
+    NaiveUnsafe = "naive-unsafe",
+    RabeStaats = "rabe-staats",
+    RabeStaatsSeq = "rabe-staats-seq",
+    Flash = "flash",
+    DecodeNaive = "decode-naive",
+    DecodeOnline = "decode-online",
+    FlashDecoding = "flash-decoding",
+    RingDecode = "ring-decode",
+    TreeDecode = "tree-decode",
+    RingPrefill = "ring-prefill",
+    StripePrefill = "stripe-prefill",
+    LayerVanilla = "layer-vanilla",
+    LayerMemEff = "layer-memeff",
+    LayerBpt = "layer-bpt",
+    RingDecodeMpi = "ring-decode-mpi",
+    RingPrefillMpi = "ring-prefill-mpi",
+    TreeDecodeMpi = "tree-decode-mpi",
+    TreeDecodeMpiExplicit = "tree-decode-mpi-explicit",
+}
+
+impl VariantId {
+    pub fn names() -> Vec<&'static str> {
+        Self::ALL.iter().map(|v| v.name()).collect()
+    }
+}
+
+impl fmt::Display for VariantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for VariantId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown variant `{s}` (expected one of: {})",
+                    Self::names().join(", ")
+                )
+            })
+    }
+}
+
+impl Serialize for VariantId {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for VariantId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Devices per node of the two-level allreduce when the axis value does not say (a DGX
+/// H100 node, the paper's cluster).
+pub const DEFAULT_PER_NODE: usize = 8;
+
+/// The allreduce algorithm of the simulated collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Allreduce {
+    Ring,
+    Tree,
+    /// Ring inside nodes of `per_node` devices, binomial tree across nodes.
+    TwoLevel {
+        per_node: usize,
+    },
+}
+
+impl Allreduce {
+    /// Why this algorithm cannot run on `p` devices, if so.
+    pub fn unsupported(self, p: usize) -> Option<String> {
+        match self {
+            Allreduce::TwoLevel { per_node: 0 } => {
+                Some("two-level allreduce needs at least 1 device per node".into())
+            }
+            Allreduce::TwoLevel { per_node } if p > per_node && !p.is_multiple_of(per_node) => Some(
+                format!(
+                    "two-level allreduce needs whole nodes: {p} devices is not a multiple of {per_node} per node"
+                ),
+            ),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Allreduce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Allreduce::Ring => f.write_str("ring"),
+            Allreduce::Tree => f.write_str("tree"),
+            Allreduce::TwoLevel { per_node } => write!(f, "two-level:{per_node}"),
+        }
+    }
+}
+
+impl FromStr for Allreduce {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let expected = "expected ring, tree, two-level (8 devices per node) or two-level:N";
+        match s {
+            "ring" => Ok(Allreduce::Ring),
+            "tree" => Ok(Allreduce::Tree),
+            "two-level" => Ok(Allreduce::TwoLevel {
+                per_node: DEFAULT_PER_NODE,
+            }),
+            _ => {
+                let n = s
+                    .strip_prefix("two-level:")
+                    .ok_or_else(|| format!("unknown allreduce `{s}` ({expected})"))?;
+                match n.parse::<usize>() {
+                    Ok(per_node) if per_node > 0 => Ok(Allreduce::TwoLevel { per_node }),
+                    _ => Err(format!(
+                        "unknown allreduce `{s}`: devices per node must be a positive integer ({expected})"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl Serialize for Allreduce {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Allreduce {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The three transformer-layer designs Liu & Abbeel compare (Blockwise Parallel
+/// Transformer, Section 3): materialized attention, memory-efficient attention, BPT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Design {
+    Vanilla,
+    MemEff,
+    Bpt,
+}
+
+impl Design {
+    pub const ALL: [Design; 3] = [Design::Vanilla, Design::MemEff, Design::Bpt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Vanilla => "vanilla",
+            Design::MemEff => "memeff",
+            Design::Bpt => "bpt",
+        }
+    }
+}
+
 /// One point of the sweep grid: everything that determines a measurement. Its JSON form
 /// (serde) is what the worker protocol sends (`crate::worker`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -389,34 +585,6 @@ pub struct Case {
 }
 
 impl Case {
-    /// A forward case on the CPU with the variant's defaults: its default chunks clamped to
-    /// the sequence (as the sweep's expansion does), its default split count and allreduce,
-    /// no mask or window, one device, normal inputs at scale 1, seed 0. Tests, examples and
-    /// tools start from it and set what they vary (`Case { causal: true, ..base }`).
-    pub fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case {
-        let info = variant.info();
-        let v = variant.get();
-        Case {
-            variant,
-            mode: Mode::Fwd,
-            device: Device::Cpu,
-            dtype,
-            shape,
-            q_chunk: info.default_q_chunk.map(|c| c.min(shape.seq_q)),
-            kv_chunk: info.default_kv_chunk.map(|c| c.min(shape.seq_kv)),
-            causal: false,
-            window: None,
-            devices: 1,
-            splits: v.default_splits(&shape, threads),
-            allreduce: v.default_allreduce(),
-            threads,
-            input_dist: InputDist::Normal,
-            input_scale: 1.0,
-            seed: 0,
-            d_out: UpstreamGrad::Random,
-        }
-    }
-
     /// A stable, readable key: every field that distinguishes two cases. `--resume` and
     /// `compare` match rows by it.
     pub fn id(&self) -> String {
@@ -462,8 +630,8 @@ impl Case {
     /// FLOPs by the FlashAttention convention: the forward's, and 3.5x that for forward +
     /// backward (the backward counted as 2.5 forwards).
     pub fn flops(&self) -> f64 {
-        if crate::layer::is_layer_mode(self.mode) {
-            return crate::layer::flops(self);
+        if self.mode.is_layer() {
+            return self.layer_flops();
         }
         let s = &self.shape;
         let fwd = 4.0
@@ -480,8 +648,8 @@ impl Case {
     /// Bytes of Q, K, V (storage dtype) and O (f32); for `fwd+bwd` also dO, dQ, dK and dV
     /// (f32). These are live before the call and excluded from the memory overhead.
     pub fn io_bytes(&self) -> u64 {
-        if crate::layer::is_layer_mode(self.mode) {
-            return crate::layer::io_bytes(self);
+        if self.mode.is_layer() {
+            return self.layer_io_bytes();
         }
         let s = &self.shape;
         let fwd = (s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4;
@@ -490,6 +658,42 @@ impl Case {
             _ => 0,
         };
         (fwd + train) as u64
+    }
+
+    /// Hidden size of a layer case (`heads * head_dim`).
+    pub fn hidden(&self) -> usize {
+        self.shape.heads * self.shape.head_dim
+    }
+
+    /// Elements of a layer case's input (and output): `b * s * h`.
+    pub fn tokens_len(&self) -> usize {
+        self.shape.batch * self.shape.seq_q * self.hidden()
+    }
+
+    /// FLOPs of one layer call: the forward's GEMMs (QKV 6h^2, output 2h^2, FFN 16h^2 per
+    /// token) plus the attention's (FlashAttention convention); a training step counts the
+    /// forward, its recomputation and a backward of twice the GEMMs and 2.5x the attention.
+    fn layer_flops(&self) -> f64 {
+        let s = &self.shape;
+        let h = self.hidden() as f64;
+        let tokens = (s.batch * s.seq_q) as f64;
+        let gemm = 24.0 * tokens * h * h;
+        let attn = s.fwd_flops(self.causal);
+        match self.mode {
+            Mode::LayerTrain => 4.0 * gemm + 4.5 * attn,
+            _ => gemm + attn,
+        }
+    }
+
+    /// Bytes live before a layer call and excluded from its activation memory: x and out,
+    /// the parameters; for training also dout, dx and the parameter gradient.
+    fn layer_io_bytes(&self) -> u64 {
+        let io = 2 * self.tokens_len() + layer_param_count(self.hidden());
+        let train = match self.mode {
+            Mode::LayerTrain => 2 * self.tokens_len() + layer_param_count(self.hidden()),
+            _ => 0,
+        };
+        4 * (io + train) as u64
     }
 }
 

@@ -3,6 +3,7 @@
 //! stopping rule -> one untimed pass under the memory probe -> error against the f64 oracle
 //! -> one `Record`. Kernels run inside a rayon pool of the case's thread count.
 
+use crate::variant::Registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,7 +27,8 @@ use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
 use crate::report::record::{Record, Status};
 use crate::sim::stats::SimStats;
-use crate::variant::VariantId;
+use crate::units;
+use crate::problem::VariantId;
 
 /// Everything besides the case that decides how a case is measured.
 #[derive(Clone, Debug)]
@@ -91,7 +93,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
             .is_some_and(|p| p <= 1 << 62)
     };
-    let layer = crate::layer::is_layer_mode(case.mode);
+    let layer = case.mode.is_layer();
     if !fits(&[s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim, 16])
         || (layer && !fits(&[hidden, hidden, 12 * 16, s.batch, s.seq_q]))
     {
@@ -271,7 +273,7 @@ pub struct Outcome {
 /// the case itself (oom, non-finite output) are rows, not errors; `Err` is kept for
 /// failures of the harness.
 pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Result<Outcome> {
-    let row = |status, reason: String| Record::for_case(&settings.run_name, case, status, reason);
+    let row = |status, reason: String| record_for(&settings.run_name, case, status, reason);
     if let Some(reason) = skip_reason(case) {
         return Ok(Outcome {
             record: row(Status::Skipped, reason),
@@ -293,17 +295,17 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
         let need = predicted + case.io_bytes() + packing + fixed;
         if need > budget {
             let model = if fixed > 0 {
-                format!(" + {} rest of the model", human_bytes(fixed))
+                format!(" + {} rest of the model", units::bytes_2dp(fixed))
             } else {
                 String::new()
             };
             let reason = format!(
                 "predicted {} workspace + {} inputs/outputs + {} GEMM packing{model} = {} exceeds the memory budget {}",
-                human_bytes(predicted),
-                human_bytes(case.io_bytes()),
-                human_bytes(packing),
-                human_bytes(need),
-                human_bytes(budget)
+                units::bytes_2dp(predicted),
+                units::bytes_2dp(case.io_bytes()),
+                units::bytes_2dp(packing),
+                units::bytes_2dp(need),
+                units::bytes_2dp(budget)
             );
             return Ok(oom_by_prediction(row(Status::Oom, reason), predicted));
         }
@@ -329,7 +331,7 @@ pub(crate) fn oom_by_prediction(mut record: Record, predicted: u64) -> Outcome {
 /// which are not allocated but count against the budget; 0 for attention cases.
 pub fn static_bytes(case: &Case, settings: &Settings) -> u64 {
     match settings.model_layers {
-        Some(l) if layer::is_layer_mode(case.mode) => layer::static_bytes(case, l),
+        Some(l) if case.mode.is_layer() => layer::static_bytes(case, l),
         _ => 0,
     }
 }
@@ -340,7 +342,7 @@ fn measure(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Result<Outcome> {
-    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
     let inputs = match given {
         Some(i) => i,
@@ -429,7 +431,7 @@ fn measure_train(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Result<Outcome> {
-    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
     let inputs = given.unwrap_or_else(|| {
         Inputs::generate(
@@ -509,7 +511,7 @@ fn measure_train(
 /// parameters and, for training, dout, dx and the parameter gradient are live before it),
 /// then output and gradient errors against the f64 oracle.
 fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Outcome> {
-    let mut record = Record::for_case(&settings.run_name, case, Status::Ok, "");
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
     let train = case.mode == Mode::LayerTrain;
     let (params, x) = layer::generate(case);
@@ -518,7 +520,7 @@ fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Out
     } else {
         Vec::new()
     };
-    let n = layer::tokens_len(case);
+    let n = case.tokens_len();
     let buffers = (|| -> Result<_> {
         let out = try_zeroed(n, "layer output")?;
         let (dx, dp) = if train {
@@ -537,8 +539,9 @@ fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Out
     };
     let isa = Isa::detect();
     let threads = pool(case.threads)?;
+    let plan = crate::variant::layer_plan(case)?;
     let call = |out: &mut [f32], dx: &mut [f32], dp: &mut [f32]| {
-        threads.install(|| layer::run_once(case, isa, &params, &x, &d_out, out, dx, dp))
+        threads.install(|| layer::run_once(&plan, isa, &params, &x, &d_out, out, dx, dp))
     };
     let timing = time_on_worker(case, &settings.stop, || call(&mut out, &mut dx, &mut dp));
     let (timing, probe) = match timing {
@@ -690,20 +693,12 @@ pub(crate) fn failed(
     }
 }
 
-/// Bytes as a short human string with binary units ("1.50 GiB").
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+/// The row of `case` before measuring, with what its variant determines (bytes of K and V
+/// the decode variants read).
+pub fn record_for(run: &str, case: &Case, status: Status, reason: impl Into<String>) -> Record {
+    let mut record = Record::for_case(run, case, status, reason);
+    record.kv_read_bytes = case.variant.get().kv_read_bytes(case);
+    record
 }
 
 /// `measure` with the optional steps `Settings` asks for: time extrapolation of slow cases
@@ -714,7 +709,7 @@ fn measure_case(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Result<Outcome> {
-    if layer::is_layer_mode(case.mode) {
+    if case.mode.is_layer() {
         return measure_layer(case, settings, predicted);
     }
     let mut outcome = match settings.extrapolate {

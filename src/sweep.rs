@@ -28,8 +28,9 @@ use crate::report::meta::{Meta, Resumed};
 use crate::report::plot::Format;
 use crate::report::record::{Record, Status};
 use crate::report::samples::{self, SamplesSink};
-use crate::report::table::{human_seconds, summary_table};
+use crate::report::table::summary_table;
 use crate::runner::{run_case, GpuSettings, Settings, INTERRUPTED};
+use crate::units;
 
 pub use crate::report::load::{CSV_NAME, META_NAME};
 /// Every timed repetition of every case (for `compare`), beside `runs.csv`.
@@ -239,7 +240,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         "{} rows written to {} in {}",
         records.len(),
         csv_path.display(),
-        human_seconds(started.elapsed().as_secs_f64())
+        units::seconds_3dp(started.elapsed().as_secs_f64())
     );
     if !INTERRUPTED.load(Ordering::Relaxed) {
         for p in crate::model::write_results(&dir, &config, &csv_path)? {
@@ -511,7 +512,7 @@ impl Progress {
         if !self.shown {
             return;
         }
-        let time = r.time_median_s.map_or(String::new(), human_seconds);
+        let time = r.time_median_s.map_or(String::new(), units::seconds_3dp);
         match &self.bar {
             Some(bar) => {
                 bar.inc(1);

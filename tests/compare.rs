@@ -5,6 +5,7 @@
 use assert_cmd::Command;
 use attnbench::measure::stats::Summary;
 use attnbench::report::record::{Record, Status};
+use attnbench::variant::Registry;
 use predicates::prelude::*;
 use std::collections::BTreeSet;
 use std::fs;
@@ -917,7 +918,7 @@ fn the_ci_config_runs_every_variant_and_the_baseline_holds_exactly_its_cases() {
     let cases = config.expand();
     let variants: BTreeSet<&str> = cases.iter().map(|c| c.variant.name()).collect();
     // The MPI variants need mpirun: the MPI smoke test (tests/mpi.rs) runs them.
-    let all: BTreeSet<&str> = attnbench::variant::VariantId::in_process()
+    let all: BTreeSet<&str> = attnbench::problem::VariantId::in_process()
         .map(|v| v.name())
         .collect();
     assert_eq!(

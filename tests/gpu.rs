@@ -12,7 +12,7 @@ use attnbench::measure::timer::StopRule;
 use attnbench::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
 use attnbench::report::record::{Record, Status};
 use attnbench::runner::{run_case, GpuSettings, Settings};
-use attnbench::variant::VariantId;
+use attnbench::variant::{Registry, VariantId};
 
 /// The GPU and its allocator counts are shared by the tests of this binary: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

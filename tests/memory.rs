@@ -13,7 +13,8 @@ use attnbench::measure::timer::StopRule;
 use attnbench::problem::{Case, DType, Inputs, Mode, Shape};
 use attnbench::report::record::{Record, Status};
 use attnbench::runner::{forward, packing_bytes, run_case, Settings};
-use attnbench::variant::VariantId;
+use attnbench::problem::VariantId;
+use attnbench::variant::{DefaultCase, Registry};
 
 fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {
     let shape = Shape::self_attention(heads, n, 64);

@@ -11,6 +11,7 @@
 pub mod paired;
 pub mod render;
 
+use crate::variant::Registry;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@ use std::path::Path;
 use super::{CaseRow, GroupRow, Outcome};
 use crate::error::{Error, Result};
 use crate::report::durable::write_atomic;
-use crate::report::fmt;
+use crate::units;
 
 pub fn markdown(o: &Outcome) -> String {
     let mut s = String::new();
@@ -24,7 +24,7 @@ pub fn markdown(o: &Outcome) -> String {
          geometric mean of its cases' median round ratios, with a 95% bootstrap interval; \
          slower when the interval is above {up:.3}, faster when below {:.3}; {:.0} s in all",
         o.rounds,
-        fmt::seconds(o.block_s),
+        units::seconds(o.block_s),
         1.0 / up,
         o.seconds
     );

@@ -10,8 +10,7 @@ use super::normalize::Normalize;
 use super::time::TimeVerdict;
 use super::{CaseComparison, Comparison, RunInfo};
 use crate::error::{Error, Result};
-use crate::report::table::human_seconds;
-use crate::runner::human_bytes;
+use crate::units;
 
 /// The comparison as pretty-printed JSON.
 pub fn json(c: &Comparison) -> Result<String> {
@@ -55,8 +54,8 @@ pub fn markdown(c: &Comparison) -> String {
         s,
         "- memory: a regression when the overhead grows by more than {} + {} allowance \
          (+ one GEMM packing buffer per extra thread)",
-        human_bytes(o.mem_threshold_bytes),
-        human_bytes(c.mem_allowance_bytes)
+        units::bytes_2dp(o.mem_threshold_bytes),
+        units::bytes_2dp(c.mem_allowance_bytes)
     );
     if c.counts.memory_incomparable > 0 {
         let _ = writeln!(
@@ -186,8 +185,8 @@ fn row(c: &CaseComparison) -> String {
     if let Some(m) = c.memory.filter(|m| m.verdict == MemVerdict::Higher) {
         verdicts.push(format!(
             "**memory** (+{} > {})",
-            human_bytes(m.delta_bytes.unsigned_abs()),
-            human_bytes(m.tolerated_bytes)
+            units::bytes_2dp(m.delta_bytes.unsigned_abs()),
+            units::bytes_2dp(m.tolerated_bytes)
         ));
     }
     for figure in &c.unrecorded {
@@ -228,8 +227,8 @@ fn row(c: &CaseComparison) -> String {
             };
             let medians = format!(
                 "{} → {} ({} → {} reps)",
-                t.baseline_median_s.map_or("-".into(), human_seconds),
-                t.current_median_s.map_or("-".into(), human_seconds),
+                t.baseline_median_s.map_or("-".into(), units::seconds_3dp),
+                t.current_median_s.map_or("-".into(), units::seconds_3dp),
                 t.baseline_reps,
                 t.current_reps
             );
@@ -241,8 +240,8 @@ fn row(c: &CaseComparison) -> String {
         let sign = if m.delta_bytes < 0 { "-" } else { "+" };
         format!(
             "{sign}{} ({})",
-            human_bytes(m.delta_bytes.unsigned_abs()),
-            human_bytes(m.current_bytes)
+            units::bytes_2dp(m.delta_bytes.unsigned_abs()),
+            units::bytes_2dp(m.current_bytes)
         )
     });
     let error = c.error.map_or("-".into(), |e| {

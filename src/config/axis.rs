@@ -7,7 +7,7 @@ use toml::Value;
 
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::sim::plan::Allreduce;
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 /// One sweep axis. Declaration order is the expansion order, outermost first: a sweep over
 /// `seq_len` for one setting of everything else is consecutive.

@@ -1,13 +1,14 @@
 //! Axis expansion: the cartesian product of the independent axes and the zip groups (each
 //! group one axis, placed at its innermost member), normalized into `Case`s and deduplicated.
 
+use crate::variant::Registry;
 use std::collections::HashSet;
 
 use super::axes::{Axes, ZipGroup};
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
 use crate::problem::{Case, Device, Shape};
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;

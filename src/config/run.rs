@@ -9,7 +9,7 @@ use super::schema::RawRun;
 use super::size::ByteSize;
 use super::source::{Section, Source};
 use crate::error::Result;
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 /// Resolved `[run]` table. Times are seconds; see DESIGN.md "Definitions" for the stopping
 /// rule these parameters drive.

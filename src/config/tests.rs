@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::problem::{DType, InputDist, Mode};
-use crate::variant::VariantId;
+use crate::variant::Registry;
+use crate::problem::VariantId;
 
 fn load(text: &str, sets: &[&str]) -> Result<Config> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

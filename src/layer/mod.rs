@@ -18,63 +18,22 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 
-pub use crate::model::bpt_memory::Design;
-use crate::problem::{Case, InputDist, Mode};
-
-/// Whether a case measures a whole layer.
-pub fn is_layer_mode(mode: Mode) -> bool {
-    matches!(mode, Mode::LayerFwd | Mode::LayerTrain)
-}
-
-/// Hidden size of the case's layer (`heads * head_dim`).
-pub fn hidden(case: &Case) -> usize {
-    case.shape.heads * case.shape.head_dim
-}
-
-/// Elements of the layer input (and output): `b * s * h`.
-pub fn tokens_len(case: &Case) -> usize {
-    case.shape.batch * case.shape.seq_q * hidden(case)
-}
-
-/// FLOPs of one call: the forward's GEMMs (QKV 6h^2, output 2h^2, FFN 16h^2 per token) plus
-/// the attention's (FlashAttention convention); a training step counts the forward, its
-/// recomputation and a backward of twice the GEMMs and 2.5x the attention.
-pub fn flops(case: &Case) -> f64 {
-    let s = &case.shape;
-    let h = hidden(case) as f64;
-    let tokens = (s.batch * s.seq_q) as f64;
-    let gemm = 24.0 * tokens * h * h;
-    let attn = s.fwd_flops(case.causal);
-    match case.mode {
-        Mode::LayerTrain => 4.0 * gemm + 4.5 * attn,
-        _ => gemm + attn,
-    }
-}
-
-/// Bytes live before a layer call and excluded from its activation memory: x and out, the
-/// parameters; for training also dout, dx and the parameter gradient.
-pub fn io_bytes(case: &Case) -> u64 {
-    let io = 2 * tokens_len(case) + params::count(hidden(case));
-    let train = match case.mode {
-        Mode::LayerTrain => 2 * tokens_len(case) + params::count(hidden(case)),
-        _ => 0,
-    };
-    4 * (io + train) as u64
-}
+pub use crate::problem::Design;
+use crate::problem::{Case, InputDist};
 
 /// The static share of a `layers`-deep model beside the measured layer (REPRODUCTION.md
 /// 1.2, "inferred floor"): 16 bytes per parameter (weights, gradients and two Adam moments)
 /// for every layer, and the checkpointed inputs of the other layers (4 bytes per value).
 pub fn static_bytes(case: &Case, layers: usize) -> u64 {
-    let per_layer = 16 * params::count(hidden(case)) as u64;
-    let inputs = 4 * tokens_len(case) as u64;
+    let per_layer = 16 * params::count(case.hidden()) as u64;
+    let inputs = 4 * case.tokens_len() as u64;
     layers as u64 * per_layer + layers.saturating_sub(1) as u64 * inputs
 }
 
 /// The case's seeded parameters and layer input x (`[b, s, h]`, distributed like attention
 /// inputs), both rounded to the storage dtype's values: the oracle sees the same numbers.
 pub fn generate(case: &Case) -> (Vec<f32>, Vec<f32>) {
-    let mut p = params::generate(hidden(case), case.seed);
+    let mut p = params::generate(case.hidden(), case.seed);
     let mut x = generate_input(case);
     for v in [&mut p, &mut x] {
         round_to(case.dtype, v);
@@ -99,7 +58,7 @@ pub fn round_to(dtype: crate::problem::DType, v: &mut [f32]) {
 fn generate_input(case: &Case) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
     let f = case.input_scale as f32;
-    (0..tokens_len(case))
+    (0..case.tokens_len())
         .map(|_| {
             let x: f32 = match case.input_dist {
                 InputDist::Normal => StandardNormal.sample(&mut rng),
@@ -138,7 +97,7 @@ pub fn check(
     grads: Option<(&[f32], &[f32], &[f32])>,
 ) -> LayerError {
     let s = &case.shape;
-    let (h, n) = (hidden(case), s.seq_q);
+    let (h, n) = (case.hidden(), s.seq_q);
     let macs = |n: usize| (n * n * h + 12 * n * h * h) as u64 * if grads.is_some() { 3 } else { 1 };
     let mut e = LayerError::default();
     let mut ref_max = 0.0f64;
@@ -219,11 +178,11 @@ pub fn check(
     e
 }
 
-/// Runs a layer case once on the CPU (inside the caller's pool): `out`, and for training
-/// also `dx` and `dp`.
+/// Runs a layer call once on the CPU (inside the caller's pool) as `plan` lays it out
+/// (`crate::variant::layer_plan`): `out`, and for training also `dx` and `dp`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_once(
-    case: &Case,
+    plan: &plan::Plan,
     isa: crate::backend::cpu::isa::Isa,
     params: &[f32],
     x: &[f32],
@@ -232,14 +191,10 @@ pub fn run_once(
     dx: &mut [f32],
     dp: &mut [f32],
 ) -> crate::error::Result<()> {
-    let design = case.variant.get().layer_design().ok_or_else(|| {
-        crate::error::Error::Runtime(format!("{} is not a layer variant", case.variant))
-    })?;
-    let plan = plan::Plan::new(design, case);
-    if case.mode == Mode::LayerTrain {
-        pipeline::train(&plan, isa, params, x, d_out, out, dx, dp)
+    if plan.train {
+        pipeline::train(plan, isa, params, x, d_out, out, dx, dp)
     } else {
-        pipeline::forward(&plan, isa, params, x, out)
+        pipeline::forward(plan, isa, params, x, out)
     }
 }
 

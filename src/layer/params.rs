@@ -142,7 +142,7 @@ mod tests {
             end = r.end;
         }
         assert_eq!(end, count(h));
-        assert_eq!(count(h), 12 * h * h + 13 * h);
+        assert_eq!(count(h), crate::problem::layer_param_count(h));
     }
 
     #[test]

@@ -13,12 +13,12 @@ use super::ops::{
 use super::params::{Param, View};
 use super::plan::{self, Block, Dims, Plan};
 use super::store::{self, try_tensor};
+use crate::algorithm::Saved;
 use crate::backend::cpu::gemm::MatRef;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::problem::{Grads, Inputs, Shape, Tensor};
-use crate::variant::Saved;
 
 /// The layer's buffers, allocated once per call in `Plan::buffers` order.
 /// K, V, Q and the per-head copies are in the storage dtype; everything else is f32.
@@ -257,7 +257,7 @@ impl Layer<'_> {
         mut saved: Option<&mut Vec<Saved>>,
     ) -> Result<()> {
         let plan = self.plan;
-        let variant = plan.attention_variant().get();
+        let variant = plan.attention;
         let case = plan.attention_case(blk);
         if plan.whole() {
             let ob = &mut bufs.ob;
@@ -485,7 +485,7 @@ impl Layer<'_> {
     /// the all-token stores.
     fn attend_backward(&self, blk: &Block, bufs: &mut Bufs, saved: &[Saved]) -> Result<()> {
         let plan = self.plan;
-        let variant = plan.attention_variant().get();
+        let variant = plan.attention;
         let case = plan.attention_case(blk);
         let missing =
             || Error::Runtime("layer: attention backward without its forward state".into());

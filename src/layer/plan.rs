@@ -3,10 +3,9 @@
 //! one block of the whole sequence (their activations are full-sequence); BPT runs blocks of
 //! `q_chunk` rows of one sequence (seed 002 Algorithm 1). O(blocks) arithmetic.
 
+use crate::algorithm::{Saved, Variant};
 use crate::backend::cpu::isa::Isa;
-use crate::model::bpt_memory::Design;
-use crate::problem::{Case, DType, Mode, Shape};
-use crate::variant::{Saved, VariantId};
+use crate::problem::{Case, DType, Design, Mode, Shape, VariantId};
 
 // The layer's buffers (`Plan::buffers`).
 pub const K: &str = "K (all tokens)";
@@ -98,10 +97,22 @@ pub struct Plan {
     pub dtype: DType,
     /// The attention kernel's case for the whole sequence (its kv_chunk, threads).
     base: Case,
+    /// The attention variant's implementation (`attention_of(design)`, from the registry).
+    pub attention: &'static dyn Variant,
+}
+
+/// The attention variant a design runs: materialized (naive) for vanilla, flash otherwise.
+pub fn attention_of(design: Design) -> VariantId {
+    match design {
+        Design::Vanilla => VariantId::Naive,
+        Design::MemEff | Design::Bpt => VariantId::Flash,
+    }
 }
 
 impl Plan {
-    pub fn new(design: Design, case: &Case) -> Plan {
+    /// The plan of `case` under `design`, its attention run by `attention` (the registry's
+    /// implementation of `attention_of(design)`).
+    pub fn new(design: Design, case: &Case, attention: &'static dyn Variant) -> Plan {
         let dims = Dims::of(&case.shape);
         let c = match design {
             Design::Bpt => case.q_chunk.unwrap_or(DEFAULT_Q_BLOCK).clamp(1, dims.s),
@@ -115,6 +126,7 @@ impl Plan {
             train: case.mode == Mode::LayerTrain,
             dtype: case.dtype,
             base: case.clone(),
+            attention,
         }
     }
 
@@ -124,10 +136,7 @@ impl Plan {
     }
 
     pub fn attention_variant(&self) -> VariantId {
-        match self.design {
-            Design::Vanilla => VariantId::Naive,
-            Design::MemEff | Design::Bpt => VariantId::Flash,
-        }
+        attention_of(self.design)
     }
 
     /// Rows of the largest block.
@@ -261,7 +270,7 @@ impl Plan {
     /// largest over blocks of the kernel's own prediction; BPT training keeps every head's
     /// logsumexp of a block (and the list holding them) until the block's backward.
     pub fn attention_peak_bytes(&self, isa: Isa) -> u64 {
-        let variant = self.attention_variant().get();
+        let variant = self.attention;
         let a = self.dims.a as u64;
         self.blocks()
             .iter()

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::backend::cpu::isa::Isa;
-use crate::problem::{DType, Device, Shape, UpstreamGrad};
-use crate::variant::VariantId;
+use crate::problem::{DType, Device, Mode, Shape, UpstreamGrad};
+use crate::problem::VariantId;
 
 const DESIGNS: [VariantId; 3] = [
     VariantId::LayerVanilla,
@@ -60,7 +60,7 @@ struct Run {
 fn run(c: &Case) -> (Run, Vec<f32>, Vec<f32>, Vec<f32>) {
     let (params, x) = generate(c);
     let d_out = c.d_out.make(&c.shape, c.seed);
-    let n = tokens_len(c);
+    let n = c.tokens_len();
     let train = c.mode == Mode::LayerTrain;
     let mut r = Run {
         out: vec![f32::NAN; n],
@@ -70,7 +70,7 @@ fn run(c: &Case) -> (Run, Vec<f32>, Vec<f32>, Vec<f32>) {
     let pool = crate::runner::pool(c.threads).unwrap();
     pool.install(|| {
         run_once(
-            c,
+            &crate::variant::layer_plan(c).unwrap(),
             Isa::detect(),
             &params,
             &x,
@@ -192,7 +192,7 @@ fn planned_activation_bytes_scale_as_the_designs_promise() {
     let isa = Isa::detect();
     let bytes = |v: VariantId, s: usize| {
         let c = case(v, Mode::LayerTrain, (1, s, 4, 64), true, 256);
-        plan::Plan::new(v.get().layer_design().unwrap(), &c).predict_bytes(isa) as f64
+        crate::variant::layer_plan(&c).unwrap().predict_bytes(isa) as f64
     };
     // Growth from s to 2s against growth from 2s to 4s: 2 for an affine function of s,
     // towards 4 for a quadratic one.

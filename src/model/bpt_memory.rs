@@ -6,6 +6,8 @@
 
 use serde::Serialize;
 
+pub use crate::problem::Design;
+
 /// GPT shapes of BPT's Table 1 (seed 002 lines 179–187).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct GptShape {
@@ -83,27 +85,6 @@ impl GptShape {
     pub fn params(&self) -> f64 {
         let (l, h) = (self.layers as f64, self.d_model as f64);
         12.0 * l * h * h + VOCAB as f64 * h
-    }
-}
-
-/// The three layer designs the paper compares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Design {
-    Vanilla,
-    MemEff,
-    Bpt,
-}
-
-impl Design {
-    pub const ALL: [Design; 3] = [Design::Vanilla, Design::MemEff, Design::Bpt];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Design::Vanilla => "vanilla",
-            Design::MemEff => "memeff",
-            Design::Bpt => "bpt",
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 use super::bpt_memory::{
     layer_activation, max_context, model_memory, Design, GptShape, TABLE2_ONE_A100,
 };
-use crate::runner::human_bytes;
+use crate::units;
 
 pub struct Query<'a> {
     pub model: &'a GptShape,
@@ -19,7 +19,7 @@ pub struct Query<'a> {
 pub fn render(q: &Query) -> String {
     let m = q.model;
     let (b, c, act) = (q.batch as f64, q.block as f64, q.act_bytes as f64);
-    let gib = |x: f64| human_bytes(x.max(0.0) as u64);
+    let gib = |x: f64| units::bytes_2dp(x.max(0.0) as u64);
     let mut out = format!(
         "# BPT memory model: {} ({} layers, d_model {}, {} heads; {:.2e} parameters by 12Lh^2 + Vh, paper label {:.1e})\n\n\
          Batch {}, block {}, {}-byte activations (the paper's Sec. 3.1 assumes 2; its GPU runs were fp32 = 4). \
@@ -52,7 +52,7 @@ pub fn render(q: &Query) -> String {
     }
     out += &format!(
         "\n## Largest context on one device of {}\n\n| design | this model | paper Table 2 (1 A100, trend only) |\n|---|---|---|\n",
-        human_bytes(q.device_bytes)
+        units::bytes_2dp(q.device_bytes)
     );
     let paper = TABLE2_ONE_A100.iter().find(|r| r.0 == m.name);
     for (i, d) in Design::ALL.into_iter().enumerate() {

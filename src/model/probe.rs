@@ -3,13 +3,14 @@
 //! seconds per cached token; decode streams the cache, so time scales linearly in t.
 //! Costs a few passes over a probe cache of 2·b·t·d elements.
 
+use crate::variant::Registry;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::problem::{Case, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::runner::forward;
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 /// Timed passes after one warm-up; the median is kept.
 const PASSES: usize = 5;

@@ -8,6 +8,7 @@
 //! layer lands, these files are the tables and the plot.
 //! Time: one simulation per check shape plus O(|p| |N|) plan pricings.
 
+use crate::variant::Registry;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -194,7 +195,7 @@ pub const SAME_OUTPUT: f64 = 1e-6;
 
 /// The flash-decoding output of `inputs` on one device.
 fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
-    let v = crate::variant::VariantId::FlashDecoding;
+    let v = crate::problem::VariantId::FlashDecoding;
     let s = inputs.shape;
     let case = crate::problem::Case {
         variant: v,

@@ -7,10 +7,10 @@
 
 use std::fmt;
 
-use super::fmt::{bytes, pow2, sci};
 use super::paper::{Cell, PaperTable};
 use super::record::{Record, Status};
 use super::select::{RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, STANDARD, TABLE2};
+use crate::units::{bytes, pow2, sci};
 
 /// n of the ratio and error-bound checks (the paper's 2^14).
 pub const CHECK_N: usize = 16384;

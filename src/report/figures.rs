@@ -9,7 +9,6 @@
 
 use std::path::Path;
 
-use super::fmt::{bytes, sci, seconds};
 use super::load::Results;
 use super::plot::axis::{AxisSpec, Scale, Unit};
 use super::plot::chart::{Figure, Guide, HLine, Line, Pt};
@@ -21,6 +20,7 @@ use super::select::TABLE2;
 use super::series::{group, join_label, not_applicable, ChunkGrid, Series, CHUNKS_PREFIX};
 use super::tables::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
+use crate::units::{bytes, sci, seconds};
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
 
@@ -778,6 +778,7 @@ pub fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::variant::DefaultCase;
 
     #[test]
     fn only_the_reports_own_plot_files_count_as_old_plots() {
@@ -851,7 +852,7 @@ mod tests {
     }
 
     use crate::problem::{Case, DType, Shape};
-    use crate::variant::VariantId;
+    use crate::problem::VariantId;
     use std::collections::HashSet;
 
     /// A series with identity `pairs` besides its variant (no rows: `facets` reads keys).

@@ -5,7 +5,6 @@ pub mod checks;
 pub mod csv;
 pub mod durable;
 pub mod figures;
-pub mod fmt;
 pub mod generate;
 pub mod load;
 pub mod meta;

@@ -6,10 +6,11 @@ use std::fmt;
 
 use crate::problem::Case;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Measured.
+    #[default]
     Ok,
     /// Did not fit the memory budget: predicted (not run) or refused at allocation.
     Oom,
@@ -39,7 +40,7 @@ impl fmt::Display for Status {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub run: String,
     pub case_id: String,
@@ -173,6 +174,8 @@ pub struct Record {
 
 impl Record {
     /// A row with the case's identity filled and nothing measured yet.
+    /// The row of `case` before measuring: what the case alone determines. The runner adds
+    /// what its variant determines (`crate::runner::record_for`: bytes of K and V read).
     pub fn for_case(run: &str, case: &Case, status: Status, reason: impl Into<String>) -> Record {
         let s = &case.shape;
         Record {
@@ -231,7 +234,7 @@ impl Record {
             max_abs_diff: None,
             splits: case.splits,
             allreduce: case.allreduce.map_or(String::new(), |a| a.to_string()),
-            kv_read_bytes: case.variant.get().kv_read_bytes(case),
+            kv_read_bytes: None,
             kv_gbytes_per_s: None,
             copy_gbytes_per_s: None,
             copy_bw_frac: None,
@@ -306,14 +309,7 @@ impl Record {
 
 /// The CSV header, in order.
 pub fn header() -> Vec<String> {
-    use crate::problem::{Case, DType, Shape};
-    let case = Case::cpu_fwd(
-        crate::variant::VariantId::Naive,
-        Shape::self_attention(1, 1, 1),
-        DType::F32,
-        1,
-    );
-    Record::for_case("", &case, Status::Ok, "")
+    Record::default()
         .fields()
         .into_iter()
         .map(|(k, _)| k)

@@ -5,11 +5,12 @@
 //! `min(chunk, n)` clamping and `kv_chunk = ⌈√n⌉` change the value with n but belong to one
 //! line; so are split counts (a default one changes with the cache length).
 
+use crate::variant::Registry;
 use std::collections::BTreeMap;
 
 use super::record::Record;
 use crate::problem::{Device, Shape};
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 /// Records that form one line, sorted by sequence length.
 /// How the file stems of the chunk-sweep heatmaps begin.
@@ -371,6 +372,7 @@ mod tests {
     use crate::problem::{Case, DType, InputDist, Mode, UpstreamGrad};
     use crate::report::record::Status;
     use crate::sim::plan::Allreduce;
+    use crate::variant::DefaultCase;
 
     /// A row of `variant` in `mode` (4 heads over 1 key head, d = 64, 2 threads, seed 0, the
     /// variant's default split count and allreduce), changed by `edit`.

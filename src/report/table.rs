@@ -2,6 +2,7 @@
 //! and a compact summary of a sweep's records.
 
 use super::record::Record;
+use crate::units;
 
 /// One record as aligned `field  value` lines, every CSV column in CSV order.
 pub fn record_table(record: &Record) -> String {
@@ -46,11 +47,10 @@ pub fn summary_table(records: &[Record]) -> String {
             r.status.to_string(),
             r.time_median_s.map_or("-".into(), |t| {
                 let mark = if r.extrapolated { " (extrap.)" } else { "" };
-                format!("{}{mark}", human_seconds(t))
+                format!("{}{mark}", units::seconds_3dp(t))
             }),
             r.gflops.map_or("-".into(), |g| format!("{g:.1}")),
-            r.mem_overhead_bytes
-                .map_or("-".into(), crate::runner::human_bytes),
+            r.mem_overhead_bytes.map_or("-".into(), units::bytes_2dp),
             r.max_abs_err.map_or("-".into(), |e| format!("{e:.2e}")),
         ]);
     }
@@ -68,15 +68,4 @@ pub fn summary_table(records: &[Record]) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Seconds with a unit that keeps 3 significant digits readable.
-pub fn human_seconds(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.3} s")
-    } else if s >= 1e-3 {
-        format!("{:.3} ms", s * 1e3)
-    } else {
-        format!("{:.1} us", s * 1e6)
-    }
 }

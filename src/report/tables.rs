@@ -6,7 +6,6 @@
 use std::fmt::Write;
 
 use super::checks::{default_chunk_slope, Check};
-use super::fmt::{bytes, percent, pow2, sci, seconds};
 use super::load::Results;
 use super::paper::PaperTable;
 use super::record::{Record, Status};
@@ -14,6 +13,7 @@ use super::select::{
     RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
 };
 use super::series::ChunkGrid;
+use crate::units::{bytes, percent, pow2, sci, seconds};
 
 /// Marks an extrapolated time.
 pub const DAGGER: &str = "†";
@@ -521,7 +521,8 @@ fn chunk_grid(md: &mut String, g: &ChunkGrid) {
 mod tests {
     use super::*;
     use crate::problem::{Case, DType, Mode, Shape, UpstreamGrad};
-    use crate::variant::VariantId;
+    use crate::variant::DefaultCase;
+    use crate::problem::VariantId;
 
     fn row(variant: VariantId, mode: Mode, edit: impl FnOnce(&mut Case)) -> Record {
         let mut case = Case {

@@ -13,90 +13,9 @@
 //! Every allreduce sends 2(p-1)m elements in all, i.e. eq. (12)'s 2(p-1)/p·m per device on
 //! average. Building a plan is O(rounds * p); no data is touched here.
 
-use serde::{Serialize, Serializer};
-use std::fmt;
 use std::ops::Range;
-use std::str::FromStr;
 
-/// Devices per node of the two-level allreduce when the axis value does not say (a DGX
-/// H100 node, the paper's cluster).
-pub const DEFAULT_PER_NODE: usize = 8;
-
-/// The allreduce algorithm of the simulated collectives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Allreduce {
-    Ring,
-    Tree,
-    /// Ring inside nodes of `per_node` devices, binomial tree across nodes.
-    TwoLevel {
-        per_node: usize,
-    },
-}
-
-impl Allreduce {
-    /// Why this algorithm cannot run on `p` devices, if so.
-    pub fn unsupported(self, p: usize) -> Option<String> {
-        match self {
-            Allreduce::TwoLevel { per_node: 0 } => {
-                Some("two-level allreduce needs at least 1 device per node".into())
-            }
-            Allreduce::TwoLevel { per_node } if p > per_node && !p.is_multiple_of(per_node) => Some(
-                format!(
-                    "two-level allreduce needs whole nodes: {p} devices is not a multiple of {per_node} per node"
-                ),
-            ),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Allreduce {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Allreduce::Ring => f.write_str("ring"),
-            Allreduce::Tree => f.write_str("tree"),
-            Allreduce::TwoLevel { per_node } => write!(f, "two-level:{per_node}"),
-        }
-    }
-}
-
-impl FromStr for Allreduce {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let expected = "expected ring, tree, two-level (8 devices per node) or two-level:N";
-        match s {
-            "ring" => Ok(Allreduce::Ring),
-            "tree" => Ok(Allreduce::Tree),
-            "two-level" => Ok(Allreduce::TwoLevel {
-                per_node: DEFAULT_PER_NODE,
-            }),
-            _ => {
-                let n = s
-                    .strip_prefix("two-level:")
-                    .ok_or_else(|| format!("unknown allreduce `{s}` ({expected})"))?;
-                match n.parse::<usize>() {
-                    Ok(per_node) if per_node > 0 => Ok(Allreduce::TwoLevel { per_node }),
-                    _ => Err(format!(
-                        "unknown allreduce `{s}`: devices per node must be a positive integer ({expected})"
-                    )),
-                }
-            }
-        }
-    }
-}
-
-impl Serialize for Allreduce {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Allreduce {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+pub use crate::problem::{Allreduce, DEFAULT_PER_NODE};
 
 /// One message: `range` of the sender's buffer goes to `dst`, which adds it elementwise
 /// (`reduce`) or stores it.

@@ -12,7 +12,7 @@ use crate::model::formulas::{self, Dims};
 use crate::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::reference::{check_masked, rows_to_check};
 use crate::runner::output;
-use crate::variant::VariantId;
+use crate::problem::VariantId;
 
 fn shape(heads: usize, kv_heads: usize, seq_q: usize, seq_kv: usize, d: usize) -> Shape {
     Shape {

@@ -3,11 +3,12 @@
 //! layer: vanilla O(s^2 a + s h), memory-efficient O(s h) with a full-sequence FFN, BPT
 //! O(s h) for K and V plus O(c h) per query block.
 
+use super::Registry;
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
-use crate::layer::plan::{Plan, DEFAULT_Q_BLOCK};
-use crate::layer::Design;
+use crate::layer::plan::{attention_of, Plan, DEFAULT_Q_BLOCK};
+use crate::problem::Design;
 use crate::problem::{Case, Inputs, Mode};
 
 pub struct Layer {
@@ -66,7 +67,7 @@ impl Variant for Layer {
     }
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
-        Plan::new(self.design, case).predict_bytes(isa)
+        Plan::new(self.design, case, attention_of(self.design).get()).predict_bytes(isa)
     }
 
     fn forward_cpu(&self, _: &Case, _: Isa, _: &Inputs, _: &mut [f32]) -> Result<()> {

@@ -11,239 +11,37 @@ mod rabe_staats;
 mod ring;
 mod tree;
 
-use serde::{Serialize, Serializer};
-use std::fmt;
-use std::str::FromStr;
+pub use crate::algorithm::{
+    single_device_full_attention, wrong_saved, Engine, Saved, Variant, VariantInfo,
+};
+pub use crate::problem::VariantId;
+use crate::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
 
-use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::workspace::Scratch;
-use crate::backend::cuda::plan::GpuAlgo;
-use crate::error::{Error, Result};
-use crate::problem::{Case, Grads, Inputs, Mode, Shape};
-use crate::sim::plan::Allreduce;
-use crate::sim::stats::SimStats;
+/// The registry's view of a `VariantId` (its implementation and what follows from it) and
+/// of a `Case` (a variant's default case). Traits rather than inherent methods, so every
+/// module that asks the registry imports `crate::variant` and the layer test sees the edge.
+pub trait Registry: Sized {
+    /// The variant's implementation: the only match on variants' behaviour.
+    fn get(self) -> &'static dyn Variant;
 
-/// Static description of a variant, shown by `attnbench list`.
-pub struct VariantInfo {
-    pub name: &'static str,
-    pub description: &'static str,
-    /// Where the algorithm comes from (seed file and section).
-    pub source: &'static str,
-    pub modes: &'static [Mode],
-    /// Default query/key chunk (tile) sizes; `None` = the variant does not cut that loop.
-    pub default_q_chunk: Option<usize>,
-    pub default_kv_chunk: Option<usize>,
-    /// `false` only for deliberately unsafe variants (no max subtraction): their failure on
-    /// large logits is the point, and tests expect it.
-    pub numerically_safe: bool,
-}
-
-/// Where a variant's devices live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Engine {
-    /// This process: one device, or simulated devices with counted links (`sim`).
-    InProcess,
-    /// One MPI rank per device (`dist`): needs the `mpi` feature and `mpirun -np devices`.
-    Mpi,
-}
-
-/// One attention algorithm family member.
-pub trait Variant: Sync {
-    fn info(&self) -> &'static VariantInfo;
-
-    /// Where its devices live; tests and CI's in-process sweeps take the `InProcess` ones,
-    /// the MPI smoke test the others.
-    fn engine(&self) -> Engine {
-        Engine::InProcess
+    fn info(self) -> &'static VariantInfo {
+        self.get().info()
     }
 
-    /// Bytes the forward call allocates beyond inputs and output (its workspace), from the
-    /// variant's own formula, for the kernels of instruction-set path `isa` (tile layouts
-    /// may differ by path); the memory probe checks the measured overhead against it.
-    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64;
-
-    /// Forward pass on the CPU into `out` (`[batch, heads, seq_q, head_dim]`, f32), with the
-    /// kernels of `isa` (which must be available: `Isa::available`). The workspace is
-    /// allocated fallibly up front: an allocation that fails or exceeds the memory budget
-    /// is `Error::OutOfMemory`, never an abort.
-    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()>;
-
-    /// The layer design of the transformer-layer variants (modes `layer-fwd`,
-    /// `layer-train`, run by `crate::layer`); `None` for attention variants.
-    fn layer_design(&self) -> Option<crate::layer::Design> {
-        None
+    fn engine(self) -> Engine {
+        self.get().engine()
     }
 
-    /// Why this variant cannot run `case`, beyond mode, device and head grouping (which the
-    /// runner checks for every variant). By default a variant runs on one device without a
-    /// sliding window.
-    fn unsupported(&self, case: &Case) -> Option<String> {
-        single_device_full_attention(self.info(), case)
-    }
-
-    /// The default number of split-KV parts for this shape and thread count, for variants
-    /// that split the cache (flash-decoding); `None` means the `splits` axis does not apply.
-    fn default_splits(&self, _shape: &Shape, _threads: usize) -> Option<usize> {
-        None
-    }
-
-    /// The allreduce a case uses when the config names none, for variants that run
-    /// simulated allreduces; `None` means the `allreduce` axis does not apply.
-    fn default_allreduce(&self) -> Option<Allreduce> {
-        None
-    }
-
-    /// Whether the case's kernels call the `matrixmultiply` SGEMM (`backend::cpu::gemm`),
-    /// whose packing buffers (up to `gemm::PACK_BYTES_MAX` per thread) are allocated
-    /// infallibly and left out of the predictions. The forward microkernels do not; the
-    /// backward passes still do.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        case.mode == Mode::FwdBwd
-    }
-
-    /// Bytes of K and V the call must read, for the memory-bound decode variants (the
-    /// denominator of their achieved bandwidth); `None` for the others.
-    fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {
-        None
-    }
-
-    /// How this variant runs on a GPU (`device = "cuda"`), or `None` when it has no CUDA
-    /// kernels (its CUDA cases are skipped rows saying so).
-    fn cuda(&self) -> Option<GpuAlgo> {
-        None
-    }
-
-    /// `forward_cpu` that also returns the counters of its simulated devices (multi-device
-    /// variants); the runner calls it for the untimed probe pass.
-    fn forward_counted(
-        &self,
-        case: &Case,
-        isa: Isa,
-        inputs: &Inputs,
-        out: &mut [f32],
-    ) -> Result<Option<SimStats>> {
-        self.forward_cpu(case, isa, inputs, out).map(|()| None)
-    }
-
-    /// Bytes a forward + backward allocates beyond inputs, dO, output and gradients: what
-    /// the forward keeps for the backward plus the larger of the two passes' scratch.
-    /// Only called for variants whose `modes` contain `fwd+bwd`.
-    fn predict_train_workspace_bytes(&self, _case: &Case, _isa: Isa) -> u64 {
-        0
-    }
-
-    /// The forward of a training step: writes `out` and returns what the backward needs.
-    fn forward_train_cpu(
-        &self,
-        _case: &Case,
-        _isa: Isa,
-        _inputs: &Inputs,
-        _out: &mut [f32],
-    ) -> Result<Saved> {
-        Err(no_backward(self.info()))
-    }
-
-    /// dQ, dK, dV for the upstream gradient `d_out`, overwriting `grads`.
-    fn backward_cpu(
-        &self,
-        _case: &Case,
-        _inputs: &Inputs,
-        _out: &[f32],
-        _saved: &Saved,
-        _d_out: &[f32],
-        _grads: &mut Grads,
-    ) -> Result<()> {
-        Err(no_backward(self.info()))
+    /// The variants this process runs itself (no MPI launcher needed).
+    fn in_process() -> impl Iterator<Item = VariantId> {
+        VariantId::ALL
+            .into_iter()
+            .filter(|v| v.engine() == Engine::InProcess)
     }
 }
 
-/// What a forward keeps for its backward (beyond Q, K, V and O).
-pub enum Saved {
-    /// Nothing: the backward recomputes (Rabe–Staats checkpointing).
-    Nothing,
-    /// The softmax probabilities P, `[b, h, n_q, n_kv]` (standard attention).
-    Probabilities(Scratch),
-    /// The row logsumexp L, `[b, h, n_q]` (FlashAttention).
-    LogSumExp(Vec<f32>),
-}
-
-fn no_backward(info: &VariantInfo) -> Error {
-    Error::Runtime(format!("variant {} has no backward pass", info.name))
-}
-
-/// The default support check: one device, full attention.
-pub fn single_device_full_attention(info: &VariantInfo, case: &Case) -> Option<String> {
-    if case.window.is_some() {
-        return Some(format!(
-            "variant {} has no sliding-window support (window = {})",
-            info.name,
-            case.window.unwrap_or(0)
-        ));
-    }
-    if case.devices != 1 {
-        return Some(format!(
-            "variant {} runs on one device (devices = {} requested)",
-            info.name, case.devices
-        ));
-    }
-    None
-}
-
-/// The saved state a backward expects but was not given: a harness bug, reported as such.
-pub fn wrong_saved(info: &VariantInfo) -> Error {
-    Error::Runtime(format!(
-        "variant {}: backward called with another variant's saved state",
-        info.name
-    ))
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum VariantId {
-    Naive,
-    NaiveUnsafe,
-    RabeStaats,
-    RabeStaatsSeq,
-    Flash,
-    DecodeNaive,
-    DecodeOnline,
-    FlashDecoding,
-    RingDecode,
-    TreeDecode,
-    RingPrefill,
-    StripePrefill,
-    LayerVanilla,
-    LayerMemEff,
-    LayerBpt,
-    RingDecodeMpi,
-    RingPrefillMpi,
-    TreeDecodeMpi,
-    TreeDecodeMpiExplicit,
-}
-
-impl VariantId {
-    pub const ALL: [VariantId; 19] = [
-        VariantId::Naive,
-        VariantId::NaiveUnsafe,
-        VariantId::RabeStaats,
-        VariantId::RabeStaatsSeq,
-        VariantId::Flash,
-        VariantId::DecodeNaive,
-        VariantId::DecodeOnline,
-        VariantId::FlashDecoding,
-        VariantId::RingDecode,
-        VariantId::TreeDecode,
-        VariantId::RingPrefill,
-        VariantId::StripePrefill,
-        VariantId::LayerVanilla,
-        VariantId::LayerMemEff,
-        VariantId::LayerBpt,
-        VariantId::RingDecodeMpi,
-        VariantId::RingPrefillMpi,
-        VariantId::TreeDecodeMpi,
-        VariantId::TreeDecodeMpiExplicit,
-    ];
-
-    pub fn get(self) -> &'static dyn Variant {
+impl Registry for VariantId {
+    fn get(self) -> &'static dyn Variant {
         match self {
             VariantId::Naive => &naive::NAIVE,
             VariantId::NaiveUnsafe => &naive::NAIVE_UNSAFE,
@@ -266,62 +64,49 @@ impl VariantId {
             VariantId::TreeDecodeMpiExplicit => &mpi::TREE_DECODE_MPI_EXPLICIT,
         }
     }
-
-    pub fn info(self) -> &'static VariantInfo {
-        self.get().info()
-    }
-
-    pub fn name(self) -> &'static str {
-        self.info().name
-    }
-
-    pub fn engine(self) -> Engine {
-        self.get().engine()
-    }
-
-    /// The variants this process runs itself (no MPI launcher needed).
-    pub fn in_process() -> impl Iterator<Item = VariantId> {
-        Self::ALL
-            .into_iter()
-            .filter(|v| v.engine() == Engine::InProcess)
-    }
-
-    pub fn names() -> Vec<&'static str> {
-        Self::ALL.iter().map(|v| v.name()).collect()
-    }
 }
 
-impl fmt::Display for VariantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+/// The layer plan of a layer case: its variant's design, attention through the registry.
+pub fn layer_plan(case: &Case) -> crate::error::Result<crate::layer::plan::Plan> {
+    let design = case.variant.get().layer_design().ok_or_else(|| {
+        crate::error::Error::Runtime(format!("{} is not a layer variant", case.variant))
+    })?;
+    let attention = crate::layer::plan::attention_of(design).get();
+    Ok(crate::layer::plan::Plan::new(design, case, attention))
 }
 
-impl FromStr for VariantId {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|v| v.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown variant `{s}` (expected one of: {})",
-                    Self::names().join(", ")
-                )
-            })
-    }
+/// Cases built from a variant's defaults.
+pub trait DefaultCase {
+    fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case;
 }
 
-impl Serialize for VariantId {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for VariantId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+impl DefaultCase for Case {
+    /// A forward case on the CPU with the variant's defaults: its default chunks clamped to
+    /// the sequence (as the sweep's expansion does), its default split count and allreduce,
+    /// no mask or window, one device, normal inputs at scale 1, seed 0. Tests, examples and
+    /// tools start from it and set what they vary (`Case { causal: true, ..base }`).
+    fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case {
+        let info = variant.info();
+        let v = variant.get();
+        Case {
+            variant,
+            mode: Mode::Fwd,
+            device: Device::Cpu,
+            dtype,
+            shape,
+            q_chunk: info.default_q_chunk.map(|c| c.min(shape.seq_q)),
+            kv_chunk: info.default_kv_chunk.map(|c| c.min(shape.seq_kv)),
+            causal: false,
+            window: None,
+            devices: 1,
+            splits: v.default_splits(&shape, threads),
+            allreduce: v.default_allreduce(),
+            threads,
+            input_dist: InputDist::Normal,
+            input_scale: 1.0,
+            seed: 0,
+            d_out: UpstreamGrad::Random,
+        }
     }
 }
 

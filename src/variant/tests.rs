@@ -2,6 +2,7 @@
 //! with seq_q != seq_kv, every dtype, random shapes (proptest), and large logits; each on
 //! every kernel path (`Isa`) this CPU has (a missing path is skipped with a note).
 
+use super::{DefaultCase, Registry};
 use proptest::prelude::*;
 
 use super::VariantId;
@@ -511,5 +512,12 @@ fn decode_on_large_logits_stays_finite() {
             v.name(),
             e.max_abs
         );
+    }
+}
+
+#[test]
+fn registry_names_match_the_ids() {
+    for v in VariantId::ALL {
+        assert_eq!(v.info().name, v.name(), "{v:?}");
     }
 }

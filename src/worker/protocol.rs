@@ -103,7 +103,8 @@ impl<T> Reply<T> {
 mod tests {
     use super::*;
     use crate::problem::{DType, Shape};
-    use crate::variant::VariantId;
+    use crate::variant::DefaultCase;
+    use crate::problem::VariantId;
 
     #[test]
     fn a_run_request_round_trips_through_one_json_line() {

@@ -103,7 +103,8 @@ mod tests {
     use super::*;
     use crate::measure::timer::StopRule;
     use crate::problem::{Case, DType, Shape};
-    use crate::variant::VariantId;
+    use crate::variant::DefaultCase;
+    use crate::problem::VariantId;
 
     fn served(requests: &[String]) -> Vec<serde_json::Value> {
         let input = requests.join("\n");

@@ -4,6 +4,8 @@
 
 use std::ops::Range;
 
+use crate::units;
+
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,8 +57,8 @@ impl AxisSpec {
         let e = t.round() as i32;
         match (self.scale, self.unit) {
             (Scale::Log2, Unit::Tokens) => format!("2{}", superscript(e)),
-            (Scale::Log2, Unit::Bytes) => binary_bytes(e),
-            (Scale::Log10, Unit::Seconds) => decade_seconds(e),
+            (Scale::Log2, Unit::Bytes) => units::pow2_bytes(e),
+            (Scale::Log10, Unit::Seconds) => units::decade_seconds(e),
             (Scale::Log10, _) => {
                 if (0..=3).contains(&e) {
                     format!("{}", 10f64.powi(e))
@@ -80,28 +82,6 @@ fn superscript(e: i32) -> String {
         s.push(DIGITS[c.to_digit(10).unwrap_or(0) as usize]);
     }
     s
-}
-
-/// 2^e bytes as "256 KiB", "32 MiB", "1 GiB".
-fn binary_bytes(e: i32) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if e < 0 {
-        return format!("2^{e} B");
-    }
-    let u = ((e / 10) as usize).min(UNITS.len() - 1);
-    format!("{} {}", 1u64 << (e - 10 * u as i32), UNITS[u])
-}
-
-/// 10^e seconds as "1 µs", "100 ms", "10 s".
-fn decade_seconds(e: i32) -> String {
-    let (unit, base) = match e {
-        -9..=-7 => ("ns", -9),
-        -6..=-4 => ("µs", -6),
-        -3..=-1 => ("ms", -3),
-        0..=3 => ("s", 0),
-        _ => return format!("1e{e} s"),
-    };
-    format!("{} {unit}", 10u64.pow((e - base) as u32))
 }
 
 fn trim_number(v: f64) -> String {

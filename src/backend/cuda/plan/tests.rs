@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::problem::{Case, Device, InputDist, Shape, UpstreamGrad};
-use crate::variant::VariantId;
+use crate::variant::Registry;
+use crate::problem::VariantId;
 
 fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize) -> Case {
     let info = variant.info();

@@ -1,6 +1,7 @@
-//! Number formatting shared by the report's tables and plot labels: bytes in binary units,
-//! seconds with a unit, errors in scientific notation, each to about three significant
-//! digits so columns stay readable.
+//! Number formatting for every table, label and message: bytes in binary units, seconds
+//! with a unit, errors in scientific notation. Most keep about three significant digits so
+//! columns stay readable; the `_2dp`/`_3dp` forms are the fixed-decimal ones of the run
+//! summaries and messages. Each is O(1).
 
 /// Bytes with binary units to 3 significant digits: "160 KiB", "2.50 MiB", "1.00 GiB".
 pub fn bytes(b: f64) -> String {
@@ -66,6 +67,55 @@ pub fn pow2(n: usize) -> String {
     } else {
         n.to_string()
     }
+}
+
+/// Bytes as a short human string with binary units ("1.50 GiB").
+pub fn bytes_2dp(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Seconds with a unit that keeps 3 significant digits readable.
+pub fn seconds_3dp(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{:.1} us", s * 1e6)
+    }
+}
+
+/// 2^e bytes as "256 KiB", "32 MiB", "1 GiB".
+pub fn pow2_bytes(e: i32) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if e < 0 {
+        return format!("2^{e} B");
+    }
+    let u = ((e / 10) as usize).min(UNITS.len() - 1);
+    format!("{} {}", 1u64 << (e - 10 * u as i32), UNITS[u])
+}
+
+/// 10^e seconds as "1 µs", "100 ms", "10 s".
+pub fn decade_seconds(e: i32) -> String {
+    let (unit, base) = match e {
+        -9..=-7 => ("ns", -9),
+        -6..=-4 => ("µs", -6),
+        -3..=-1 => ("ms", -3),
+        0..=3 => ("s", 0),
+        _ => return format!("1e{e} s"),
+    };
+    format!("{} {unit}", 10u64.pow((e - base) as u32))
 }
 
 #[cfg(test)]
