@@ -11,7 +11,7 @@ use std::time::Instant;
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::problem::{Case, InputDist, Inputs};
-use attnbench::runner::{forward_with, pool};
+use attnbench::run::{forward_with, pool};
 
 mod common;
 

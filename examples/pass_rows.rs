@@ -13,7 +13,7 @@ use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::tiles::Path;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::problem::{InputDist, Inputs};
-use attnbench::runner::{forward_with, pool};
+use attnbench::run::{forward_with, pool};
 
 mod common;
 

@@ -12,10 +12,10 @@ use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::tiles::peak_loop;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::measure::probe::probe_thread;
-use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
-use attnbench::runner::{forward, pool};
-use attnbench::variant::DefaultCase;
 use attnbench::problem::VariantId;
+use attnbench::problem::{Case, DType, InputDist, Inputs, Shape};
+use attnbench::run::{forward, pool};
+use attnbench::variant::DefaultCase;
 
 fn pearson(x: &[f64], y: &[f64]) -> f64 {
     let n = x.len() as f64;

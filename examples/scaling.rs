@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::backend::cpu::workspace::{WarmCalls, WarmStash};
 use attnbench::problem::{Case, InputDist, Inputs};
-use attnbench::runner::{forward_with, pool};
+use attnbench::run::{forward_with, pool};
 use attnbench::variant::DefaultCase;
 
 mod common;

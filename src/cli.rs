@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use crate::compare::normalize::Normalize;
 use crate::config;
 use crate::config::ByteSize;
+use crate::problem::VariantId;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::report::plot::Format;
 use crate::sim::plan::Allreduce;
-use crate::problem::VariantId;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -337,7 +337,7 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
                 if a.kernel_path {
                     println!("{}", crate::backend::cpu::isa::Isa::detect().name());
                 } else if a.machine_key {
-                    println!("{}", crate::report::meta::machine_key());
+                    println!("{}", crate::results::meta::machine_key());
                 } else {
                     print!("{}", crate::listing::list());
                 }

@@ -3,10 +3,10 @@
 use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
-use crate::problem::{DType, Mode};
-use crate::runner::cuda_unavailable_reason;
-use crate::variant::Registry;
 use crate::problem::VariantId;
+use crate::problem::{DType, Mode};
+use crate::run::cuda_unavailable_reason;
+use crate::variant::Registry;
 
 pub fn list() -> String {
     let mut s = String::from("variants:\n");

@@ -10,7 +10,7 @@ use crate::measure::timer::StopRule;
 use crate::npy;
 use crate::problem::{Case, DType, Shape};
 use crate::report::table::record_table;
-use crate::runner::{run_case, skip_reason, Settings};
+use crate::run::{run_case, skip_reason, Settings};
 use crate::variant::Registry;
 
 pub fn run(args: &RunArgs) -> Result<()> {

@@ -16,25 +16,23 @@ use crate::cli::SweepArgs;
 use crate::config::Config;
 use crate::dist;
 use crate::error::{Error, Result};
-use crate::extrapolate::Extrapolation;
-use crate::interleave;
 use crate::measure::calibrate::calibrate;
 use crate::measure::timer::StopRule;
 use crate::problem::{Case, Device};
-use crate::report::csv::{done_case_ids, CsvSink};
-use crate::report::durable::{self, DirLock, Tail};
 use crate::report::generate;
-use crate::report::meta::{Meta, Resumed};
 use crate::report::plot::Format;
-use crate::report::record::{Record, Status};
-use crate::report::samples::{self, SamplesSink};
 use crate::report::table::summary_table;
-use crate::runner::{run_case, GpuSettings, Settings, INTERRUPTED};
+use crate::results::durable::{self, DirLock, Tail};
+use crate::results::meta::{Meta, Resumed};
+use crate::results::record::{Record, Status};
+use crate::results::runs::{done_case_ids, CsvSink};
+use crate::results::samples::{self, SamplesSink};
+use crate::run::extrapolate::Extrapolation;
+use crate::run::interleave;
+use crate::run::{run_case, GpuSettings, Settings, INTERRUPTED};
 use crate::units;
 
-pub use crate::report::load::{CSV_NAME, META_NAME};
-/// Every timed repetition of every case (for `compare`), beside `runs.csv`.
-pub const SAMPLES_NAME: &str = "samples.csv";
+use crate::results::{CSV_NAME, META_NAME, SAMPLES_NAME};
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
@@ -423,9 +421,9 @@ fn end_files_on_whole_rows(dir: &Path) -> Result<()> {
         if durable::has_whole_first_line(&path) {
             match name {
                 CSV_NAME => {
-                    crate::report::csv::check_header(&path, &crate::report::record::header())?
+                    crate::results::runs::check_header(&path, &crate::results::record::header())?
                 }
-                _ => crate::report::csv::check_header(&path, &samples::HEADER)?,
+                _ => crate::results::runs::check_header(&path, &samples::HEADER)?,
             }
         }
         match durable::end_on_a_whole_row(&path)? {

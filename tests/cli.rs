@@ -84,7 +84,7 @@ fn tiny_sweep_writes_documented_csv_one_row_per_case_and_resume_adds_nothing() {
     assert_eq!(statuses.iter().filter(|s| *s == "ok").count(), 6);
     assert_eq!(statuses.iter().filter(|s| *s == "skipped").count(), 6);
     // Every timed case carries the machine-speed probe measured with it; skipped ones none.
-    let records: Vec<attnbench::report::record::Record> =
+    let records: Vec<attnbench::results::record::Record> =
         csv::Reader::from_path(out.join("runs.csv"))
             .unwrap()
             .deserialize()

@@ -4,7 +4,7 @@
 
 use assert_cmd::Command;
 use attnbench::measure::stats::Summary;
-use attnbench::report::record::{Record, Status};
+use attnbench::results::record::{Record, Status};
 use attnbench::variant::Registry;
 use predicates::prelude::*;
 use std::collections::BTreeSet;
@@ -36,7 +36,7 @@ fn baselines() -> Vec<PathBuf> {
 fn baseline() -> PathBuf {
     let own = repo()
         .join("results/baseline/ci")
-        .join(attnbench::report::meta::machine_key());
+        .join(attnbench::results::meta::machine_key());
     if own.join("runs.csv").is_file() {
         return own;
     }
@@ -995,7 +995,7 @@ fn check_baseline(dir: &Path, want: &BTreeSet<String>, all: &BTreeSet<&str>) {
             .any(|r| r.mode == mode && r.status == Status::Ok);
         assert!(runs, "no ok {mode} case in {}", dir.display());
     }
-    let samples = attnbench::report::samples::read_samples(&dir.join("samples.csv"))
+    let samples = attnbench::results::samples::read_samples(&dir.join("samples.csv"))
         .expect("baseline samples");
     for r in records.iter().filter(|r| r.status == Status::Ok) {
         assert_eq!(samples[&r.case_id].len(), r.reps, "{}", r.case_id);
@@ -1007,7 +1007,7 @@ fn check_baseline(dir: &Path, want: &BTreeSet<String>, all: &BTreeSet<&str>) {
         .as_str()
         .or_else(|| meta["calibration"][0]["kernel_isa"].as_str())
         .expect("the baseline records its kernel path");
-    let key = attnbench::report::meta::machine_key_of(meta["cpu_id"].as_str(), path);
+    let key = attnbench::results::meta::machine_key_of(meta["cpu_id"].as_str(), path);
     assert_eq!(
         Some(key.as_str()),
         dir.file_name().and_then(|n| n.to_str()),
@@ -1052,7 +1052,7 @@ fn the_sweep_writes_samples_for_every_ok_case_and_resume_and_force_keep_them_con
     };
     let check = || {
         let records = read_records(&out);
-        let samples = attnbench::report::samples::read_samples(&out.join("samples.csv")).unwrap();
+        let samples = attnbench::results::samples::read_samples(&out.join("samples.csv")).unwrap();
         let rows = fs::read_to_string(out.join("samples.csv"))
             .unwrap()
             .lines()

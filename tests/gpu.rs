@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use attnbench::backend::cuda;
 use attnbench::measure::timer::StopRule;
 use attnbench::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
-use attnbench::report::record::{Record, Status};
-use attnbench::runner::{run_case, GpuSettings, Settings};
+use attnbench::results::record::{Record, Status};
+use attnbench::run::{run_case, GpuSettings, Settings};
 use attnbench::variant::{Registry, VariantId};
 
 /// The GPU and its allocator counts are shared by the tests of this binary: one at a time.

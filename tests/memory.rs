@@ -7,13 +7,13 @@
 //! figure, and a budget of a few KiB would refuse another test's large block.
 
 use attnbench::error::Error;
-use attnbench::interleave::{group_bytes, run_group};
 use attnbench::measure::alloc;
 use attnbench::measure::timer::StopRule;
-use attnbench::problem::{Case, DType, Inputs, Mode, Shape};
-use attnbench::report::record::{Record, Status};
-use attnbench::runner::{forward, packing_bytes, run_case, Settings};
 use attnbench::problem::VariantId;
+use attnbench::problem::{Case, DType, Inputs, Mode, Shape};
+use attnbench::results::record::{Record, Status};
+use attnbench::run::interleave::{group_bytes, run_group};
+use attnbench::run::{forward, packing_bytes, run_case, Settings};
 use attnbench::variant::{DefaultCase, Registry};
 
 fn case(variant: VariantId, n: usize, heads: usize, dtype: DType, threads: usize) -> Case {

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use attnbench::model::formulas::{mem_tree, numel_kv, v_tree_total, Dims};
-use attnbench::report::record::{Record, Status};
+use attnbench::results::record::{Record, Status};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -27,10 +27,10 @@ fn python_list(name: &str) -> Vec<String> {
 
 #[test]
 fn peer_scripts_write_attnbench_columns_in_order() {
-    assert_eq!(python_list("HEADER"), attnbench::report::record::header());
+    assert_eq!(python_list("HEADER"), attnbench::results::record::header());
     assert_eq!(
         python_list("SAMPLES_HEADER"),
-        attnbench::report::samples::HEADER
+        attnbench::results::samples::HEADER
     );
 }
 
@@ -117,7 +117,7 @@ fn written_ids(out: &std::process::Output) -> Vec<String> {
 
 /// samples.csv as attnbench reads it: per case, its timings (the last run of a case).
 fn read_samples(dir: &Path) -> HashMap<String, Vec<f64>> {
-    attnbench::report::samples::read_samples(&dir.join("samples.csv")).expect("samples.csv reads")
+    attnbench::results::samples::read_samples(&dir.join("samples.csv")).expect("samples.csv reads")
 }
 
 fn copy_run(from: &Path, to: &Path) {
@@ -285,7 +285,7 @@ fn a_crash_between_samples_and_row_resumes_to_a_judged_case() {
         .collect();
     let flash = ids[0].clone();
     let math = flash.replacen("torch-sdpa-flash", "torch-sdpa-math", 1);
-    let rows = attnbench::compare::load::read_runs(&dir.join("runs.csv")).unwrap();
+    let rows = attnbench::results::runs::read(&dir.join("runs.csv")).unwrap();
     assert_eq!(
         rows.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(),
         [flash.as_str()]
@@ -363,7 +363,7 @@ fn the_writer_refuses_a_samples_or_runs_csv_of_another_header() {
     // attnbench's own headers are accepted, and nothing is added to them.
     fs::write(
         dir.join("runs.csv"),
-        attnbench::report::record::header().join(",") + "\n",
+        attnbench::results::record::header().join(",") + "\n",
     )
     .unwrap();
     fs::write(dir.join("samples.csv"), "case_id,rep,time_s\n").unwrap();

@@ -4,9 +4,9 @@
 
 #![allow(dead_code)] // each example uses part of it
 
+use attnbench::problem::VariantId;
 use attnbench::problem::{Case, DType, Shape};
 use attnbench::variant::DefaultCase;
-use attnbench::problem::VariantId;
 
 /// Positional argument `i` (1-based, after the program name), or `default`.
 pub fn arg(i: usize, default: &str) -> String {

@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::problem::Case;
-use crate::runner::skip_reason;
+use crate::run::skip_reason;
 use crate::variant::Engine;
 use crate::worker::client::{this_executable, Failure, Worker};
 use crate::worker::protocol::RunReply;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::{CaseRow, GroupRow, Outcome};
 use crate::error::{Error, Result};
-use crate::report::durable::write_atomic;
+use crate::results::durable::write_atomic;
 use crate::units;
 
 pub fn markdown(o: &Outcome) -> String {

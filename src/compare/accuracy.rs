@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::report::record::Status;
+use crate::results::record::Status;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::report::record::Record;
+use crate::results::record::Record;
 
 /// The matched pairs in baseline order, and the case ids found on one side only.
 pub struct Matched<'a> {
@@ -41,7 +41,7 @@ pub fn match_cases<'a>(baseline: &'a [Record], current: &'a [Record]) -> Matched
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::record::Status;
+    use crate::results::record::Status;
 
     fn rec(id: &str) -> Record {
         let case = crate::config::Config::from_str(

@@ -8,7 +8,6 @@
 //! (the three gates), `normalize` (machine calibration), `render` (output).
 
 pub mod accuracy;
-pub mod load;
 pub mod matching;
 pub mod memory;
 pub mod normalize;
@@ -20,9 +19,9 @@ use serde::Serialize;
 use crate::cli::CompareArgs;
 use crate::error::{Error, Result};
 use crate::problem::DType;
-use crate::report::record::{Record, Status};
+use crate::results::compared::{self, Run};
+use crate::results::record::{Record, Status};
 use accuracy::{ErrResult, ErrVerdict, StatusChange};
-use load::Run;
 use memory::{MemResult, MemVerdict};
 use normalize::{Decision, Normalize};
 use time::{Interval, TimeVerdict};
@@ -257,12 +256,12 @@ pub struct Comparison {
 /// The `compare` command: load, compare, print, and return the exit code.
 pub fn command(args: &CompareArgs) -> Result<i32> {
     let opts = Options::from_args(args)?;
-    let baseline = load::load(&args.baseline, "baseline")?;
-    let current = load::load(&args.current, "current")?;
+    let baseline = compared::load(&args.baseline, "baseline")?;
+    let current = compared::load(&args.current, "current")?;
     for note in [&baseline.note, &current.note].into_iter().flatten() {
         eprintln!("note: {note}");
     }
-    let file = |r: &load::Run| r.csv_path.canonicalize().ok();
+    let file = |r: &Run| r.csv_path.canonicalize().ok();
     if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
         eprintln!(
             "note: the baseline and the current run are the same file ({}): every case \

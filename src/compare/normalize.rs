@@ -15,8 +15,8 @@
 
 use serde::Serialize;
 
-use super::load::RunMeta;
 use crate::error::{Error, Result};
+use crate::results::compared::RunMeta;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -140,7 +140,7 @@ pub fn factor(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::load::CalibrationEntry;
+    use crate::results::compared::CalibrationEntry;
 
     fn meta(cpu: &str, cpus: usize, cal: &[(usize, f64)]) -> RunMeta {
         RunMeta {

@@ -5,9 +5,9 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
+use crate::problem::VariantId;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
 use crate::sim::plan::Allreduce;
-use crate::problem::VariantId;
 
 /// One sweep axis. Declaration order is the expansion order, outermost first: a sweep over
 /// `seq_len` for one setting of everything else is consecutive.

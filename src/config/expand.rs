@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use super::axes::{Axes, ZipGroup};
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
-use crate::problem::{Case, Device, Shape};
 use crate::problem::VariantId;
+use crate::problem::{Case, Device, Shape};
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;

@@ -1,9 +1,9 @@
 //! End-to-end tests of loading, validation and expansion through the public `Config` API.
 
 use super::*;
+use crate::problem::VariantId;
 use crate::problem::{DType, InputDist, Mode};
 use crate::variant::Registry;
-use crate::problem::VariantId;
 
 fn load(text: &str, sets: &[&str]) -> Result<Config> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::backend::cpu::isa::Isa;
-use crate::problem::{DType, Device, Mode, Shape, UpstreamGrad};
 use crate::problem::VariantId;
+use crate::problem::{DType, Device, Mode, Shape, UpstreamGrad};
 
 const DESIGNS: [VariantId; 3] = [
     VariantId::LayerVanilla,
@@ -67,7 +67,7 @@ fn run(c: &Case) -> (Run, Vec<f32>, Vec<f32>, Vec<f32>) {
         dx: vec![f32::NAN; if train { n } else { 0 }],
         dp: vec![f32::NAN; if train { params.len() } else { 0 }],
     };
-    let pool = crate::runner::pool(c.threads).unwrap();
+    let pool = crate::run::pool(c.threads).unwrap();
     pool.install(|| {
         run_once(
             &crate::variant::layer_plan(c).unwrap(),

@@ -12,7 +12,7 @@ use super::bpt_memory::{layer_activation, Design};
 use super::markdown::table;
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
-use crate::report::record::Record;
+use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "bpt.md";
 

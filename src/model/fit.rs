@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::markdown::seconds;
 use crate::error::{Error, Result};
-use crate::report::record::{Record, Status};
+use crate::results::record::{Record, Status};
 
 /// One measured row used by the fit.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -113,7 +113,7 @@ pub fn fit(points: &[Point]) -> Result<Fit> {
 pub fn run(dirs: &[PathBuf], out: Option<&Path>) -> Result<String> {
     let mut records = Vec::new();
     for d in dirs {
-        let csv = d.join(crate::report::load::CSV_NAME);
+        let csv = d.join(crate::results::load::CSV_NAME);
         if !csv.exists() {
             return Err(Error::Input {
                 path: csv,

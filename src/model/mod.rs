@@ -24,8 +24,8 @@ pub mod tree_vs_ring;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::error::{Error, Result};
-use crate::report::record::Record;
+use crate::error::Result;
+use crate::results::record::Record;
 
 /// The names of every file [`write_results`] may write beside the CSV (a `--force` sweep
 /// removes them, so none is left from the run it replaces).
@@ -67,9 +67,5 @@ pub fn read_records(csv: &Path) -> Result<Vec<Record>> {
     if !csv.exists() {
         return Ok(Vec::new());
     }
-    let mut r = ::csv::Reader::from_path(csv)
-        .map_err(|e| Error::Runtime(format!("cannot read {}: {e}", csv.display())))?;
-    r.deserialize()
-        .map(|x| x.map_err(|e| Error::Runtime(format!("{}: {e}", csv.display()))))
-        .collect()
+    crate::results::runs::read(csv)
 }

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::problem::{Case, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
-use crate::runner::forward;
 use crate::problem::VariantId;
+use crate::problem::{Case, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use crate::run::forward;
 
 /// Timed passes after one warm-up; the median is kept.
 const PASSES: usize = 5;

@@ -21,7 +21,7 @@ use crate::backend::cpu::decode::KV_BLOCK;
 use crate::config::{CheckShape, ComputeSpec, ModelConfig};
 use crate::error::{Error, Result};
 use crate::problem::{DType, InputDist, Inputs, Shape};
-use crate::report::record::Record;
+use crate::results::record::Record;
 use crate::sim::plan::Allreduce;
 use crate::sim::shard::Placement;
 use crate::sim::{ring, tree};
@@ -104,7 +104,7 @@ pub fn count_shape(
     let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
     let (mut ring_out, mut tree_out) =
         (vec![0.0f32; shape.out_len()], vec![0.0f32; shape.out_len()]);
-    let pool = crate::runner::pool(threads)?;
+    let pool = crate::run::pool(threads)?;
     let ring_spec = ring::Spec {
         placement: Placement::Contiguous,
         decode: true,
@@ -216,7 +216,7 @@ fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
         seed: 0,
         d_out: crate::problem::UpstreamGrad::Random,
     };
-    crate::runner::output(&case, inputs)
+    crate::run::output(&case, inputs)
 }
 
 /// max |a - b| / max |b|.
@@ -263,7 +263,7 @@ pub fn balance(devices: &[usize], threads: usize) -> Result<Vec<BalanceRow>> {
         head_dim: 16,
     };
     let inputs = Inputs::generate(shape, DType::F32, InputDist::Normal, 1.0, 0);
-    let pool = crate::runner::pool(threads)?;
+    let pool = crate::run::pool(threads)?;
     devices
         .iter()
         .map(|&p| {

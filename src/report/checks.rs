@@ -8,8 +8,8 @@
 use std::fmt;
 
 use super::paper::{Cell, PaperTable};
-use super::record::{Record, Status};
 use super::select::{RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, STANDARD, TABLE2};
+use crate::results::record::{Record, Status};
 use crate::units::{bytes, pow2, sci};
 
 /// n of the ratio and error-bound checks (the paper's 2^14).

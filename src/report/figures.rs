@@ -7,19 +7,20 @@
 //! more than `MAX_SERIES` series is split into facets (`facets`), one file per panel, all
 //! panels of a chart on the same axes.
 
+use crate::report::run_config::RunConfig;
 use std::path::Path;
 
-use super::load::Results;
 use super::plot::axis::{AxisSpec, Scale, Unit};
 use super::plot::chart::{Figure, Guide, HLine, Line, Pt};
 use super::plot::heatmap::{HeatCell, Heatmap, Panel};
 use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED};
 use super::plot::{save, Format, Plot};
-use super::record::{Record, Status};
 use super::select::TABLE2;
 use super::series::{group, join_label, not_applicable, ChunkGrid, Series, CHUNKS_PREFIX};
 use super::tables::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
+use crate::results::load::Results;
+use crate::results::record::{Record, Status};
 use crate::units::{bytes, sci, seconds};
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
@@ -851,8 +852,8 @@ mod tests {
         }
     }
 
-    use crate::problem::{Case, DType, Shape};
     use crate::problem::VariantId;
+    use crate::problem::{Case, DType, Shape};
     use std::collections::HashSet;
 
     /// A series with identity `pairs` besides its variant (no rows: `facets` reads keys).
@@ -1032,7 +1033,7 @@ mod tests {
     /// 3 variants x threads (1, 2) x dtype x causal x heads x head_dim at two n: 96 series,
     /// each facet (threads x dtype) on its own scale (times grow with the threads' index).
     fn sweep_results() -> Results {
-        let mut meta: crate::report::meta::Meta =
+        let mut meta: crate::results::meta::Meta =
             serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
         let mut two = meta.calibration[0].clone();
         two.threads = 2;

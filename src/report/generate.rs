@@ -2,16 +2,17 @@
 //! the plots into `DIR/report/` (or `--out`), and prints the derived checks. `sweep` calls
 //! it at the end unless `--no-report`.
 
+use crate::report::run_config::RunConfig;
 use std::path::{Path, PathBuf};
 
 use super::checks::{rs_checks, Check, Verdict};
 use super::figures::{is_plot_file, write_all};
-use super::load::{Results, CSV_NAME};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
 use super::series::chunk_grids;
 use super::tables::{render, Inputs};
 use crate::error::{Error, Result};
+use crate::results::load::{Results, CSV_NAME};
 
 /// The report directory's name inside a results directory.
 pub const REPORT_DIR: &str = "report";

@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::record::Record;
 use super::series::ceil_sqrt;
+use crate::results::record::Record;
 
 pub const STANDARD: &str = "naive";
 pub const MEMORY_EFFICIENT: &str = "rabe-staats";

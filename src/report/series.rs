@@ -8,9 +8,9 @@
 use crate::variant::Registry;
 use std::collections::BTreeMap;
 
-use super::record::Record;
-use crate::problem::{Device, Shape};
 use crate::problem::VariantId;
+use crate::problem::{Device, Shape};
+use crate::results::record::Record;
 
 /// Records that form one line, sorted by sequence length.
 /// How the file stems of the chunk-sweep heatmaps begin.
@@ -370,7 +370,7 @@ pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
 mod tests {
     use super::*;
     use crate::problem::{Case, DType, InputDist, Mode, UpstreamGrad};
-    use crate::report::record::Status;
+    use crate::results::record::Status;
     use crate::sim::plan::Allreduce;
     use crate::variant::DefaultCase;
 

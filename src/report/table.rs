@@ -1,7 +1,7 @@
 //! Plain-text tables for the terminal: one case as `field  value` lines (`attnbench run`),
 //! and a compact summary of a sweep's records.
 
-use super::record::Record;
+use crate::results::record::Record;
 use crate::units;
 
 /// One record as aligned `field  value` lines, every CSV column in CSV order.

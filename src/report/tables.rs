@@ -3,16 +3,17 @@
 //! `runs.csv` and `meta.json` (no clock, no paths of this machine), so it can be
 //! snapshot-tested and regenerated bit for bit.
 
+use crate::report::run_config::RunConfig;
 use std::fmt::Write;
 
 use super::checks::{default_chunk_slope, Check};
-use super::load::Results;
 use super::paper::PaperTable;
-use super::record::{Record, Status};
 use super::select::{
     RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
 };
 use super::series::ChunkGrid;
+use crate::results::load::Results;
+use crate::results::record::{Record, Status};
 use crate::units::{bytes, percent, pow2, sci, seconds};
 
 /// Marks an extrapolated time.
@@ -520,9 +521,9 @@ fn chunk_grid(md: &mut String, g: &ChunkGrid) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::VariantId;
     use crate::problem::{Case, DType, Mode, Shape, UpstreamGrad};
     use crate::variant::DefaultCase;
-    use crate::problem::VariantId;
 
     fn row(variant: VariantId, mode: Mode, edit: impl FnOnce(&mut Case)) -> Record {
         let mut case = Case {

@@ -9,10 +9,10 @@ use super::shard::Placement;
 use super::stats::SimStats;
 use super::{ring, tree};
 use crate::model::formulas::{self, Dims};
+use crate::problem::VariantId;
 use crate::problem::{Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::reference::{check_masked, rows_to_check};
-use crate::runner::output;
-use crate::problem::VariantId;
+use crate::run::output;
 
 fn shape(heads: usize, kv_heads: usize, seq_q: usize, seq_kv: usize, d: usize) -> Shape {
     Shape {

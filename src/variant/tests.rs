@@ -10,7 +10,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::problem::{Case, DType, Device, Grads, InputDist, Inputs, Mode, Shape, UpstreamGrad};
 use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
-use crate::runner::{output, output_with, train_step_with};
+use crate::run::{output, output_with, train_step_with};
 
 #[derive(Clone, Copy)]
 struct Setup {

@@ -102,9 +102,9 @@ impl<T> Reply<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::VariantId;
     use crate::problem::{DType, Shape};
     use crate::variant::DefaultCase;
-    use crate::problem::VariantId;
 
     #[test]
     fn a_run_request_round_trips_through_one_json_line() {

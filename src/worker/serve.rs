@@ -8,7 +8,7 @@ use std::io::{BufRead, Write};
 
 use super::protocol::{Hello, Reply, Request, RunReply, PROTOCOL};
 use crate::error::{Error, Result};
-use crate::runner::{run_case, Settings};
+use crate::run::{run_case, Settings};
 
 /// Serves requests from `input` to `output`, one reply line per request line.
 pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
@@ -83,7 +83,7 @@ fn answer(request: Request) -> String {
 
 /// Who this worker is: the build's version, source revision and kernel path.
 pub fn hello() -> Hello {
-    let (git_revision, git_dirty) = crate::report::meta::git_state();
+    let (git_revision, git_dirty) = crate::results::meta::git_state();
     Hello {
         protocol: PROTOCOL,
         implementation: format!("attnbench {}", env!("CARGO_PKG_VERSION")),
@@ -102,9 +102,9 @@ fn to_line<T: serde::Serialize>(reply: &Reply<T>) -> String {
 mod tests {
     use super::*;
     use crate::measure::timer::StopRule;
+    use crate::problem::VariantId;
     use crate::problem::{Case, DType, Shape};
     use crate::variant::DefaultCase;
-    use crate::problem::VariantId;
 
     fn served(requests: &[String]) -> Vec<serde_json::Value> {
         let input = requests.join("\n");

@@ -2,7 +2,7 @@
 //! cuBLAS P V), rabe-staats (Rabe & Staats Figure 1: per query chunk, per key chunk a cuBLAS
 //! score GEMM, the summary kernel and a cuBLAS value GEMM, then the combine kernel), flash
 //! (one fused FA2 kernel) and flash-decoding (split pass + combine). Only enqueues work;
-//! measurement lives in `crate::cuda_runner`. Extra memory is exactly
+//! measurement lives in `crate::run::cuda`. Extra memory is exactly
 //! `plan::workspace_bytes`, allocated up front by [`Workspace::alloc`].
 
 use std::ffi::c_void;

@@ -1,9 +1,9 @@
 //! Tests of the CUDA launch planning: no device, no NVRTC.
 
 use super::*;
+use crate::problem::VariantId;
 use crate::problem::{Case, Device, InputDist, Shape, UpstreamGrad};
 use crate::variant::Registry;
-use crate::problem::VariantId;
 
 fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize) -> Case {
     let info = variant.info();

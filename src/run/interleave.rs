@@ -29,8 +29,8 @@ use crate::measure::alloc;
 use crate::measure::probe::probe_pool;
 use crate::measure::timer::{warm_up, StopReason, StopRule, Timing};
 use crate::problem::{Case, Device, Inputs, Mode};
-use crate::report::record::Status;
-use crate::runner::{
+use crate::results::record::Status;
+use crate::run::{
     failed, finish_outcome, forward, memory_and_error, oom_or_error, packing_bytes, pool,
     predicted_bytes, record_timing, run_case, skip_reason, stop_rule, Outcome, Settings,
     INTERRUPTED,
@@ -251,7 +251,7 @@ fn finish(
     interrupted: bool,
 ) -> Outcome {
     let case = m.case;
-    let mut record = crate::runner::record_for(&settings.run_name, case, Status::Ok, "");
+    let mut record = crate::run::record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted_bytes(case));
     if let Some(e) = m.error.take() {
         return failed(record, oom_or_error(&e), e, None);
@@ -284,9 +284,9 @@ fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::VariantId;
     use crate::problem::{DType, Shape};
     use crate::variant::DefaultCase;
-    use crate::problem::VariantId;
 
     fn settings(max_reps: usize) -> Settings {
         Settings {
@@ -368,7 +368,7 @@ mod tests {
             vec![0..3, 3..5, 5..6, 6..7, 7..8, 8..9, 9..10, 10..11]
         );
         let extrapolating = Settings {
-            extrapolate: Some(crate::extrapolate::Extrapolation {
+            extrapolate: Some(crate::run::extrapolate::Extrapolation {
                 above_s: 1.0,
                 q_chunks: 1,
             }),
@@ -412,7 +412,7 @@ mod tests {
                 r.max_abs_err
             );
             // Its output is the case's own, computed alone on the same inputs.
-            let alone = crate::runner::output(c, &inputs).unwrap();
+            let alone = crate::run::output(c, &inputs).unwrap();
             assert_eq!(o.output.as_deref(), Some(&alone[..]), "{}", c.id());
         }
     }

@@ -1,7 +1,8 @@
 //! `runs.csv`: one row per case, appended and flushed after every row so an interrupted or
-//! crashed sweep loses nothing; reading it back for `--resume` and reports.
+//! crashed sweep loses nothing; the one reader (`read`: every row checked, each case once)
+//! behind `--resume`, reports (`load`, which also checks the columns) and `compare`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
@@ -77,16 +78,42 @@ pub fn check_header<S: AsRef<str>>(path: &Path, want: &[S]) -> Result<()> {
     Ok(())
 }
 
-/// Reads every record of a CSV file.
-pub fn read_records(path: &Path) -> Result<Vec<Record>> {
-    let mut r = ::csv::Reader::from_path(path)
-        .map_err(|e| Error::Runtime(format!("reading {}: {e}", path.display())))?;
-    r.deserialize()
-        .enumerate()
-        .map(|(i, rec)| {
-            rec.map_err(|e| Error::Runtime(format!("{} row {}: {e}", path.display(), i + 2)))
-        })
-        .collect()
+/// Every row of a `runs.csv`, each checked; a case id may appear once.
+pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let bad = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut r = ::csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let header = r.headers().map_err(|e| bad(e.to_string()))?.clone();
+    if header.is_empty() || header.iter().all(str::is_empty) {
+        return Err(bad("empty file: expected the runs.csv header".into()));
+    }
+    for col in ["case_id", "status"] {
+        if !header.iter().any(|h| h == col) {
+            return Err(bad(format!(
+                "the header has no `{col}` column: not a runs.csv written by attnbench sweep"
+            )));
+        }
+    }
+    let mut records = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, rec) in r.deserialize::<Record>().enumerate() {
+        let row = i + 2;
+        let rec = rec.map_err(|e| bad(format!("row {row}: {}", describe(&e, &header))))?;
+        if rec.case_id.is_empty() {
+            return Err(bad(format!("row {row}: empty case_id")));
+        }
+        if let Some(first) = seen.insert(rec.case_id.clone(), row) {
+            return Err(bad(format!(
+                "row {row}: case_id `{}` appears again: it already appears in row {first} \
+                 (a runs.csv holds each case once)",
+                rec.case_id
+            )));
+        }
+        records.push(rec);
+    }
+    Ok(records)
 }
 
 /// The case ids already in a CSV file (for `--resume`); empty when the file does not exist.
@@ -94,7 +121,7 @@ pub fn done_case_ids(path: &Path) -> Result<HashSet<String>> {
     if !path.exists() {
         return Ok(HashSet::new());
     }
-    Ok(read_records(path)?.into_iter().map(|r| r.case_id).collect())
+    Ok(read(path)?.into_iter().map(|r| r.case_id).collect())
 }
 
 /// A CSV read error in words, naming the column when it concerns one field (for messages

@@ -1,19 +1,16 @@
 //! Reading a results directory for a report: `runs.csv` (checked for the columns a report
 //! needs, with a message naming the file and the missing columns) and `meta.json` (optional:
-//! provenance, memory budget, calibration and the paper table). Nothing else is read, so
+//! provenance, the config (read by `crate::report::run_config`) and the calibration). Nothing else is read, so
 //! runs made elsewhere, by another build, report the same way.
 
 use std::path::{Path, PathBuf};
 
 use super::meta::Meta;
-use super::paper::PaperTable;
 use super::record::{header, Record};
-use crate::config::ByteSize;
 use crate::error::{Error, Result};
 use crate::measure::calibrate::Calibration;
 
-pub const CSV_NAME: &str = "runs.csv";
-pub const META_NAME: &str = "meta.json";
+pub use super::{CSV_NAME, META_NAME};
 
 /// Columns added after the first release of the CSV; older files without them still read.
 pub const OPTIONAL_COLUMNS: [&str; 27] = [
@@ -93,25 +90,6 @@ impl Results {
         )
     }
 
-    /// `run.memory_budget` of the config that produced the rows.
-    pub fn memory_budget(&self) -> Option<u64> {
-        let v = self
-            .meta
-            .as_ref()?
-            .config
-            .get("run")?
-            .get("memory_budget")?;
-        serde_json::from_value::<ByteSize>(v.clone())
-            .ok()
-            .map(|b| b.bytes())
-    }
-
-    /// The paper table the config joined (`[report] paper_table`), as embedded in meta.json.
-    pub fn paper(&self) -> Option<PaperTable> {
-        let v = self.meta.as_ref()?.config.get("report")?.get("paper")?;
-        serde_json::from_value(v.clone()).ok()
-    }
-
     pub fn calibration(&self) -> &[Calibration] {
         self.meta.as_ref().map_or(&[], |m| m.calibration.as_slice())
     }
@@ -150,35 +128,12 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
             missing.join(", ")
         )));
     }
-    let records = r
-        .deserialize()
-        .enumerate()
-        .map(|(i, rec)| rec.map_err(|e| input(format!("row {}: {e}", i + 2))))
-        .collect::<Result<Vec<Record>>>()?;
+    drop(r);
+    let records = super::runs::read(path)?;
     if records.is_empty() {
         return Err(input(
             "no rows: the header is there but no case was recorded".into(),
         ));
-    }
-    // A case twice (two runs' rows pasted together) would be drawn and tabulated twice; a
-    // row without a case_id is no case attnbench wrote (`compare` refuses both too).
-    let mut first = std::collections::HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if r.case_id.trim().is_empty() {
-            return Err(input(format!(
-                "row {}: empty case_id; every row attnbench writes names its case",
-                i + 2
-            )));
-        }
-        if let Some(j) = first.insert(r.case_id.as_str(), i) {
-            return Err(input(format!(
-                "row {}: case_id `{}` appears again (first in row {}); a runs.csv holds each \
-                 case once",
-                i + 2,
-                r.case_id,
-                j + 2
-            )));
-        }
     }
     Ok(records)
 }

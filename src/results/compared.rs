@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::{CSV_NAME, META_NAME, SAMPLES_NAME};
 use crate::error::{Error, Result};
-use crate::report::record::Record;
-use crate::report::samples::read_samples;
-use crate::sweep::{CSV_NAME, META_NAME, SAMPLES_NAME};
+use crate::results::record::Record;
+use crate::results::samples::read_samples;
 
 /// What `compare` needs from `meta.json`: the machine and its calibration. Parsed leniently
 /// (other keys ignored) so runs of other attnbench versions still compare.
@@ -92,7 +92,7 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
             path.display()
         )));
     }
-    let records = read_runs(&csv_path)?;
+    let records = super::runs::read(&csv_path)?;
     if records.is_empty() {
         // Nothing to compare against would pass every gate.
         return Err(Error::Input {
@@ -132,48 +132,6 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
         meta_path,
         note,
     })
-}
-
-/// Every row of a `runs.csv`, each checked; a case id may appear once.
-pub fn read_runs(path: &Path) -> Result<Vec<Record>> {
-    let bad = |msg: String| Error::Input {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let mut r = ::csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
-    let header = r.headers().map_err(|e| bad(e.to_string()))?.clone();
-    if header.is_empty() || header.iter().all(str::is_empty) {
-        return Err(bad("empty file: expected the runs.csv header".into()));
-    }
-    for col in ["case_id", "status"] {
-        if !header.iter().any(|h| h == col) {
-            return Err(bad(format!(
-                "the header has no `{col}` column: not a runs.csv written by attnbench sweep"
-            )));
-        }
-    }
-    let mut records = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for (i, rec) in r.deserialize::<Record>().enumerate() {
-        let row = i + 2;
-        let rec = rec.map_err(|e| {
-            bad(format!(
-                "row {row}: {}",
-                crate::report::csv::describe(&e, &header)
-            ))
-        })?;
-        if rec.case_id.is_empty() {
-            return Err(bad(format!("row {row}: empty case_id")));
-        }
-        if let Some(first) = seen.insert(rec.case_id.clone(), row) {
-            return Err(bad(format!(
-                "row {row}: case_id `{}` already appears in row {first}",
-                rec.case_id
-            )));
-        }
-        records.push(rec);
-    }
-    Ok(records)
 }
 
 fn read_meta(path: &Path) -> Result<RunMeta> {

@@ -15,8 +15,8 @@
 //! overhead. The error is checked on the rows computed (`err_rows`).
 
 use crate::problem::{Case, Inputs, Mode, Shape, Tensor};
-use crate::report::record::Record;
-use crate::runner::Outcome;
+use crate::results::record::Record;
+use crate::run::Outcome;
 
 /// Query rows per extrapolation chunk for variants that do not cut the query loop.
 pub const ROWS_PER_CHUNK_UNCHUNKED: usize = 1024;
@@ -119,7 +119,7 @@ fn time_ratio(full: &Case, part: &Record) -> f64 {
 pub fn scale_record(part: Record, full: &Case, run: &str, predicted_full: u64) -> Record {
     let ratio = time_ratio(full, &part);
     let scale = |t: Option<f64>| t.map(|t| t * ratio);
-    let mut r = crate::runner::record_for(run, full, part.status, part.reason);
+    let mut r = crate::run::record_for(run, full, part.status, part.reason);
     r.reps = part.reps;
     r.time_median_s = scale(part.time_median_s);
     r.time_min_s = scale(part.time_min_s);
@@ -152,9 +152,9 @@ pub fn scale_record(part: Record, full: &Case, run: &str, predicted_full: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{DType, Device, InputDist};
-    use crate::report::record::Status;
     use crate::problem::VariantId;
+    use crate::problem::{DType, Device, InputDist};
+    use crate::results::record::Status;
 
     fn case(seq: usize, q_chunk: Option<usize>, threads: usize) -> Case {
         Case {
@@ -225,10 +225,10 @@ mod tests {
     fn part_output_equals_the_first_rows_of_the_full_output() {
         let c = case(48, Some(16), 2);
         let full = Inputs::generate(c.shape, c.dtype, InputDist::Uniform, 1.0, 1);
-        let whole = crate::runner::output(&c, &full).unwrap();
+        let whole = crate::run::output(&c, &full).unwrap();
         let rows = part_rows(&c, 1).unwrap();
         let (part, _) = split_inputs(full, rows);
-        let got = crate::runner::output(&part_case(&c, rows), &part).unwrap();
+        let got = crate::run::output(&part_case(&c, rows), &part).unwrap();
         for h in 0..6 {
             assert_eq!(
                 got[h * rows * 4..(h + 1) * rows * 4],
@@ -237,8 +237,8 @@ mod tests {
         }
     }
 
-    fn settings(above_s: f64) -> crate::runner::Settings {
-        crate::runner::Settings {
+    fn settings(above_s: f64) -> crate::run::Settings {
+        crate::run::Settings {
             run_name: "t".into(),
             stop: crate::measure::timer::StopRule {
                 warmup: 1,
@@ -266,7 +266,7 @@ mod tests {
         // run_case sets (and clears) the process-wide memory limit.
         let _g = crate::measure::alloc::test_lock();
         let c = case(64, Some(16), 1);
-        let slow = crate::runner::run_case(&c, &settings(1e-12), None).unwrap();
+        let slow = crate::run::run_case(&c, &settings(1e-12), None).unwrap();
         let r = &slow.record;
         assert_eq!(
             (r.status, r.extrapolated, r.timed_rows),
@@ -279,14 +279,14 @@ mod tests {
         assert_eq!(slow.samples.len(), r.reps);
         let median = crate::measure::stats::Summary::of(&slow.samples).map(|s| s.median);
         assert_eq!(median, r.time_median_s);
-        let fast = crate::runner::run_case(&c, &settings(1e9), None).unwrap();
+        let fast = crate::run::run_case(&c, &settings(1e9), None).unwrap();
         let r = &fast.record;
         assert_eq!((r.extrapolated, r.timed_rows), (false, Some(64)));
         // Same workspace either way: the part's memory probe is the full case's.
         assert_eq!(slow.record.mem_predicted_bytes, r.mem_predicted_bytes);
         let mut causal = c.clone();
         causal.causal = true;
-        let r = crate::runner::run_case(&causal, &settings(1e-12), None)
+        let r = crate::run::run_case(&causal, &settings(1e-12), None)
             .unwrap()
             .record;
         assert_eq!((r.extrapolated, r.timed_rows), (false, Some(64)));
@@ -297,7 +297,7 @@ mod tests {
         naive.shape.seq_q = 4096;
         naive.shape.seq_kv = 8;
         // naive's score matrix grows with the rows: never extrapolated.
-        let r = crate::runner::run_case(&naive, &settings(1e-12), None)
+        let r = crate::run::run_case(&naive, &settings(1e-12), None)
             .unwrap()
             .record;
         assert_eq!(

@@ -13,8 +13,8 @@ use crate::backend::cuda::plan::{self, GpuAlgo};
 use crate::error::{Error, Result};
 use crate::measure::timer::{time_measured_repetitions, Timing};
 use crate::problem::{Case, Inputs};
-use crate::report::record::{Record, Status};
-use crate::runner::{
+use crate::results::record::{Record, Status};
+use crate::run::{
     failed, oom_by_prediction, oom_or_error, record_output_error, record_timing, Outcome, Settings,
     INTERRUPTED,
 };
@@ -25,9 +25,8 @@ use crate::variant::Registry;
 const DRIVER_GRANULARITY: u64 = 2 << 20;
 
 pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Result<Outcome> {
-    let row = |status, reason: String| {
-        crate::runner::record_for(&settings.run_name, case, status, reason)
-    };
+    let row =
+        |status, reason: String| crate::run::record_for(&settings.run_name, case, status, reason);
     let skipped = |reason: String| Outcome {
         record: row(Status::Skipped, reason),
         output: None,

@@ -175,7 +175,7 @@ pub struct Record {
 impl Record {
     /// A row with the case's identity filled and nothing measured yet.
     /// The row of `case` before measuring: what the case alone determines. The runner adds
-    /// what its variant determines (`crate::runner::record_for`: bytes of K and V read).
+    /// what its variant determines (`crate::run::record_for`: bytes of K and V read).
     pub fn for_case(run: &str, case: &Case, status: Status, reason: impl Into<String>) -> Record {
         let s = &case.shape;
         Record {

@@ -33,7 +33,7 @@ pub struct SamplesSink {
 impl SamplesSink {
     pub fn open(path: &Path) -> Result<SamplesSink> {
         Ok(SamplesSink {
-            writer: crate::report::csv::open_append(path, &HEADER)?,
+            writer: crate::results::runs::open_append(path, &HEADER)?,
             path: path.to_path_buf(),
         })
     }
@@ -79,7 +79,7 @@ pub fn read_samples(path: &Path) -> Result<HashMap<String, Vec<f64>>> {
         let row = row.map_err(|e| {
             bad(format!(
                 "row {line}: {}",
-                crate::report::csv::describe(&e, &found)
+                crate::results::runs::describe(&e, &found)
             ))
         })?;
         if !(row.time_s.is_finite() && row.time_s >= 0.0) {

@@ -3,6 +3,11 @@
 //! stopping rule -> one untimed pass under the memory probe -> error against the f64 oracle
 //! -> one `Record`. Kernels run inside a rayon pool of the case's thread count.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod extrapolate;
+pub mod interleave;
+
 use crate::variant::Registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,21 +19,21 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::{try_zeroed, WarmCalls};
-use crate::backend::cuda;
+
 use crate::error::{Error, Result};
-use crate::extrapolate::{self, Extrapolation};
 use crate::layer;
 use crate::measure::alloc::{self, MemoryProbe};
 use crate::measure::probe::probe_pool;
 use crate::measure::rss;
 use crate::measure::stats::Summary;
 use crate::measure::timer::{time_repetitions, StopRule, Timing};
+use crate::problem::VariantId;
 use crate::problem::{Case, Device, Grads, Inputs, Mode};
 use crate::reference;
-use crate::report::record::{Record, Status};
+use crate::results::record::{Record, Status};
 use crate::sim::stats::SimStats;
 use crate::units;
-use crate::problem::VariantId;
+use extrapolate::Extrapolation;
 
 /// Everything besides the case that decides how a case is measured.
 #[derive(Clone, Debug)]
@@ -137,12 +142,12 @@ pub fn cuda_skip_reason(case: &Case) -> Option<String> {
             gpu.join(", ")
         ));
     };
-    cuda::plan::unsupported(algo, case).or_else(cuda_unavailable_reason)
+    crate::backend::cuda::plan::unsupported(algo, case).or_else(cuda_unavailable_reason)
 }
 
 /// Why CUDA cases are skipped in this process, if they are (`attnbench list` shows it too).
 pub fn cuda_unavailable_reason() -> Option<String> {
-    cuda::unavailable_reason()
+    crate::backend::cuda::unavailable_reason()
 }
 
 /// A rayon pool with exactly `threads` workers, built once per thread count.
@@ -284,7 +289,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
     }
     #[cfg(feature = "cuda")]
     if case.device == Device::Cuda {
-        return crate::cuda_runner::run_case(case, settings, given);
+        return cuda::run_case(case, settings, given);
     }
     let predicted = predicted_bytes(case);
     let fixed = static_bytes(case, settings);

@@ -1,0 +1,33 @@
+//! What a report reads of the config embedded in `meta.json`: the memory budget the rows
+//! were measured under and the paper table the config joined. O(1) lookups in the JSON.
+
+use crate::config::ByteSize;
+use crate::report::paper::PaperTable;
+use crate::results::load::Results;
+
+/// The config of a loaded results directory, as reports need it.
+pub trait RunConfig {
+    /// `run.memory_budget` of the config that produced the rows.
+    fn memory_budget(&self) -> Option<u64>;
+    /// The paper table the config joined (`[report] paper_table`), as embedded in meta.json.
+    fn paper(&self) -> Option<PaperTable>;
+}
+
+impl RunConfig for Results {
+    fn memory_budget(&self) -> Option<u64> {
+        let v = self
+            .meta
+            .as_ref()?
+            .config
+            .get("run")?
+            .get("memory_budget")?;
+        serde_json::from_value::<ByteSize>(v.clone())
+            .ok()
+            .map(|b| b.bytes())
+    }
+
+    fn paper(&self) -> Option<PaperTable> {
+        let v = self.meta.as_ref()?.config.get("report")?.get("paper")?;
+        serde_json::from_value(v.clone()).ok()
+    }
+}
