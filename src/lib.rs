@@ -4,16 +4,15 @@
 //!
 //! Data flow: config --expand--> cases --runner--> records --CSV--> report / compare.
 
-pub mod ab;
 pub mod algorithm;
 pub mod backend;
 pub mod cli;
+pub mod commands;
 pub mod compare;
 pub mod config;
 pub mod dist;
 pub mod error;
 pub mod layer;
-pub mod listing;
 pub mod measure;
 pub mod model;
 pub mod npy;
@@ -23,8 +22,6 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod sim;
-pub mod single;
-pub mod sweep;
 pub mod units;
 pub mod variant;
 pub mod worker;

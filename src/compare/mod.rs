@@ -16,10 +16,9 @@ pub mod time;
 
 use serde::Serialize;
 
-use crate::cli::CompareArgs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::problem::DType;
-use crate::results::compared::{self, Run};
+use crate::results::compared::Run;
 use crate::results::record::{Record, Status};
 use accuracy::{ErrResult, ErrVerdict, StatusChange};
 use memory::{MemResult, MemVerdict};
@@ -36,7 +35,7 @@ pub const EXIT_UNCLEAR: i32 = 4;
 const SAME_MEDIAN_REL: f64 = 1e-9;
 
 /// Resamples below this give too coarse a 95% interval to be worth reporting.
-const MIN_BOOTSTRAP: usize = 100;
+pub const MIN_BOOTSTRAP: usize = 100;
 
 /// What decides the verdicts (the command's flags, checked).
 #[derive(Clone, Debug, Serialize)]
@@ -52,39 +51,6 @@ pub struct Options {
     pub time_gate: bool,
     pub bootstrap: usize,
     pub seed: u64,
-}
-
-impl Options {
-    pub fn from_args(a: &CompareArgs) -> Result<Options> {
-        if !(a.time_threshold.is_finite() && a.time_threshold > 0.0) {
-            return Err(Error::Usage(format!(
-                "--time-threshold must be a positive fraction such as 0.10, got {}",
-                a.time_threshold
-            )));
-        }
-        if !(a.err_threshold.is_finite() && a.err_threshold >= 1.0) {
-            return Err(Error::Usage(format!(
-                "--err-threshold must be a growth factor >= 1 such as 2, got {}",
-                a.err_threshold
-            )));
-        }
-        if a.bootstrap < MIN_BOOTSTRAP {
-            return Err(Error::Usage(format!(
-                "--bootstrap must be at least {MIN_BOOTSTRAP} resamples, got {}",
-                a.bootstrap
-            )));
-        }
-        Ok(Options {
-            time_threshold: a.time_threshold,
-            mem_threshold_bytes: a.mem_threshold.bytes(),
-            err_factor: a.err_threshold,
-            normalize: a.normalize,
-            fail_on_unclear: a.fail_on_unclear,
-            time_gate: !a.no_time_gate,
-            bootstrap: a.bootstrap,
-            seed: a.seed,
-        })
-    }
 }
 
 /// The time comparison of one case.
@@ -251,31 +217,6 @@ pub struct Comparison {
     pub only_in_current: Vec<String>,
     /// What to do about unclear verdicts (empty when there are none).
     pub advice: Vec<String>,
-}
-
-/// The `compare` command: load, compare, print, and return the exit code.
-pub fn command(args: &CompareArgs) -> Result<i32> {
-    let opts = Options::from_args(args)?;
-    let baseline = compared::load(&args.baseline, "baseline")?;
-    let current = compared::load(&args.current, "current")?;
-    for note in [&baseline.note, &current.note].into_iter().flatten() {
-        eprintln!("note: {note}");
-    }
-    let file = |r: &Run| r.csv_path.canonicalize().ok();
-    if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
-        eprintln!(
-            "note: the baseline and the current run are the same file ({}): every case \
-             compares with itself",
-            current.csv_path.display()
-        );
-    }
-    let c = compare(&baseline, &current, &opts)?;
-    if args.json {
-        println!("{}", render::json(&c)?);
-    } else {
-        print!("{}", render::markdown(&c));
-    }
-    Ok(c.exit_code)
 }
 
 /// Compares two loaded runs.

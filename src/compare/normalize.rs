@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::results::compared::RunMeta;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Normalize {
     /// Compare raw seconds.
@@ -27,6 +27,31 @@ pub enum Normalize {
     Calibration,
     /// Divide by each case's machine-speed probe (`probe_gflops`, measured with the case).
     Probe,
+}
+
+impl Normalize {
+    pub const ALL: [Normalize; 3] = [Normalize::None, Normalize::Calibration, Normalize::Probe];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Normalize::None => "none",
+            Normalize::Calibration => "calibration",
+            Normalize::Probe => "probe",
+        }
+    }
+
+    /// What the mode does, in words (`compare --help`).
+    pub fn help(self) -> &'static str {
+        match self {
+            Normalize::None => "Compare raw seconds",
+            Normalize::Calibration => {
+                "Divide by each run's calibrated SGEMM seconds per GFLOP (meta.json)"
+            }
+            Normalize::Probe => {
+                "Divide by each case's machine-speed probe (`probe_gflops`, measured with the case)"
+            }
+        }
+    }
 }
 
 /// The mode in effect and why.

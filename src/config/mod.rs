@@ -11,6 +11,7 @@ mod axis;
 mod expand;
 mod model;
 mod overrides;
+pub mod paper;
 mod report;
 mod run;
 mod schema;

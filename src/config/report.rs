@@ -9,8 +9,8 @@ use toml::Value;
 
 use super::schema::RawReport;
 use super::source::{Section, Source};
+use crate::config::paper::PaperTable;
 use crate::error::{Error, Result};
-use crate::report::paper::PaperTable;
 
 /// Resolved `[report]` table.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -7,8 +7,8 @@
 
 use std::fmt;
 
-use super::paper::{Cell, PaperTable};
 use super::select::{RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, STANDARD, TABLE2};
+use crate::config::paper::{Cell, PaperTable};
 use crate::results::record::{Record, Status};
 use crate::units::{bytes, pow2, sci};
 

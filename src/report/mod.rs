@@ -2,9 +2,9 @@
 //! rendered from a results directory (`crate::results`) alone, so runs made elsewhere can be
 //! shown the same way.
 pub mod checks;
+pub mod derived;
 pub mod figures;
 pub mod generate;
-pub mod paper;
 pub mod plot;
 pub mod run_config;
 pub mod select;

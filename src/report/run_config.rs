@@ -1,8 +1,8 @@
 //! What a report reads of the config embedded in `meta.json`: the memory budget the rows
 //! were measured under and the paper table the config joined. O(1) lookups in the JSON.
 
+use crate::config::paper::PaperTable;
 use crate::config::ByteSize;
-use crate::report::paper::PaperTable;
 use crate::results::load::Results;
 
 /// The config of a loaded results directory, as reports need it.

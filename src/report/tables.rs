@@ -7,11 +7,11 @@ use crate::report::run_config::RunConfig;
 use std::fmt::Write;
 
 use super::checks::{default_chunk_slope, Check};
-use super::paper::PaperTable;
 use super::select::{
     RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
 };
 use super::series::ChunkGrid;
+use crate::config::paper::PaperTable;
 use crate::results::load::Results;
 use crate::results::record::{Record, Status};
 use crate::units::{bytes, percent, pow2, sci, seconds};

@@ -165,7 +165,9 @@ mod tests {
         let (head, row) = (lines.next().unwrap(), lines.next().unwrap());
         let twice = msg(&format!("{head}\n{row}\n{row}\n"));
         assert!(
-            twice.contains("row 3") && twice.contains("first in row 2"),
+            twice.contains("row 3")
+                && twice.contains("appears again")
+                && twice.contains("in row 2"),
             "{twice}"
         );
         // A row without a case_id (the fixture's second row with it cleared).

@@ -25,7 +25,7 @@ pub const HEIGHT: u32 = 820;
 static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 
 /// Output formats of `attnbench report --format`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Png,
     Svg,

@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::bpt_memory::{layer_activation, Design};
-use super::markdown::table;
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
+use crate::model::bpt_memory::{layer_activation, Design};
+use crate::model::markdown::table;
 use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "bpt.md";

@@ -3,17 +3,127 @@
 //! case that cannot run here (a sweep's `skipped` row) is an error, exit 2; `oom` by the
 //! budget and `error` (e.g. an overflowing softmax) are results, printed with their reason.
 
-use crate::cli::RunArgs;
 use crate::config::{self, ByteSize};
 use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::npy;
-use crate::problem::{Case, DType, Shape};
+use crate::problem::{
+    Allreduce, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad, VariantId,
+};
 use crate::report::table::record_table;
 use crate::run::{run_case, skip_reason, Settings};
 use crate::variant::Registry;
+use clap::Args;
+use std::path::PathBuf;
 
-pub fn run(args: &RunArgs) -> Result<()> {
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct RunArgs {
+    /// Variant name (see `attnbench list`).
+    #[arg(long, short = 'v')]
+    pub variant: VariantId,
+    /// Query sequence length (and key/value length unless --seq-kv is given).
+    #[arg(long, short = 'n')]
+    pub seq_len: usize,
+    /// Key/value sequence length [default: --seq-len].
+    #[arg(long)]
+    pub seq_kv: Option<usize>,
+    /// Sequences in the batch.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 1)]
+    pub heads: usize,
+    /// Key/value heads, for GQA/MQA [default: --heads].
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Dimension d of each head.
+    #[arg(long, short = 'd', default_value_t = 64)]
+    pub head_dim: usize,
+    /// Storage dtype of Q, K, V: f32, bf16, f16 [default: f32; with --inputs, the files'].
+    #[arg(long)]
+    pub dtype: Option<DType>,
+    /// Where to run: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// What to measure: fwd, fwd+bwd (forward and backward, gradients checked too), decode
+    /// (--seq-len new queries against a cache of --seq-kv keys), or for the layer-* variants
+    /// layer-fwd / layer-train (a GPT layer of hidden heads x head-dim; training is
+    /// checkpointed).
+    #[arg(long, default_value = "fwd")]
+    pub mode: Mode,
+    /// Sliding window: each query attends to the last N keys up to its causal bound.
+    #[arg(long, value_name = "N")]
+    pub window: Option<usize>,
+    /// Simulated devices the sequence is sharded over (ring-*, stripe-*, tree-* variants).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Split-KV parts of flash-decoding [default: enough for the threads].
+    #[arg(long)]
+    pub splits: Option<usize>,
+    /// Allreduce algorithm of tree-decode: ring, tree, two-level, two-level:N [default: tree].
+    #[arg(long)]
+    pub allreduce: Option<Allreduce>,
+    /// Upstream gradient dO of fwd+bwd: random (seeded N(0,1)) or ones (grad of sum(out)).
+    #[arg(long, default_value = "random")]
+    pub d_out: UpstreamGrad,
+    /// Causal mask, bottom-right aligned when seq_q != seq_kv.
+    #[arg(long)]
+    pub causal: bool,
+    /// Query chunk (tile) size [default: the variant's; variants that do not chunk, such as
+    /// naive, have none and ignore it: see `attnbench list`].
+    #[arg(long)]
+    pub q_chunk: Option<usize>,
+    /// Key/value chunk (tile) size [default: the variant's; ignored as --q-chunk is].
+    #[arg(long)]
+    pub kv_chunk: Option<usize>,
+    /// Worker threads [default: all logical CPUs].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
+    #[arg(long, default_value = "normal")]
+    pub input_dist: InputDist,
+    /// Multiplies generated Q and K (scores scale by its square).
+    #[arg(long, default_value_t = 1.0)]
+    pub input_scale: f64,
+    /// Seed of the generated inputs (the same seed gives the same inputs).
+    #[arg(long, default_value_t = config::DEFAULT_SEED)]
+    pub seed: u64,
+    /// Untimed calls before timing.
+    #[arg(long, default_value_t = config::DEFAULT_WARMUP)]
+    pub warmup: usize,
+    /// Keep warming up (untimed) for at least this many seconds after the --warmup calls.
+    #[arg(long, default_value_t = config::DEFAULT_WARMUP_S)]
+    pub warmup_s: f64,
+    /// Timed calls before the spread may stop the timing (at least 3 for that).
+    #[arg(long, default_value_t = config::DEFAULT_MIN_REPS)]
+    pub min_reps: usize,
+    /// Most timed calls.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_REPS)]
+    pub max_reps: usize,
+    /// Time cap for the timed repetitions, in seconds.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_TIME_S)]
+    pub max_time_s: f64,
+    /// Emulated device memory, e.g. 8GiB: a case predicted to need more is `oom`, not run
+    /// [default: unlimited].
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// Query rows sampled for the error when checking all rows is too costly.
+    #[arg(long, default_value_t = config::DEFAULT_ERROR_ROWS)]
+    pub error_rows: usize,
+    /// Load q.npy, k.npy, v.npy from DIR ([batch, heads, seq, head_dim]; f32, f16,
+    /// bf16 as u16 bits, or f64) instead of generating inputs.
+    #[arg(long, value_name = "DIR")]
+    pub inputs: Option<PathBuf>,
+    /// Write the inputs used to DIR as q.npy, k.npy, v.npy.
+    #[arg(long, value_name = "DIR")]
+    pub save_inputs: Option<PathBuf>,
+    /// Write the output (f32, [batch, heads, seq_q, head_dim]) to FILE.npy.
+    #[arg(long, value_name = "FILE")]
+    pub save_output: Option<PathBuf>,
+}
+
+pub fn command(args: &RunArgs) -> Result<()> {
     let usage = |m: String| Error::Usage(m);
     for (flag, v) in [
         ("--seq-len", args.seq_len),

@@ -12,14 +12,14 @@ use crate::variant::Registry;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-use super::cost::{ring_decode, tree_decode, Compute, Latency, Problem};
-use super::formulas::{self, Dims};
-use super::markdown::{count, seconds, table, tokens};
 use super::svg::{line_chart, Series};
-use super::topology::Gpu;
 use crate::backend::cpu::decode::KV_BLOCK;
 use crate::config::{CheckShape, ComputeSpec, ModelConfig};
 use crate::error::{Error, Result};
+use crate::model::cost::{ring_decode, tree_decode, Compute, Latency, Problem};
+use crate::model::formulas::{self, Dims};
+use crate::model::markdown::{count, seconds, table, tokens};
+use crate::model::topology::Gpu;
 use crate::problem::{DType, InputDist, Inputs, Shape};
 use crate::results::record::Record;
 use crate::sim::plan::Allreduce;

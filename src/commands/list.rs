@@ -1,5 +1,7 @@
 //! `attnbench list`: the variant registry, the devices found on this machine, the dtypes.
 
+use clap::Args;
+
 use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::Path;
@@ -7,6 +9,32 @@ use crate::problem::VariantId;
 use crate::problem::{DType, Mode};
 use crate::run::cuda_unavailable_reason;
 use crate::variant::Registry;
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Print only the CPU kernel path this machine runs (avx512-bf16, avx512, avx2 or
+    /// portable), e.g. to pick the CI baseline measured on the same path.
+    #[arg(long)]
+    pub kernel_path: bool,
+    /// Print only this machine's key: CPU vendor, family, model and kernel path (e.g.
+    /// intel-6-85-avx512), the name of its CI baseline directory.
+    #[arg(long, conflicts_with = "kernel_path")]
+    pub machine_key: bool,
+}
+
+pub fn command(a: &ListArgs) -> crate::error::Result<()> {
+    // Under mpirun, rank 0 speaks for all.
+    if crate::dist::is_root() {
+        if a.kernel_path {
+            println!("{}", Isa::detect().name());
+        } else if a.machine_key {
+            println!("{}", crate::results::meta::machine_key());
+        } else {
+            print!("{}", list());
+        }
+    }
+    Ok(())
+}
 
 pub fn list() -> String {
     let mut s = String::from("variants:\n");

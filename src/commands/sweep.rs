@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::SweepArgs;
 use crate::config::Config;
 use crate::dist;
 use crate::error::{Error, Result};
@@ -31,8 +30,57 @@ use crate::run::extrapolate::Extrapolation;
 use crate::run::interleave;
 use crate::run::{run_case, GpuSettings, Settings, INTERRUPTED};
 use crate::units;
+use clap::Args;
 
 use crate::results::{CSV_NAME, META_NAME, SAMPLES_NAME};
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// The sweep config (TOML); see README "Config reference".
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Output directory [default: results/<run name>].
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Override a key of the config: an axis (`seq_len=1024,2048`, `seq_len=pow2:8:12`), or
+    /// a `run.`, `report.` or `model.` key (`run.max_time_s=0.5`). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUES")]
+    pub sets: Vec<String>,
+    /// Print the number of cases and the grid, run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: print the resolved config, then every case (with its case_id, flops
+    /// and io_bytes), one JSON object per line: what the peer scripts (scripts/peers/) read.
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
+    /// Continue an interrupted sweep: skip cases already in DIR/runs.csv.
+    #[arg(long, conflicts_with = "force")]
+    pub resume: bool,
+    /// Replace the results already in DIR: what a sweep writes there (runs.csv, samples.csv,
+    /// meta.json, the derived tables and report/) is deleted first; other files stay.
+    #[arg(long)]
+    pub force: bool,
+    /// Do not write the report (DIR/report/) at the end; `attnbench report DIR` makes it later.
+    #[arg(long)]
+    pub no_report: bool,
+    /// MPI variants: seconds one exchange or collective may take before every rank is
+    /// aborted with a message (a rank died, hung or diverged).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::dist::DEFAULT_TIMEOUT_S)]
+    pub mpi_timeout: f64,
+    /// Test hook: `stall:RANK` (the rank stops answering) or `die:RANK` (it exits) at its
+    /// first exchange.
+    #[arg(long, value_name = "FAULT", hide = true)]
+    pub mpi_test_fault: Option<crate::dist::Fault>,
+}
+
+/// The `sweep` command: MPI settings, then the sweep.
+pub fn command(a: &SweepArgs) -> Result<()> {
+    crate::dist::set_timeout(a.mpi_timeout);
+    if let Some(f) = a.mpi_test_fault {
+        crate::dist::set_fault(f);
+    }
+    sweep(a)
+}
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
@@ -241,7 +289,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         units::seconds_3dp(started.elapsed().as_secs_f64())
     );
     if !INTERRUPTED.load(Ordering::Relaxed) {
-        for p in crate::model::write_results(&dir, &config, &csv_path)? {
+        for p in crate::report::derived::write_results(&dir, &config, &csv_path)? {
             println!("wrote {}", p.display());
         }
     }
@@ -395,7 +443,9 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<DirLock> {
         // The derived files and report/ go only with the run they derive from: in a
         // directory that holds no run, a `report/` is the user's own.
         let holds_run = dir.join(CSV_NAME).is_file() || dir.join(META_NAME).is_file();
-        let derived = crate::model::DERIVED_FILES.iter().filter(|_| holds_run);
+        let derived = crate::report::derived::DERIVED_FILES
+            .iter()
+            .filter(|_| holds_run);
         for name in [CSV_NAME, META_NAME, SAMPLES_NAME].iter().chain(derived) {
             let p = dir.join(name);
             if p.is_file() {

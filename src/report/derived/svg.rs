@@ -68,7 +68,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
             "<line x1=\"{xp:.1}\" x2=\"{xp:.1}\" y1=\"{top}\" y2=\"{}\" stroke=\"#eee\"/><text x=\"{xp:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
             top + ph,
             top + ph + 16.0,
-            super::markdown::tokens(x as usize)
+            crate::model::markdown::tokens(x as usize)
         );
     }
     s += &format!(

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::markdown::{seconds, table};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
+use crate::model::markdown::{seconds, table};
 use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "decode.md";

@@ -1,0 +1,126 @@
+//! `attnbench compare`: two results directories case by case, the CI regression gate
+//! (`crate::compare`).
+
+use clap::builder::PossibleValue;
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+use crate::compare::normalize::Normalize;
+use crate::compare::{self, Options, MIN_BOOTSTRAP};
+use crate::config::ByteSize;
+use crate::error::{Error, Result};
+use crate::results::compared::{self, Run};
+
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct CompareArgs {
+    /// The reference run: a results directory or its runs.csv.
+    #[arg(value_name = "BASELINE")]
+    pub baseline: PathBuf,
+    /// The run to judge: a results directory or its runs.csv.
+    #[arg(value_name = "CURRENT")]
+    pub current: PathBuf,
+    /// Relative time change that counts: slower when the whole 95% interval of the ratio of
+    /// medians is above 1 + T, faster when it is below 1 / (1 + T).
+    #[arg(long, default_value_t = 0.10, value_name = "T")]
+    pub time_threshold: f64,
+    /// Memory overhead increase tolerated beyond the built-in allowance (2 KiB, plus one GEMM
+    /// packing buffer per extra thread), e.g. 0, 4096 or 1MiB.
+    #[arg(long, default_value = "0", value_name = "BYTES")]
+    pub mem_threshold: ByteSize,
+    /// Error regression: max_abs_err grew by more than this factor and is above the dtype's
+    /// tolerance.
+    #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+    pub err_threshold: f64,
+    /// Express times in units of each run's calibrated SGEMM seconds per GFLOP (meta.json), or
+    /// of each case's machine-speed probe measured with it (`probe`: divides out a shared
+    /// machine's slow stretches case by case), before comparing [default: calibration when
+    /// the two runs' machines differ, else none].
+    #[arg(long, value_enum)]
+    pub normalize: Option<Normalize>,
+    /// Exit 4 when some time verdicts are unclear (and nothing regressed).
+    #[arg(long)]
+    pub fail_on_unclear: bool,
+    /// Show the time verdicts but let none of them fail the comparison: for a baseline
+    /// measured at another hour or on another machine, where `attnbench ab` (both builds
+    /// timed in one run) gates time instead. Memory, error and status still gate.
+    #[arg(long, conflicts_with = "fail_on_unclear")]
+    pub no_time_gate: bool,
+    /// Print the comparison as JSON instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// Bootstrap resamples per case for the interval.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub bootstrap: usize,
+    /// Seed of the bootstrap's random numbers (the verdicts are deterministic for a seed).
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+}
+
+/// The normalizations as command-line values.
+impl ValueEnum for Normalize {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Normalize::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()).help(self.help()))
+    }
+}
+
+/// The `compare` command: load, compare, print, and return the exit code.
+pub fn command(args: &CompareArgs) -> Result<i32> {
+    let opts = options(args)?;
+    let baseline = compared::load(&args.baseline, "baseline")?;
+    let current = compared::load(&args.current, "current")?;
+    for note in [&baseline.note, &current.note].into_iter().flatten() {
+        eprintln!("note: {note}");
+    }
+    let file = |r: &Run| r.csv_path.canonicalize().ok();
+    if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
+        eprintln!(
+            "note: the baseline and the current run are the same file ({}): every case \
+             compares with itself",
+            current.csv_path.display()
+        );
+    }
+    let c = compare::compare(&baseline, &current, &opts)?;
+    if args.json {
+        println!("{}", compare::render::json(&c)?);
+    } else {
+        print!("{}", compare::render::markdown(&c));
+    }
+    Ok(c.exit_code)
+}
+
+/// The comparison's options from the flags, checked.
+fn options(a: &CompareArgs) -> Result<Options> {
+    if !(a.time_threshold.is_finite() && a.time_threshold > 0.0) {
+        return Err(Error::Usage(format!(
+            "--time-threshold must be a positive fraction such as 0.10, got {}",
+            a.time_threshold
+        )));
+    }
+    if !(a.err_threshold.is_finite() && a.err_threshold >= 1.0) {
+        return Err(Error::Usage(format!(
+            "--err-threshold must be a growth factor >= 1 such as 2, got {}",
+            a.err_threshold
+        )));
+    }
+    if a.bootstrap < MIN_BOOTSTRAP {
+        return Err(Error::Usage(format!(
+            "--bootstrap must be at least {MIN_BOOTSTRAP} resamples, got {}",
+            a.bootstrap
+        )));
+    }
+    Ok(Options {
+        time_threshold: a.time_threshold,
+        mem_threshold_bytes: a.mem_threshold.bytes(),
+        err_factor: a.err_threshold,
+        normalize: a.normalize,
+        fail_on_unclear: a.fail_on_unclear,
+        time_gate: !a.no_time_gate,
+        bootstrap: a.bootstrap,
+        seed: a.seed,
+    })
+}

@@ -1,0 +1,36 @@
+//! `attnbench report`: tables, plots and derived files from a results directory
+//! (`crate::report::generate`).
+
+use clap::builder::PossibleValue;
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+use crate::report::plot::Format;
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results directory (holding runs.csv and, optionally, meta.json).
+    #[arg(value_name = "RESULTS_DIR")]
+    pub dir: PathBuf,
+    /// Plot formats, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "png,svg")]
+    pub format: Vec<Format>,
+    /// Output directory [default: RESULTS_DIR/report].
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// The plot formats as command-line values (`png`, `svg`).
+impl ValueEnum for Format {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Format::Png, Format::Svg]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.ext()))
+    }
+}
+
+pub fn command(a: &ReportArgs) -> crate::error::Result<()> {
+    crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format)
+}

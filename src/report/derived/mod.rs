@@ -1,0 +1,51 @@
+//! The files a sweep derives from its rows beside `runs.csv`: `decode.md` (decode
+//! bandwidth tables), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
+//! `[model]`, the Tree-vs-Ring reproduction (`tree_vs_ring.md`, its CSVs and SVG, which
+//! simulate the counted communication and probe this machine's compute rate). O(rows) plus
+//! the simulations `tree_vs_ring` names.
+
+pub mod bpt_tables;
+pub mod decode_tables;
+pub mod probe;
+pub mod svg;
+pub mod tree_vs_ring;
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::error::Result;
+
+/// The names of every file [`write_results`] may write beside the CSV (a `--force` sweep
+/// removes them, so none is left from the run it replaces).
+pub const DERIVED_FILES: [&str; 6] = [
+    decode_tables::MARKDOWN,
+    bpt_tables::MARKDOWN,
+    tree_vs_ring::MARKDOWN,
+    tree_vs_ring::COUNTS_CSV,
+    tree_vs_ring::LATENCY_CSV,
+    tree_vs_ring::PLOT,
+];
+
+/// The derived files of a finished sweep in `dir`, from its `runs.csv`: `decode.md` when it
+/// has decode rows, the Tree-vs-Ring files when the config has `[model]`. Returns the
+/// paths written.
+pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
+    let records = crate::model::read_records(csv)?;
+    let mut paths = Vec::new();
+    paths.extend(decode_tables::write(dir, &records)?);
+    paths.extend(bpt_tables::write(
+        dir,
+        &records,
+        config.run.model_layers,
+        config.run.memory_budget.map(|b| b.0),
+    )?);
+    if let Some(model) = &config.model {
+        paths.extend(tree_vs_ring::write(
+            dir,
+            model,
+            config.run.threads,
+            &records,
+        )?);
+    }
+    Ok(paths)
+}
