@@ -6,7 +6,8 @@ use predicates::prelude::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The CSV header as the README documents it (the contract scripts depend on).
+/// The CSV header as docs/reference/results-format.md documents it (the contract scripts
+/// depend on).
 const DOCUMENTED_HEADER: &str = "run,case_id,variant,device,dtype,mode,batch,heads,kv_heads,\
 seq_q,seq_kv,head_dim,q_chunk,kv_chunk,causal,window,devices,threads,status,reason,reps,\
 time_median_s,time_min_s,time_max_s,time_mad_s,mem_overhead_bytes,mem_predicted_bytes,\
@@ -114,13 +115,14 @@ fn tiny_sweep_writes_documented_csv_one_row_per_case_and_resume_adds_nothing() {
 }
 
 #[test]
-fn readme_documents_every_csv_column() {
-    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+fn results_format_documents_every_csv_column() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/results-format.md");
+    let doc = fs::read_to_string(&path).expect("docs/reference/results-format.md");
     for col in DOCUMENTED_HEADER.split(',') {
         assert!(
-            readme.contains(&format!("`{col}`")),
-            "README lacks column `{col}`"
+            doc.contains(&format!("| `{col}` |")),
+            "{} lacks column `{col}`",
+            path.display()
         );
     }
 }
