@@ -172,7 +172,7 @@ impl FromStr for Device {
 }
 
 /// Distribution of the generated inputs. `uniform` is U[0, 1): Rabe–Staats give no range,
-/// and this is the choice recorded in REPRODUCTION.md.
+/// and this is the choice recorded in docs/papers.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum InputDist {
@@ -321,7 +321,7 @@ impl Shape {
         v.clamp(0, self.seq_kv as i64) as usize
     }
     /// Keys `lo..hi` that query row `row` attends to: the causal bound of `visible_keys`,
-    /// and with a sliding window only the last `window` of those (seed 003, "Sliding window
+    /// and with a sliding window only the last `window` of those (Transformers Inference Optimization Toolset, "Sliding window
     /// attention"; for a non-causal row, the last `window` keys of the sequence).
     pub fn key_range(&self, causal: bool, window: Option<usize>, row: usize) -> Range<usize> {
         let hi = self.visible_keys(causal, row);

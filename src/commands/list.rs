@@ -123,7 +123,7 @@ pub fn list() -> String {
                 crate::dist::rank(),
                 crate::dist::size()
             ),
-            (true, false) => "built in; the -mpi variants run under `mpirun -np P` with devices = P (README \"On real devices: MPI\")".to_string(),
+            (true, false) => "built in; the -mpi variants run under `mpirun -np P` with devices = P (docs/guide/mpi.md)".to_string(),
             (false, false) => crate::dist::unavailable(1).unwrap_or_default(),
         }
     );

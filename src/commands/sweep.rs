@@ -36,7 +36,7 @@ use crate::results::{CSV_NAME, META_NAME, SAMPLES_NAME};
 
 #[derive(Debug, Args)]
 pub struct SweepArgs {
-    /// The sweep config (TOML); see README "Config reference".
+    /// The sweep config (TOML); see docs/reference/config.md.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: PathBuf,
     /// Output directory [default: results/<run name>].

@@ -1,5 +1,5 @@
-//! `[model]`: the Ring-vs-Tree decode model a sweep also writes (seed 004 Sec. 6;
-//! REPRODUCTION.md 1.3, 2.8): the α–β topology (a preset, with any parameter overridden),
+//! `[model]`: the Ring-vs-Tree decode model a sweep also writes (Shyam et al. Sec. 6;
+//! docs/papers.md, Shyam et al., 2.8): the α–β topology (a preset, with any parameter overridden),
 //! the compute term (a GPU roofline or a probe on this machine), the (devices, tokens) grid
 //! of predictions, the decode shape, the allreduce of the tree, and the scaled-down shapes
 //! whose simulated counts are checked against eqs. (8)-(14). Errors name `model.KEY`.
@@ -59,7 +59,7 @@ pub const DEFAULT_TOKENS: [usize; 7] = [
 ];
 /// Probe length of the measured compute term.
 pub const DEFAULT_PROBE_TOKENS: usize = 32_768;
-/// Scaled-down versions of REPRODUCTION.md's fixtures (640k on 8 and 5.12M on 128 devices,
+/// Scaled-down versions of docs/papers.md's fixtures (640k on 8 and 5.12M on 128 devices,
 /// t divided by 64 and 1000) and two ragged small shapes.
 pub const DEFAULT_CHECK: [CheckShape; 4] = [
     CheckShape {

@@ -30,7 +30,7 @@ pub struct PaperRow {
 }
 
 /// A printed cell, read. Sizes use the paper's units, which are binary: "KB" is KiB, "MB"
-/// MiB, "GB" GiB (REPRODUCTION.md 1.1: inputs+outputs = 640 n bytes fits every cell).
+/// MiB, "GB" GiB (docs/papers.md, Rabe & Staats: inputs+outputs = 640 n bytes fits every cell).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Cell {
     Bytes(f64),

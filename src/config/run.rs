@@ -11,7 +11,7 @@ use super::source::{Section, Source};
 use crate::error::Result;
 use crate::problem::VariantId;
 
-/// Resolved `[run]` table. Times are seconds; see DESIGN.md "Definitions" for the stopping
+/// Resolved `[run]` table. Times are seconds; see docs/methodology.md for the stopping
 /// rule these parameters drive.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunConfig {

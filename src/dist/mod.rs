@@ -1,5 +1,5 @@
-//! Attention across real devices (issue 10): Ring Attention (Liu et al. 2023; REPRODUCTION.md
-//! 2.6) and Tree Attention decoding (seed 004 Algorithm 3; REPRODUCTION.md 2.7) with one MPI
+//! Attention across real devices (issue 10): Ring Attention (Liu et al. 2023; docs/papers.md
+//! 2.6) and Tree Attention decoding (Shyam et al. Algorithm 3; docs/papers.md, Shyam et al.) with one MPI
 //! rank per device, through rsmpi behind the `mpi` feature. Each rank holds its own shard and
 //! runs the same local kernels as the simulation (`sim::local`); messages go through MPI
 //! (`link`: nonblocking operations polled against a deadline, so a rank that dies or hangs
@@ -110,13 +110,13 @@ fn launched_ranks() -> Option<usize> {
 pub fn unavailable(devices: usize) -> Option<String> {
     if !cfg!(feature = "mpi") {
         return Some(
-            "this attnbench was built without the `mpi` feature (cargo build --release --features mpi; README \"Attention across devices\")"
+            "this attnbench was built without the `mpi` feature (cargo build --release --features mpi; docs/guide/mpi.md)"
                 .into(),
         );
     }
     match WORLD.get() {
         None => Some(format!(
-            "MPI variants run one rank per device: start with `mpirun -np {devices} attnbench ...` (README \"Attention across devices\")"
+            "MPI variants run one rank per device: start with `mpirun -np {devices} attnbench ...` (docs/guide/mpi.md)"
         )),
         Some(&(_, n)) if n != devices => Some(format!(
             "devices = {devices} but mpirun started {n} rank(s): one rank per device (--set devices={n})"

@@ -1,4 +1,4 @@
-//! Ring Attention with one MPI rank per device (Liu et al. 2023; REPRODUCTION.md 2.6): rank
+//! Ring Attention with one MPI rank per device (Liu et al. 2023; docs/papers.md, Other sources (Ring Attention)): rank
 //! i holds key/value shard i (contiguous, t = N/p), and in p steps folds the shard it holds
 //! into its running (acc, max, sum) with the simulation's kernels (`sim::local`), while the
 //! shard already travels on: each step posts a nonblocking send of the shard to rank i + 1

@@ -1,5 +1,5 @@
-//! Tree Attention decoding with one MPI rank per device (seed 004 Algorithm 3;
-//! REPRODUCTION.md 2.7): q from the last rank to all; local flash attention over the rank's
+//! Tree Attention decoding with one MPI rank per device (Shyam et al. Algorithm 3;
+//! docs/papers.md, Shyam et al.): q from the last rank to all; local flash attention over the rank's
 //! own shard gives (o, lse) (the simulation's kernels, `sim::local`); then m =
 //! Allreduce(max, lse), n = o e^(lse - m), d = e^(lse - m), Allreduce(sum) of n and of d,
 //! z = n / d. `library` runs MPI_Ibcast and MPI_Iallreduce (the library chooses the

@@ -1,6 +1,6 @@
 //! A transformer layer (GPT block: pre-LN, QKV projection, causal attention, output
 //! projection, residual, LN, GELU FFN with n_inner = 4h, residual) in the three memory
-//! designs BPT compares (seed 002 Sec. 3 and Algorithm 1; REPRODUCTION.md 1.2, 2.3):
+//! designs BPT compares (Liu & Abbeel Sec. 3 and Algorithm 1; docs/papers.md, Liu & Abbeel, 2.3):
 //! vanilla, memory-efficient and blockwise parallel. Forward 24*b*s*h^2 FLOPs plus
 //! attention. Arithmetic is f32; with a bf16 or f16 case the attention operands Q, K, V are
 //! stored in that dtype (K and V of every token are BPT's largest buffers) and the
@@ -21,7 +21,7 @@ use rayon::prelude::*;
 pub use crate::problem::Design;
 use crate::problem::{Case, InputDist};
 
-/// The static share of a `layers`-deep model beside the measured layer (REPRODUCTION.md
+/// The static share of a `layers`-deep model beside the measured layer (docs/papers.md
 /// 1.2, "inferred floor"): 16 bytes per parameter (weights, gradients and two Adam moments)
 /// for every layer, and the checkpointed inputs of the other layers (4 bytes per value).
 pub fn static_bytes(case: &Case, layers: usize) -> u64 {

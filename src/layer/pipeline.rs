@@ -1,5 +1,5 @@
 //! The GPT block's forward and its checkpointed forward + backward, block by block as a
-//! `Plan` says (seed 002 Algorithm 1 for BPT; one whole-sequence block for vanilla and
+//! `Plan` says (Liu & Abbeel Algorithm 1 for BPT; one whole-sequence block for vanilla and
 //! memory-efficient). Attention runs on the registry's `naive` or `flash` kernels (their
 //! backward passes included); everything else is row-wise and GEMMs. Cost: forward
 //! 24*b*s*h^2 + attention FLOPs; a training step recomputes the forward before its backward.

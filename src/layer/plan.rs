@@ -1,7 +1,7 @@
 //! How a layer design runs a case: query blocks, the attention kernel, every buffer it
 //! allocates, and from those the exact memory prediction. Vanilla and memory-efficient run
 //! one block of the whole sequence (their activations are full-sequence); BPT runs blocks of
-//! `q_chunk` rows of one sequence (seed 002 Algorithm 1). O(blocks) arithmetic.
+//! `q_chunk` rows of one sequence (Liu & Abbeel Algorithm 1). O(blocks) arithmetic.
 
 use crate::algorithm::{Saved, Variant};
 use crate::backend::cpu::isa::Isa;

@@ -9,7 +9,7 @@
 //! Why: on a shared VM the same build runs some stretches of seconds 1.3x to 2x slower
 //! (a sibling hyperthread or neighbour loading the core), and a start-of-sweep calibration
 //! cannot see them. A pure register-FMA loop does not slow down in those stretches; this
-//! probe's loads and FMAs do, as the kernels' do (README, "Comparing runs", has the
+//! probe's loads and FMAs do, as the kernels' do (docs/methodology.md, "Probe-normalized time", has the
 //! measurement). `compare --normalize probe` divides each case's times by it.
 //!
 //! The probe is not attnbench's own tile code on purpose: a change to the kernels must not

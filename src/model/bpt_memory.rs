@@ -1,5 +1,5 @@
-//! The Blockwise Parallel Transformer's activation-memory analysis (seed 002 Sec. 3.1;
-//! REPRODUCTION.md 1.2) and a whole-model memory estimate for the largest trainable context
+//! The Blockwise Parallel Transformer's activation-memory analysis (Liu & Abbeel Sec. 3.1;
+//! docs/papers.md, Liu & Abbeel) and a whole-model memory estimate for the largest trainable context
 //! (Table 2's question). Per layer, in bytes with the paper's 2-byte activations:
 //! vanilla attention 11bsh + 5bs^2a, vanilla FFN 19bsh (8bsh checkpointed), memory-efficient
 //! 2bsh + 8bsh, BPT 2bsh. O(1) arithmetic.
@@ -8,7 +8,7 @@ use serde::Serialize;
 
 pub use crate::problem::Design;
 
-/// GPT shapes of BPT's Table 1 (seed 002 lines 179–187).
+/// GPT shapes of BPT's Table 1 (Liu & Abbeel).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct GptShape {
     pub name: &'static str,

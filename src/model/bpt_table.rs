@@ -23,7 +23,7 @@ pub fn render(q: &Query) -> String {
     let mut out = format!(
         "# BPT memory model: {} ({} layers, d_model {}, {} heads; {:.2e} parameters by 12Lh^2 + Vh, paper label {:.1e})\n\n\
          Batch {}, block {}, {}-byte activations (the paper's Sec. 3.1 assumes 2; its GPU runs were fp32 = 4). \
-         Formulas: seed 002 Sec. 3.1. Whole-model memory = 16 B/param (weights, grads, Adam) + L saved layer inputs \
+         Formulas: Liu & Abbeel Sec. 3.1. Whole-model memory = 16 B/param (weights, grads, Adam) + L saved layer inputs \
          + one layer's working set + logits (f32; BPT blockwise).\n\n",
         m.name, m.layers, m.d_model, m.heads, m.params(), m.params_label, q.batch, q.block, q.act_bytes
     );

@@ -1,4 +1,4 @@
-//! Predicted decode latency of Ring and Tree Attention (REPRODUCTION.md 2.8): the
+//! Predicted decode latency of Ring and Tree Attention (docs/papers.md, Shyam et al.): the
 //! communication of each algorithm is its own schedule (`sim::plan`, the one the simulator
 //! runs), priced round by round with the α–β links of a two-level topology (a round lasts as
 //! long as its slowest message); the compute term T_comp(t) of one device's shard is a
@@ -156,7 +156,7 @@ mod tests {
         Compute::Roofline(Gpu::named("h100").unwrap())
     }
 
-    /// Pricing the schedules reproduces REPRODUCTION.md 2.8's closed forms.
+    /// Pricing the schedules reproduces docs/papers.md, Shyam et al.'s closed forms.
     #[test]
     fn priced_plans_equal_the_closed_forms() {
         let topo = Topology::preset("dgx-h100").unwrap();

@@ -1,4 +1,4 @@
-//! `attnbench model fit`: calibrates the α–β link model (REPRODUCTION.md 2.8; `topology::Link`)
+//! `attnbench model fit`: calibrates the α–β link model (docs/papers.md, Shyam et al.; `topology::Link`)
 //! from measured MPI runs. Each counted row gives one rank's communication: `comm_steps`
 //! rounds (α each, latency) and `comm_max_device_bytes` bytes (1/β each, bandwidth), against
 //! its measured `comm_time_min_s` (the rank that waited least for its peers, so closest to

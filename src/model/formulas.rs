@@ -1,5 +1,5 @@
 //! The Tree Attention paper's peak-memory and communication-volume formulas, eqs. (8)-(14)
-//! (seed 004 Sec. 6.2-6.3; REPRODUCTION.md 1.3), in tensor elements, for one decode query
+//! (Shyam et al. Sec. 6.2-6.3; docs/papers.md, Shyam et al.), in tensor elements, for one decode query
 //! per sequence, d = d_h·n_h and t = N/p. Eq. (10) is per ring iteration summed over the
 //! devices (= 2·b·N·d for any p); eqs. (12) and (14) are per device. O(1) each.
 
@@ -65,7 +65,7 @@ pub fn v_tree_total(x: &Dims) -> u64 {
 mod tests {
     use super::*;
 
-    /// REPRODUCTION.md 1.3's fixtures: b = 1, n_h = 16, d_h = 128.
+    /// docs/papers.md, Shyam et al.'s fixtures: b = 1, n_h = 16, d_h = 128.
     #[test]
     fn paper_fixtures() {
         let a = Dims {

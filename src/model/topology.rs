@@ -1,7 +1,7 @@
-//! The α–β link model of a two-level cluster (REPRODUCTION.md 2.8): devices grouped in
+//! The α–β link model of a two-level cluster (docs/papers.md, Shyam et al.): devices grouped in
 //! nodes; a message of m bytes costs α + m/β on the link between its two devices, the
 //! intra-node link (NVLink, PCIe) inside a node and the inter-node one (InfiniBand) across.
-//! Presets for the paper's DGX H100 cluster (seed 004 Sec. 6.1) and a PCIe pair (its App.
+//! Presets for the paper's DGX H100 cluster (Shyam et al. Sec. 6.1) and a PCIe pair (its App.
 //! C.3), and rooflines of named GPUs for the compute term. O(1) per query.
 
 use serde::Serialize;
@@ -117,7 +117,7 @@ mod tests {
         let t = Topology::preset("dgx-h100").unwrap();
         assert_eq!(t.link(0, 7), t.intra);
         assert_eq!(t.link(7, 8), t.inter);
-        // REPRODUCTION.md 1.3: 655 MB over NVLink at 450 GB/s is about 1.5 ms.
+        // docs/papers.md, Shyam et al.: 655 MB over NVLink at 450 GB/s is about 1.5 ms.
         assert!((t.intra.seconds(655e6) - 1.46e-3).abs() < 0.01e-3);
         assert!(Topology::preset("nvl72").is_none());
         assert_eq!(Gpu::named("h100").map(|g| g.hbm_bytes_per_s), Some(3.35e12));

@@ -1,8 +1,8 @@
 //! Derived checks of the Rabe–Staats reproduction, each a PASS/FAIL with its figures:
 //! the overhead ratio standard / memory-efficient at n = 16384 (abstract: 59x), the fitted
 //! log-log slope of the memory-efficient overhead with kv_chunk = ⌈√n⌉ (O(√n): 0.5 ± 0.05,
-//! REPRODUCTION.md 1.1), the paper's error bound at n = 16384 (max |rabe-staats - naive| on
-//! the same inputs: 1.5e-7 normal, 6.5e-7 uniform; seed 001 L307–310) and the OOM pattern
+//! docs/papers.md, Rabe & Staats), the paper's error bound at n = 16384 (max |rabe-staats - naive| on
+//! the same inputs: 1.5e-7 normal, 6.5e-7 uniform; Rabe & Staats) and the OOM pattern
 //! under the 8 GiB budget. A check without the rows it needs says so (n/a), never passes.
 
 use std::fmt;
@@ -17,7 +17,7 @@ pub const CHECK_N: usize = 16384;
 /// The ratio passes within this factor of the paper's: the same order, allowing for a
 /// different allocator and the bf16 -> f32 widening buffers.
 pub const RATIO_FACTOR: f64 = 1.5;
-/// O(√n): slope 0.5 ± 0.05 over 2^12 ..= 2^20 (REPRODUCTION.md 1.1).
+/// O(√n): slope 0.5 ± 0.05 over 2^12 ..= 2^20 (docs/papers.md, Rabe & Staats).
 pub const SLOPE: f64 = 0.5;
 pub const SLOPE_TOL: f64 = 0.05;
 pub const SLOPE_RANGE: (usize, usize) = (1 << 12, 1 << 20);

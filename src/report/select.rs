@@ -3,7 +3,7 @@
 //! "standard attention" is `naive`, "memory-efficient attention" is `rabe-staats` with the
 //! paper's default chunks (query 1024, key 4096, each `min(chunk, n)`), normal inputs, the
 //! table's mode (`fwd` or `fwd+bwd`), non-causal, no window. The √n check uses `rabe-staats` with
-//! kv_chunk = ⌈√n⌉ and the default query chunk (REPRODUCTION.md 1.1). When several rows
+//! kv_chunk = ⌈√n⌉ and the default query chunk (docs/papers.md, Rabe & Staats). When several rows
 //! match one n (other dtypes or thread counts in the same CSV) the first in CSV order is
 //! used, and the table says which dtypes and threads its rows have.
 

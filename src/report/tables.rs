@@ -203,7 +203,7 @@ fn rs_table(
          The paper's KB/MB/GB are binary units; ours are printed as KiB/MiB/GiB. \
          OOM: the case does not fit the budget (ours: predicted, not run). \
          {DAGGER}: time extrapolated, timed on the first query chunks and scaled by the row count \
-         (README \"Extrapolation\").\n",
+         (docs/methodology.md, \"Extrapolation\").\n",
         t.describe()
     );
     let cols = &paper.columns;
@@ -307,7 +307,7 @@ fn rs_table(
     }
 }
 
-/// Table 3's reading of the memory rows (REPRODUCTION.md 1.1).
+/// Table 3's reading of the memory rows (docs/papers.md, Rabe & Staats).
 const TABLE3_NOTE: &str =
     "\nTable 3's memory-efficient overhead grows as 1024·n·4 bytes from n = 2^14 on: XLA \
     keeps one query chunk's full score slab for the backward, so the paper's JAX \

@@ -123,7 +123,7 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
         .collect();
     if !missing.is_empty() {
         return Err(input(format!(
-            "missing column{} {} (a report needs the columns attnbench writes; see README \"CSV columns\")",
+            "missing column{} {} (a report needs the columns attnbench writes; see docs/reference/results-format.md)",
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", ")
         )));

@@ -1,5 +1,5 @@
 //! One measured case as one tidy CSV row. The column order is the CSV header: keep it
-//! stable and add new columns at the end (README documents every column and its unit).
+//! stable and add new columns at the end (docs/reference/results-format.md documents every column and its unit).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

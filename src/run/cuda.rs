@@ -1,4 +1,4 @@
-//! Runs one CUDA case in the order DESIGN.md fixes for every case: predict memory (`oom` row
+//! Runs one CUDA case in the order docs/methodology.md fixes for every case: predict memory (`oom` row
 //! over the budget) -> seeded inputs, uploaded -> warm-up and CUDA-event-timed repetitions
 //! under the same stopping rule as the CPU (optional L2 flush before each) -> one untimed
 //! checked pass (output poisoned with NaN, every launch synchronized and checked, workspace

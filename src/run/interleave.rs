@@ -5,11 +5,11 @@
 //! stopping rule stops it, so it makes the calls it would make alone. Then each case's
 //! memory probe pass and error check, as alone. The idea is Google Benchmark's random
 //! interleaving. Why: on a shared machine the same build runs stretches of seconds 1.3x to
-//! 2x slower (README, "Comparing runs"); timed in alternation, such a stretch falls on all
+//! 2x slower (docs/methodology.md, "Comparing runs"); timed in alternation, such a stretch falls on all
 //! the group's cases alike, so their ratios (one algorithm against another) compare calls
 //! made at one machine speed. Cases on different thread counts are not interleaved: on the
 //! 2-core VM a vCPU that idled through 1-thread calls often did not run for a whole
-//! 2-thread call after them (README, "What the numbers mean"). Cost: the cases' own calls,
+//! 2-thread call after them (docs/methodology.md). Cost: the cases' own calls,
 //! and the machine-speed probe once before and once after the group (`measure::probe`);
 //! each case keeps its own warm scratch buffers, so the group holds the sum of its cases'
 //! workspaces (a group predicted over the memory budget runs one case after the other).

@@ -1,4 +1,4 @@
-//! Runs one case, in the order DESIGN.md fixes: validate and predict memory (skip or `oom`
+//! Runs one case, in the order docs/methodology.md fixes: validate and predict memory (skip or `oom`
 //! with a reason, never a crash) -> seeded inputs -> warm-up and timed repetitions until the
 //! stopping rule -> one untimed pass under the memory probe -> error against the f64 oracle
 //! -> one `Record`. Kernels run inside a rayon pool of the case's thread count.

@@ -2,12 +2,12 @@
 //! each synchronous round. One schedule drives the simulated devices (`exec`), the α–β
 //! cost model (`model::cost`) and the host-memory predictions, so the three cannot drift.
 //! - ring allreduce: reduce-scatter then all-gather around the ring, 2(p-1) rounds of m/p
-//!   elements (Patarasuk & Yuan; REPRODUCTION.md 2.8);
+//!   elements (Patarasuk & Yuan; docs/papers.md, Shyam et al.);
 //! - binary-tree allreduce: binomial-tree reduce to device 0 then broadcast, 2⌈log₂p⌉
 //!   rounds of m elements;
 //! - two-level: ring reduce-scatter inside each node, a binomial-tree allreduce of each
 //!   chunk across nodes, ring all-gather inside each node (the topology-aware pattern of
-//!   seed 004 Sec. 5.3);
+//!   Shyam et al. Sec. 5.3);
 //! - binomial broadcast from any root, and the ring rotation of Ring Attention.
 //!
 //! Every allreduce sends 2(p-1)m elements in all, i.e. eq. (12)'s 2(p-1)/p·m per device on
@@ -260,7 +260,7 @@ pub fn broadcast(root: usize, p: usize, m: usize) -> Plan {
     Plan { rounds }.pruned()
 }
 
-/// Ring Attention's rotation (REPRODUCTION.md 2.6): in round s device i sends the shard it
+/// Ring Attention's rotation (docs/papers.md, Other sources (Ring Attention)): in round s device i sends the shard it
 /// holds, shard (i - s) mod p of `shard_elems[j]` elements, to device i + 1. p - 1 rounds
 /// (a forward pass needs no rotation back home).
 pub fn rotation(shard_elems: &[usize]) -> Plan {

@@ -1,4 +1,4 @@
-//! Ring Attention on simulated devices (Liu et al. 2023; REPRODUCTION.md 2.6; seed 003
+//! Ring Attention on simulated devices (Liu et al. 2023; docs/papers.md, Other sources (Ring Attention); Transformers Inference Optimization Toolset
 //! "Ring Attention" and "Stripe Attention"). Each device holds one shard of the keys and
 //! values; in p steps it folds the shard it holds into its running (o, lse), then sends
 //! that shard to device i + 1 and receives shard (i - s - 1) mod p from device i - 1

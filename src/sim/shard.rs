@@ -1,6 +1,6 @@
 //! How a sequence of n tokens is spread over p devices: contiguous blocks whose lengths
 //! differ by at most one (Ring and Tree Attention, t = n/p), or Striped Attention's stripes
-//! (token k on device k mod p; seed 003). Plus the fallible copy of a device's rows out of a
+//! (token k on device k mod p; Transformers Inference Optimization Toolset). Plus the fallible copy of a device's rows out of a
 //! `[heads, n, d]` tensor. O(rows * d) per copy.
 
 use super::plan::even_chunks;

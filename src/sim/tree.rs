@@ -1,4 +1,4 @@
-//! Tree Attention decoding on simulated devices: seed 004 Algorithm 3 (REPRODUCTION.md
+//! Tree Attention decoding on simulated devices: Shyam et al. Algorithm 3 (docs/papers.md
 //! 2.7). The query is broadcast from the last device; each device's local flash attention
 //! over its own contiguous shard gives (o, lse); then m = Allreduce(max, lse),
 //! n = o e^(lse - m), d = e^(lse - m), n_g = Allreduce(sum, n), d_g = Allreduce(sum, d),

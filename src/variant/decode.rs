@@ -2,13 +2,13 @@
 //! keys, memory-bound (kernels: `backend::cpu::decode`, `combine`). Every variant reads
 //! each cached key and value once per call, for all query heads of a GQA group at once.
 //! - `decode-naive`: materialized scores over the cache, 4·b·h·seq_q·seq_kv bytes extra;
-//! - `decode-online`: one pass, running max and sums per row (seed 001 Sec. 3), O(G·d)
+//! - `decode-online`: one pass, running max and sums per row (Rabe & Staats Sec. 3), O(G·d)
 //!   per worker;
 //! - `flash-decoding`: the attended cache cut into `splits` parts processed in parallel,
-//!   each giving (partial output, logsumexp), combined exactly (REPRODUCTION.md 2.5);
+//!   each giving (partial output, logsumexp), combined exactly (docs/papers.md, Other sources (Flash-Decoding));
 //!   extra memory splits·b·h·seq_q·(d+1) floats plus tiles.
 //!
-//! All three support a sliding `window` (seed 003) and causal masks for seq_q > 1.
+//! All three support a sliding `window` (Transformers Inference Optimization Toolset) and causal masks for seq_q > 1.
 
 use crate::backend::cpu::isa::Isa;
 use rayon::prelude::*;

@@ -1,5 +1,5 @@
 //! `layer-vanilla`, `layer-memeff`, `layer-bpt`: the GPT block in BPT's three memory
-//! designs (kernels: `crate::layer`; seed 002 Sec. 3, Algorithm 1). Activation memory per
+//! designs (kernels: `crate::layer`; Liu & Abbeel Sec. 3, Algorithm 1). Activation memory per
 //! layer: vanilla O(s^2 a + s h), memory-efficient O(s h) with a full-sequence FFN, BPT
 //! O(s h) for K and V plus O(c h) per query block.
 

@@ -1,5 +1,5 @@
 //! `ring-decode-mpi`, `ring-prefill-mpi`, `tree-decode-mpi`, `tree-decode-mpi-explicit`:
-//! Ring Attention (REPRODUCTION.md 2.6) and Tree Attention decoding (seed 004 Algorithm 3)
+//! Ring Attention (docs/papers.md, Other sources (Ring Attention)) and Tree Attention decoding (Shyam et al. Algorithm 3)
 //! with one MPI rank per device (`dist`; issue 10), the same algorithms and kernels as the
 //! simulated `ring-decode`, `ring-prefill`, `tree-decode`. `tree-decode-mpi` leaves the
 //! broadcast and the allreduces to the MPI library (MPI_Ibcast, MPI_Iallreduce: its own

@@ -1,5 +1,5 @@
 //! `rabe-staats` (Figure 1: chunked, per-chunk summaries) and `rabe-staats-seq` (the O(1)
-//! single-query loop), seed 001 (kernels: `backend::cpu::chunked`).
+//! single-query loop), Rabe & Staats (kernels: `backend::cpu::chunked`).
 
 use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::chunked as kernel;

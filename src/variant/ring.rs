@@ -1,5 +1,5 @@
 //! `ring-decode`, `ring-prefill`, `stripe-prefill`: Ring Attention over `devices`
-//! simulated devices (simulator: `sim::ring`; REPRODUCTION.md 2.6, seed 003). The key/value
+//! simulated devices (simulator: `sim::ring`; docs/papers.md, Other sources (Ring Attention), Transformers Inference Optimization Toolset). The key/value
 //! shards rotate around the ring in p steps, each device folding the visiting shard into
 //! its running online-softmax state; striped placement puts token k on device k mod p. Host memory:
 //! the devices' copies (`sim::ring::Spec::host_bytes`); per-device memory and

@@ -1,5 +1,5 @@
 //! `tree-decode`: Tree Attention decoding over `devices` simulated devices (simulator:
-//! `sim::tree`; seed 004 Algorithm 3, REPRODUCTION.md 2.7): local flash attention per
+//! `sim::tree`; Shyam et al. Algorithm 3, docs/papers.md, Shyam et al.): local flash attention per
 //! shard, then Allreduce(max) of the logsumexps and Allreduce(sum) of numerator and
 //! denominator, with the `allreduce` algorithm of the case. Host memory
 //! `sim::tree::Spec::host_bytes`; per-device memory and communication counted by the

@@ -1,4 +1,4 @@
-//! The worker protocol (DESIGN.md, "Other implementations"): a process that runs cases on
+//! The worker protocol (docs/methodology.md, "Other implementations"): a process that runs cases on
 //! request, so a driver can time it interleaved with another implementation. `protocol`
 //! holds the messages (JSON lines, versioned), `serve` is `attnbench worker` (this build
 //! answering them through the one run sequence), `client` starts a worker process and

@@ -1,4 +1,4 @@
-//! Rabe & Staats, "Self-attention does not need O(n^2) memory" (seed 001).
+//! Rabe & Staats, "Self-attention does not need O(n^2) memory" (Rabe & Staats).
 //!
 //! `forward_chunked` is Figure 1: per query chunk, every key chunk is summarized independently
 //! (exp-values E·V_j, exp-weight sums, chunk max m_j of the scores scaled by 1/sqrt(d)), all

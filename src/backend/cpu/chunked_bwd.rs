@@ -1,4 +1,4 @@
-//! Rabe & Staats memory-efficient differentiation (seed 001 Sec. 5.2; REPRODUCTION.md 2.2):
+//! Rabe & Staats memory-efficient differentiation (Rabe & Staats Sec. 5.2; docs/papers.md, Rabe & Staats):
 //! the forward keeps only Q, K, V, O; the backward recomputes each chunk instead of storing
 //! it (the checkpointing of `summarize_chunk`). Per query chunk (a parallel work item, owning
 //! its dQ rows): pass 1 over key chunks recomputes the chunk summaries (max m_j, sum w_j),

@@ -1,6 +1,6 @@
 //! Exact combination of attention over disjoint key sets from each set's (output,
 //! logsumexp): M = max_s lse_s, lse = M + ln sum_s e^(lse_s - M), O = sum_s e^(lse_s - lse) O_s
-//! (flash-decoding's `combine_attn_seqk_parallel`, REPRODUCTION.md 2.5), and the pairwise
+//! (flash-decoding's `combine_attn_seqk_parallel`, docs/papers.md, Other sources (Flash-Decoding)), and the pairwise
 //! form out -= sigmoid(lse_b - lse) (out - out_b), lse -= log sigmoid(lse - lse_b)
 //! (`llama_flash_sp.py`). A set with no visible key has lse = -inf and weight 0.
 //! O(parts * d) per row, no allocation.

@@ -1,10 +1,10 @@
 //! Attention of a block of query rows that share one key/value head (the G query heads of
 //! a GQA group times the new tokens) against a run of keys, each row with its own visible
 //! key range (causal, sliding window, shard positions). Three loop orders:
-//! - `attend`: FlashAttention-2's online softmax over key blocks (seed 003; REPRODUCTION.md
+//! - `attend`: FlashAttention-2's online softmax over key blocks (Transformers Inference Optimization Toolset; docs/papers.md
 //!   2.4), resumable from a running (acc, m, l) state, which is how split-KV flash-decoding,
 //!   ring steps and tree shards all use it;
-//! - `attend_sequential`: Rabe–Staats' one-key-at-a-time running max and sums (seed 001
+//! - `attend_sequential`: Rabe–Staats' one-key-at-a-time running max and sums (Rabe & Staats
 //!   Sec. 3);
 //! - `attend_materialized`: all scores of the rows, then softmax, then PV (the baseline).
 //!

@@ -1,4 +1,4 @@
-//! FlashAttention-2 forward loop order (Dao 2023; seed 003 "FlashAttention"): per query block
+//! FlashAttention-2 forward loop order (Dao 2023; Transformers Inference Optimization Toolset "FlashAttention"): per query block
 //! Q_i, iterate key/value blocks keeping the running row max m, sum l and the unnormalized
 //! output O; S = Q_i K_j^T, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m') l + rowsum P,
 //! O = e^(m-m') O + P V_j; one division O / l at the end. Causal: key blocks entirely above

@@ -1,4 +1,4 @@
-//! FlashAttention-2 backward from the stored row logsumexp L (Dao 2023; REPRODUCTION.md
+//! FlashAttention-2 backward from the stored row logsumexp L (Dao 2023; docs/papers.md
 //! 2.4): D = rowsum(dO * O); outer loop over key/value blocks j (the parallel work items,
 //! each owning dK_j and dV_j), inner loop over the query blocks i of every query head that
 //! shares the key/value head: P = exp(Q_i K_j^T / sqrt(d) - L_i), dV_j += P^T dO_i,

@@ -1,7 +1,7 @@
 //! Blocked single-precision GEMM, C = alpha * A * B + beta * C, on strided row-major views,
 //! via `matrixmultiply` (packed panels, SIMD microkernels with runtime dispatch). Its k-loop
 //! is blocked, so every dot product is accumulated as partial sums of a few hundred terms:
-//! this is what keeps the attention error at the level Rabe–Staats report (REPRODUCTION.md 1.1).
+//! this is what keeps the attention error at the level Rabe–Staats report (docs/papers.md, Rabe & Staats).
 //! Cost: 2*m*n*k FLOPs, no heap allocation beyond matrixmultiply's packing buffers.
 
 /// Upper bound of the packing buffers one `sgemm` call allocates (matrixmultiply packs at

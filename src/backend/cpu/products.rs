@@ -1,6 +1,6 @@
 //! The two products `naive` and Rabe–Staats (`chunked`) compute per strip of query rows, on
 //! f32 or bf16-pair operands: S = Q K^T against K^T packed in 64-key panels, and O = P V
-//! (seed 001, Figure 1's `summarize_chunk`; standard attention). Both are `tiles` GEMMs, so
+//! (Rabe & Staats, Figure 1's `summarize_chunk`; standard attention). Both are `tiles` GEMMs, so
 //! the two algorithms share them to the instruction. Cost: 2 * rows * keys * d FLOPs each.
 
 use super::isa::Isa;

@@ -18,7 +18,7 @@ pub fn row_max(row: &[f32]) -> f32 {
 
 /// Terms per partial sum of `exp_sub_sum`: the row is summed in blocks like a GEMM's
 /// K-blocked accumulation, since one sequential f32 sum over 16384 keys is too inexact for
-/// the paper's error bound (REPRODUCTION.md 1.1: sequential sums give 4.2e-7 / 6.4e-6 against
+/// the paper's error bound (docs/papers.md, Rabe & Staats: sequential sums give 4.2e-7 / 6.4e-6 against
 /// the bounds 1.5e-7 / 6.5e-7; partial sums of at most 256 terms give 4.1e-8 / 4.8e-7).
 pub const SUM_BLOCK: usize = 256;
 

@@ -1,6 +1,6 @@
 //! Byte accounting of the device allocator (live, peak, limit), pure Rust so it is tested
 //! without a device: the memory-overhead figure is `peak - live` before the probed call, as
-//! the CPU's counting allocator gives it (DESIGN.md, "Memory overhead"). O(1) per event.
+//! the CPU's counting allocator gives it (docs/methodology.md, "Memory overhead"). O(1) per event.
 
 /// Live and peak bytes of the buffers a [`Counter`]'s owner has handed out, and an optional
 /// limit (the config's memory budget emulating a smaller device).

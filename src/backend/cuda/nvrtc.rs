@@ -161,7 +161,7 @@ mod tests {
 
     /// Every embedded kernel with every define set a launcher may request, for sm_80 and
     /// sm_90, to PTX and to CUBIN (NVRTC's own ptxas: resource limits are checked). Needs only libnvrtc (a CPU library: `pip install nvidia-cuda-nvrtc` and put its
-    /// lib directory on LD_LIBRARY_PATH, see README "GPU"); skips with the reason otherwise.
+    /// lib directory on LD_LIBRARY_PATH, see docs/internals/cuda-kernels.md); skips with the reason otherwise.
     /// With `ATTNBENCH_PTXAS` naming a ptxas binary, each PTX is also assembled for its
     /// architecture, which catches register and shared-memory overruns.
     #[test]

@@ -1,5 +1,5 @@
 //! The Tree-vs-Ring decode reproduction a sweep with `[model]` writes beside its CSV
-//! (seed 004 Sec. 6; REPRODUCTION.md 1.3): the simulated communication volume and per-device
+//! (Shyam et al. Sec. 6; docs/papers.md, Shyam et al.): the simulated communication volume and per-device
 //! memory of ring and tree decode on scaled-down shapes beside eqs. (8)-(14); the α–β
 //! predicted latency for p devices and N tokens, also relative to ring at the smallest N
 //! (the paper's figure), as Markdown, CSV and SVG; the speed-up at the largest (p, N) beside
@@ -234,7 +234,7 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
     }
 }
 
-/// Counted causal work of ring vs striped prefill on p devices (seed 003 "Stripe
+/// Counted causal work of ring vs striped prefill on p devices (Transformers Inference Optimization Toolset "Stripe
 /// Attention"): total pairs, the busiest device's, and the lockstep critical path.
 #[derive(Clone, Debug, Serialize)]
 pub struct BalanceRow {
@@ -438,7 +438,7 @@ fn markdown(
     records: &[Record],
 ) -> String {
     let topo = &cfg.topology;
-    let mut s = String::from("# Tree vs Ring attention for decoding (seed 004, Sec. 6)\n\n");
+    let mut s = String::from("# Tree vs Ring attention for decoding (Shyam et al., Sec. 6)\n\n");
     s += "Written by `attnbench sweep` from the `[model]` section of the config (module \
           `src/model/tree_vs_ring.rs`) until the report command takes these tables over. \
           The machine-readable versions are `tree_vs_ring_counts.csv` and \
@@ -700,7 +700,7 @@ fn balance_markdown(rows: &[BalanceRow]) -> String {
          device past the diagonal does a full block at every step while others skip theirs; \
          with stripes (token k on device k mod p) every device does about half a block. The \
          critical path counts the busiest device's pairs per step; the blog reports about \
-         1.5x in wall time (seed 003).\n\n",
+         1.5x in wall time (Transformers Inference Optimization Toolset).\n\n",
         BALANCE_TOKENS
     );
     let body: Vec<Vec<String>> = rows

@@ -11,7 +11,7 @@
 //! packed tile (Q^T, K^T panels, P^T), so nothing but those tiles is ever copied. The K loop
 //! is cut into chunks of at most [`KC`] terms, each summed from zero in registers and then
 //! added into C (by `tiles::gemm` and `tiles::gemm_bf16`, whose tiles run one chunk each):
-//! every dot product is a sum of partial sums of <= 256 terms (REPRODUCTION.md
+//! every dot product is a sum of partial sums of <= 256 terms (docs/papers.md
 //! 1.1 shows why the error bound at n = 16384 needs this).
 
 #[cfg(target_arch = "x86_64")]
