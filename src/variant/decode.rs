@@ -36,12 +36,12 @@ enum Kind {
 
 pub struct Decode {
     kind: Kind,
-    info: VariantInfo,
+    info: &'static VariantInfo,
 }
 
 pub static DECODE_NAIVE: Decode = Decode {
     kind: Kind::Naive,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "decode-naive",
         description:
             "decode: all scores of the new queries over the cache materialized, softmax, then PV",
@@ -55,7 +55,7 @@ pub static DECODE_NAIVE: Decode = Decode {
 
 pub static DECODE_ONLINE: Decode = Decode {
     kind: Kind::Online,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "decode-online",
         description:
             "decode: one pass over the cache, key by key, running max and sums per query row",
@@ -69,7 +69,7 @@ pub static DECODE_ONLINE: Decode = Decode {
 
 pub static FLASH_DECODING: Decode = Decode {
     kind: Kind::Split,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "flash-decoding",
         description: "decode: cache cut into `splits` parts in parallel, each (partial output, logsumexp) by online softmax over key blocks, combined exactly",
         source: "Flash-Decoding (Dao et al. 2023): split-KV with an exact log-sum-exp combine",
@@ -200,11 +200,7 @@ impl Variant for Decode {
     }
 
     fn info(&self) -> &'static VariantInfo {
-        match self.kind {
-            Kind::Naive => &DECODE_NAIVE.info,
-            Kind::Online => &DECODE_ONLINE.info,
-            Kind::Split => &FLASH_DECODING.info,
-        }
+        self.info
     }
 
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {

@@ -32,12 +32,12 @@ enum Kind {
 
 pub struct Mpi {
     kind: Kind,
-    info: VariantInfo,
+    info: &'static VariantInfo,
 }
 
 pub static RING_DECODE_MPI: Mpi = Mpi {
     kind: Kind::RingDecode,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "ring-decode-mpi",
         description: "ring-decode with one MPI rank per device: q broadcast, KV shards passed to the next rank with MPI_Isend/Irecv while the current one is computed",
         source: "Shyam et al. 2024 (Tree Attention), Sec. 6: its Ring Attention decode baseline; over MPI",
@@ -50,7 +50,7 @@ pub static RING_DECODE_MPI: Mpi = Mpi {
 
 pub static RING_PREFILL_MPI: Mpi = Mpi {
     kind: Kind::RingPrefill,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "ring-prefill-mpi",
         description: "ring-prefill with one MPI rank per device: queries and KV sharded contiguously, KV passed on with MPI_Isend/Irecv while the current block is computed",
         source: "Ring Attention (Liu et al. 2023); over MPI",
@@ -63,7 +63,7 @@ pub static RING_PREFILL_MPI: Mpi = Mpi {
 
 pub static TREE_DECODE_MPI: Mpi = Mpi {
     kind: Kind::Tree,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "tree-decode-mpi",
         description: "tree-decode with one MPI rank per device: local flash attention, then MPI_Iallreduce (the library's algorithm) of max, numerator, denominator",
         source: "Shyam et al. 2024 (Tree Attention), Algorithm 3; over MPI",
@@ -76,7 +76,7 @@ pub static TREE_DECODE_MPI: Mpi = Mpi {
 
 pub static TREE_DECODE_MPI_EXPLICIT: Mpi = Mpi {
     kind: Kind::TreeExplicit,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "tree-decode-mpi-explicit",
         description: "tree-decode-mpi with the simulation's allreduce schedules (ring, binary tree, two-level) over MPI point-to-point, counted",
         source: "Shyam et al. 2024 (Tree Attention), Algorithm 3 and Sec. 5.3 (two-level allreduce); over MPI",
@@ -144,12 +144,7 @@ impl Mpi {
 
 impl Variant for Mpi {
     fn info(&self) -> &'static VariantInfo {
-        match self.kind {
-            Kind::RingDecode => &RING_DECODE_MPI.info,
-            Kind::RingPrefill => &RING_PREFILL_MPI.info,
-            Kind::Tree => &TREE_DECODE_MPI.info,
-            Kind::TreeExplicit => &TREE_DECODE_MPI_EXPLICIT.info,
-        }
+        self.info
     }
 
     fn engine(&self) -> Engine {

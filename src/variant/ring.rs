@@ -23,13 +23,13 @@ pub const PREFILL_KV_CHUNK: usize = crate::backend::cpu::flash::DEFAULT_KV_CHUNK
 pub struct Ring {
     placement: Placement,
     decode: bool,
-    info: VariantInfo,
+    info: &'static VariantInfo,
 }
 
 pub static RING_DECODE: Ring = Ring {
     placement: Placement::Contiguous,
     decode: true,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "ring-decode",
         description: "decode on p simulated devices: q broadcast, KV shards rotate around the ring in p steps, running (o, max, sum) per device",
         source: "Shyam et al. 2024 (Tree Attention), Sec. 6: its Ring Attention decode baseline",
@@ -43,7 +43,7 @@ pub static RING_DECODE: Ring = Ring {
 pub static RING_PREFILL: Ring = Ring {
     placement: Placement::Contiguous,
     decode: false,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "ring-prefill",
         description: "self-attention on p simulated devices, queries and KV sharded contiguously; KV rotates, causal blocks above the diagonal skipped",
         source: "Ring Attention (Liu et al. 2023), as in the Transformers Inference Optimization Toolset (2024)",
@@ -57,7 +57,7 @@ pub static RING_PREFILL: Ring = Ring {
 pub static STRIPE_PREFILL: Ring = Ring {
     placement: Placement::Striped,
     decode: false,
-    info: VariantInfo {
+    info: &VariantInfo {
         name: "stripe-prefill",
         description: "ring-prefill with Striped Attention's placement (token k on device k mod p): causal work balanced over devices",
         source: "Striped Attention (Brandon et al. 2023), as in the Transformers Inference Optimization Toolset (2024)",
@@ -95,11 +95,7 @@ impl Variant for Ring {
     }
 
     fn info(&self) -> &'static VariantInfo {
-        match (self.decode, self.placement) {
-            (true, _) => &RING_DECODE.info,
-            (false, Placement::Contiguous) => &RING_PREFILL.info,
-            (false, Placement::Striped) => &STRIPE_PREFILL.info,
-        }
+        self.info
     }
 
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
