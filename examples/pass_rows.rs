@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use attnbench::backend::cpu::cache;
 use attnbench::backend::cpu::isa::Isa;
-use attnbench::backend::cpu::tiles::Path;
+use attnbench::backend::cpu::tiles::ReadPath;
 use attnbench::backend::cpu::workspace::WarmCalls;
 use attnbench::problem::{InputDist, Inputs};
 use attnbench::run::{forward_with, pool};
@@ -32,7 +32,7 @@ fn main() {
         None => n,
     };
     // K and V as the kernels hold them (bf16 pairs where they multiply pairs).
-    let path = Path::of(dtype, Isa::detect(), d);
+    let path = ReadPath::of(dtype, Isa::detect(), d);
     let rule = cache::pass_rows(keys, path.kv_bytes(d, path.bf16_pv(d, false)));
     let counts: Vec<usize> = common::arg(9, "64,rule")
         .split(',')

@@ -4,7 +4,7 @@ use clap::Args;
 
 use crate::backend::cpu::cache;
 use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::tiles::Path;
+use crate::backend::cpu::tiles::ReadPath;
 use crate::problem::VariantId;
 use crate::problem::{DType, Mode};
 use crate::run::cuda_unavailable_reason;
@@ -112,8 +112,8 @@ pub fn list() -> String {
         "  cpu caches: L2 {} KiB per core, L3 {} MiB{known} (naive and rabe-staats, rows per pass over 4096 f32 keys: {} at d = 64, {} at d = 128)\n",
         cache::l2_bytes() >> 10,
         cache::l3_bytes() >> 20,
-        cache::pass_rows(4096, Path::F32.kv_bytes(64, false)),
-        cache::pass_rows(4096, Path::F32.kv_bytes(128, false)),
+        cache::pass_rows(4096, ReadPath::F32.kv_bytes(64, false)),
+        cache::pass_rows(4096, ReadPath::F32.kv_bytes(128, false)),
     );
     s += &format!(
         "  mpi   {}\n",

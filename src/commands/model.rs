@@ -89,7 +89,7 @@ fn bpt_memory(a: &BptMemoryArgs) -> crate::error::Result<()> {
     }
     print!(
         "{}",
-        crate::model::bpt_table::render(&crate::model::bpt_table::Query {
+        crate::model::bpt_calculator::render(&crate::model::bpt_calculator::Query {
             model: &model,
             seq_lens: &a.seq_len,
             batch: a.batch,

@@ -10,7 +10,7 @@ use crate::npy;
 use crate::problem::{
     Allreduce, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad, VariantId,
 };
-use crate::report::table::record_table;
+use crate::report::terminal::record_table;
 use crate::run::{run_case, skip_reason, Settings};
 use crate::variant::Registry;
 use clap::Args;

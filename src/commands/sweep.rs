@@ -20,7 +20,7 @@ use crate::measure::timer::StopRule;
 use crate::problem::{Case, Device};
 use crate::report::generate;
 use crate::report::plot::Format;
-use crate::report::table::summary_table;
+use crate::report::terminal::summary_table;
 use crate::results::durable::{self, DirLock, Tail};
 use crate::results::meta::{Meta, Resumed};
 use crate::results::record::{Record, Status};

@@ -4,8 +4,8 @@
 use crate::variant::Registry;
 use std::collections::HashSet;
 
-use super::axes::{Axes, ZipGroup};
 use super::axis::{self, Axis, AxisDefault, AxisValue};
+use super::grid::{Axes, ZipGroup};
 use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
 use crate::problem::VariantId;
 use crate::problem::{Case, Device, Shape};

@@ -6,9 +6,9 @@
 //! defaults (`run.rs`, `axes.rs`). The stored `Config` is resolved: defaults filled and pow2
 //! ranges expanded, which is what `meta.json` records.
 
-mod axes;
 mod axis;
 mod expand;
+mod grid;
 mod model;
 mod overrides;
 pub mod paper;
@@ -22,9 +22,9 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-pub use axes::{Axes, ZipGroup};
 pub use axis::{Axis, AxisValue};
 pub use expand::default_splits;
+pub use grid::{Axes, ZipGroup};
 pub use model::{CheckShape, ComputeSpec, ModelConfig};
 pub use overrides::apply_set;
 pub use report::ReportConfig;
@@ -81,7 +81,7 @@ impl Config {
             .try_into()
             .map_err(|e| src.config_err(format!("after --set: {e}")))?;
         let run = run::resolve_run(raw.run, &src)?;
-        let (axes, zip) = axes::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
+        let (axes, zip) = grid::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
         let report = report::resolve_report(raw.report, &src)?;
         let model = model::resolve_model(raw.model, &src)?;
         Ok(Config {

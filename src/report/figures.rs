@@ -17,7 +17,7 @@ use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED
 use super::plot::{save, Format, Plot};
 use super::select::TABLE2;
 use super::series::{group, join_label, not_applicable, ChunkGrid, Series, CHUNKS_PREFIX};
-use super::tables::{PlotImage, PlotLink, DAGGER};
+use super::tables_md::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
 use crate::results::load::Results;
 use crate::results::record::{Record, Status};

@@ -10,7 +10,7 @@ use super::figures::{is_plot_file, write_all};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
 use super::series::chunk_grids;
-use super::tables::{render, Inputs};
+use super::tables_md::{render, Inputs};
 use crate::error::{Error, Result};
 use crate::results::load::{Results, CSV_NAME};
 

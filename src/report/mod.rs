@@ -9,5 +9,5 @@ pub mod plot;
 pub mod run_config;
 pub mod select;
 pub mod series;
-pub mod table;
-pub mod tables;
+pub mod tables_md;
+pub mod terminal;

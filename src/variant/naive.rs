@@ -6,7 +6,7 @@ use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
-use crate::backend::cpu::tiles::Path;
+use crate::backend::cpu::tiles::ReadPath;
 use crate::backend::cpu::workspace::{try_scratch, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
@@ -56,7 +56,7 @@ fn widen(case: &Case) -> bool {
 /// Floats per worker of the forward on kernel path `isa`; `exact` when its output feeds
 /// the backward.
 fn worker_floats(case: &Case, isa: Isa, exact: bool) -> usize {
-    let path = Path::of(case.dtype, isa, case.shape.head_dim);
+    let path = ReadPath::of(case.dtype, isa, case.shape.head_dim);
     kernel::worker_lens(&case.shape, path, exact).iter().sum()
 }
 

@@ -5,7 +5,7 @@ use super::{wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::chunked as kernel;
 use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::tiles::Path;
+use crate::backend::cpu::tiles::ReadPath;
 use crate::backend::cpu::workspace::{try_scratch, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
@@ -46,7 +46,7 @@ fn chunks(case: &Case) -> (usize, usize) {
 /// Floats of the forward's one chunk buffer on kernel path `isa` (shared by the workers).
 fn chunk_floats(case: &Case, isa: Isa) -> usize {
     let (qc, kc) = chunks(case);
-    let path = Path::of(case.dtype, isa, case.shape.head_dim);
+    let path = ReadPath::of(case.dtype, isa, case.shape.head_dim);
     kernel::chunked_lens(&case.shape, qc, kc, path).iter().sum()
 }
 

@@ -22,7 +22,7 @@ use super::sched::{team, Blocks, Member, Phase, Windows};
 use super::simd::LOG2E;
 use super::tiles::{
     self, as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, softmax_row,
-    softmax_row_bf16, Path, PANEL,
+    softmax_row_bf16, ReadPath, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
@@ -45,15 +45,15 @@ pub const SEQ_ROW_BLOCK: usize = 64;
 /// Floats of the one chunk buffer of `forward_chunked`, in the order they are carved. One
 /// query chunk is in flight at a time, shared by all workers, as in the paper's `lax.map`
 /// over query chunks: the memory does not grow with the thread count.
-pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 6] {
+pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: ReadPath) -> [usize; 6] {
     let d = shape.head_dim;
     let nkc = shape.seq_kv.div_ceil(kc);
     let panels = kc.div_ceil(PANEL) * PANEL * d;
     // V_j is widened to f32 on the bf16 pair path too when the output feeds the backward.
     let (qw, kt, vw) = match path {
-        Path::F32 => (0, panels, 0),
-        Path::Widen => (qc * d, panels, panels),
-        Path::Bf16Dot => (0, panels / 2, panels),
+        ReadPath::F32 => (0, panels, 0),
+        ReadPath::Widen => (qc * d, panels, panels),
+        ReadPath::Bf16Dot => (0, panels / 2, panels),
     };
     [
         qw,           // widened query chunk
@@ -66,9 +66,9 @@ pub fn chunked_lens(shape: &Shape, qc: usize, kc: usize, path: Path) -> [usize; 
 }
 
 /// Floats of one 64-key panel of K_j^T on `path` (bf16 pairs take half).
-fn panel_floats(d: usize, path: Path) -> usize {
+fn panel_floats(d: usize, path: ReadPath) -> usize {
     match path {
-        Path::Bf16Dot => PANEL * d / 2,
+        ReadPath::Bf16Dot => PANEL * d / 2,
         _ => PANEL * d,
     }
 }
@@ -100,7 +100,7 @@ pub fn forward_chunked(
     let s = inputs.shape;
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
     let nkc = nkv.div_ceil(kc);
-    let path = Path::of(inputs.dtype(), isa, d);
+    let path = ReadPath::of(inputs.dtype(), isa, d);
     // bf16 on AVX512_BF16: both products by `vdpbf16ps` (P rounded to bf16 for PV, as
     // `flash` does) when V's rows are whole vectors, unless the output feeds the backward
     // (`exact`); else PV in f32 on a widened V_j.
@@ -229,7 +229,7 @@ struct Chunked<'a> {
     inputs: &'a Inputs,
     causal: bool,
     isa: Isa,
-    path: Path,
+    path: ReadPath,
     bf16_pv: bool,
     scale: f32,
     kc: usize,
@@ -314,7 +314,7 @@ impl Chunked<'_> {
             let (j0, jn) = (pi * PANEL, PANEL.min(kn - pi * PANEL));
             let kp = self.kt.take_in(ph, 0, pi);
             match path {
-                Path::Bf16Dot => {
+                ReadPath::Bf16Dot => {
                     pack_pairs_t(isa, &self.k16[kv_at + j0 * d..], jn, d, PANEL, as_u16(kp))
                 }
                 _ => pack_t(isa, &self.inputs.k, kv_at + j0 * d, jn, d, PANEL, kp),
@@ -323,7 +323,7 @@ impl Chunked<'_> {
             if self.bf16_pv {
                 let v = &self.v16[kv_at + j0 * d..][..jn * d];
                 interleave_rows(isa, v, jn, d, as_u16(self.vw.take_in(ph, 0, pi)));
-            } else if path != Path::F32 {
+            } else if path != ReadPath::F32 {
                 let vp = &mut self.vw.take_in(ph, 0, pi)[..jn * d];
                 vecops::widen_into(&self.inputs.v, kv_at + j0 * d, vp);
             }
@@ -352,17 +352,17 @@ impl Chunked<'_> {
         if kn > 0 {
             let at = q_off + (job.row0 + r0) * d;
             let q = match self.path {
-                Path::Bf16Dot => Operand::Pairs(&self.q16[at..][..sr * d]),
+                ReadPath::Bf16Dot => Operand::Pairs(&self.q16[at..][..sr * d]),
                 // f32 queries are read in place, others widened.
-                Path::F32 => Operand::F32(vecops::widen(&self.inputs.q, at, sr * d, &mut [])),
-                Path::Widen => {
+                ReadPath::F32 => Operand::F32(vecops::widen(&self.inputs.q, at, sr * d, &mut [])),
+                ReadPath::Widen => {
                     let w = take(&self.qw, job.scratch);
                     Operand::F32(vecops::widen(&self.inputs.q, at, sr * d, w))
                 }
             };
             let k = self.kt.view_in(ph);
             let k = match self.path {
-                Path::Bf16Dot => Operand::Pairs(as_u16_ref(k)),
+                ReadPath::Bf16Dot => Operand::Pairs(as_u16_ref(k)),
                 _ => Operand::F32(k),
             };
             let v = match self.inputs.v.as_f32() {
@@ -599,7 +599,7 @@ mod tests {
             };
             for_each_path(shape, 5, |k| {
                 let run = |fill: f32, threads: usize, rows: usize| {
-                    let path = Path::of(k.dtype, k.isa, d);
+                    let path = ReadPath::of(k.dtype, k.isa, d);
                     let mut buf = vec![fill; chunked_lens(&shape, qc, kc, path).iter().sum()];
                     let mut out = vec![fill; shape.out_len()];
                     on_pool(threads, || {

@@ -17,7 +17,7 @@
 use super::isa::Isa;
 use super::sched::{for_each_item, Blocks};
 use super::simd::{KC, LOG2E};
-pub use super::tiles::Path;
+pub use super::tiles::ReadPath;
 use super::tiles::{
     as_u16, bf16_bits, col_softmax, col_softmax_bf16, gemm, gemm_bf16, interleave_rows,
     mask_colmax, pack_pairs_t, pack_t, pad_lanes, AOp, BOp, ColState, Out,
@@ -42,25 +42,25 @@ pub fn items(shape: &Shape, bq: usize) -> usize {
 /// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
 /// paired V_j, S^T, bf16 P^T pairs, O^T, and five column vectors (block max, running max,
 /// running sum, correction, visible keys per query row).
-pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: Path) -> [usize; 11] {
+pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: ReadPath) -> [usize; 11] {
     let d = shape.head_dim;
     let nb = pad_lanes(bq);
     let (qt, kw, vw, pp) = match path {
-        Path::F32 => (d * nb, 0, 0, 0),
-        Path::Widen => (d * nb, bk * d, bk * d, 0),
+        ReadPath::F32 => (d * nb, 0, 0, 0),
+        ReadPath::Widen => (d * nb, bk * d, bk * d, 0),
         // bf16 values are 2 to a float; pairs of keys round up.
-        Path::Bf16Dot => (d * nb / 2, 0, bk.div_ceil(2) * d, bk.div_ceil(2) * nb),
+        ReadPath::Bf16Dot => (d * nb / 2, 0, bk.div_ceil(2) * d, bk.div_ceil(2) * nb),
     };
     [qt, kw, vw, bk * nb, pp, d * nb, nb, nb, nb, nb, nb]
 }
 
-/// The operand path of a forward: [`Path::of`], except that a forward whose output feeds
+/// The operand path of a forward: [`ReadPath::of`], except that a forward whose output feeds
 /// the backward (`exact`) keeps P in f32 (bf16 inputs widened instead of `vdpbf16ps`, which
 /// would round P to bf16 for PV: fine for the forward's bf16 tolerance, too coarse for the
 /// gradients' 1e-4).
-pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> Path {
-    match Path::of(dtype, isa, head_dim) {
-        Path::Bf16Dot if exact => Path::Widen,
+pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> ReadPath {
+    match ReadPath::of(dtype, isa, head_dim) {
+        ReadPath::Bf16Dot if exact => ReadPath::Widen,
         p => p,
     }
 }
@@ -74,7 +74,7 @@ pub fn forward(
     inputs: &Inputs,
     causal: bool,
     (bq, bk): (usize, usize),
-    path: Path,
+    path: ReadPath,
     isa: Isa,
     ws: &Workspace,
     out: &mut [f32],
@@ -83,7 +83,7 @@ pub fn forward(
     let s = inputs.shape;
     let (d, nq) = (s.head_dim, s.seq_q);
     assert!(
-        path == Path::of(inputs.dtype(), isa, d) || path == Path::Widen,
+        path == ReadPath::of(inputs.dtype(), isa, d) || path == ReadPath::Widen,
         "flash path {path:?} does not fit these inputs on {isa}"
     );
     let nqb = nq.div_ceil(bq);
@@ -125,7 +125,7 @@ fn block(
     (head, row0): (usize, usize),
     bk: usize,
     isa: Isa,
-    path: Path,
+    path: ReadPath,
     buf: &mut [f32],
     lens: [usize; 11],
     o: &mut [f32],
@@ -142,7 +142,7 @@ fn block(
     let (m2, l, corr, vis) = (&mut m2[..nb], &mut l[..nb], &mut corr[..nb], &mut vis[..nb]);
 
     match path {
-        Path::Bf16Dot => {
+        ReadPath::Bf16Dot => {
             let q = bf16_bits(&inputs.q).unwrap_or_default();
             pack_pairs_t(isa, &q[q_off + row0 * d..], rows, d, nb, as_u16(qt));
         }
@@ -178,7 +178,7 @@ fn block(
 
         // S^T = K_j Q^T (raw dot products; the scale goes into the exp).
         match path {
-            Path::Bf16Dot => {
+            ReadPath::Bf16Dot => {
                 let k = &k16.unwrap_or_default()[kv_at..][..kn * d];
                 let a = AOp {
                     data: k,
@@ -226,7 +226,7 @@ fn block(
             corr: &mut *corr,
         };
         match path {
-            Path::Bf16Dot => {
+            ReadPath::Bf16Dot => {
                 let pp = as_u16(pp);
                 col_softmax_bf16(isa, st, kn, nb, c, &mut state, pp);
                 let pairs = kn.div_ceil(2);

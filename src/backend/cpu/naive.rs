@@ -26,7 +26,7 @@ use super::sched::{for_each_item_with, Blocks};
 use super::simd::LOG2E;
 use super::tiles::{
     as_u16, as_u16_ref, bf16_bits, interleave_rows, pack_pairs_t, pack_t, scale_stream,
-    scale_stream_pairs, softmax_row, store_fence, Path, PANEL,
+    scale_stream_pairs, softmax_row, store_fence, ReadPath, PANEL,
 };
 use super::vecops;
 use super::workspace::{carve, Workspace};
@@ -50,22 +50,22 @@ pub fn scores_len(shape: &Shape) -> usize {
 /// head (bf16 pairs take half), its V widened to f32 or paired as bf16 rows, a widened
 /// query row block (f16, and bf16 off the pair path), the bf16 copy of one row block of P
 /// (bf16 PV), and the cached copy of one row block of scores.
-pub fn worker_lens(shape: &Shape, path: Path, exact: bool) -> [usize; 5] {
+pub fn worker_lens(shape: &Shape, path: ReadPath, exact: bool) -> [usize; 5] {
     let d = shape.head_dim;
     let nkv = shape.seq_kv;
     let kt = nkv.div_ceil(PANEL) * PANEL * d;
     let block = ROW_BLOCK * nkv;
     match path {
-        Path::F32 => [kt, 0, 0, 0, block],
-        Path::Widen => [kt, nkv * d, ROW_BLOCK * d, 0, block],
-        Path::Bf16Dot if path.bf16_pv(d, exact) => [
+        ReadPath::F32 => [kt, 0, 0, 0, block],
+        ReadPath::Widen => [kt, nkv * d, ROW_BLOCK * d, 0, block],
+        ReadPath::Bf16Dot if path.bf16_pv(d, exact) => [
             kt / 2,
             nkv.div_ceil(2) * d,
             0,
             ROW_BLOCK * nkv.div_ceil(2),
             block,
         ],
-        Path::Bf16Dot => [kt / 2, nkv * d, 0, 0, block],
+        ReadPath::Bf16Dot => [kt / 2, nkv * d, 0, 0, block],
     }
 }
 
@@ -84,7 +84,7 @@ pub fn forward(
 ) {
     let s = inputs.shape;
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
-    let path = Path::of(inputs.dtype(), isa, d);
+    let path = ReadPath::of(inputs.dtype(), isa, d);
     let c = s.scale() * LOG2E;
     let nqb = nq.div_ceil(ROW_BLOCK);
     let lens = worker_lens(&s, path, exact);
@@ -114,7 +114,7 @@ pub fn forward(
             let sc = &mut sc[..rows * nkv];
             if *packed != Some(kv_off) {
                 match path {
-                    Path::Bf16Dot => {
+                    ReadPath::Bf16Dot => {
                         let k = &k16.unwrap_or_default()[kv_off..];
                         pack_pairs_t(isa, k, nkv, d, PANEL, as_u16(kt));
                     }
@@ -122,7 +122,7 @@ pub fn forward(
                 }
                 if pv16 {
                     interleave_rows(isa, &v16[kv_off..][..nkv * d], nkv, d, as_u16(vw));
-                } else if path != Path::F32 {
+                } else if path != ReadPath::F32 {
                     vecops::widen_into(&inputs.v, kv_off, &mut vw[..nkv * d]);
                 }
                 *packed = Some(kv_off);
@@ -130,7 +130,7 @@ pub fn forward(
 
             // The block's query rows as the QK^T tile reads them (f32 widened if need be).
             let q = match path {
-                Path::Bf16Dot => Operand::Pairs(&q16.unwrap_or_default()[q_off + row0 * d..]),
+                ReadPath::Bf16Dot => Operand::Pairs(&q16.unwrap_or_default()[q_off + row0 * d..]),
                 _ => Operand::F32(vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qw)),
             };
             let block = Block {
@@ -141,7 +141,7 @@ pub fn forward(
                 c,
                 pv16,
                 kt: match path {
-                    Path::Bf16Dot => Operand::Pairs(as_u16_ref(kt)),
+                    ReadPath::Bf16Dot => Operand::Pairs(as_u16_ref(kt)),
                     _ => Operand::F32(kt),
                 },
                 v: match inputs.v.as_f32() {
@@ -255,7 +255,7 @@ mod tests {
             };
             for_each_path(shape, 3, |k| {
                 let run = |fill: f32, rows: usize| {
-                    let path = Path::of(k.dtype, k.isa, d);
+                    let path = ReadPath::of(k.dtype, k.isa, d);
                     let floats = worker_lens(&shape, path, k.exact).iter().sum();
                     let ws = Workspace::scratch(2, floats, "test").unwrap();
                     ws.fill(fill);

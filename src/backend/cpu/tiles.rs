@@ -35,7 +35,7 @@ pub fn pad_lanes(n: usize) -> usize {
 /// How a kernel reads its operands on a given path (chosen per call from the dtype, the
 /// instruction-set path and the head dim).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
+pub enum ReadPath {
     /// f32 inputs, read in place.
     F32,
     /// bf16/f16 inputs widened to f32 tile by tile.
@@ -44,20 +44,20 @@ pub enum Path {
     Bf16Dot,
 }
 
-impl Path {
-    pub fn of(dtype: DType, isa: Isa, head_dim: usize) -> Path {
+impl ReadPath {
+    pub fn of(dtype: DType, isa: Isa, head_dim: usize) -> ReadPath {
         match dtype {
-            DType::F32 => Path::F32,
-            DType::Bf16 if isa.bf16_dot() && head_dim.is_multiple_of(2) => Path::Bf16Dot,
-            _ => Path::Widen,
+            DType::F32 => ReadPath::F32,
+            DType::Bf16 if isa.bf16_dot() && head_dim.is_multiple_of(2) => ReadPath::Bf16Dot,
+            _ => ReadPath::Widen,
         }
     }
 
     /// Bytes per value of a packed K^T panel on this path (f32, or bf16 pairs).
     pub fn packed_bytes(self) -> usize {
         match self {
-            Path::Bf16Dot => 2,
-            Path::F32 | Path::Widen => 4,
+            ReadPath::Bf16Dot => 2,
+            ReadPath::F32 | ReadPath::Widen => 4,
         }
     }
 
@@ -65,7 +65,7 @@ impl Path {
     /// bf16): bf16 inputs on AVX512_BF16 with V rows of whole vectors, unless the output
     /// feeds the backward (`exact`).
     pub fn bf16_pv(self, head_dim: usize, exact: bool) -> bool {
-        self == Path::Bf16Dot && !exact && head_dim.is_multiple_of(LANES_MAX)
+        self == ReadPath::Bf16Dot && !exact && head_dim.is_multiple_of(LANES_MAX)
     }
 
     /// Bytes per key of K (packed K^T panels) and V as naive and Rabe–Staats hold them on

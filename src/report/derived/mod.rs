@@ -4,8 +4,8 @@
 //! simulate the counted communication and probe this machine's compute rate). O(rows) plus
 //! the simulations `tree_vs_ring` names.
 
-pub mod bpt_tables;
-pub mod decode_tables;
+pub mod bpt_md;
+pub mod decode_md;
 pub mod probe;
 pub mod svg;
 pub mod tree_vs_ring;
@@ -18,8 +18,8 @@ use crate::error::Result;
 /// The names of every file [`write_results`] may write beside the CSV (a `--force` sweep
 /// removes them, so none is left from the run it replaces).
 pub const DERIVED_FILES: [&str; 6] = [
-    decode_tables::MARKDOWN,
-    bpt_tables::MARKDOWN,
+    decode_md::MARKDOWN,
+    bpt_md::MARKDOWN,
     tree_vs_ring::MARKDOWN,
     tree_vs_ring::COUNTS_CSV,
     tree_vs_ring::LATENCY_CSV,
@@ -32,8 +32,8 @@ pub const DERIVED_FILES: [&str; 6] = [
 pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
     let records = crate::model::read_records(csv)?;
     let mut paths = Vec::new();
-    paths.extend(decode_tables::write(dir, &records)?);
-    paths.extend(bpt_tables::write(
+    paths.extend(decode_md::write(dir, &records)?);
+    paths.extend(bpt_md::write(
         dir,
         &records,
         config.run.model_layers,

@@ -440,7 +440,7 @@ fn markdown(
     let topo = &cfg.topology;
     let mut s = String::from("# Tree vs Ring attention for decoding (Shyam et al., Sec. 6)\n\n");
     s += "Written by `attnbench sweep` from the `[model]` section of the config (module \
-          `src/model/tree_vs_ring.rs`) until the report command takes these tables over. \
+          `src/report/derived/tree_vs_ring.rs`) until the report command takes these tables over. \
           The machine-readable versions are `tree_vs_ring_counts.csv` and \
           `tree_vs_ring_latency.csv`; the figure is `tree_vs_ring.svg`.\n\n";
 

@@ -27,7 +27,7 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         return Ok(None);
     }
     let mut s = String::from("# Decode: KV-cache bandwidth\n\n");
-    s += "Written by `attnbench sweep` (module `src/model/decode_tables.rs`) from `runs.csv` \
+    s += "Written by `attnbench sweep` (module `src/report/derived/decode_md.rs`) from `runs.csv` \
           until the report command takes this table over. `KV read` is the bytes of the \
           cached keys and values the new queries attend, each read once; `GB/s` is that over \
           the median time; `% copy` compares it with the copy bandwidth calibrated at the \
