@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod calibrate;
+pub mod pool;
 pub mod probe;
 pub mod rss;
 pub mod stats;

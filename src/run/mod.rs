@@ -9,12 +9,9 @@ pub mod extrapolate;
 pub mod interleave;
 
 use crate::variant::Registry;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
-use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::time::Instant;
 
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::isa::Isa;
@@ -150,24 +147,7 @@ pub fn cuda_unavailable_reason() -> Option<String> {
     crate::backend::cuda::unavailable_reason()
 }
 
-/// A rayon pool with exactly `threads` workers, built once per thread count.
-pub fn pool(threads: usize) -> Result<Arc<ThreadPool>> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<ThreadPool>>>> = OnceLock::new();
-    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = pools.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = map.get(&threads) {
-        return Ok(p.clone());
-    }
-    let p = Arc::new(
-        ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("attnbench-{i}"))
-            .build()
-            .map_err(|e| Error::Runtime(format!("cannot start {threads} threads: {e}")))?,
-    );
-    map.insert(threads, p.clone());
-    Ok(p)
-}
+pub use crate::measure::pool::pool;
 
 /// Runs a timing loop on a worker of the case's pool: each timed call then starts on that
 /// worker (a kernel's `install` of the same pool runs inline), so no call pays a hand-off

@@ -104,7 +104,7 @@ pub fn count_shape(
     let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
     let (mut ring_out, mut tree_out) =
         (vec![0.0f32; shape.out_len()], vec![0.0f32; shape.out_len()]);
-    let pool = crate::run::pool(threads)?;
+    let pool = crate::measure::pool::pool(threads)?;
     let ring_spec = ring::Spec {
         placement: Placement::Contiguous,
         decode: true,
@@ -263,7 +263,7 @@ pub fn balance(devices: &[usize], threads: usize) -> Result<Vec<BalanceRow>> {
         head_dim: 16,
     };
     let inputs = Inputs::generate(shape, DType::F32, InputDist::Normal, 1.0, 0);
-    let pool = crate::run::pool(threads)?;
+    let pool = crate::measure::pool::pool(threads)?;
     devices
         .iter()
         .map(|&p| {
