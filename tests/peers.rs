@@ -11,26 +11,32 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The list `NAME = [...]` of scripts/peers/results.py (the peers' writer), in order.
-fn python_list(name: &str) -> Vec<String> {
-    let text =
-        fs::read_to_string(repo().join("scripts/peers/results.py")).expect("results.py exists");
-    let open = format!("\n{name} = [");
-    let start = text.find(&open).unwrap_or_else(|| panic!("{name} list")) + open.len();
-    let end = start + text[start..].find(']').expect("end of the list");
-    text[start..end]
-        .split(',')
-        .map(|s| s.trim().trim_matches('"').to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
+/// The columns the dry-run's first line hands the peers: the record's and samples.csv's
+/// headers, in order; the peers' writer keeps no copy of them.
 #[test]
-fn peer_scripts_write_attnbench_columns_in_order() {
-    assert_eq!(python_list("HEADER"), attnbench::results::record::header());
-    assert_eq!(
-        python_list("SAMPLES_HEADER"),
-        attnbench::results::samples::HEADER
+fn peers_take_attnbench_columns_from_the_dry_run() {
+    let first: serde_json::Value = serde_json::from_slice(
+        dry_run()
+            .split(|b| *b == b'\n')
+            .next()
+            .expect("a first line"),
+    )
+    .expect("JSON");
+    let list = |name: &str| -> Vec<String> {
+        first["columns"][name]
+            .as_array()
+            .unwrap_or_else(|| panic!("columns of {name}"))
+            .iter()
+            .map(|v| v.as_str().expect("a name").to_string())
+            .collect()
+    };
+    assert_eq!(list("runs.csv"), attnbench::results::record::header());
+    assert_eq!(list("samples.csv"), attnbench::results::samples::HEADER);
+    let writer =
+        fs::read_to_string(repo().join("scripts/peers/results.py")).expect("results.py exists");
+    assert!(
+        !writer.contains("\"time_median_s\",") && !writer.contains("HEADER = ["),
+        "scripts/peers/results.py keeps a copy of the columns"
     );
 }
 
@@ -324,9 +330,11 @@ fn open_writer(dir: &Path) -> std::process::Output {
     python()
         .args([
             "-c",
-            "import sys, results; results.ResultsOut(sys.argv[1]).close()",
+            "import json, sys, results; \
+             results.ResultsOut(sys.argv[1], json.loads(sys.stdin.readline())[\"columns\"]).close()",
         ])
         .arg(dir)
+        .write_stdin(dry_run())
         .output()
         .expect("python3 runs")
 }

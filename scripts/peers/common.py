@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import HEADER, ResultsOut, base_record, fill_timing, peer_case_id, summary  # noqa: E402,F401 - used as common.*
+from results import ResultsOut, base_record, fill_timing, peer_case_id, summary  # noqa: E402,F401 - used as common.*
 
 # reference::ALL_ROWS_MAX_MACS: above this the oracle checks `error_rows` sampled rows.
 ALL_ROWS_MAX_MACS = 1 << 28
@@ -41,8 +41,9 @@ def attnbench_bin() -> str:
     raise SystemExit("error: no attnbench binary: run `cargo build --release` (or set ATTNBENCH_BIN)")
 
 
-def load_cases(config: str, sets: list[str]) -> tuple[dict, list[dict]]:
-    """(resolved config, cases) exactly as `attnbench sweep` expands them."""
+def load_cases(config: str, sets: list[str]) -> tuple[dict, list[dict], dict]:
+    """(resolved config, cases, columns) exactly as `attnbench sweep` expands them; the
+    columns of runs.csv and samples.csv are what `ResultsOut` writes."""
     cmd = [attnbench_bin(), "sweep", "--config", config, "--dry-run", "--json"]
     for s in sets:
         cmd += ["--set", s]
@@ -50,7 +51,7 @@ def load_cases(config: str, sets: list[str]) -> tuple[dict, list[dict]]:
     if res.returncode != 0:
         raise SystemExit(res.stderr.strip() or f"error: {' '.join(cmd)} failed")
     lines = [json.loads(x) for x in res.stdout.splitlines() if x.strip()]
-    return lines[0]["config"], lines[1:]
+    return lines[0]["config"], lines[1:], lines[0]["columns"]
 
 
 def peer_cases(cases: list[dict], variants: list[str]) -> list[tuple[str, dict]]:

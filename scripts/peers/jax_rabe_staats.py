@@ -91,7 +91,7 @@ def figure1():
     return attention
 
 
-def run_cases(args, todo: list[dict], run: dict) -> None:
+def run_cases(args, todo: list[dict], run: dict, columns: dict) -> None:
     """Child process: every case of one thread count."""
     import jax
     import numpy as np
@@ -100,7 +100,7 @@ def run_cases(args, todo: list[dict], run: dict) -> None:
     jax.config.update("jax_platforms", "cpu")
     attention = figure1()
     rule = common.stop_rule(run)
-    out = common.ResultsOut(args.out)
+    out = common.ResultsOut(args.out, columns)
     jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 
     def batched(q, k, v):
@@ -168,13 +168,13 @@ def main() -> None:
     if args.child:
         job = json.loads(Path(args.child).read_text())
         args.out = job["out"]
-        run_cases(args, job["todo"], job["run"])
+        run_cases(args, job["todo"], job["run"], job["columns"])
         return
 
-    config, cases = common.load_cases(args.config, args.sets)
+    config, cases, columns = common.load_cases(args.config, args.sets)
     run = config["run"]
     args.out = args.out or f"results/{run['name']}"
-    out = common.ResultsOut(args.out)
+    out = common.ResultsOut(args.out, columns)
     done = out.done_ids() if args.resume else set()
     todo = common.peer_cases(cases, [VARIANT])
     by_threads: dict[int, list[dict]] = {}
@@ -202,7 +202,7 @@ def main() -> None:
     ncpu = len(os.sched_getaffinity(0))
     for threads, items in sorted(by_threads.items()):
         job = Path(args.out) / f".jax_job_t{threads}.json"
-        job.write_text(json.dumps({"out": args.out, "run": run, "todo": items}))
+        job.write_text(json.dumps({"out": args.out, "run": run, "columns": columns, "todo": items}))
         env = dict(os.environ)
         flags = env.get("XLA_FLAGS", "")
         if threads == 1:

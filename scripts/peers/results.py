@@ -1,10 +1,10 @@
 """What a peer writes into an attnbench results directory, in attnbench's formats: the
 `runs.csv` row of a case (attnbench's columns, in order) and the seconds of its timed
-repetitions in `samples.csv` (`case_id,rep,time_s`, as src/report/samples.rs), so that
+repetitions in `samples.csv` (`case_id,rep,time_s`, as src/results/samples.rs), so that
 `attnbench report` and `compare` read peer cases like attnbench's own: `compare` judges a
 case's time from its samples and calls it `unclear` without them.
 
-The same semantics as attnbench's sweep (src/sweep.rs, src/report/csv.rs):
+The same semantics as attnbench's sweep (src/commands/sweep.rs, src/results/runs.rs):
 - both files are appended to, never rewritten; a file is created with its header, and an
   existing one with another header is refused before anything is written;
 - a case's samples are written and flushed before its `runs.csv` row, so a crash between
@@ -21,79 +21,9 @@ import csv
 import os
 from pathlib import Path
 
-# runs.csv columns, in order (src/report/record.rs; tests/peers.rs checks the two agree).
-HEADER = [
-    "run",
-    "case_id",
-    "variant",
-    "device",
-    "dtype",
-    "mode",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "q_chunk",
-    "kv_chunk",
-    "causal",
-    "window",
-    "devices",
-    "threads",
-    "status",
-    "reason",
-    "reps",
-    "time_median_s",
-    "time_min_s",
-    "time_max_s",
-    "time_mad_s",
-    "mem_overhead_bytes",
-    "mem_predicted_bytes",
-    "peak_rss_bytes",
-    "io_bytes",
-    "max_abs_err",
-    "max_rel_err",
-    "err_rows",
-    "flops",
-    "gflops",
-    "comm_bytes",
-    "comm_steps",
-    "seed",
-    "input_dist",
-    "input_scale",
-    "stopped_by",
-    "time_bwd_median_s",
-    "grad_max_abs_err",
-    "grad_max_rel_err",
-    "grad_err_rows",
-    "grad_err_scope",
-    "d_out",
-    "extrapolated",
-    "timed_rows",
-    "diff_variant",
-    "max_abs_diff",
-    "splits",
-    "allreduce",
-    "kv_read_bytes",
-    "kv_gbytes_per_s",
-    "copy_gbytes_per_s",
-    "copy_bw_frac",
-    "comm_elements",
-    "comm_max_device_bytes",
-    "device_peak_elements",
-    "device_peak_bytes",
-    "device_pairs_max",
-    "critical_path_pairs",
-    "comm_time_s",
-    "comm_time_min_s",
-    "sim_comm_bytes",
-    "sim_comm_max_device_bytes",
-    "probe_gflops",
-]
-
-# samples.csv columns, in order (src/report/samples.rs's HEADER).
-SAMPLES_HEADER = ["case_id", "rep", "time_s"]
+# The columns of runs.csv and samples.csv, in order, are attnbench's: the first line of
+# `attnbench sweep --dry-run --json` carries them ("columns"), and `ResultsOut` takes them
+# from there, so no copy is kept here.
 
 RUNS_NAME = "runs.csv"
 SAMPLES_NAME = "samples.csv"
@@ -130,9 +60,9 @@ def base_record(run: dict, entry: dict, variant: str, q_chunk=None, kv_chunk=Non
     when given, else on the case's)."""
     c = entry["case"]
     s = c["shape"]
-    rec = {h: "" for h in HEADER}
-    # Peers time every case in full (attnbench's CSV reads this column as a boolean).
-    rec["extrapolated"] = "false"
+    # Peers time every case in full (attnbench's CSV reads this column as a boolean); the
+    # columns not set here are written empty.
+    rec = {"extrapolated": "false"}
     rec.update(
         run=run["name"],
         case_id=peer_case_id(entry["case_id"], variant, q_chunk, kv_chunk, device),
@@ -191,7 +121,7 @@ def _text(v) -> str:
 
 def _check_header(path: Path, want: list[str]) -> bool:
     """Whether `path` holds rows already (is non-empty); refuses a header other than `want`,
-    as attnbench does (src/report/csv.rs)."""
+    as attnbench does (src/results/runs.rs)."""
     if not (path.exists() and path.stat().st_size > 0):
         return False
     with open(path, newline="") as f:
@@ -228,10 +158,11 @@ class CsvOut:
     """Appends rows to DIR/runs.csv (creating it with the header), flushing each row. An
     existing file must have attnbench's header; nothing in it is ever rewritten."""
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, header: list[str]):
         path = Path(out_dir) / RUNS_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._out = _Appender(path, HEADER, _check_header(path, HEADER))
+        self._out = _Appender(path, header, _check_header(path, header))
+        self.header = header
         self.path = path
 
     def done_ids(self) -> set[str]:
@@ -239,7 +170,10 @@ class CsvOut:
             return {r["case_id"] for r in csv.DictReader(f)}
 
     def write(self, rec: dict) -> None:
-        self._out.w.writerow([_text(rec[h]) for h in HEADER])
+        unknown = sorted(set(rec) - set(self.header))
+        if unknown:
+            raise ValueError(f"not columns of {RUNS_NAME}: {', '.join(unknown)}")
+        self._out.w.writerow([_text(rec.get(h, "")) for h in self.header])
         self._out.flush()
 
     def close(self) -> None:
@@ -250,10 +184,10 @@ class SamplesOut:
     """Appends the timed repetitions of one case at a time to DIR/samples.csv (creating it
     with `case_id,rep,time_s`), flushing each case; an existing file must have that header."""
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, header: list[str]):
         path = Path(out_dir) / SAMPLES_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._out = _Appender(path, SAMPLES_HEADER, _check_header(path, SAMPLES_HEADER))
+        self._out = _Appender(path, header, _check_header(path, header))
         self.path = path
 
     def write(self, case_id: str, samples: list[float]) -> None:
@@ -273,12 +207,14 @@ class ResultsOut:
     """A peer's writer into a results directory: DIR/runs.csv and DIR/samples.csv. Both
     headers are checked before either file is created or appended to."""
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, columns: dict):
+        """`columns`: the "columns" of the dry-run's first line ({"runs.csv": [...],
+        "samples.csv": [...]})."""
         out = Path(out_dir)
-        for name, header in ((RUNS_NAME, HEADER), (SAMPLES_NAME, SAMPLES_HEADER)):
-            _check_header(out / name, header)
-        self.runs = CsvOut(out_dir)
-        self.samples = SamplesOut(out_dir)
+        for name in (RUNS_NAME, SAMPLES_NAME):
+            _check_header(out / name, columns[name])
+        self.runs = CsvOut(out_dir, columns[RUNS_NAME])
+        self.samples = SamplesOut(out_dir, columns[SAMPLES_NAME])
 
     def done_ids(self) -> set[str]:
         """The case ids in runs.csv (for `--resume`): a case with samples but no row, from a

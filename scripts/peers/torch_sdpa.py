@@ -63,10 +63,10 @@ def main() -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    config, cases = common.load_cases(args.config, args.sets)
+    config, cases, columns = common.load_cases(args.config, args.sets)
     run = config["run"]
     rule = common.stop_rule(run)
-    out = common.ResultsOut(args.out or f"results/{run['name']}")
+    out = common.ResultsOut(args.out or f"results/{run['name']}", columns)
     done = out.done_ids() if args.resume else set()
     variants = [v for v in (args.variants or DEFAULT_VARIANTS[args.device]).split(",") if v]
     for v in variants:

@@ -364,8 +364,10 @@ fn print_plan(config: &Config, cases: &[Case]) {
     }
 }
 
-/// The resolved config (`{"config": ...}`), then one `{"case_id", "flops", "io_bytes",
-/// "case"}` object per case, one per line.
+/// The resolved config and the columns of the files a run writes (`{"config": ...,
+/// "columns": {"runs.csv": [...], "samples.csv": [...]}}`: peers write rows in these
+/// formats without keeping a copy), then one `{"case_id", "flops", "io_bytes", "case"}`
+/// object per case, one per line.
 fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
     use std::io::Write;
     let ser = |e: serde_json::Error| Error::Runtime(format!("serializing the cases: {e}"));
@@ -374,7 +376,13 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
         let text = serde_json::to_string(&v).map_err(ser)?;
         writeln!(out, "{text}").map_err(|e| Error::Runtime(format!("writing to stdout: {e}")))
     };
-    line(serde_json::json!({ "config": serde_json::to_value(config).map_err(ser)? }))?;
+    line(serde_json::json!({
+        "config": serde_json::to_value(config).map_err(ser)?,
+        "columns": {
+            CSV_NAME: crate::results::record::header(),
+            SAMPLES_NAME: crate::results::samples::HEADER,
+        },
+    }))?;
     for c in cases {
         line(serde_json::json!({
             "case_id": c.id(),
