@@ -73,7 +73,7 @@ def speed_section(by_t, speed):
         "### Machine speed while measuring",
         "",
         "Each of our rows records `probe_gflops`, a fixed L1-resident SGEMM timed on the case's "
-        "threads just before and after it (README, \"Comparing runs\"). Below, as a fraction of "
+        "threads just before and after it (docs/methodology.md, \"Probe-normalized time\"). Below, as a fraction of "
         "the median probe of the rows with the same thread count (the `speed` column of the "
         "tables):",
         "",

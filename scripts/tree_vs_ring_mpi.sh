@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates results/tree_vs_ring_mpi/ (issue 10): ring and tree decode on 2 and 4 MPI ranks
 # on this machine (configs/tree_vs_ring_mpi.toml), then the alpha-beta fit. Needs Open MPI
-# (README "On real devices: MPI"). About 10 minutes on 2 cores.
+# (docs/guide/mpi.md). About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --features mpi

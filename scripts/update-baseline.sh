@@ -5,7 +5,7 @@
 # the baseline build of the A/B time gate (results/baseline/ci/ab-revision). Use it when a
 # change is meant to move the numbers (or changes the cases), or on a machine that has no
 # baseline yet, then commit the result on its own: a baseline change is a reviewed commit
-# of its own (README, "The CI gate and its baseline").
+# of its own (docs/guide/ci-gate.md, "The CI gate and its baseline").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
