@@ -49,8 +49,9 @@ pub struct SweepArgs {
     /// Print the number of cases and the grid, run nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// With --dry-run: print the resolved config, then every case (with its case_id, flops
-    /// and io_bytes), one JSON object per line: what the peer scripts (scripts/peers/) read.
+    /// With --dry-run: print the resolved config and the columns of runs.csv and
+    /// samples.csv, then every case (with its case_id, flops and io_bytes), one JSON object
+    /// per line: what the peer scripts (scripts/peers/) read.
     #[arg(long, requires = "dry_run")]
     pub json: bool,
     /// Continue an interrupted sweep: skip cases already in DIR/runs.csv.

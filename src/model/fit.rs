@@ -120,7 +120,7 @@ pub fn run(dirs: &[PathBuf], out: Option<&Path>) -> Result<String> {
                 msg: "no runs.csv here (expected a sweep's results directory)".into(),
             });
         }
-        records.extend(super::read_records(&csv)?);
+        records.extend(crate::results::runs::read(&csv)?);
     }
     let pts = points(&records);
     let f = fit(&pts)?;

@@ -12,16 +12,3 @@ pub mod fit;
 pub mod formulas;
 pub mod markdown;
 pub mod topology;
-
-use std::path::Path;
-
-use crate::error::Result;
-use crate::results::record::Record;
-
-/// Every row of a `runs.csv` (none if it does not exist).
-pub fn read_records(csv: &Path) -> Result<Vec<Record>> {
-    if !csv.exists() {
-        return Ok(Vec::new());
-    }
-    crate::results::runs::read(csv)
-}

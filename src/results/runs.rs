@@ -80,11 +80,30 @@ pub fn check_header<S: AsRef<str>>(path: &Path, want: &[S]) -> Result<()> {
 
 /// Every row of a `runs.csv`, each checked; a case id may appear once.
 pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let file = File::open(path).map_err(|e| Error::Input {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    parse(path, file)
+}
+
+/// Every row of a `runs.csv`, or none when the file does not exist (a sweep that wrote no
+/// row yet).
+pub fn read_if_present(path: &Path) -> Result<Vec<Record>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    read(path)
+}
+
+/// `read` of the contents of `path` already at hand (`input`), for a caller that read the
+/// file itself (a report checks the header's columns first).
+pub fn parse(path: &Path, input: impl std::io::Read) -> Result<Vec<Record>> {
     let bad = |msg: String| Error::Input {
         path: path.to_path_buf(),
         msg,
     };
-    let mut r = ::csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let mut r = ::csv::Reader::from_reader(input);
     let header = r.headers().map_err(|e| bad(e.to_string()))?.clone();
     if header.is_empty() || header.iter().all(str::is_empty) {
         return Err(bad("empty file: expected the runs.csv header".into()));
@@ -118,10 +137,10 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
 
 /// The case ids already in a CSV file (for `--resume`); empty when the file does not exist.
 pub fn done_case_ids(path: &Path) -> Result<HashSet<String>> {
-    if !path.exists() {
-        return Ok(HashSet::new());
-    }
-    Ok(read(path)?.into_iter().map(|r| r.case_id).collect())
+    Ok(read_if_present(path)?
+        .into_iter()
+        .map(|r| r.case_id)
+        .collect())
 }
 
 /// A CSV read error in words, naming the column when it concerns one field (for messages

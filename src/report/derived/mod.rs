@@ -30,7 +30,7 @@ pub const DERIVED_FILES: [&str; 6] = [
 /// has decode rows, the Tree-vs-Ring files when the config has `[model]`. Returns the
 /// paths written.
 pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
-    let records = crate::model::read_records(csv)?;
+    let records = crate::results::runs::read_if_present(csv)?;
     let mut paths = Vec::new();
     paths.extend(decode_md::write(dir, &records)?);
     paths.extend(bpt_md::write(
