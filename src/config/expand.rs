@@ -6,9 +6,7 @@ use std::collections::HashSet;
 
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use super::grid::{Axes, ZipGroup};
-use crate::backend::cuda::plan::{self as cuda_plan, GpuAlgo};
-use crate::problem::VariantId;
-use crate::problem::{Case, Device, Shape};
+use crate::problem::{Case, Shape};
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
@@ -27,26 +25,6 @@ pub(super) fn expansion_order(innermost: &[Axis]) -> Vec<Axis> {
 fn deepest(g: &ZipGroup, order: &[Axis]) -> Option<Axis> {
     g.members()
         .max_by_key(|m| order.iter().position(|a| a == m))
-}
-
-/// The split count a case gets when the config names none; `None`: the variant does not cut
-/// the cache into splits (the `splits` axis does not apply). flash-decoding's default fills
-/// the CPU threads, or on the GPU the device. Reports tell a default split count, which
-/// changes with the shape, from one the config chose by it.
-pub fn default_splits(
-    variant: VariantId,
-    device: Device,
-    shape: &Shape,
-    threads: usize,
-) -> Option<usize> {
-    let v = variant.get();
-    let default = v.default_splits(shape, threads);
-    match (device, v.cuda()) {
-        (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
-            default.map(|_| cuda_plan::decode_default_splits(shape))
-        }
-        _ => default,
-    }
 }
 
 /// The factors in expansion order (outermost first).
@@ -179,20 +157,11 @@ fn build(
         chunk(info.default_q_chunk, q_chunk, seq_q),
         chunk(info.default_kv_chunk, kv_chunk, seq_kv),
     );
-    // On the GPU, flash's tiles are fixed by its kernel (the record shows them).
-    match (device, v.cuda()) {
-        (Device::Cuda, Some(GpuAlgo::Flash)) => {
-            let (bm, bn) = cuda_plan::flash_tiles(dtype);
-            q_chunk = Some(bm.min(seq_q));
-            kv_chunk = Some(bn.min(seq_kv));
-        }
-        (Device::Cuda, Some(GpuAlgo::FlashDecoding)) => {
-            // The GPU kernel cuts the cache into splits only (no key blocks).
-            (q_chunk, kv_chunk) = (None, None);
-        }
-        _ => {}
+    // A GPU kernel may fix the chunks (flash's tiles; the record shows them).
+    if let Some(fixed) = variant.fixed_chunks(device, dtype, seq_q, seq_kv) {
+        (q_chunk, kv_chunk) = fixed;
     }
-    let default_splits = default_splits(variant, device, &shape, threads);
+    let default_splits = variant.default_splits(device, &shape, threads);
     Some(Case {
         variant,
         mode,

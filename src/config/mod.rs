@@ -23,7 +23,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 pub use axis::{Axis, AxisValue};
-pub use expand::default_splits;
 pub use grid::{Axes, ZipGroup};
 pub use model::{CheckShape, ComputeSpec, ModelConfig};
 pub use overrides::apply_set;

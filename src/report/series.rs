@@ -178,7 +178,7 @@ fn splits_rule(r: &Record) -> String {
                 seq_kv: r.seq_kv,
                 head_dim: r.head_dim,
             };
-            crate::config::default_splits(v, device, &shape, r.threads)
+            v.default_splits(device, &shape, r.threads)
         }
         _ => None,
     };

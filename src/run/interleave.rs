@@ -23,17 +23,17 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::backend::cpu::workspace::{try_zeroed, WarmCalls, WarmStash};
+use crate::backend::cpu::workspace::{WarmCalls, WarmStash};
 use crate::error::{Error, Result};
 use crate::measure::alloc;
 use crate::measure::probe::probe_pool;
 use crate::measure::timer::{warm_up, StopReason, StopRule, Timing};
 use crate::problem::{Case, Device, Inputs, Mode};
 use crate::results::record::Status;
+use crate::run::cpu::Cpu;
 use crate::run::{
-    failed, finish_outcome, forward, memory_and_error, oom_or_error, packing_bytes, pool,
-    predicted_bytes, record_timing, run_case, skip_reason, stop_rule, Outcome, Settings,
-    INTERRUPTED,
+    after_timing, fail, finish_outcome, packing_bytes, pool, predicted_bytes, run_case,
+    skip_reason, stop_rule, Backend, Outcome, Settings, Step, INTERRUPTED,
 };
 use crate::variant::Engine;
 
@@ -91,7 +91,8 @@ pub fn group_bytes(cases: &[&Case]) -> u64 {
 struct Member<'a> {
     case: &'a Case,
     stop: StopRule,
-    out: Vec<f32>,
+    /// Its forward and output; `None` when they could not be allocated (`error`).
+    step: Option<Box<dyn Step + 'a>>,
     /// Its warm scratch buffers while other cases run.
     stash: WarmStash,
     samples: Vec<f64>,
@@ -109,10 +110,10 @@ impl Member<'_> {
     }
 
     /// Its untimed warm-up calls, warm as its timed ones will be (on a worker of its pool).
-    fn warm_up(&mut self, inputs: &Inputs) {
+    fn warm_up(&mut self) {
+        let Some(step) = &mut self.step else { return };
         let warm = WarmCalls::resume(std::mem::take(&mut self.stash));
-        let (case, out) = (self.case, &mut self.out);
-        let result = warm_up(&self.stop, &INTERRUPTED, || forward(case, inputs, out));
+        let result = warm_up(&self.stop, &INTERRUPTED, || step.call());
         self.stash = warm.suspend();
         if let Err(e) = result {
             self.error = Some(e);
@@ -121,10 +122,11 @@ impl Member<'_> {
 
     /// One timed call, warm with its own buffers (on a worker of its pool, so the call
     /// starts there), and the stopping rule's verdict after it.
-    fn timed_call(&mut self, inputs: &Inputs) {
+    fn timed_call(&mut self) {
+        let Some(step) = &mut self.step else { return };
         let warm = WarmCalls::resume(std::mem::take(&mut self.stash));
         let start = Instant::now();
-        let result = forward(self.case, inputs, &mut self.out);
+        let result = step.call();
         let seconds = start.elapsed().as_secs_f64();
         self.stash = warm.suspend();
         match result {
@@ -171,14 +173,14 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let mut members: Vec<Member> = cases
         .iter()
         .map(|&case| {
-            let (out, error) = match try_zeroed(case.shape.out_len(), "output") {
-                Ok(o) => (o, None),
-                Err(e) => (Vec::new(), Some(e)),
+            let (step, error) = match Cpu.step(case, settings, Some(&inputs)) {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(e)),
             };
             Member {
                 case,
                 stop: stop_rule(case, &settings.stop),
-                out,
+                step,
                 stash: WarmStash::default(),
                 samples: Vec::new(),
                 total_s: 0.0,
@@ -188,16 +190,16 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
         })
         .collect();
 
-    // Everything runs on a worker of the group's pool (as `runner` times a case alone):
-    // the probe, every warm-up, the rounds, the probe again.
+    // Everything runs on a worker of the group's pool (as a case alone is timed): the
+    // probe, every warm-up, the rounds, the probe again.
     let seed = first.seed ^ ROUND_ORDER_SEED;
     let probe = match pool(first.threads) {
         Ok(pool) => Some(pool.install(|| {
             let before = probe_pool();
             for m in members.iter_mut().filter(|m| m.error.is_none()) {
-                m.warm_up(&inputs);
+                m.warm_up();
             }
-            rounds(&mut members, &inputs, seed);
+            rounds(&mut members, seed);
             (before + probe_pool()) / 2.0
         })),
         Err(e) => {
@@ -223,7 +225,7 @@ const ROUND_ORDER_SEED: u64 = 0x1A7E_41EA_5EED;
 
 /// The timed rounds: every member still calling makes one call per round, in a random order
 /// drawn from `seed`, until none is.
-fn rounds(members: &mut [Member], inputs: &Inputs, seed: u64) {
+fn rounds(members: &mut [Member], seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = Vec::with_capacity(members.len());
     while !INTERRUPTED.load(Ordering::Relaxed) {
@@ -237,12 +239,13 @@ fn rounds(members: &mut [Member], inputs: &Inputs, seed: u64) {
             if INTERRUPTED.load(Ordering::Relaxed) {
                 break;
             }
-            members[i].timed_call(inputs);
+            members[i].timed_call();
         }
     }
 }
 
-/// The record of a timed member: its timing, then its memory probe pass and error check.
+/// The outcome of a timed member: the rest of the measuring sequence after its timed calls
+/// (`run::after_timing`), as for a case timed alone.
 fn finish(
     mut m: Member,
     settings: &Settings,
@@ -253,32 +256,54 @@ fn finish(
     let case = m.case;
     let mut record = crate::run::record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted_bytes(case));
-    if let Some(e) = m.error.take() {
-        return failed(record, oom_or_error(&e), e, None);
-    }
-    let stopped_by = match m.decision {
-        Some(reason) => reason,
-        None if interrupted => StopReason::Interrupted,
-        None => {
-            let e = Error::Runtime("interleaved timing ended before its stopping rule".into());
-            return failed(record, Status::Error, e, None);
-        }
+    let stopped_by = match (m.error.take(), m.decision) {
+        (Some(e), _) => Err(e),
+        (None, Some(reason)) => Ok(reason),
+        (None, None) if interrupted => Ok(StopReason::Interrupted),
+        (None, None) => Err(Error::Runtime(
+            "interleaved timing ended before its stopping rule".into(),
+        )),
     };
-    let timing = match Timing::of(std::mem::take(&mut m.samples), stopped_by) {
-        Ok(t) => t,
-        Err(e) => return failed(record, Status::Error, e, None),
-    };
-    record_timing(&mut record, case, &timing, probe);
-    if let Err(e) = memory_and_error(&mut record, case, settings, inputs, &mut m.out) {
-        return failed(record, oom_or_error(&e), e, None);
-    }
-    finish_outcome(case, settings, inputs, &mut record, Some(&m.out));
-    Outcome {
+    let measured = stopped_by.and_then(|stopped_by| {
+        let mut step = m
+            .step
+            .take()
+            .ok_or_else(|| Error::Runtime("no step".into()))?;
+        let timing = Timing::of(std::mem::take(&mut m.samples), stopped_by)?;
+        after_timing(
+            &Cpu,
+            case,
+            settings,
+            &mut record,
+            step.as_mut(),
+            &timing,
+            probe,
+        )?;
+        Ok((step.into_output(), timing.samples))
+    });
+    let mut outcome = Outcome {
         record,
-        output: Some(m.out),
+        output: None,
         inputs: None,
-        samples: timing.samples,
+        samples: Vec::new(),
+    };
+    match measured {
+        Ok((out, samples)) => {
+            outcome.output = Some(out);
+            outcome.samples = samples;
+        }
+        Err(e) => fail(&mut outcome.record, e),
     }
+    let o = &mut outcome;
+    finish_outcome(
+        &Cpu,
+        case,
+        settings,
+        Some(inputs),
+        &mut o.record,
+        o.output.as_deref(),
+    );
+    outcome
 }
 
 #[cfg(test)]

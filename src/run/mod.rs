@@ -1,36 +1,38 @@
-//! Runs one case, in the order docs/methodology.md fixes: validate and predict memory (skip or `oom`
-//! with a reason, never a crash) -> seeded inputs -> warm-up and timed repetitions until the
-//! stopping rule -> one untimed pass under the memory probe -> error against the f64 oracle
-//! -> one `Record`. Kernels run inside a rayon pool of the case's thread count.
+//! The measuring sequence, written once for every mode and device, in the order
+//! docs/methodology.md fixes: validate and predict memory (skip or `oom` with a reason,
+//! never a crash) -> seeded inputs -> warm-up and timed repetitions until the stopping rule
+//! -> outputs poisoned, one checked call under the memory counter -> error against the f64
+//! oracle -> one `Record`. What differs by mode is a [`Step`] (the calls, the buffers, the
+//! checks); what differs by device is a [`Backend`] (`cpu.rs`, `cuda.rs`: how calls are
+//! timed and memory counted). `interleave.rs` and `extrapolate.rs` drive this sequence.
+//! Costs the case's calls plus the oracle on the checked rows.
 
-#[cfg(feature = "cuda")]
+pub mod cpu;
 pub mod cuda;
 pub mod extrapolate;
 pub mod interleave;
 
-use crate::variant::Registry;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::time::Instant;
 
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
 use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::workspace::{try_zeroed, WarmCalls};
-
+use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::layer;
-use crate::measure::alloc::{self, MemoryProbe};
-use crate::measure::probe::probe_pool;
-use crate::measure::rss;
-use crate::measure::stats::Summary;
-use crate::measure::timer::{time_repetitions, StopRule, Timing};
-use crate::problem::VariantId;
-use crate::problem::{Case, Device, Grads, Inputs, Mode};
+use crate::measure::timer::{StopRule, Timing};
+use crate::problem::{Case, Device, Inputs, VariantId};
 use crate::reference;
 use crate::results::record::{Record, Status};
-use crate::sim::stats::SimStats;
 use crate::units;
+use crate::variant::Registry;
 use extrapolate::Extrapolation;
+
+pub use crate::measure::pool::pool;
+pub use cpu::{
+    forward, forward_counted, forward_with, output, output_with, packing_bytes, predicted_bytes,
+    train_step, train_step_with,
+};
 
 /// Everything besides the case that decides how a case is measured.
 #[derive(Clone, Debug)]
@@ -67,6 +69,85 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// What the measuring sequence asks of the device a case runs on. One implementation per
+/// device (`cpu.rs`, `cuda.rs`), picked by [`backend_of`]: a new device is one file that
+/// implements this trait and one arm there.
+pub trait Backend: Sync {
+    /// Why the case cannot run on this device (no kernels here for its variant or mode, no
+    /// device), if so; asked after the reasons every device shares.
+    fn unavailable(&self, case: &Case) -> Option<String>;
+    /// Workspace bytes the case's kernels are predicted to allocate for its mode.
+    fn predicted_bytes(&self, case: &Case) -> u64;
+    /// What must fit in the memory budget, each with the name the `oom` reason gives it,
+    /// the predicted workspace first.
+    fn budget_terms(&self, case: &Case, predicted: u64) -> Vec<(u64, &'static str)>;
+    /// Limits what the case may allocate while it is measured; `None` lifts the limit.
+    fn set_limit(&self, limit: Option<u64>);
+    /// The case's mode on this device, its buffers allocated (and inputs uploaded).
+    /// `inputs` is `None` for the layer modes, whose step generates its own.
+    fn step<'a>(
+        &self,
+        case: &'a Case,
+        settings: &Settings,
+        inputs: Option<&'a Inputs>,
+    ) -> Result<Box<dyn Step + 'a>>;
+    /// Warm-up and timed calls of `step` under `stop`, and the machine-speed probe around
+    /// them where the device has one.
+    fn time(
+        &self,
+        case: &Case,
+        settings: &Settings,
+        stop: &StopRule,
+        step: &mut dyn Step,
+    ) -> Result<(Timing, Option<f64>)>;
+    /// `step`'s checked call under this device's memory counter, reset just before it (the
+    /// inputs and outputs, already live, are excluded); writes `mem_overhead_bytes`.
+    fn memory_pass(
+        &self,
+        settings: &Settings,
+        record: &mut Record,
+        step: &mut dyn Step,
+    ) -> Result<()>;
+    /// After a failed call: leaves the device ready for the next case.
+    fn recover(&self) {}
+    /// Whether `run.extrapolate_above_s` and `run.diff_against` apply to its cases: the
+    /// estimate times one call by the host clock, and the paired difference runs the other
+    /// variant's CPU forward.
+    fn cpu_extras(&self) -> bool {
+        false
+    }
+}
+
+/// One mode of one case on one device, holding its buffers: the calls the sequence times
+/// and checks. `cpu.rs` has a forward, a training step and a layer step; `cuda.rs` a forward.
+pub trait Step: Send {
+    /// One call of the mode, as it is timed (a device that runs asynchronously enqueues it).
+    fn call(&mut self) -> Result<()>;
+    /// After the timed calls and their columns: the mode's own timing columns, and freeing
+    /// what only the timed calls use.
+    fn after_timing(&mut self, _record: &mut Record) {}
+    /// Fills every output with NaN before the checked call: a value the kernel forgets to
+    /// write then shows as an error.
+    fn poison(&mut self) -> Result<()>;
+    /// The call under the memory counter; by default [`Step::call`].
+    fn checked_call(&mut self) -> Result<()> {
+        self.call()
+    }
+    /// The checked call's outputs against the f64 oracle (a non-finite value makes the row
+    /// `error`).
+    fn check(&mut self, record: &mut Record, settings: &Settings) -> Result<()>;
+    /// The checked call's output.
+    fn into_output(self: Box<Self>) -> Vec<f32>;
+}
+
+/// The backend of a device.
+pub fn backend_of(device: Device) -> &'static dyn Backend {
+    match device {
+        Device::Cpu => &cpu::Cpu,
+        Device::Cuda => &cuda::Cuda,
+    }
 }
 
 /// Why a case cannot run at all, if so. Checked before anything is allocated.
@@ -117,29 +198,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             info.name
         ));
     }
-    if case.device == Device::Cuda {
-        return cuda_skip_reason(case);
-    }
-    case.variant.get().unsupported(case)
-}
-
-/// Why a CUDA case cannot run: the variant has no CUDA kernels, its GPU algorithm does not
-/// take the case, or there is no usable GPU here (no `cuda` feature, driver, device, NVRTC
-/// or cuBLAS). The case's own reasons come first, so they read the same on every machine.
-pub fn cuda_skip_reason(case: &Case) -> Option<String> {
-    let Some(algo) = case.variant.get().cuda() else {
-        let gpu: Vec<&str> = VariantId::ALL
-            .iter()
-            .filter(|v| v.get().cuda().is_some())
-            .map(|v| v.name())
-            .collect();
-        return Some(format!(
-            "variant {} has no CUDA kernels (on the GPU: {})",
-            case.variant,
-            gpu.join(", ")
-        ));
-    };
-    crate::backend::cuda::plan::unsupported(algo, case).or_else(cuda_unavailable_reason)
+    backend_of(case.device).unavailable(case)
 }
 
 /// Why CUDA cases are skipped in this process, if they are (`attnbench list` shows it too).
@@ -147,105 +206,10 @@ pub fn cuda_unavailable_reason() -> Option<String> {
     crate::backend::cuda::unavailable_reason()
 }
 
-pub use crate::measure::pool::pool;
-
-/// Runs a timing loop on a worker of the case's pool: each timed call then starts on that
-/// worker (a kernel's `install` of the same pool runs inline), so no call pays a hand-off
-/// to a sleeping thread, which on a small case can cost as much as the kernel. The loop
-/// runs warm (`WarmCalls`): a kernel's scratch buffers are those the previous call freed,
-/// not fresh pages the operating system must zero. The memory probe runs after it, cold.
-/// The machine-speed probe (`measure::probe`) runs on every thread of the pool just before
-/// and just after the loop; their mean is returned beside the timing.
-fn time_on_worker(
-    case: &Case,
-    stop: &StopRule,
-    f: impl FnMut() -> Result<()> + Send,
-) -> Result<(Timing, f64)> {
-    // Every rank of an MPI variant makes the same number of calls (each a collective), so a
-    // signal does not cut its loop short on one rank; the sweep stops between cases instead,
-    // where the ranks agree to.
-    static NEVER: AtomicBool = AtomicBool::new(false);
-    let flag = if case.variant.engine() == crate::variant::Engine::Mpi {
-        &NEVER
-    } else {
-        &INTERRUPTED
-    };
-    pool(case.threads)?.install(|| {
-        let _warm = WarmCalls::start();
-        let before = probe_pool();
-        let timing = time_repetitions(stop, flag, f)?;
-        let after = probe_pool();
-        Ok((timing, (before + after) / 2.0))
-    })
-}
-
-/// One forward call of the case's variant into `out`, inside its thread pool, with the
-/// fastest kernel path of this CPU.
-pub fn forward(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-    forward_with(case, Isa::detect(), inputs, out)
-}
-
-/// [`forward`] on a given kernel path (tests run every path the CPU has).
-pub fn forward_with(case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-    check_call(case, isa, inputs)?;
-    let variant = case.variant.get();
-    pool(case.threads)?.install(|| variant.forward_cpu(case, isa, inputs, out))
-}
-
-/// What a kernel call requires of its caller: an available kernel path, and inputs of the
-/// case's dtype and shape (kernels size their workspace from the case).
-fn check_call(case: &Case, isa: Isa, inputs: &Inputs) -> Result<()> {
-    if !isa.available() {
-        return Err(Error::Runtime(format!(
-            "kernel path {isa} is not available on this CPU"
-        )));
-    }
-    if inputs.dtype() != case.dtype || inputs.shape != case.shape {
-        return Err(Error::Runtime(format!(
-            "inputs are {} {:?} but the case is {} {:?}",
-            inputs.dtype(),
-            inputs.shape,
-            case.dtype,
-            case.shape
-        )));
-    }
-    Ok(())
-}
-
-/// `forward`, returning the simulated devices' counters of multi-device variants.
-pub fn forward_counted(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Option<SimStats>> {
-    let isa = Isa::detect();
-    check_call(case, isa, inputs)?;
-    let variant = case.variant.get();
-    pool(case.threads)?.install(|| variant.forward_counted(case, isa, inputs, out))
-}
-
-/// The output of one case, computed once without measuring (for tests and `--save-output`).
-pub fn output(case: &Case, inputs: &Inputs) -> Result<Vec<f32>> {
-    output_with(case, Isa::detect(), inputs)
-}
-
-/// [`output`] on a given kernel path.
-pub fn output_with(case: &Case, isa: Isa, inputs: &Inputs) -> Result<Vec<f32>> {
-    let mut out = try_zeroed(case.shape.out_len(), "output")?;
-    forward_with(case, isa, inputs, &mut out)?;
-    Ok(out)
-}
-
-/// Bytes of `matrixmultiply` packing buffers a case may allocate beyond its prediction: one
-/// per thread when its variant's kernels use that SGEMM (`Variant::uses_packing_gemm`).
-pub fn packing_bytes(case: &Case) -> u64 {
-    if case.variant.get().uses_packing_gemm(case) {
-        case.threads as u64 * PACK_BYTES_MAX
-    } else {
-        0
-    }
-}
-
 /// What a measured case leaves besides its record.
 pub struct Outcome {
     pub record: Record,
-    /// The output of the probe pass, when the case ran.
+    /// The output of the checked call, when the case ran.
     pub output: Option<Vec<f32>>,
     /// The inputs it ran on (generated or given).
     pub inputs: Option<Inputs>,
@@ -254,61 +218,159 @@ pub struct Outcome {
     pub samples: Vec<f64>,
 }
 
+impl Outcome {
+    /// A case that was not run: its row only.
+    fn not_run(record: Record) -> Outcome {
+        Outcome {
+            record,
+            output: None,
+            inputs: None,
+            samples: Vec::new(),
+        }
+    }
+}
+
 /// Measures one case. `given` replaces the generated inputs (`run --inputs`). Failures of
 /// the case itself (oom, non-finite output) are rows, not errors; `Err` is kept for
 /// failures of the harness.
 pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Result<Outcome> {
     let row = |status, reason: String| record_for(&settings.run_name, case, status, reason);
     if let Some(reason) = skip_reason(case) {
-        return Ok(Outcome {
-            record: row(Status::Skipped, reason),
-            output: None,
-            inputs: None,
-            samples: Vec::new(),
-        });
+        return Ok(Outcome::not_run(row(Status::Skipped, reason)));
     }
-    #[cfg(feature = "cuda")]
-    if case.device == Device::Cuda {
-        return cuda::run_case(case, settings, given);
-    }
-    let predicted = predicted_bytes(case);
+    let backend = backend_of(case.device);
+    let predicted = backend.predicted_bytes(case);
     let fixed = static_bytes(case, settings);
     if let Some(budget) = settings.memory_budget {
-        // The backward GEMM's packing buffers are allocated infallibly (an allocation over
-        // the limit there would abort), so they must fit too: one per thread at most.
-        let packing = packing_bytes(case);
-        let need = predicted + case.io_bytes() + packing + fixed;
+        let mut terms = backend.budget_terms(case, predicted);
+        if fixed > 0 {
+            terms.push((fixed, "rest of the model"));
+        }
+        let need: u64 = terms.iter().map(|t| t.0).sum();
         if need > budget {
-            let model = if fixed > 0 {
-                format!(" + {} rest of the model", units::bytes_2dp(fixed))
-            } else {
-                String::new()
-            };
+            let terms: Vec<String> = terms
+                .iter()
+                .map(|(b, what)| format!("{} {what}", units::bytes_2dp(*b)))
+                .collect();
             let reason = format!(
-                "predicted {} workspace + {} inputs/outputs + {} GEMM packing{model} = {} exceeds the memory budget {}",
-                units::bytes_2dp(predicted),
-                units::bytes_2dp(case.io_bytes()),
-                units::bytes_2dp(packing),
+                "predicted {} = {} exceeds the memory budget {}",
+                terms.join(" + "),
                 units::bytes_2dp(need),
                 units::bytes_2dp(budget)
             );
-            return Ok(oom_by_prediction(row(Status::Oom, reason), predicted));
+            let mut record = row(Status::Oom, reason);
+            record.mem_predicted_bytes = Some(predicted);
+            return Ok(Outcome::not_run(record));
         }
     }
-    alloc::set_limit(settings.memory_budget.map(|b| b.saturating_sub(fixed)));
-    let result = measure_case(case, settings, given, predicted);
-    alloc::set_limit(None);
-    result
+    backend.set_limit(settings.memory_budget.map(|b| b.saturating_sub(fixed)));
+    let mut outcome = match settings.extrapolate {
+        Some(x) if backend.cpu_extras() => {
+            measure_extrapolated(backend, case, settings, given, predicted, x)
+        }
+        _ => measure(backend, case, settings, given, predicted),
+    };
+    let o = &mut outcome;
+    finish_outcome(
+        backend,
+        case,
+        settings,
+        o.inputs.as_ref(),
+        &mut o.record,
+        o.output.as_deref(),
+    );
+    backend.set_limit(None);
+    Ok(outcome)
 }
 
-/// The row of a case that was not run because its predicted memory exceeds the budget.
-pub(crate) fn oom_by_prediction(mut record: Record, predicted: u64) -> Outcome {
+/// The sequence from inputs to record: the case's step on its backend, timed, then
+/// [`after_timing`]. A failed call is the row's status and reason.
+fn measure(
+    backend: &dyn Backend,
+    case: &Case,
+    settings: &Settings,
+    given: Option<Inputs>,
+    predicted: u64,
+) -> Outcome {
+    let inputs = (!case.mode.is_layer()).then(|| given.unwrap_or_else(|| case_inputs(case)));
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
+    let measured = (|| {
+        let mut step = backend.step(case, settings, inputs.as_ref())?;
+        let stop = stop_rule(case, &settings.stop);
+        let (timing, probe) = backend.time(case, settings, &stop, step.as_mut())?;
+        after_timing(
+            backend,
+            case,
+            settings,
+            &mut record,
+            step.as_mut(),
+            &timing,
+            probe,
+        )?;
+        Ok((step.into_output(), timing.samples))
+    })();
+    let (output, samples) = match measured {
+        Ok((output, samples)) => (Some(output), samples),
+        Err(e) => {
+            backend.recover();
+            fail(&mut record, e);
+            (None, Vec::new())
+        }
+    };
     Outcome {
         record,
-        output: None,
-        inputs: None,
-        samples: Vec::new(),
+        output,
+        inputs,
+        samples,
+    }
+}
+
+/// Everything after a step's timed calls: the timing's columns, the outputs poisoned, the
+/// checked call under the memory counter, the errors against the oracle. `interleave.rs`
+/// times its cases in alternation and then runs this for each.
+pub(crate) fn after_timing(
+    backend: &dyn Backend,
+    case: &Case,
+    settings: &Settings,
+    record: &mut Record,
+    step: &mut dyn Step,
+    timing: &Timing,
+    probe: Option<f64>,
+) -> Result<()> {
+    record_timing(record, case, timing, probe);
+    step.after_timing(record);
+    step.poison()?;
+    backend.memory_pass(settings, record, step)?;
+    step.check(record, settings)
+}
+
+/// A failed call's row: `oom` when an allocation failed, `error` otherwise.
+pub(crate) fn fail(record: &mut Record, e: Error) {
+    record.status = match e {
+        Error::OutOfMemory(_) => Status::Oom,
+        _ => Status::Error,
+    };
+    record.reason = e.to_string();
+}
+
+/// The columns every measured case gets after its own steps: the rows timed, and the
+/// paired difference against `settings.diff_against` on the same inputs.
+pub(crate) fn finish_outcome(
+    backend: &dyn Backend,
+    case: &Case,
+    settings: &Settings,
+    inputs: Option<&Inputs>,
+    record: &mut Record,
+    output: Option<&[f32]>,
+) {
+    if record.reps > 0 && record.timed_rows.is_none() {
+        record.timed_rows = Some(case.shape.seq_q);
+    }
+    if let (true, Some(base), Some(inputs), Some(out)) =
+        (backend.cpu_extras(), settings.diff_against, inputs, output)
+    {
+        paired_diff(case, settings, base, inputs, out, record);
     }
 }
 
@@ -319,74 +381,6 @@ pub fn static_bytes(case: &Case, settings: &Settings) -> u64 {
         Some(l) if case.mode.is_layer() => layer::static_bytes(case, l),
         _ => 0,
     }
-}
-
-fn measure(
-    case: &Case,
-    settings: &Settings,
-    given: Option<Inputs>,
-    predicted: u64,
-) -> Result<Outcome> {
-    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
-    record.mem_predicted_bytes = Some(predicted);
-    let inputs = match given {
-        Some(i) => i,
-        None => Inputs::generate(
-            case.shape,
-            case.dtype,
-            case.input_dist,
-            case.input_scale,
-            case.seed,
-        ),
-    };
-    let mut out = match try_zeroed(case.shape.out_len(), "output") {
-        Ok(o) => o,
-        Err(e) => return Ok(failed(record, Status::Oom, e, Some(inputs))),
-    };
-
-    let stop = stop_rule(case, &settings.stop);
-    let timing = time_on_worker(case, &stop, || forward(case, &inputs, &mut out));
-    let (timing, probe) = match timing {
-        Ok(t) => t,
-        Err(e) => {
-            let status = oom_or_error(&e);
-            return Ok(failed(record, status, e, Some(inputs)));
-        }
-    };
-    record_timing(&mut record, case, &timing, Some(probe));
-    if let Err(e) = memory_and_error(&mut record, case, settings, &inputs, &mut out) {
-        let status = oom_or_error(&e);
-        return Ok(failed(record, status, e, Some(inputs)));
-    }
-    Ok(Outcome {
-        record,
-        output: Some(out),
-        inputs: Some(inputs),
-        samples: timing.samples,
-    })
-}
-
-/// The untimed steps after a forward case's timed calls: the memory probe pass, then the
-/// output's error against the oracle. The probe pass poisons the output (a row the kernel
-/// forgets to write stays NaN and shows as an error) and resets the peak just before the
-/// call, so the overhead excludes inputs and outputs, which are already live. `Err`: the
-/// probe pass failed (the caller's row is then `oom` or `error`).
-pub(crate) fn memory_and_error(
-    record: &mut Record,
-    case: &Case,
-    settings: &Settings,
-    inputs: &Inputs,
-    out: &mut [f32],
-) -> Result<()> {
-    out.fill(f32::NAN);
-    if let Some(stats) = probe_pass(record, || forward_counted(case, inputs, out))? {
-        record.set_sim(&stats);
-    }
-    // Under MPI only rank 0 writes the record, and only it has every output row (prefill).
-    if crate::dist::is_root() {
-        record_output_error(record, case, inputs, out, settings.error_rows);
-    }
-    Ok(())
 }
 
 /// The stopping rule of a case. Every rank of an MPI variant must make the same number of
@@ -407,215 +401,75 @@ pub(crate) fn stop_rule(case: &Case, rule: &StopRule) -> StopRule {
     }
 }
 
-/// Forward + backward: times the pair (and the backward alone within the same calls),
-/// probes the memory of the whole differentiation (inputs, dO, output and gradients are
-/// live before it, so they are excluded), checks output and gradients against the oracle.
-fn measure_train(
+/// Times the case on its first query chunks and scales, when one full call is estimated
+/// above the cap and the case is eligible (see `extrapolate.rs`); otherwise `measure`. The
+/// estimate is one call of the part, which also serves as a warm-up.
+fn measure_extrapolated(
+    backend: &dyn Backend,
     case: &Case,
     settings: &Settings,
     given: Option<Inputs>,
     predicted: u64,
-) -> Result<Outcome> {
-    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
-    record.mem_predicted_bytes = Some(predicted);
-    let inputs = given.unwrap_or_else(|| {
-        Inputs::generate(
-            case.shape,
-            case.dtype,
-            case.input_dist,
-            case.input_scale,
-            case.seed,
-        )
-    });
-    let d_out = case.d_out.make(&case.shape, case.seed);
-    let s = &case.shape;
-    let buffers = (|| -> Result<_> {
-        let out = try_zeroed(s.out_len(), "output")?;
-        let grads = Grads {
-            dq: try_zeroed(s.q_len(), "dQ")?,
-            dk: try_zeroed(s.kv_len(), "dK")?,
-            dv: try_zeroed(s.kv_len(), "dV")?,
-        };
-        Ok((out, grads))
-    })();
-    let (mut out, mut grads) = match buffers {
-        Ok(b) => b,
-        Err(e) => return Ok(failed(record, Status::Oom, e, Some(inputs))),
+    x: Extrapolation,
+) -> Outcome {
+    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
+        return measure(backend, case, settings, given, predicted);
     };
-
-    let mut bwd_times = Vec::new();
-    let timing = time_on_worker(case, &settings.stop, || {
-        bwd_times.push(train_step(case, &inputs, &d_out, &mut out, &mut grads)?);
-        Ok(())
-    });
-    let (timing, probe) = match timing {
-        Ok(t) => t,
-        Err(e) => {
-            let status = oom_or_error(&e);
-            return Ok(failed(record, status, e, Some(inputs)));
-        }
-    };
-    record_timing(&mut record, case, &timing, Some(probe));
-    // Warm-up calls come first: the timed ones are the last `reps`.
-    let timed = &bwd_times[bwd_times.len().saturating_sub(timing.samples.len())..];
-    record.time_bwd_median_s = Summary::of(timed).map(|s| s.median);
-
-    out.fill(f32::NAN);
-    for g in [&mut grads.dq, &mut grads.dk, &mut grads.dv] {
-        g.fill(f32::NAN);
+    let part = extrapolate::part_case(case, rows);
+    let predicted_part = backend.predicted_bytes(&part);
+    if predicted_part != predicted {
+        // Memory is never extrapolated: this variant's workspace depends on the query rows.
+        return measure(backend, case, settings, given, predicted);
     }
-    let pass = || train_step(case, &inputs, &d_out, &mut out, &mut grads).map(|_| ());
-    if let Err(e) = probe_pass(&mut record, pass) {
-        let status = oom_or_error(&e);
-        return Ok(failed(record, status, e, Some(inputs)));
+    let inputs = given.unwrap_or_else(|| case_inputs(case));
+    let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
+    let slow = time_one_call(backend, &part, settings, &part_inputs)
+        .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
+    if !slow || interrupted() {
+        let full = extrapolate::join_inputs(part_inputs, full_q, case.shape);
+        return measure(backend, case, settings, Some(full), predicted);
     }
-
-    record_output_error(&mut record, case, &inputs, &out, settings.error_rows);
-    let g = reference::grad::check(&inputs, case.causal, &d_out, &grads, settings.error_rows);
-    record.grad_max_abs_err = Some(g.max_abs);
-    record.grad_max_rel_err = Some(g.max_rel);
-    record.grad_err_rows = Some(g.rows);
-    record.grad_err_scope = g.scope().to_string();
-    if g.non_finite > 0 && record.status == Status::Ok {
-        record.status = Status::Error;
-        record.reason = format!(
-            "{} of the checked gradient values are NaN or infinite",
-            g.non_finite
-        );
-    }
-    Ok(Outcome {
-        record,
-        output: Some(out),
-        inputs: Some(inputs),
-        samples: timing.samples,
-    })
+    drop(full_q);
+    // The estimate call was a warm-up of exactly this part.
+    let mut part_settings = settings.clone();
+    part_settings.stop.warmup = settings.stop.warmup.saturating_sub(1);
+    let outcome = measure(
+        backend,
+        &part,
+        &part_settings,
+        Some(part_inputs),
+        predicted_part,
+    );
+    extrapolate::scale_outcome(outcome, case, &settings.run_name, predicted)
 }
 
-/// A transformer-layer case (`crate::layer`): seeded parameters and input, timed calls
-/// (a forward, or a checkpointed training step), one call under the memory probe (x, out,
-/// parameters and, for training, dout, dx and the parameter gradient are live before it),
-/// then output and gradient errors against the f64 oracle.
-fn measure_layer(case: &Case, settings: &Settings, predicted: u64) -> Result<Outcome> {
-    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
-    record.mem_predicted_bytes = Some(predicted);
-    let train = case.mode == Mode::LayerTrain;
-    let (params, x) = layer::generate(case);
-    let d_out = if train {
-        case.d_out.make(&case.shape, case.seed)
-    } else {
-        Vec::new()
-    };
-    let n = case.tokens_len();
-    let buffers = (|| -> Result<_> {
-        let out = try_zeroed(n, "layer output")?;
-        let (dx, dp) = if train {
-            (
-                try_zeroed(n, "dx")?,
-                try_zeroed(params.len(), "parameter gradient")?,
-            )
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        Ok((out, dx, dp))
-    })();
-    let (mut out, mut dx, mut dp) = match buffers {
-        Ok(b) => b,
-        Err(e) => return Ok(failed(record, Status::Oom, e, None)),
-    };
-    let isa = Isa::detect();
-    let threads = pool(case.threads)?;
-    let plan = crate::variant::layer_plan(case)?;
-    let call = |out: &mut [f32], dx: &mut [f32], dp: &mut [f32]| {
-        threads.install(|| layer::run_once(&plan, isa, &params, &x, &d_out, out, dx, dp))
-    };
-    let timing = time_on_worker(case, &settings.stop, || call(&mut out, &mut dx, &mut dp));
-    let (timing, probe) = match timing {
-        Ok(t) => t,
-        Err(e) => {
-            let status = oom_or_error(&e);
-            return Ok(failed(record, status, e, None));
-        }
-    };
-    record_timing(&mut record, case, &timing, Some(probe));
-    for v in [&mut out, &mut dx, &mut dp] {
-        layer::poison(v);
-    }
-    if let Err(e) = probe_pass(&mut record, || call(&mut out, &mut dx, &mut dp)) {
-        let status = oom_or_error(&e);
-        return Ok(failed(record, status, e, None));
-    }
-    let grads = train.then_some((&d_out[..], &dx[..], &dp[..]));
-    let err = layer::check(case, &params, &x, &out, grads);
-    record.max_abs_err = Some(err.out_max_abs);
-    record.max_rel_err = Some(err.out_max_rel);
-    record.err_rows = Some(err.out_rows);
-    if let Some((abs, rel)) = err.grad {
-        record.grad_max_abs_err = Some(abs);
-        record.grad_max_rel_err = Some(rel);
-        record.grad_err_rows = Some(err.out_rows);
-        record.grad_err_scope = "all".into();
-    } else if train {
-        record.grad_err_scope = "none: too large for the f64 oracle".into();
-    }
-    if err.non_finite > 0 {
-        record.status = Status::Error;
-        record.reason = format!("{} checked values are NaN or infinite", err.non_finite);
-    }
-    record.timed_rows = Some(case.shape.seq_q);
-    Ok(Outcome {
-        record,
-        output: Some(out),
-        inputs: None,
-        samples: timing.samples,
-    })
-}
-
-/// One training step of the case's variant inside its pool: the forward that keeps what
-/// its backward needs, then the backward. Returns the backward's own time in seconds.
-pub fn train_step(
+/// One call of the case's step, built afresh and timed once by the host clock: the
+/// estimate of `measure_extrapolated` (only on backends whose calls return when the work
+/// is done, `Backend::cpu_extras`).
+fn time_one_call(
+    backend: &dyn Backend,
     case: &Case,
+    settings: &Settings,
     inputs: &Inputs,
-    d_out: &[f32],
-    out: &mut [f32],
-    grads: &mut Grads,
 ) -> Result<f64> {
-    train_step_with(case, Isa::detect(), inputs, d_out, out, grads)
+    let mut step = backend.step(case, settings, Some(inputs))?;
+    let t0 = Instant::now();
+    step.call()?;
+    Ok(t0.elapsed().as_secs_f64())
 }
 
-/// [`train_step`] with the forward on a given kernel path.
-pub fn train_step_with(
-    case: &Case,
-    isa: Isa,
-    inputs: &Inputs,
-    d_out: &[f32],
-    out: &mut [f32],
-    grads: &mut Grads,
-) -> Result<f64> {
-    check_call(case, isa, inputs)?;
-    let variant = case.variant.get();
-    pool(case.threads)?.install(|| {
-        let saved = variant.forward_train_cpu(case, isa, inputs, out)?;
-        let start = Instant::now();
-        variant.backward_cpu(case, inputs, out, &saved, d_out, grads)?;
-        Ok(start.elapsed().as_secs_f64())
-    })
-}
-
-/// Runs `pass` once under the memory probe (peak reset just before it, so what is already
-/// live, inputs and outputs, is excluded) and records the overhead and peak RSS.
-fn probe_pass<T>(record: &mut Record, pass: impl FnOnce() -> Result<T>) -> Result<T> {
-    rss::reset_peak_rss();
-    let probe = MemoryProbe::start();
-    let result = pass();
-    let overhead = probe.finish();
-    let value = result?;
-    record.mem_overhead_bytes = Some(overhead);
-    record.peak_rss_bytes = rss::peak_rss_bytes();
-    Ok(value)
+fn case_inputs(case: &Case) -> Inputs {
+    Inputs::generate(
+        case.shape,
+        case.dtype,
+        case.input_dist,
+        case.input_scale,
+        case.seed,
+    )
 }
 
 /// The timing's columns; `probe`: the machine-speed probe around it (CPU cases).
-pub(crate) fn record_timing(record: &mut Record, case: &Case, timing: &Timing, probe: Option<f64>) {
+fn record_timing(record: &mut Record, case: &Case, timing: &Timing, probe: Option<f64>) {
     let sm = &timing.summary;
     record.probe_gflops = probe;
     record.reps = sm.reps;
@@ -655,171 +509,12 @@ pub(crate) fn record_output_error(
     }
 }
 
-pub(crate) fn oom_or_error(e: &Error) -> Status {
-    match e {
-        Error::OutOfMemory(_) => Status::Oom,
-        _ => Status::Error,
-    }
-}
-
-pub(crate) fn failed(
-    mut record: Record,
-    status: Status,
-    e: Error,
-    inputs: Option<Inputs>,
-) -> Outcome {
-    record.status = status;
-    record.reason = e.to_string();
-    Outcome {
-        record,
-        output: None,
-        inputs,
-        samples: Vec::new(),
-    }
-}
-
 /// The row of `case` before measuring, with what its variant determines (bytes of K and V
 /// the decode variants read).
 pub fn record_for(run: &str, case: &Case, status: Status, reason: impl Into<String>) -> Record {
     let mut record = Record::for_case(run, case, status, reason);
     record.kv_read_bytes = case.variant.get().kv_read_bytes(case);
     record
-}
-
-/// `measure` with the optional steps `Settings` asks for: time extrapolation of slow cases
-/// and the paired difference against another variant's output.
-fn measure_case(
-    case: &Case,
-    settings: &Settings,
-    given: Option<Inputs>,
-    predicted: u64,
-) -> Result<Outcome> {
-    if case.mode.is_layer() {
-        return measure_layer(case, settings, predicted);
-    }
-    let mut outcome = match settings.extrapolate {
-        Some(x) => measure_extrapolated(case, settings, given, predicted, x)?,
-        None => measure_mode(case, settings, given, predicted)?,
-    };
-    if let Some(inputs) = &outcome.inputs {
-        finish_outcome(
-            case,
-            settings,
-            inputs,
-            &mut outcome.record,
-            outcome.output.as_deref(),
-        );
-    }
-    Ok(outcome)
-}
-
-/// The columns every measured case gets after its own steps: the rows timed, and the
-/// paired difference against `settings.diff_against` on the same inputs.
-pub(crate) fn finish_outcome(
-    case: &Case,
-    settings: &Settings,
-    inputs: &Inputs,
-    record: &mut Record,
-    output: Option<&[f32]>,
-) {
-    if record.reps > 0 && record.timed_rows.is_none() {
-        record.timed_rows = Some(case.shape.seq_q);
-    }
-    if let (Some(base), Some(out)) = (settings.diff_against, output) {
-        paired_diff(case, settings, base, inputs, out, record);
-    }
-}
-
-/// Times the case on its first query chunks and scales, when one full call is estimated
-/// above the cap and the case is eligible (see `extrapolate.rs`); otherwise `measure`. The
-/// estimate is one call of the part, which also serves as a warm-up.
-fn measure_extrapolated(
-    case: &Case,
-    settings: &Settings,
-    given: Option<Inputs>,
-    predicted: u64,
-    x: Extrapolation,
-) -> Result<Outcome> {
-    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
-        return measure_mode(case, settings, given, predicted);
-    };
-    let part = extrapolate::part_case(case, rows);
-    let predicted_part = predicted_bytes(&part);
-    if predicted_part != predicted {
-        // Memory is never extrapolated: this variant's workspace depends on the query rows.
-        return measure_mode(case, settings, given, predicted);
-    }
-    let inputs = given.unwrap_or_else(|| case_inputs(case));
-    let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
-    let slow = time_one_call(&part, &part_inputs)
-        .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
-    if !slow || interrupted() {
-        let full = extrapolate::join_inputs(part_inputs, full_q, case.shape);
-        return measure_mode(case, settings, Some(full), predicted);
-    }
-    drop(full_q);
-    // The estimate call was a warm-up of exactly this part.
-    let mut part_settings = settings.clone();
-    part_settings.stop.warmup = settings.stop.warmup.saturating_sub(1);
-    let outcome = measure_mode(&part, &part_settings, Some(part_inputs), predicted_part)?;
-    Ok(extrapolate::scale_outcome(
-        outcome,
-        case,
-        &settings.run_name,
-        predicted,
-    ))
-}
-
-fn case_inputs(case: &Case) -> Inputs {
-    Inputs::generate(
-        case.shape,
-        case.dtype,
-        case.input_dist,
-        case.input_scale,
-        case.seed,
-    )
-}
-
-/// One untimed-harness call of the case (its mode's step), timed once.
-fn time_one_call(case: &Case, inputs: &Inputs) -> Result<f64> {
-    let s = &case.shape;
-    let mut out = try_zeroed(s.out_len(), "output")?;
-    if case.mode != Mode::FwdBwd {
-        let t0 = Instant::now();
-        forward(case, inputs, &mut out)?;
-        return Ok(t0.elapsed().as_secs_f64());
-    }
-    let d_out = case.d_out.make(s, case.seed);
-    let mut grads = Grads {
-        dq: try_zeroed(s.q_len(), "dQ")?,
-        dk: try_zeroed(s.kv_len(), "dK")?,
-        dv: try_zeroed(s.kv_len(), "dV")?,
-    };
-    let t0 = Instant::now();
-    train_step(case, inputs, &d_out, &mut out, &mut grads)?;
-    Ok(t0.elapsed().as_secs_f64())
-}
-
-/// The workspace bytes the case's variant predicts for the case's mode.
-pub fn predicted_bytes(case: &Case) -> u64 {
-    let variant = case.variant.get();
-    match case.mode {
-        Mode::FwdBwd => variant.predict_train_workspace_bytes(case, Isa::detect()),
-        _ => variant.predict_workspace_bytes(case, Isa::detect()),
-    }
-}
-
-/// The measurement of the case's mode: a forward, or a forward + backward.
-fn measure_mode(
-    case: &Case,
-    settings: &Settings,
-    given: Option<Inputs>,
-    predicted: u64,
-) -> Result<Outcome> {
-    match case.mode {
-        Mode::FwdBwd => measure_train(case, settings, given, predicted),
-        _ => measure(case, settings, given, predicted),
-    }
 }
 
 /// The paper's error measure (Rabe–Staats 5.1): max |out - out of `base`| over every output

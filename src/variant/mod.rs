@@ -32,6 +32,37 @@ pub trait Registry: Sized {
         self.get().engine()
     }
 
+    /// The (q_chunk, kv_chunk) a case of this variant runs with on `device` where a kernel
+    /// fixes them (the GPU's flash tiles); `None`: the case's own.
+    fn fixed_chunks(
+        self,
+        device: Device,
+        dtype: DType,
+        seq_q: usize,
+        seq_kv: usize,
+    ) -> Option<(Option<usize>, Option<usize>)> {
+        match (device, self.get().cuda()) {
+            (Device::Cuda, Some(algo)) => {
+                crate::backend::cuda::plan::fixed_chunks(algo, dtype, seq_q, seq_kv)
+            }
+            _ => None,
+        }
+    }
+
+    /// The split count a case of this variant gets on `device` when the config names none;
+    /// `None`: the variant does not cut the cache into splits (the `splits` axis does not
+    /// apply). flash-decoding's fills the CPU threads, or on the GPU the device.
+    fn default_splits(self, device: Device, shape: &Shape, threads: usize) -> Option<usize> {
+        let v = self.get();
+        let own = v.default_splits(shape, threads);
+        match (device, v.cuda()) {
+            (Device::Cuda, Some(algo)) => {
+                crate::backend::cuda::plan::default_splits(algo, shape, own)
+            }
+            _ => own,
+        }
+    }
+
     /// The variants this process runs itself (no MPI launcher needed).
     fn in_process() -> impl Iterator<Item = VariantId> {
         VariantId::ALL

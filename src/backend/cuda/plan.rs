@@ -388,6 +388,34 @@ pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 256;
 
 /// flash-decoding's default split count on the GPU: at most [`DECODE_TARGET_BLOCKS`] blocks,
 /// but no split shorter than [`DECODE_MIN_KEYS_PER_SPLIT`] keys.
+/// The (q_chunk, kv_chunk) of a CUDA case of `algo` where its kernel fixes them: flash's
+/// tiles, clamped to the sequence; none for flash-decoding, which cuts the cache into
+/// splits only. `None`: the case keeps the chunks its config gives.
+pub fn fixed_chunks(
+    algo: GpuAlgo,
+    dtype: DType,
+    seq_q: usize,
+    seq_kv: usize,
+) -> Option<(Option<usize>, Option<usize>)> {
+    match algo {
+        GpuAlgo::Flash => {
+            let (bm, bn) = flash_tiles(dtype);
+            Some((Some(bm.min(seq_q)), Some(bn.min(seq_kv))))
+        }
+        GpuAlgo::FlashDecoding => Some((None, None)),
+        _ => None,
+    }
+}
+
+/// The split count of a CUDA case of `algo` when the config names none: flash-decoding's
+/// fills the device; any other keeps `own`, the variant's CPU rule.
+pub fn default_splits(algo: GpuAlgo, shape: &Shape, own: Option<usize>) -> Option<usize> {
+    match algo {
+        GpuAlgo::FlashDecoding => own.map(|_| decode_default_splits(shape)),
+        _ => own,
+    }
+}
+
 pub fn decode_default_splits(s: &Shape) -> usize {
     let blocks = s.batch * s.kv_heads * (s.group() * s.seq_q).div_ceil(decode_rows(s));
     let want = DECODE_TARGET_BLOCKS / blocks.max(1);
