@@ -47,7 +47,7 @@ pub trait Variant: Sync {
 
     /// Bytes the forward call allocates beyond inputs and output (its workspace), from the
     /// variant's own formula, for the kernels of instruction-set path `isa` (tile layouts
-    /// may differ by path); the memory probe checks the measured overhead against it.
+    /// may differ by path); the memory counter checks the measured overhead against it.
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64;
 
     /// Forward pass on the CPU into `out` (`[batch, heads, seq_q, head_dim]`, f32), with the
@@ -102,7 +102,7 @@ pub trait Variant: Sync {
     }
 
     /// `forward_cpu` that also returns the counters of its simulated devices (multi-device
-    /// variants); the runner calls it for the untimed probe pass.
+    /// variants); the runner calls it for the untimed checked call.
     fn forward_counted(
         &self,
         case: &Case,

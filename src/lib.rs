@@ -26,7 +26,7 @@ pub mod units;
 pub mod variant;
 pub mod worker;
 
-/// Every heap allocation of the process is counted, so the memory probe can read the peak
+/// Every heap allocation of the process is counted, so the memory counter can read the peak
 /// bytes live during a call, and large requests over the memory budget fail (as `oom`).
 #[global_allocator]
 static ALLOCATOR: measure::alloc::CountingAllocator = measure::alloc::CountingAllocator;

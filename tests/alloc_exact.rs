@@ -1,14 +1,14 @@
 //! Exact byte counts of the counting allocator and its budget. One `#[test]` in its own
 //! binary: with any other test (or the harness's output capture) running on another thread,
-//! an allocation or free between a probe's baseline and its peak would shift the figure, a
-//! probe's start would reset another's peak, and a budget would refuse another test's block.
+//! an allocation or free between a meter's baseline and its peak would shift the figure, a
+//! meter's start would reset another's peak, and a budget would refuse another test's block.
 
 use attnbench::measure::alloc;
 
 #[test]
 fn exact_allocation_accounting() {
-    probe_sees_a_large_block();
-    probe_excludes_what_was_live_before_start();
+    meter_sees_a_large_block();
+    meter_excludes_what_was_live_before_start();
     global_limit_refuses_large_fallible_requests();
     realloc_growth_is_counted();
     block_bookkeeping_allocates_what_predictions_count();
@@ -16,23 +16,23 @@ fn exact_allocation_accounting() {
 
 const MIB: u64 = 1 << 20;
 
-fn probe_sees_a_large_block() {
-    let probe = alloc::MemoryProbe::start();
+fn meter_sees_a_large_block() {
+    let meter = alloc::OverheadMeter::start();
     let block: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
     let live = alloc::current_bytes();
     drop(block);
-    let overhead = probe.finish();
+    let overhead = meter.finish();
     assert!(overhead >= 64 * MIB, "overhead {overhead}");
     assert!(alloc::peak_bytes() >= live);
 }
 
-fn probe_excludes_what_was_live_before_start() {
+fn meter_excludes_what_was_live_before_start() {
     let before: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 * MIB as usize));
-    let probe = alloc::MemoryProbe::start();
-    assert!(probe.baseline() >= 64 * MIB);
+    let meter = alloc::OverheadMeter::start();
+    assert!(meter.baseline() >= 64 * MIB);
     let small: Vec<u8> = std::hint::black_box(Vec::with_capacity(1024));
     drop(small);
-    let overhead = probe.finish();
+    let overhead = meter.finish();
     assert!(overhead < 64 * MIB, "overhead {overhead}");
     drop(before);
 }
@@ -72,7 +72,7 @@ fn global_limit_refuses_large_fallible_requests() {
 /// Growing a block in place (realloc) is counted by its growth.
 fn realloc_growth_is_counted() {
     const MIB: usize = 1 << 20;
-    let probe = alloc::MemoryProbe::start();
+    let meter = alloc::OverheadMeter::start();
     // black_box: in release builds unused allocations may be elided.
     let mut v: Vec<u8> = std::hint::black_box(Vec::with_capacity(8 * MIB));
     v.reserve_exact(40 * MIB);
@@ -82,10 +82,10 @@ fn realloc_growth_is_counted() {
     // The test harness's own threads allocate and free small buffers (output capture) at
     // any moment, so the figure can fall short of `cap` by a few KiB; growth that was not
     // counted would read 8 MiB, far below this bound.
-    let seen = probe.finish();
+    let seen = meter.finish();
     assert!(
         seen + (1 << 20) >= cap,
-        "probe saw {seen} of a {cap}-byte block"
+        "meter saw {seen} of a {cap}-byte block"
     );
 }
 
@@ -97,17 +97,17 @@ fn block_bookkeeping_allocates_what_predictions_count() {
     let blocks = heads * rows.div_ceil(block);
     let mut a = vec![0.0f32; heads * rows * width];
     let mut b = vec![0.0f32; heads * rows * width];
-    let probe = alloc::MemoryProbe::start();
+    let meter = alloc::OverheadMeter::start();
     let split = head_row_blocks(&mut a, rows, width, block);
     assert_eq!(split.len(), blocks);
     drop(split);
-    assert_eq!(probe.finish(), split_bytes(blocks));
+    assert_eq!(meter.finish(), split_bytes(blocks));
     for second in [false, true] {
-        let probe = alloc::MemoryProbe::start();
+        let meter = alloc::OverheadMeter::start();
         let locked = LockedBlocks::new(&mut a, second.then_some(&mut b[..]), rows, width, block);
         locked.add(blocks - 1, &[&[1.0; 8], &[1.0; 8]]);
         drop(locked);
-        assert_eq!(probe.finish(), LockedBlocks::bytes(blocks));
+        assert_eq!(meter.finish(), LockedBlocks::bytes(blocks));
     }
     // The last block holds the last 1000 % 7 = 6 rows; `add` filled its first 8 values.
     let last = a.len() - (rows % block) * width;

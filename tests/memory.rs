@@ -3,7 +3,7 @@
 //!
 //! One `#[test]` in its own binary, the checks in sequence: the allocator's counters and its
 //! budget are process-wide, and with a second test on another thread (or the harness freeing
-//! a finished test's thread and output) an allocation or free inside a probe would shift a
+//! a finished test's thread and output) an allocation or free inside a meter would shift a
 //! figure, and a budget of a few KiB would refuse another test's large block.
 
 use attnbench::error::Error;

@@ -492,3 +492,35 @@ fn a_new_report_leaves_no_stale_plot_of_an_old_one_and_keeps_other_files() {
     );
     assert!(out.path().join("runtime.svg").is_file());
 }
+
+/// `attnbench report` regenerates the derived renderings a sweep writes beside runs.csv
+/// (`decode.md`, `bpt.md`) from the rows and meta.json's config alone: a committed results
+/// directory, copied without them, gets them back byte for byte, beside runs.csv.
+#[test]
+fn report_regenerates_decode_md_and_bpt_md_beside_runs_csv() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, name) in [
+        ("results/tree_vs_ring_mpi/p2", "decode.md"),
+        ("results/bpt_memory", "bpt.md"),
+    ] {
+        let src = root.join(dir);
+        let copy = tempfile::tempdir().unwrap();
+        for f in ["runs.csv", "meta.json"] {
+            fs::copy(src.join(f), copy.path().join(f)).unwrap();
+        }
+        let cwd = tempfile::tempdir().unwrap();
+        attnbench()
+            .current_dir(cwd.path())
+            .args(["report", "--format", "svg"])
+            .arg(copy.path())
+            .assert()
+            .success()
+            .stdout(predicate::str::contains(format!(
+                "wrote {}",
+                copy.path().join(name).display()
+            )));
+        let got = fs::read_to_string(copy.path().join(name)).unwrap();
+        let want = fs::read_to_string(src.join(name)).unwrap();
+        assert!(got == want, "{dir}/{name} does not regenerate:\n{got}");
+    }
+}

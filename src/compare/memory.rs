@@ -4,7 +4,7 @@
 //!
 //! For a given build and case the overhead is deterministic except for:
 //! - rayon's job injector: a `crossbeam` block of 63 job slots (1520 bytes) is allocated
-//!   every 63 jobs handed to a pool, so whether one lands inside the probe pass depends on how
+//!   every 63 jobs handed to a pool, so whether one lands inside the checked call depends on how
 //!   many repetitions ran before it;
 //! - progress-bar redraws on a terminal (a few hundred bytes; piped and CI runs have none);
 //! - with more than one thread, how many workers hold a GEMM packing buffer at the same

@@ -1,6 +1,6 @@
 //! `[model]`: the Ring-vs-Tree decode model a sweep also writes (Shyam et al. Sec. 6;
 //! docs/papers.md, Shyam et al., 2.8): the α–β topology (a preset, with any parameter overridden),
-//! the compute term (a GPU roofline or a probe on this machine), the (devices, tokens) grid
+//! the compute term (a GPU roofline or a decode timed on this machine), the (devices, tokens) grid
 //! of predictions, the decode shape, the allreduce of the tree, and the scaled-down shapes
 //! whose simulated counts are checked against eqs. (8)-(14). Errors name `model.KEY`.
 
@@ -57,7 +57,7 @@ pub const DEFAULT_DEVICES: [usize; 5] = [8, 16, 32, 64, 128];
 pub const DEFAULT_TOKENS: [usize; 7] = [
     80_000, 160_000, 320_000, 640_000, 1_280_000, 2_560_000, 5_120_000,
 ];
-/// Probe length of the measured compute term.
+/// Cache length at which the measured compute term is timed.
 pub const DEFAULT_PROBE_TOKENS: usize = 32_768;
 /// Scaled-down versions of docs/papers.md's fixtures (640k on 8 and 5.12M on 128 devices,
 /// t divided by 64 and 1000) and two ragged small shapes.

@@ -406,7 +406,7 @@ impl Link {
         let rank = self.rank;
         let world = SimpleCommunicator::world();
         let log = self.log.clone();
-        // The timed calls' median; the probe pass itself (which also gathers) only when
+        // The timed calls' median; the checked call itself (which also gathers) only when
         // nothing was timed.
         let median = super::take_median_call_comm().unwrap_or(self.comm.as_secs_f64());
         let mut mine = Vec::new();

@@ -56,7 +56,7 @@ impl std::str::FromStr for Fault {
     }
 }
 /// Seconds each call of an MPI variant spent in communication on this rank, since the last
-/// counted (probe) call.
+/// counted (checked) call.
 static CALL_COMM_S: Mutex<Vec<f64>> = Mutex::new(Vec::new());
 
 /// This process's rank (0 when not under MPI).

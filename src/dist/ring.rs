@@ -64,7 +64,7 @@ pub(super) fn broadcast_q(link: &mut Link, inputs: &Inputs, library: bool) -> Te
 
 /// Ring Attention of `inputs` on this rank into `out` (decode: the whole output on every
 /// rank; prefill: this rank's rows, gathered on rank 0 when `counted`). Returns the
-/// gathered counters when `counted` (the probe pass), else records the call's
+/// gathered counters when `counted` (the checked call), else records the call's
 /// communication time.
 pub fn run(
     spec: &Spec,

@@ -39,7 +39,7 @@ fn allreduce(
 }
 
 /// Tree decoding of `inputs` on this rank into `out` (every rank ends with the whole
-/// output). Returns the gathered counters when `counted` (the probe pass).
+/// output). Returns the gathered counters when `counted` (the checked call).
 pub fn run(
     spec: &Spec,
     library: bool,

@@ -198,7 +198,7 @@ pub fn run_once(
     }
 }
 
-/// Fills `v` with NaN: outputs and gradients are poisoned before the probe pass, so a value
+/// Fills `v` with NaN: outputs and gradients are poisoned before the checked call, so a value
 /// the layer forgets to write shows as an error.
 pub fn poison(v: &mut [f32]) {
     v.par_iter_mut().for_each(|x| *x = f32::NAN);

@@ -1,5 +1,5 @@
 //! Counting global allocator: exact live and peak heap bytes of the process (the memory
-//! probe) and an emulated memory budget; costs two or three relaxed atomics per allocation.
+//! meter) and an emulated memory budget; costs two or three relaxed atomics per allocation.
 //!
 //! Bytes are counted as requested (`Layout::size`), not as the system allocator rounds them,
 //! so the figures are the algorithm's own and do not depend on the libc in use.
@@ -16,9 +16,9 @@
 //!
 //! # Concurrency
 //!
-//! The counters are process-wide: everything every thread allocates is counted, so a probe
+//! The counters are process-wide: everything every thread allocates is counted, so a meter
 //! measures one call only if nothing else allocates meanwhile (the runner measures one case
-//! at a time). Tests that assert on the probe or set a limit run alone in their own test binary
+//! at a time). Tests that assert on the meter or set a limit run alone in their own test binary
 //! (`tests/alloc_exact.rs`, `tests/memory.rs`); unit tests that run cases hold [`test_lock`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -225,25 +225,25 @@ pub fn limit() -> Option<u64> {
     }
 }
 
-/// Measures the peak heap overhead of whatever runs between [`MemoryProbe::start`] and
-/// [`MemoryProbe::finish`]: the peak live bytes minus the bytes live at `start`.
+/// Measures the peak heap overhead of whatever runs between [`OverheadMeter::start`] and
+/// [`OverheadMeter::finish`]: the peak live bytes minus the bytes live at `start`.
 ///
 /// Everything allocated before `start` and still live (inputs, the output buffer) is in the
 /// baseline and so excluded, which is exactly the paper's "peak bytes during the call minus
-/// its inputs and outputs" when inputs and outputs are allocated before the probe starts.
-/// Starting a probe resets the process-wide peak, so probes do not nest.
+/// its inputs and outputs" when inputs and outputs are allocated before the meter starts.
+/// Starting a meter resets the process-wide peak, so meters do not nest.
 #[derive(Debug)]
 #[must_use = "call finish() to read the overhead"]
-pub struct MemoryProbe {
+pub struct OverheadMeter {
     baseline: u64,
 }
 
-impl MemoryProbe {
+impl OverheadMeter {
     /// Records the live bytes as the baseline and resets the peak.
-    pub fn start() -> MemoryProbe {
+    pub fn start() -> OverheadMeter {
         let baseline = current_bytes();
         reset_peak();
-        MemoryProbe { baseline }
+        OverheadMeter { baseline }
     }
 
     /// Bytes live at `start`.
@@ -260,7 +260,7 @@ impl MemoryProbe {
 static TEST_LOCK: Mutex<()> = Mutex::new(());
 
 /// Serializes tests that touch the process-wide counters (set a limit, or assert on a
-/// probe): tests of one binary run on parallel threads. Not for use outside tests (it is
+/// meter): tests of one binary run on parallel threads. Not for use outside tests (it is
 /// not reentrant). A poisoned lock is recovered, so one failed test does not fail others.
 #[doc(hidden)]
 pub fn test_lock() -> MutexGuard<'static, ()> {

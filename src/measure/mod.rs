@@ -11,7 +11,7 @@ pub mod stats;
 pub mod timer;
 
 pub use alloc::{
-    current_bytes, limit, peak_bytes, reset_peak, set_limit, MemoryProbe, LARGE_ALLOCATION_BYTES,
+    current_bytes, limit, peak_bytes, reset_peak, set_limit, OverheadMeter, LARGE_ALLOCATION_BYTES,
 };
 pub use calibrate::{calibrate, calibrate_with, Calibration};
 pub use rss::{current_rss_bytes, peak_rss_bytes, reset_peak_rss};

@@ -1,11 +1,13 @@
 //! `attnbench report`: reads a results directory (runs.csv, meta.json), writes tables.md and
-//! the plots into `DIR/report/` (or `--out`), and prints the derived checks. `sweep` calls
+//! the plots into `DIR/report/` (or `--out`), regenerates the derived renderings
+//! (`decode.md`, `bpt.md`) beside runs.csv (or in `--out`), and prints the derived checks. `sweep` calls
 //! it at the end unless `--no-report`.
 
 use crate::report::run_config::RunConfig;
 use std::path::{Path, PathBuf};
 
 use super::checks::{rs_checks, Check, Verdict};
+use super::derived::write_renderings;
 use super::figures::{is_plot_file, write_all};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
@@ -24,6 +26,9 @@ pub struct Generated {
     pub out: PathBuf,
     /// Every file written, relative to `out`.
     pub files: Vec<String>,
+    /// The derived files regenerated from the rows (`decode.md`, `bpt.md`): beside
+    /// `runs.csv`, where `sweep` writes them, or in `out` when it was given.
+    pub derived: Vec<PathBuf>,
     pub checks: Vec<Check>,
 }
 
@@ -41,6 +46,7 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
         _ => dir,
     };
     let results = Results::read(dir)?;
+    let derived_dir = out.unwrap_or(dir).to_path_buf();
     let out = out.map_or_else(|| dir.join(REPORT_DIR), Path::to_path_buf);
     if out.exists() && !out.is_dir() {
         return Err(Error::Usage(format!(
@@ -80,7 +86,18 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
             .map_or(img.file.as_str(), |(s, _)| s);
         files.extend(formats.iter().map(|f| format!("{stem}.{}", f.ext())));
     }
-    Ok(Generated { out, files, checks })
+    let derived = write_renderings(
+        &derived_dir,
+        &results.records,
+        results.model_layers(),
+        results.memory_budget(),
+    )?;
+    Ok(Generated {
+        out,
+        files,
+        derived,
+        checks,
+    })
 }
 
 /// The checks as terminal lines: "PASS  name: ours (paper: ...)".
@@ -120,6 +137,9 @@ pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
         g.out.display(),
         g.files.join(", ")
     );
+    for p in &g.derived {
+        println!("wrote {}", p.display());
+    }
     if !g.checks.is_empty() {
         println!("derived checks:\n{}", checks_text(&g.checks));
     }

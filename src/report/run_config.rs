@@ -1,5 +1,6 @@
 //! What a report reads of the config embedded in `meta.json`: the memory budget the rows
-//! were measured under and the paper table the config joined. O(1) lookups in the JSON.
+//! were measured under, the paper table the config joined and the depth of the model a
+//! layer case belongs to. O(1) lookups in the JSON.
 
 use crate::config::paper::PaperTable;
 use crate::config::ByteSize;
@@ -11,6 +12,8 @@ pub trait RunConfig {
     fn memory_budget(&self) -> Option<u64>;
     /// The paper table the config joined (`[report] paper_table`), as embedded in meta.json.
     fn paper(&self) -> Option<PaperTable>;
+    /// `run.model_layers`: the depth of the model a layer case belongs to.
+    fn model_layers(&self) -> Option<usize>;
 }
 
 impl RunConfig for Results {
@@ -28,6 +31,11 @@ impl RunConfig for Results {
 
     fn paper(&self) -> Option<PaperTable> {
         let v = self.meta.as_ref()?.config.get("report")?.get("paper")?;
+        serde_json::from_value(v.clone()).ok()
+    }
+
+    fn model_layers(&self) -> Option<usize> {
+        let v = self.meta.as_ref()?.config.get("run")?.get("model_layers")?;
         serde_json::from_value(v.clone()).ok()
     }
 }

@@ -15,7 +15,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::{try_zeroed, WarmCalls};
 use crate::error::{Error, Result};
 use crate::layer;
-use crate::measure::alloc::{self, MemoryProbe};
+use crate::measure::alloc::{self, OverheadMeter};
 use crate::measure::probe::probe_pool;
 use crate::measure::rss;
 use crate::measure::stats::Summary;
@@ -88,9 +88,9 @@ impl Backend for Cpu {
         step: &mut dyn Step,
     ) -> Result<()> {
         rss::reset_peak_rss();
-        let probe = MemoryProbe::start();
+        let meter = OverheadMeter::start();
         let result = step.checked_call();
-        let overhead = probe.finish();
+        let overhead = meter.finish();
         result?;
         record.mem_overhead_bytes = Some(overhead);
         record.peak_rss_bytes = rss::peak_rss_bytes();
@@ -106,7 +106,7 @@ impl Backend for Cpu {
 /// worker (a kernel's `install` of the same pool runs inline), so no call pays a hand-off
 /// to a sleeping thread, which on a small case can cost as much as the kernel. The loop
 /// runs warm (`WarmCalls`): a kernel's scratch buffers are those the previous call freed,
-/// not fresh pages the operating system must zero. The memory probe runs after it, cold.
+/// not fresh pages the operating system must zero. The memory counter runs after it, cold.
 /// The machine-speed probe (`measure::probe`) runs on every thread of the pool just before
 /// and just after the loop; their mean is returned beside the timing.
 fn time_on_worker(

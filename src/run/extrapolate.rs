@@ -11,7 +11,7 @@
 //! eligible only when its variant
 //! predicts the same workspace for the part as for the whole (true of `rabe-staats`: its one
 //! chunk buffer, shared by the workers, depends on the chunk sizes and n_kv, not on how
-//! many query chunks there are), so the memory probe of the part measures the full case's
+//! many query chunks there are), so the checked call of the part measures the full case's
 //! overhead. The error is checked on the rows computed (`err_rows`).
 
 use crate::problem::{Case, Inputs, Mode, Shape, Tensor};
@@ -282,7 +282,7 @@ mod tests {
         let fast = crate::run::run_case(&c, &settings(1e9), None).unwrap();
         let r = &fast.record;
         assert_eq!((r.extrapolated, r.timed_rows), (false, Some(64)));
-        // Same workspace either way: the part's memory probe is the full case's.
+        // Same workspace either way: the part's checked call measures the full case's.
         assert_eq!(slow.record.mem_predicted_bytes, r.mem_predicted_bytes);
         let mut causal = c.clone();
         causal.causal = true;

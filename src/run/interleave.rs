@@ -3,7 +3,7 @@
 //! other. After each case's warm-up come rounds in which every case still running makes one
 //! timed call, in a seeded random order per round; a case leaves the rounds when its own
 //! stopping rule stops it, so it makes the calls it would make alone. Then each case's
-//! memory probe pass and error check, as alone. The idea is Google Benchmark's random
+//! checked call and error check, as alone. The idea is Google Benchmark's random
 //! interleaving. Why: on a shared machine the same build runs stretches of seconds 1.3x to
 //! 2x slower (docs/methodology.md, "Comparing runs"); timed in alternation, such a stretch falls on all
 //! the group's cases alike, so their ratios (one algorithm against another) compare calls
@@ -210,7 +210,7 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
         }
     };
     let interrupted = INTERRUPTED.load(Ordering::Relaxed);
-    // The memory probe passes run cold, with nothing kept.
+    // The checked calls run cold, with nothing kept.
     for m in &mut members {
         m.stash = WarmStash::default();
     }
@@ -406,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_group_measures_each_case_as_alone_in_case_order() {
-        // run_group sets (and clears) the process-wide memory limit and resets the probe.
+        // run_group sets (and clears) the process-wide memory limit and resets the peak.
         let _g = crate::measure::alloc::test_lock();
         let s = settings(3);
         let cases = [

@@ -519,7 +519,7 @@ pub fn record_for(run: &str, case: &Case, status: Status, reason: impl Into<Stri
 
 /// The paper's error measure (Rabe–Staats 5.1): max |out - out of `base`| over every output
 /// value, both computed on the same inputs (the rows the case computed, when it was
-/// extrapolated); untimed, after the memory probe. Left empty when `base` would not fit the
+/// extrapolated); untimed, after the memory counter. Left empty when `base` would not fit the
 /// memory budget beside this case's inputs and output, or fails.
 fn paired_diff(
     case: &Case,

@@ -7,7 +7,7 @@
 //! - `{"op":"run","case":CASE,"stop":RULE,"error_rows":N,"memory_budget":BYTES|null}` ->
 //!   `{"ok":true,"status":"ok","reason":"","samples":[s, ...],"mem_overhead_bytes":B,
 //!   "max_abs_err":E}`: the case measured by the worker's run sequence under that
-//!   stopping rule (its warm-up, timed calls, memory probe pass and oracle check).
+//!   stopping rule (its warm-up, timed calls, checked call and oracle check).
 //!   `CASE` is [`Case`]'s JSON form (the fields of a `runs.csv` row's identity).
 //! - `{"op":"quit"}` -> `{"ok":true}`, then the worker exits.
 //!

@@ -1,7 +1,7 @@
 //! `attnbench worker`: answers the worker protocol (`protocol`) on stdin/stdout until stdin
 //! closes or `quit`. Each `run` goes through the one run sequence (`runner::run_case`:
 //! predict memory, inputs, warm-up, timed calls under the requested stopping rule, memory
-//! probe pass, oracle), so a worker measures a case exactly as a sweep of its build does.
+//! checked call, oracle), so a worker measures a case exactly as a sweep of its build does.
 //! Cost per request: that of the case's run; O(1) state between requests.
 
 use std::io::{BufRead, Write};

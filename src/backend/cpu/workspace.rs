@@ -7,7 +7,7 @@
 //! buffer the previous call freed, as a framework's caching allocator would, so a timed
 //! call does not pay the operating system for zeroing fresh pages (naive attention's n^2
 //! matrix spent a fifth of its time there). Outside a warm timing loop, and so in the
-//! memory probe, every buffer is a fresh allocation that the counting allocator sees.
+//! memory counter, every buffer is a fresh allocation that the counting allocator sees.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::RefCell;

@@ -1,5 +1,5 @@
 //! Byte accounting of the device allocator (live, peak, limit), pure Rust so it is tested
-//! without a device: the memory-overhead figure is `peak - live` before the probed call, as
+//! without a device: the memory-overhead figure is `peak - live` before the checked call, as
 //! the CPU's counting allocator gives it (docs/methodology.md, "Memory overhead"). O(1) per event.
 
 /// Live and peak bytes of the buffers a [`Counter`]'s owner has handed out, and an optional
@@ -57,7 +57,7 @@ impl Counter {
         self.allocations
     }
 
-    /// Starts a probe: the peak becomes what is live now.
+    /// Starts a measurement: the peak becomes what is live now.
     pub fn reset_peak(&mut self) {
         self.peak = self.live;
     }
@@ -95,7 +95,7 @@ mod tests {
         assert_eq!(c.peak(), 100);
         c.reserve(30).unwrap();
         c.release(30);
-        // The probe's overhead: peak minus what was live when it started.
+        // The overhead: peak minus what was live when it started.
         assert_eq!(c.peak() - 100, 30);
         assert_eq!(c.allocations(), 3);
     }

@@ -5,7 +5,7 @@
 //! starts both workers afresh and, for every case, times a block of calls on both sides
 //! back to back, in a seeded random order; the verdicts come from the rounds' paired ratios
 //! (`paired`), grouped by kernel (variant, mode, dtype). The idea is Google Benchmark's
-//! random interleaving, at the level of whole processes. Cost: 2 · rounds · (warm-up + block + one memory probe pass and oracle check)
+//! random interleaving, at the level of whole processes. Cost: 2 · rounds · (warm-up + block + one checked call and oracle check)
 //! per case; O(cases · rounds) memory.
 
 pub mod paired;

@@ -100,7 +100,8 @@ pub fn write(
     }
     let mut s =
         String::from("# Blockwise Parallel Transformer: one GPT layer in three designs\n\n");
-    s += "Written by `attnbench sweep` (module `src/report/derived/bpt_md.rs`) from `runs.csv`. \
+    s += "Written by `attnbench sweep` and `attnbench report` (module \
+          `src/report/derived/bpt_md.rs`) from `runs.csv`. \
           Memory is the counting allocator's peak during one call minus what was live before \
           it (x, out, parameters, and for training dout, dx and the parameter gradient): the \
           layer's activation memory, f32. Per context the best cell over the config's block \

@@ -27,8 +27,8 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         return Ok(None);
     }
     let mut s = String::from("# Decode: KV-cache bandwidth\n\n");
-    s += "Written by `attnbench sweep` (module `src/report/derived/decode_md.rs`) from `runs.csv` \
-          until the report command takes this table over. `KV read` is the bytes of the \
+    s += "Written by `attnbench sweep` and `attnbench report` (module \
+          `src/report/derived/decode_md.rs`) from `runs.csv`. `KV read` is the bytes of the \
           cached keys and values the new queries attend, each read once; `GB/s` is that over \
           the median time; `% copy` compares it with the copy bandwidth calibrated at the \
           same thread count (`meta.json`, bytes read + written per second).\n\n";

@@ -296,14 +296,14 @@ pub fn balance(devices: &[usize], threads: usize) -> Result<Vec<BalanceRow>> {
         .collect()
 }
 
-/// The compute term of the config: a roofline, or a probe timed on this machine.
+/// The compute term of the config: a roofline, or a decode timed on this machine.
 pub fn compute_term(cfg: &ModelConfig, threads: usize) -> Result<Compute> {
     match &cfg.compute {
         ComputeSpec::Roofline(name) => Gpu::named(name)
             .map(Compute::Roofline)
             .ok_or_else(|| Error::Runtime(format!("unknown GPU roofline `{name}`"))),
         ComputeSpec::Measured { probe_tokens } => {
-            let s = super::probe::seconds_per_token(cfg, *probe_tokens, threads)?;
+            let s = super::compute_rate::seconds_per_token(cfg, *probe_tokens, threads)?;
             Ok(Compute::Measured {
                 seconds_per_token: s,
             })

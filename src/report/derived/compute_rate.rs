@@ -1,7 +1,7 @@
 //! The measured compute term of the model: one device's local decode (flash-decoding over
-//! t cached tokens of the model's shape) timed on this machine at a probe length, as
+//! t cached tokens of the model's shape) timed on this machine at one cache length, as
 //! seconds per cached token; decode streams the cache, so time scales linearly in t.
-//! Costs a few passes over a probe cache of 2·b·t·d elements.
+//! Costs a few passes over a cache of 2·b·t·d elements.
 
 use crate::variant::Registry;
 use std::time::Instant;
@@ -45,7 +45,8 @@ pub fn seconds_per_token(cfg: &ModelConfig, tokens: usize, threads: usize) -> Re
         d_out: UpstreamGrad::Random,
     };
     let inputs = Inputs::generate(shape, cfg.dtype, InputDist::Normal, 1.0, 0);
-    let mut out = crate::backend::cpu::workspace::try_zeroed(shape.out_len(), "probe output")?;
+    let mut out =
+        crate::backend::cpu::workspace::try_zeroed(shape.out_len(), "compute-rate output")?;
     forward(&case, &inputs, &mut out)?;
     let mut times = Vec::with_capacity(PASSES);
     for _ in 0..PASSES {
@@ -57,7 +58,7 @@ pub fn seconds_per_token(cfg: &ModelConfig, tokens: usize, threads: usize) -> Re
     let median = times[PASSES / 2];
     if median.is_nan() || median <= 0.0 {
         return Err(Error::Runtime(
-            "the compute probe took no measurable time".into(),
+            "the compute-rate measurement took no measurable time".into(),
         ));
     }
     Ok(median / tokens as f64)
@@ -71,7 +72,7 @@ mod tests {
     use crate::sim::plan::Allreduce;
 
     #[test]
-    fn probe_gives_a_positive_time_per_token() {
+    fn the_measured_rate_gives_a_positive_time_per_token() {
         let cfg = ModelConfig {
             topology: Topology::preset("pcie-pair").unwrap(),
             compute: ComputeSpec::Measured { probe_tokens: 512 },
