@@ -921,13 +921,73 @@ fn decode_sweep_fills_the_decode_and_device_columns_and_writes_the_model_files()
         "tree_vs_ring.md",
         "tree_vs_ring.svg",
         "tree_vs_ring_counts.csv",
+        "tree_vs_ring_balance.csv",
         "tree_vs_ring_latency.csv",
     ] {
         assert!(out.join(f).exists(), "{f}");
     }
+    // The roofline is the default compute term: nothing timed for it.
+    assert!(!out.join("tree_vs_ring_compute.csv").exists());
     let md = fs::read_to_string(out.join("tree_vs_ring.md")).unwrap();
     assert!(md.contains("exact") && !md.contains("MISMATCH"), "{md}");
     assert!(md.contains("close to 8×"));
+}
+
+/// The files a sweep derives from its rows and `[model]` measurements are renderings:
+/// `attnbench report DIR` writes them again, byte for byte, from runs.csv, meta.json and
+/// the measured CSVs (here with the compute term timed on this machine).
+#[test]
+fn report_rewrites_the_derived_files_of_a_sweep_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = DECODE.replace(
+        "[model]",
+        "[model]\ncompute = \"measured\"\nprobe_tokens = 256",
+    );
+    let cfg = write_config(tmp.path(), &text);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--no-report", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let compute = fs::read_to_string(out.join("tree_vs_ring_compute.csv")).unwrap();
+    assert!(
+        compute.starts_with("tokens,threads,seconds_per_token\n256,"),
+        "{compute}"
+    );
+    let rendered = [
+        "decode.md",
+        "tree_vs_ring.md",
+        "tree_vs_ring.svg",
+        "tree_vs_ring_latency.csv",
+    ];
+    let before: Vec<Vec<u8>> = rendered
+        .iter()
+        .map(|f| fs::read(out.join(f)).unwrap())
+        .collect();
+    for f in rendered {
+        fs::remove_file(out.join(f)).unwrap();
+    }
+    attnbench()
+        .args(["report", "--format", "svg"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("tree_vs_ring.md"));
+    for (f, want) in rendered.iter().zip(&before) {
+        let got = fs::read(out.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(&got == want, "{f} differs after report");
+    }
+    // Without its timed compute term the model cannot be rendered: a clear error, exit 2.
+    fs::remove_file(out.join("tree_vs_ring_compute.csv")).unwrap();
+    attnbench()
+        .args(["report", "--format", "svg"])
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("tree_vs_ring_compute.csv"));
 }
 
 #[test]

@@ -290,7 +290,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         units::seconds_3dp(started.elapsed().as_secs_f64())
     );
     if !INTERRUPTED.load(Ordering::Relaxed) {
-        for p in crate::report::derived::write_results(&dir, &config, &csv_path)? {
+        for p in write_derived(&dir, &config, &csv_path)? {
             println!("wrote {}", p.display());
         }
     }
@@ -311,6 +311,77 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         report_at_end(&dir)?;
     }
     Ok(())
+}
+
+/// What a finished sweep writes beside its CSV: for a config with `[model]`, the
+/// Tree-vs-Ring measurements (`run::tree_vs_ring`, into `results::tree_vs_ring`), then the
+/// derived files rendered from the rows and those (`report::derived`). Returns the paths.
+fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
+    let records = crate::results::runs::read_if_present(csv)?;
+    let mut paths = Vec::new();
+    let measured = match &config.model {
+        Some(model) => {
+            let m = measure_model(model, config.run.threads)?;
+            paths.extend(crate::results::tree_vs_ring::write(dir, &m)?);
+            Some(m)
+        }
+        None => None,
+    };
+    paths.extend(crate::report::derived::write_renderings(
+        dir,
+        &crate::report::derived::Sources {
+            records: &records,
+            model_layers: config.run.model_layers,
+            budget: config.run.memory_budget.map(|b| b.0),
+            model: config.model.as_ref(),
+            measured: measured.as_ref(),
+        },
+    )?);
+    Ok(paths)
+}
+
+/// The device counts of the striped-vs-ring prefill balance.
+const BALANCE_DEVICES: [usize; 3] = [2, 4, 8];
+
+/// The Tree-vs-Ring measurements of `[model]`: each check shape simulated and counted, the
+/// prefill balance, and the compute term when it is timed on this machine.
+fn measure_model(
+    model: &crate::config::ModelConfig,
+    threads: usize,
+) -> Result<crate::results::tree_vs_ring::Measured> {
+    use crate::run::tree_vs_ring as tvr;
+    let shape = |batch, heads, head_dim, tokens| crate::problem::Shape {
+        batch,
+        heads,
+        kv_heads: heads,
+        seq_q: 1,
+        seq_kv: tokens,
+        head_dim,
+    };
+    let counts = model
+        .check
+        .iter()
+        .map(|c| {
+            let s = shape(c.batch, c.heads, c.head_dim, c.tokens);
+            tvr::count_shape(s, c.devices, model.dtype, model.allreduce, threads)
+        })
+        .collect::<Result<_>>()?;
+    let compute = match model.compute {
+        crate::config::ComputeSpec::Measured { probe_tokens } => {
+            let s = shape(model.batch, model.heads, model.head_dim, probe_tokens);
+            Some(crate::results::tree_vs_ring::ComputeRow {
+                tokens: probe_tokens,
+                threads,
+                seconds_per_token: tvr::seconds_per_token(s, model.dtype, threads)?,
+            })
+        }
+        crate::config::ComputeSpec::Roofline(_) => None,
+    };
+    Ok(crate::results::tree_vs_ring::Measured {
+        counts,
+        balance: tvr::balance(&BALANCE_DEVICES, threads)?,
+        compute,
+    })
 }
 
 /// Whether a signal asked the sweep to stop, on this process or, under MPI, on any rank:
@@ -454,6 +525,7 @@ fn prepare_dir(dir: &Path, resume: bool, force: bool) -> Result<DirLock> {
         let holds_run = dir.join(CSV_NAME).is_file() || dir.join(META_NAME).is_file();
         let derived = crate::report::derived::DERIVED_FILES
             .iter()
+            .chain(&crate::results::tree_vs_ring::FILES)
             .filter(|_| holds_run);
         for name in [CSV_NAME, META_NAME, SAMPLES_NAME].iter().chain(derived) {
             let p = dir.join(name);

@@ -4,7 +4,7 @@
 //! of predictions, the decode shape, the allreduce of the tree, and the scaled-down shapes
 //! whose simulated counts are checked against eqs. (8)-(14). Errors name `model.KEY`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use toml::Value;
 
 use super::schema::RawModel;
@@ -15,7 +15,7 @@ use crate::problem::DType;
 use crate::sim::plan::Allreduce;
 
 /// Where the model's compute term comes from.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ComputeSpec {
     /// A named GPU's roofline (`model::topology::Gpu`).
@@ -27,7 +27,7 @@ pub enum ComputeSpec {
 
 /// A scaled-down shape whose simulated communication and memory are compared with the
 /// paper's equations: b sequences, n_h heads of d_h, N tokens on p devices (N = t·p).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckShape {
     pub batch: usize,
     pub heads: usize,
@@ -36,7 +36,7 @@ pub struct CheckShape {
     pub devices: usize,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     pub topology: Topology,
     pub compute: ComputeSpec,
@@ -336,4 +336,34 @@ fn check_shapes(v: &Value) -> Result<Vec<CheckShape>, String> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report reads `[model]` back from meta.json (`report::run_config`): every float,
+    /// the α of each link among them, must come back bit for bit, or the regenerated
+    /// latency tables differ in their last digits from the sweep's.
+    #[test]
+    fn the_model_reads_back_from_its_json_bit_for_bit() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tree_vs_ring.toml");
+        let model = crate::config::Config::load(&path, &[])
+            .unwrap()
+            .model
+            .unwrap();
+        let json = serde_json::to_string(&model).unwrap();
+        let back: ModelConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, model, "{json}");
+        let measured = ModelConfig {
+            compute: ComputeSpec::Measured { probe_tokens: 512 },
+            ..model
+        };
+        let json = serde_json::to_string(&measured).unwrap();
+        assert_eq!(
+            serde_json::from_str::<ModelConfig>(&json).unwrap(),
+            measured
+        );
+    }
 }

@@ -4,10 +4,10 @@
 //! Presets for the paper's DGX H100 cluster (Shyam et al. Sec. 6.1) and a PCIe pair (its App.
 //! C.3), and rooflines of named GPUs for the compute term. O(1) per query.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One link: latency α (seconds) and bandwidth β (bytes per second, per direction).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Link {
     pub alpha_s: f64,
     pub beta_bytes_per_s: f64,
@@ -19,7 +19,7 @@ impl Link {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Topology {
     pub name: String,
     pub per_node: usize,

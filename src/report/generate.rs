@@ -1,13 +1,14 @@
 //! `attnbench report`: reads a results directory (runs.csv, meta.json), writes tables.md and
-//! the plots into `DIR/report/` (or `--out`), regenerates the derived renderings
-//! (`decode.md`, `bpt.md`) beside runs.csv (or in `--out`), and prints the derived checks. `sweep` calls
+//! the plots into `DIR/report/` (or `--out`), regenerates the derived files (`decode.md`,
+//! `bpt.md`, `tree_vs_ring.*`) beside runs.csv (or in `--out`), and prints the derived
+//! checks. `sweep` calls
 //! it at the end unless `--no-report`.
 
 use crate::report::run_config::RunConfig;
 use std::path::{Path, PathBuf};
 
 use super::checks::{rs_checks, Check, Verdict};
-use super::derived::write_renderings;
+use super::derived::{write_renderings, Sources};
 use super::figures::{is_plot_file, write_all};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
@@ -26,8 +27,9 @@ pub struct Generated {
     pub out: PathBuf,
     /// Every file written, relative to `out`.
     pub files: Vec<String>,
-    /// The derived files regenerated from the rows (`decode.md`, `bpt.md`): beside
-    /// `runs.csv`, where `sweep` writes them, or in `out` when it was given.
+    /// The derived files regenerated from the rows and the sweep's measurements
+    /// (`decode.md`, `bpt.md`, `tree_vs_ring.*`): beside `runs.csv`, where `sweep` writes
+    /// them, or in `out` when it was given.
     pub derived: Vec<PathBuf>,
     pub checks: Vec<Check>,
 }
@@ -86,11 +88,17 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
             .map_or(img.file.as_str(), |(s, _)| s);
         files.extend(formats.iter().map(|f| format!("{stem}.{}", f.ext())));
     }
+    let model = results.model()?;
+    let measured = crate::results::tree_vs_ring::read(dir)?;
     let derived = write_renderings(
         &derived_dir,
-        &results.records,
-        results.model_layers(),
-        results.memory_budget(),
+        &Sources {
+            records: &results.records,
+            model_layers: results.model_layers(),
+            budget: results.memory_budget(),
+            model: model.as_ref(),
+            measured: measured.as_ref(),
+        },
     )?;
     Ok(Generated {
         out,

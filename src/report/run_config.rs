@@ -1,9 +1,10 @@
 //! What a report reads of the config embedded in `meta.json`: the memory budget the rows
-//! were measured under, the paper table the config joined and the depth of the model a
-//! layer case belongs to. O(1) lookups in the JSON.
+//! were measured under, the paper table the config joined, the depth of the model a layer
+//! case belongs to and the Tree-vs-Ring `[model]`. O(1) lookups in the JSON.
 
 use crate::config::paper::PaperTable;
-use crate::config::ByteSize;
+use crate::config::{ByteSize, ModelConfig};
+use crate::error::{Error, Result};
 use crate::results::load::Results;
 
 /// The config of a loaded results directory, as reports need it.
@@ -14,6 +15,9 @@ pub trait RunConfig {
     fn paper(&self) -> Option<PaperTable>;
     /// `run.model_layers`: the depth of the model a layer case belongs to.
     fn model_layers(&self) -> Option<usize>;
+    /// `[model]`, the Tree-vs-Ring model, when the config had one. `Err` when meta.json
+    /// holds one this attnbench cannot read.
+    fn model(&self) -> Result<Option<ModelConfig>>;
 }
 
 impl RunConfig for Results {
@@ -37,5 +41,14 @@ impl RunConfig for Results {
     fn model_layers(&self) -> Option<usize> {
         let v = self.meta.as_ref()?.config.get("run")?.get("model_layers")?;
         serde_json::from_value(v.clone()).ok()
+    }
+
+    fn model(&self) -> Result<Option<ModelConfig>> {
+        let Some(v) = self.meta.as_ref().and_then(|m| m.config.get("model")) else {
+            return Ok(None);
+        };
+        serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|e| Error::Usage(format!("meta.json: config.model: {e}")))
     }
 }

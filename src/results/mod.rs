@@ -1,6 +1,7 @@
 //! The results directory and its files, and the only code that reads or writes them:
 //! `runs.csv` (one `Record` per case; `runs`), `samples.csv` (every timed repetition;
-//! `samples`), `meta.json` (what produced the numbers; `meta`), written durably
+//! `samples`), `meta.json` (what produced the numbers; `meta`), the Tree-vs-Ring
+//! measurements of a `[model]` sweep (`tree_vs_ring`), written durably
 //! (`durable`) and read back for reports (`load`) and comparisons (`compared`). Formats:
 //! docs/reference/results-format.md.
 
@@ -11,6 +12,7 @@ pub mod meta;
 pub mod record;
 pub mod runs;
 pub mod samples;
+pub mod tree_vs_ring;
 
 /// One row per case.
 pub const CSV_NAME: &str = "runs.csv";

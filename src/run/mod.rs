@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod extrapolate;
 pub mod interleave;
+pub mod tree_vs_ring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

@@ -1,66 +1,52 @@
-//! The files a sweep derives from its rows beside `runs.csv`: `decode.md` (decode
-//! bandwidth tables), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
-//! `[model]`, the Tree-vs-Ring reproduction (`tree_vs_ring.md`, its CSVs and SVG, which
-//! simulate the counted communication and time this machine's compute rate). O(rows) plus
-//! the simulations `tree_vs_ring` names.
+//! The files derived from a run's rows beside `runs.csv`: `decode.md` (decode bandwidth
+//! tables), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
+//! `[model]`, the Tree-vs-Ring reproduction (`tree_vs_ring.md`, its latency CSV and SVG)
+//! from what the sweep measured for it (`results::tree_vs_ring`). Renderings only, so
+//! `sweep` and `report` write the same bytes. O(rows) plus O(|p| |N|) plan pricings.
 
 pub mod bpt_md;
-pub mod compute_rate;
 pub mod decode_md;
 pub mod svg;
 pub mod tree_vs_ring;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::Config;
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::results::record::Record;
+use crate::results::tree_vs_ring::Measured;
 
-/// The names of every file [`write_results`] may write beside the CSV (a `--force` sweep
-/// removes them, so none is left from the run it replaces).
-pub const DERIVED_FILES: [&str; 6] = [
+/// The names of every file [`write_renderings`] may write (a `--force` sweep removes them,
+/// so none is left from the run it replaces).
+pub const DERIVED_FILES: [&str; 5] = [
     decode_md::MARKDOWN,
     bpt_md::MARKDOWN,
     tree_vs_ring::MARKDOWN,
-    tree_vs_ring::COUNTS_CSV,
     tree_vs_ring::LATENCY_CSV,
     tree_vs_ring::PLOT,
 ];
 
-/// The derived files of a finished sweep in `dir`, from its `runs.csv`: the renderings of
-/// [`write_renderings`], and the Tree-vs-Ring files when the config has `[model]`. Returns
-/// the paths written.
-pub fn write_results(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
-    let records = crate::results::runs::read_if_present(csv)?;
-    let mut paths = write_renderings(
-        dir,
-        &records,
-        config.run.model_layers,
-        config.run.memory_budget.map(|b| b.0),
-    )?;
-    if let Some(model) = &config.model {
-        paths.extend(tree_vs_ring::write(
-            dir,
-            model,
-            config.run.threads,
-            &records,
-        )?);
-    }
-    Ok(paths)
+/// What the derived files are rendered from: the rows and what the config says of them.
+pub struct Sources<'a> {
+    pub records: &'a [Record],
+    /// `run.model_layers`: the depth of the model a layer case belongs to.
+    pub model_layers: Option<usize>,
+    /// `run.memory_budget`.
+    pub budget: Option<u64>,
+    /// `[model]` and what the sweep measured for it; the Tree-vs-Ring files need both.
+    pub model: Option<&'a ModelConfig>,
+    pub measured: Option<&'a Measured>,
 }
 
-/// The derived files that are renderings of the rows alone, so `attnbench report`
-/// regenerates them too: `decode.md` when there are decode rows, `bpt.md` when there are
-/// layer rows (`model_layers` and `budget`: the config's `run.model_layers` and
-/// `run.memory_budget`). Returns the paths written.
-pub fn write_renderings(
-    dir: &Path,
-    records: &[Record],
-    model_layers: Option<usize>,
-    budget: Option<u64>,
-) -> Result<Vec<PathBuf>> {
+/// Writes the derived files into `dir`: `decode.md` when there are decode rows, `bpt.md`
+/// when there are layer rows, the Tree-vs-Ring files when there are `[model]` and its
+/// measurements. Returns the paths written.
+pub fn write_renderings(dir: &Path, s: &Sources) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
-    paths.extend(decode_md::write(dir, records)?);
-    paths.extend(bpt_md::write(dir, records, model_layers, budget)?);
+    paths.extend(decode_md::write(dir, s.records)?);
+    paths.extend(bpt_md::write(dir, s.records, s.model_layers, s.budget)?);
+    if let (Some(model), Some(measured)) = (s.model, s.measured) {
+        paths.extend(tree_vs_ring::write(dir, model, measured, s.records)?);
+    }
     Ok(paths)
 }

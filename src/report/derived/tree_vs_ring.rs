@@ -1,67 +1,27 @@
-//! The Tree-vs-Ring decode reproduction a sweep with `[model]` writes beside its CSV
-//! (Shyam et al. Sec. 6; docs/papers.md, Shyam et al.): the simulated communication volume and per-device
-//! memory of ring and tree decode on scaled-down shapes beside eqs. (8)-(14); the α–β
-//! predicted latency for p devices and N tokens, also relative to ring at the smallest N
-//! (the paper's figure), as Markdown, CSV and SVG; the speed-up at the largest (p, N) beside
-//! the paper's "close to 8x"; the measured wall time of the simulated ring and tree rows of
-//! the run; and the counted causal work balance of striped vs ring prefill. Until the report
-//! layer lands, these files are the tables and the plot.
-//! Time: one simulation per check shape plus O(|p| |N|) plan pricings.
+//! The Tree-vs-Ring decode reproduction (Shyam et al. Sec. 6; docs/papers.md, Shyam et
+//! al.), rendered from what a sweep with `[model]` measured (`results::tree_vs_ring`: the
+//! simulated communication volume and per-device memory of ring and tree decode beside
+//! eqs. (8)-(14), the striped-vs-ring prefill balance, a timed compute term) and the
+//! config's `[model]`: the α–β predicted latency for p devices and N tokens, also relative
+//! to ring at the smallest N (the paper's figure), as Markdown, CSV and SVG; the speed-up
+//! at the largest (p, N) beside the paper's "close to 8x"; the measured wall time of the
+//! simulated ring and tree rows of the run. No measurement: O(|p| |N|) plan pricings.
 
-use crate::variant::Registry;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 use super::svg::{line_chart, Series};
-use crate::backend::cpu::decode::KV_BLOCK;
-use crate::config::{CheckShape, ComputeSpec, ModelConfig};
+use crate::config::{ComputeSpec, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::cost::{ring_decode, tree_decode, Compute, Latency, Problem};
-use crate::model::formulas::{self, Dims};
 use crate::model::markdown::{count, seconds, table, tokens};
 use crate::model::topology::Gpu;
-use crate::problem::{DType, InputDist, Inputs, Shape};
 use crate::results::record::Record;
-use crate::sim::plan::Allreduce;
-use crate::sim::shard::Placement;
-use crate::sim::{ring, tree};
+use crate::results::tree_vs_ring::{csv_text, BalanceRow, CountRow, Measured, COMPUTE_CSV};
 
 pub const MARKDOWN: &str = "tree_vs_ring.md";
-pub const COUNTS_CSV: &str = "tree_vs_ring_counts.csv";
 pub const LATENCY_CSV: &str = "tree_vs_ring_latency.csv";
 pub const PLOT: &str = "tree_vs_ring.svg";
-
-/// Counted against closed form, for one check shape.
-#[derive(Clone, Debug, Serialize)]
-pub struct CountRow {
-    pub batch: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub tokens: usize,
-    pub devices: usize,
-    pub t: usize,
-    pub allreduce: String,
-    /// Ring: elements of one rotation round, all devices (counted / eq. 10).
-    pub ring_volume_per_iteration: u64,
-    pub eq10: u64,
-    pub ring_rounds: u64,
-    /// Tree: elements of the three allreduces, all devices; per device (counted / eq. 14).
-    pub tree_volume_total: u64,
-    pub tree_volume_per_device: f64,
-    pub eq14: f64,
-    pub tree_rounds: u64,
-    /// Broadcast of q, both methods (not in eqs. 10 and 14).
-    pub q_broadcast: u64,
-    /// max |out - single-device out| / max |single-device out| (flash-decoding, same inputs).
-    pub ring_vs_single: f64,
-    pub tree_vs_single: f64,
-    /// Peak elements held by the fullest device (counted / eq. 8 or 9).
-    pub ring_memory: u64,
-    pub eq8: u64,
-    pub tree_memory: u64,
-    pub eq9: u64,
-    pub matches: bool,
-}
 
 /// One predicted point.
 #[derive(Clone, Debug, Serialize)]
@@ -80,234 +40,21 @@ pub struct LatencyRow {
     pub speedup: f64,
 }
 
-/// Simulates ring and tree decode on `c` and compares the counters with the equations.
-pub fn count_shape(
-    c: &CheckShape,
-    dtype: DType,
-    alg: Allreduce,
-    threads: usize,
-) -> Result<CountRow> {
-    let p = c.devices;
-    let shape = Shape {
-        batch: c.batch,
-        heads: c.heads,
-        kv_heads: c.heads,
-        seq_q: 1,
-        seq_kv: c.tokens,
-        head_dim: c.head_dim,
-    };
-    let alg = if alg.unsupported(p).is_some() {
-        Allreduce::Tree
-    } else {
-        alg
-    };
-    let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
-    let (mut ring_out, mut tree_out) =
-        (vec![0.0f32; shape.out_len()], vec![0.0f32; shape.out_len()]);
-    let pool = crate::measure::pool::pool(threads)?;
-    let ring_spec = ring::Spec {
-        placement: Placement::Contiguous,
-        decode: true,
-        causal: false,
-        window: None,
-        devices: p,
-        bq: 1,
-        bk: KV_BLOCK,
-        threads,
-    };
-    let r = pool.install(|| ring::run(&ring_spec, &inputs, &mut ring_out, None))?;
-    let tree_spec = tree::Spec {
-        causal: false,
-        window: None,
-        devices: p,
-        allreduce: alg,
-        bk: KV_BLOCK,
-        threads,
-    };
-    let t = pool.install(|| tree::run(&tree_spec, &inputs, &mut tree_out, None))?;
-    let single = single_device(&inputs, threads)?;
-    let dims = Dims {
-        b: c.batch as u64,
-        t: (c.tokens / p) as u64,
-        n_h: c.heads as u64,
-        d_h: c.head_dim as u64,
-        p: p as u64,
-    };
-    let rot = r.collective(ring::ROTATION);
-    let ring_rounds = rot.map_or(0, |c| c.steps);
-    let ring_iter = match rot {
-        Some(c) if c.steps > 0 => c.elements() / c.steps,
-        _ => 0,
-    };
-    let tree_names = [
-        tree::ALLREDUCE_MAX,
-        tree::ALLREDUCE_NUM,
-        tree::ALLREDUCE_DEN,
-    ];
-    let tree_total: u64 = tree_names
-        .iter()
-        .filter_map(|n| t.collective(n))
-        .map(|c| c.elements())
-        .sum();
-    let tree_rounds = tree_names
-        .iter()
-        .filter_map(|n| t.collective(n))
-        .map(|c| c.steps)
-        .sum();
-    // The ring also keeps the running max and sum of its online softmax, which eq. (8)
-    // does not list: 2·b·n_h elements.
-    let stats = 2 * dims.b * dims.n_h;
-    let row = CountRow {
-        batch: c.batch,
-        heads: c.heads,
-        head_dim: c.head_dim,
-        tokens: c.tokens,
-        devices: p,
-        t: c.tokens / p,
-        allreduce: alg.to_string(),
-        ring_volume_per_iteration: ring_iter,
-        eq10: formulas::v_ring(&dims),
-        ring_rounds,
-        tree_volume_total: tree_total,
-        tree_volume_per_device: tree_total as f64 / p as f64,
-        eq14: formulas::v_tree(&dims),
-        tree_rounds,
-        q_broadcast: r.collective(ring::BROADCAST_Q).map_or(0, |c| c.elements()),
-        ring_vs_single: relative_difference(&ring_out, &single),
-        tree_vs_single: relative_difference(&tree_out, &single),
-        ring_memory: r.peak_elements(),
-        eq8: formulas::mem_ring(&dims),
-        tree_memory: t.peak_elements(),
-        eq9: formulas::mem_tree(&dims),
-        matches: false,
-    };
-    let matches = (p == 1 || row.ring_volume_per_iteration == row.eq10)
-        && row.ring_vs_single <= SAME_OUTPUT
-        && row.tree_vs_single <= SAME_OUTPUT
-        && row.tree_volume_total == formulas::v_tree_total(&dims)
-        && row.ring_memory == row.eq8 + stats
-        && row.tree_memory == row.eq9;
-    Ok(CountRow { matches, ..row })
-}
-
-/// Ring and tree must reproduce the single-device output to this relative difference.
-pub const SAME_OUTPUT: f64 = 1e-6;
-
-/// The flash-decoding output of `inputs` on one device.
-fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
-    let v = crate::problem::VariantId::FlashDecoding;
-    let s = inputs.shape;
-    let case = crate::problem::Case {
-        variant: v,
-        mode: crate::problem::Mode::Decode,
-        device: crate::problem::Device::Cpu,
-        dtype: inputs.dtype(),
-        shape: s,
-        q_chunk: None,
-        kv_chunk: Some(KV_BLOCK.min(s.seq_kv)),
-        causal: false,
-        window: None,
-        devices: 1,
-        splits: v.get().default_splits(&s, threads),
-        allreduce: None,
-        threads,
-        input_dist: InputDist::Normal,
-        input_scale: 1.0,
-        seed: 0,
-        d_out: crate::problem::UpstreamGrad::Random,
-    };
-    crate::run::output(&case, inputs)
-}
-
-/// max |a - b| / max |b|.
-fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() as f64)
-        .fold(0.0, f64::max);
-    let norm = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
-    if norm > 0.0 {
-        diff / norm
-    } else {
-        diff
-    }
-}
-
-/// Counted causal work of ring vs striped prefill on p devices (Transformers Inference Optimization Toolset "Stripe
-/// Attention"): total pairs, the busiest device's, and the lockstep critical path.
-#[derive(Clone, Debug, Serialize)]
-pub struct BalanceRow {
-    pub devices: usize,
-    pub tokens: usize,
-    pub total_pairs: u64,
-    pub ring_busiest: u64,
-    pub stripe_busiest: u64,
-    pub ring_critical: u64,
-    pub stripe_critical: u64,
-    pub gain: f64,
-}
-
-/// Tokens of the balance check: small enough to simulate in a moment, long enough that
-/// each device's shard spans many positions.
-pub const BALANCE_TOKENS: usize = 1024;
-
-/// Simulates causal ring and striped prefill (1 head, d = 16) on each of `devices`.
-pub fn balance(devices: &[usize], threads: usize) -> Result<Vec<BalanceRow>> {
-    let shape = Shape {
-        batch: 1,
-        heads: 1,
-        kv_heads: 1,
-        seq_q: BALANCE_TOKENS,
-        seq_kv: BALANCE_TOKENS,
-        head_dim: 16,
-    };
-    let inputs = Inputs::generate(shape, DType::F32, InputDist::Normal, 1.0, 0);
-    let pool = crate::measure::pool::pool(threads)?;
-    devices
-        .iter()
-        .map(|&p| {
-            let run = |placement| {
-                let mut out = vec![0.0f32; shape.out_len()];
-                let spec = ring::Spec {
-                    placement,
-                    decode: false,
-                    causal: true,
-                    window: None,
-                    devices: p,
-                    bq: 64,
-                    bk: 256,
-                    threads,
-                };
-                pool.install(|| ring::run(&spec, &inputs, &mut out, None))
-            };
-            let (r, st) = (run(Placement::Contiguous)?, run(Placement::Striped)?);
-            Ok(BalanceRow {
-                devices: p,
-                tokens: BALANCE_TOKENS,
-                total_pairs: r.pairs_total(),
-                ring_busiest: r.pairs_max(),
-                stripe_busiest: st.pairs_max(),
-                ring_critical: r.pairs_critical(),
-                stripe_critical: st.pairs_critical(),
-                gain: r.pairs_critical() as f64 / st.pairs_critical().max(1) as f64,
-            })
-        })
-        .collect()
-}
-
-/// The compute term of the config: a roofline, or a decode timed on this machine.
-pub fn compute_term(cfg: &ModelConfig, threads: usize) -> Result<Compute> {
+/// The compute term of the config: a roofline, or the decode the sweep timed on this
+/// machine (`tree_vs_ring_compute.csv`).
+pub fn compute_term(cfg: &ModelConfig, measured: &Measured) -> Result<Compute> {
     match &cfg.compute {
         ComputeSpec::Roofline(name) => Gpu::named(name)
             .map(Compute::Roofline)
             .ok_or_else(|| Error::Runtime(format!("unknown GPU roofline `{name}`"))),
-        ComputeSpec::Measured { probe_tokens } => {
-            let s = super::compute_rate::seconds_per_token(cfg, *probe_tokens, threads)?;
-            Ok(Compute::Measured {
-                seconds_per_token: s,
-            })
-        }
+        ComputeSpec::Measured { .. } => match &measured.compute {
+            Some(c) => Ok(Compute::Measured {
+                seconds_per_token: c.seconds_per_token,
+            }),
+            None => Err(Error::Usage(format!(
+                "model.compute is measured but the results hold no {COMPUTE_CSV}"
+            ))),
+        },
     }
 }
 
@@ -348,45 +95,26 @@ pub fn latencies(cfg: &ModelConfig, compute: &Compute) -> Result<Vec<LatencyRow>
     Ok(rows)
 }
 
-/// Writes the Markdown, the two CSVs and the plot into `dir`; returns their paths.
+/// Renders the sweep's measurements (`results::tree_vs_ring`) with the config's `[model]`
+/// and the run's rows into `dir`: the predicted latencies as CSV and SVG, and the
+/// Markdown. Returns the paths written.
 pub fn write(
     dir: &Path,
     cfg: &ModelConfig,
-    threads: usize,
+    measured: &Measured,
     records: &[Record],
 ) -> Result<Vec<PathBuf>> {
-    let counts: Vec<CountRow> = cfg
-        .check
-        .iter()
-        .map(|c| count_shape(c, cfg.dtype, cfg.allreduce, threads))
-        .collect::<Result<_>>()?;
-    let compute = compute_term(cfg, threads)?;
+    let compute = compute_term(cfg, measured)?;
     let lat = latencies(cfg, &compute)?;
-    let bal = balance(&[2, 4, 8], threads)?;
-
-    let mut paths = Vec::new();
-    for (name, rows) in [
-        (COUNTS_CSV, csv_text(&counts)?),
-        (LATENCY_CSV, csv_text(&lat)?),
-    ] {
-        paths.push(write_file(dir, name, &rows)?);
-    }
-    paths.push(write_file(dir, PLOT, &plot(cfg, &lat))?);
-    let md = markdown(cfg, &compute, &counts, &lat, records) + &balance_markdown(&bal);
+    let paths = vec![
+        write_file(dir, LATENCY_CSV, &csv_text(&lat)?)?,
+        write_file(dir, PLOT, &plot(cfg, &lat))?,
+    ];
+    let md = markdown(cfg, &compute, &measured.counts, &lat, records)
+        + &balance_markdown(&measured.balance);
+    let mut paths = paths;
     paths.push(write_file(dir, MARKDOWN, &md)?);
     Ok(paths)
-}
-
-fn csv_text<T: Serialize>(rows: &[T]) -> Result<String> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    for r in rows {
-        w.serialize(r)
-            .map_err(|e| Error::Runtime(format!("writing CSV: {e}")))?;
-    }
-    let bytes = w
-        .into_inner()
-        .map_err(|e| Error::Runtime(format!("writing CSV: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| Error::Runtime(format!("writing CSV: {e}")))
 }
 
 pub(super) fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
@@ -439,9 +167,10 @@ fn markdown(
 ) -> String {
     let topo = &cfg.topology;
     let mut s = String::from("# Tree vs Ring attention for decoding (Shyam et al., Sec. 6)\n\n");
-    s += "Written by `attnbench sweep` from the `[model]` section of the config (module \
-          `src/report/derived/tree_vs_ring.rs`) until the report command takes these tables over. \
-          The machine-readable versions are `tree_vs_ring_counts.csv` and \
+    s += "Written by `attnbench sweep` and `attnbench report` (module \
+          `src/report/derived/tree_vs_ring.rs`) from the `[model]` section of the config and \
+          what the sweep measured for it. The machine-readable versions are \
+          `tree_vs_ring_counts.csv`, `tree_vs_ring_balance.csv` and \
           `tree_vs_ring_latency.csv`; the figure is `tree_vs_ring.svg`.\n\n";
 
     s += "## Counted communication and memory vs eqs. (8)-(14)\n\n";
@@ -701,7 +430,7 @@ fn balance_markdown(rows: &[BalanceRow]) -> String {
          with stripes (token k on device k mod p) every device does about half a block. The \
          critical path counts the busiest device's pairs per step; the blog reports about \
          1.5x in wall time (Transformers Inference Optimization Toolset).\n\n",
-        BALANCE_TOKENS
+        rows.first().map_or(0, |r| r.tokens)
     );
     let body: Vec<Vec<String>> = rows
         .iter()
@@ -735,35 +464,5 @@ fn trim(x: f64) -> String {
         count(x as u64)
     } else {
         format!("{x:.4}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counted_shapes_match_the_equations() {
-        for c in [
-            CheckShape {
-                batch: 2,
-                heads: 4,
-                head_dim: 32,
-                tokens: 300,
-                devices: 3,
-            },
-            CheckShape {
-                batch: 1,
-                heads: 16,
-                head_dim: 128,
-                tokens: 1280,
-                devices: 128,
-            },
-        ] {
-            for alg in [Allreduce::Ring, Allreduce::TwoLevel { per_node: 8 }] {
-                let row = count_shape(&c, DType::Bf16, alg, 2).unwrap();
-                assert!(row.matches, "{row:?}");
-            }
-        }
     }
 }
