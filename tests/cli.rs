@@ -1,10 +1,12 @@
 //! The command line end to end: sweeps write the documented CSV, `--resume` and refusal to
 //! overwrite, config and flag errors (exit code 2, message naming the key), NumPy interop.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+mod common;
+use common::attnbench;
 
 /// The CSV header as docs/reference/results-format.md documents it (the contract scripts
 /// depend on).
@@ -18,10 +20,6 @@ allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elem
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
 critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
 probe_gflops";
-
-fn attnbench() -> Command {
-    Command::cargo_bin("attnbench").expect("binary built")
-}
 
 const TINY: &str = r#"
 [run]

@@ -2,7 +2,6 @@
 //! (times x1.3, one page more memory, an error row), exit codes, unmatched cases, machine
 //! normalization, malformed inputs, and `samples.csv` as the sweep writes it.
 
-use assert_cmd::Command;
 use attnbench::measure::stats::Summary;
 use attnbench::results::record::{Record, Status};
 use attnbench::variant::Registry;
@@ -11,13 +10,8 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn attnbench() -> Command {
-    Command::cargo_bin("attnbench").expect("binary built")
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{attnbench, compare_json, copy_run, repo};
 
 /// The committed CI baselines, one per machine (`results/baseline/ci/<machine key>/`).
 fn baselines() -> Vec<PathBuf> {
@@ -50,16 +44,6 @@ fn baseline() -> PathBuf {
         })
         .cloned()
         .unwrap_or_else(|| all[0].clone())
-}
-
-/// A copy of a results directory, to edit.
-fn copy_run(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for f in ["runs.csv", "samples.csv", "meta.json"] {
-        if from.join(f).exists() {
-            fs::copy(from.join(f), to.join(f)).unwrap();
-        }
-    }
 }
 
 fn read_records(dir: &Path) -> Vec<Record> {
@@ -120,27 +104,6 @@ fn edit_meta(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
-/// Runs `compare --json` and returns the exit code and the parsed output.
-fn compare_json(base: &Path, cur: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
-    let out = attnbench()
-        .arg("compare")
-        .arg(base)
-        .arg(cur)
-        .arg("--json")
-        .args(extra)
-        .output()
-        .unwrap();
-    let code = out.status.code().unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!(
-            "exit {code}: not JSON ({e}): {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, v)
 }
 
 fn cases_with(v: &serde_json::Value, regression: &str) -> Vec<String> {

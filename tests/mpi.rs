@@ -5,16 +5,15 @@
 //! must fail the run quickly with a message. Needs Open MPI's `mpirun` on PATH.
 #![cfg(feature = "mpi")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use attnbench::model::formulas::{mem_tree, numel_kv, v_tree_total, Dims};
 use attnbench::results::record::{Record, Status};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::repo;
 
 fn mpirun(p: usize, out: &Path, extra: &[&str]) -> Output {
     let mut cmd = Command::new("mpirun");

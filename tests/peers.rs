@@ -5,11 +5,10 @@
 use assert_cmd::Command;
 use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{attnbench, compare_json, copy_run, repo};
 
 /// The columns the dry-run's first line hands the peers: the record's and samples.csv's
 /// headers, in order; the peers' writer keeps no copy of them.
@@ -70,10 +69,6 @@ fn dry_run_json_lists_the_config_then_every_case() {
     assert_eq!(first["case"]["shape"]["head_dim"], 64);
 }
 
-fn attnbench() -> Command {
-    Command::cargo_bin("attnbench").expect("binary built")
-}
-
 /// `attnbench sweep --dry-run --json` of configs/quick.toml: the cases a peer reads.
 fn dry_run() -> Vec<u8> {
     let out = attnbench()
@@ -124,15 +119,6 @@ fn written_ids(out: &std::process::Output) -> Vec<String> {
 /// samples.csv as attnbench reads it: per case, its timings (the last run of a case).
 fn read_samples(dir: &Path) -> HashMap<String, Vec<f64>> {
     attnbench::results::samples::read_samples(&dir.join("samples.csv")).expect("samples.csv reads")
-}
-
-fn copy_run(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for f in ["runs.csv", "samples.csv", "meta.json"] {
-        if from.join(f).exists() {
-            fs::copy(from.join(f), to.join(f)).unwrap();
-        }
-    }
 }
 
 /// Makes case `id` of the run in `dir` `k` times slower: its samples and its row's time
@@ -193,26 +179,6 @@ fn slow_down(dir: &Path, id: &str, k: f64) {
     w.flush().unwrap();
 }
 
-/// Runs `compare --json`: the exit code and the parsed report.
-fn compare_json(base: &Path, cur: &Path) -> (i32, serde_json::Value) {
-    let out = attnbench()
-        .arg("compare")
-        .arg(base)
-        .arg(cur)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let code = out.status.code().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "exit {code}: not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, v)
-}
-
 /// The comparison of case `id` in a `compare --json` report.
 fn case<'a>(v: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
     v["cases"]
@@ -247,7 +213,7 @@ fn a_peer_row_made_2x_slower_is_judged_slower_with_exit_3() {
     // An unchanged copy: both timed peer cases are `same`, not `unclear`.
     let same = tmp.path().join("same");
     copy_run(&base, &same);
-    let (code, v) = compare_json(&base, &same);
+    let (code, v) = compare_json(&base, &same, &[]);
     assert_eq!(code, 0, "{v:#}");
     for id in [&flash, &math] {
         assert_eq!(verdict(&v, id), "same", "{id}: {:#}", case(&v, id));
@@ -261,7 +227,7 @@ fn a_peer_row_made_2x_slower_is_judged_slower_with_exit_3() {
     let slow = tmp.path().join("slow");
     copy_run(&base, &slow);
     slow_down(&slow, &flash, 2.0);
-    let (code, v) = compare_json(&base, &slow);
+    let (code, v) = compare_json(&base, &slow, &[]);
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(v["verdict"], "regression");
     let c = case(&v, &flash);
@@ -318,7 +284,7 @@ fn a_crash_between_samples_and_row_resumes_to_a_judged_case() {
     // The resumed run is judged like one that never crashed (the same seeded timings).
     let clean = tmp.path().join("clean");
     written_ids(&write_peer_run(&clean, &[]));
-    let (code, v) = compare_json(&clean, &dir);
+    let (code, v) = compare_json(&clean, &dir, &[]);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(verdict(&v, &flash), "same", "{:#}", case(&v, &flash));
     assert_eq!(verdict(&v, &math), "same", "{:#}", case(&v, &math));

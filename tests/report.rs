@@ -6,14 +6,12 @@
 //! After an intended change to tables.md, regenerate the golden copy with
 //! `UPDATE_GOLDEN=1 cargo test --release --test report` and review the diff.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn attnbench() -> Command {
-    Command::cargo_bin("attnbench").expect("binary built")
-}
+mod common;
+use common::attnbench;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report")

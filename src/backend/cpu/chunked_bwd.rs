@@ -11,10 +11,11 @@
 
 use rayon::prelude::*;
 
+use super::block_grads::{probs_from_lse, products, Acc, Block};
 use super::blocks::LockedBlocks;
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
-use super::softmax::{exp_sub_sum, mask_from, row_max, softmax_grad_rows};
+use super::softmax::{exp_sub_sum, mask_from, row_max};
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -151,50 +152,28 @@ pub fn backward(
                         let v = vecops::widen(&inputs.v, kv_off + k0 * d, kn * d, vs);
                         let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
                         score(p, k, k0, kn);
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
-                            let lr = l[r];
-                            for x in row.iter_mut() {
-                                *x = if lr == f32::NEG_INFINITY {
-                                    0.0
-                                } else {
-                                    (*x - lr).exp()
-                                };
-                            }
-                        }
+                        probs_from_lse(p, l, kn);
                         let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
-                        sgemm(
-                            1.0,
-                            MatRef::new(p, rows, kn).t(),
-                            MatRef::new(go, rows, d),
-                            0.0,
-                            dv_t,
-                            d,
-                        );
-                        sgemm(
-                            1.0,
-                            MatRef::new(go, rows, d),
-                            MatRef::new(v, kn, d).t(),
-                            0.0,
-                            dp,
+                        let block = Block {
+                            q: qs,
+                            k,
+                            v,
+                            d_out: go,
+                            d_rows: dd,
+                            rows,
                             kn,
-                        );
-                        softmax_grad_rows(dp, p, dd, kn);
-                        sgemm(
-                            1.0,
-                            MatRef::new(dp, rows, kn),
-                            MatRef::new(k, kn, d),
-                            1.0,
-                            dq_acc,
                             d,
-                        );
-                        // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d).
-                        sgemm(
-                            1.0,
-                            MatRef::new(dp, rows, kn).t(),
-                            MatRef::new(qs, rows, d),
-                            0.0,
-                            dk_t,
-                            d,
+                        };
+                        let acc = |c, alpha, beta| Acc { c, alpha, beta };
+                        // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d); dQ is
+                        // scaled once at the end.
+                        products(
+                            &block,
+                            p,
+                            dp,
+                            acc(&mut *dv_t, 1.0, 0.0),
+                            acc(&mut *dk_t, 1.0, 0.0),
+                            acc(&mut *dq_acc, 1.0, 1.0),
                         );
                         dkv.add(kv_block0 + j, &[dk_t, dv_t]);
                     }

@@ -9,10 +9,11 @@
 
 use rayon::prelude::*;
 
+use super::block_grads::{probs_from_lse, products, Acc, Block};
 use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
 use super::gemm::{sgemm, MatRef};
 use super::naive_bwd::dot;
-use super::softmax::{mask_from, softmax_grad_rows};
+use super::softmax::mask_from;
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -105,52 +106,31 @@ pub fn backward(
                         p,
                         kn,
                     );
-                    for (r, row) in p.chunks_mut(kn).enumerate() {
-                        if causal {
+                    if causal {
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
                             mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
                         }
-                        let l = l_i[r];
-                        for x in row.iter_mut() {
-                            *x = if l == f32::NEG_INFINITY {
-                                0.0
-                            } else {
-                                (*x - l).exp()
-                            };
-                        }
                     }
-                    sgemm(
-                        1.0,
-                        MatRef::new(p, rows, kn).t(),
-                        MatRef::new(go, rows, d),
-                        1.0,
-                        dv_acc,
-                        d,
-                    );
-                    sgemm(
-                        1.0,
-                        MatRef::new(go, rows, d),
-                        MatRef::new(v, kn, d).t(),
-                        0.0,
-                        dp,
-                        kn,
-                    );
-                    softmax_grad_rows(dp, p, d_i, kn);
-                    sgemm(
-                        scale,
-                        MatRef::new(dp, rows, kn).t(),
-                        MatRef::new(q, rows, d),
-                        1.0,
-                        dk_acc,
-                        d,
-                    );
+                    probs_from_lse(p, l_i, kn);
                     let dq_t = &mut dq_tmp[..rows * d];
-                    sgemm(
-                        scale,
-                        MatRef::new(dp, rows, kn),
-                        MatRef::new(k, kn, d),
-                        0.0,
-                        dq_t,
+                    let block = Block {
+                        q,
+                        k,
+                        v,
+                        d_out: go,
+                        d_rows: d_i,
+                        rows,
+                        kn,
                         d,
+                    };
+                    let acc = |c, alpha, beta| Acc { c, alpha, beta };
+                    products(
+                        &block,
+                        p,
+                        dp,
+                        acc(&mut *dv_acc, 1.0, 1.0),
+                        acc(&mut *dk_acc, scale, 1.0),
+                        acc(dq_t, scale, 0.0),
                     );
                     dq.add(head * nqb + qi, &[dq_t]);
                 }

@@ -4,6 +4,7 @@
 //! decode kernels with their split-KV combine, on `vecops`); the backward passes still use
 //! the `matrixmultiply` SGEMM wrapper (`gemm`).
 
+pub mod block_grads;
 pub mod blocks;
 pub mod cache;
 pub mod chunked;

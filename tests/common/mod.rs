@@ -1,0 +1,51 @@
+//! Helpers the integration tests share: the binary under test, the checkout, copying a
+//! results directory, and `compare --json`. Each test binary compiles this module and uses
+//! a part of it, so unused items are allowed.
+#![allow(dead_code)]
+
+use assert_cmd::Command;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The `attnbench` binary of this build.
+pub fn attnbench() -> Command {
+    Command::cargo_bin("attnbench").expect("binary built")
+}
+
+/// The root of the checkout (configs/, results/, scripts/).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Copies the files of a run (`runs.csv`, `samples.csv`, `meta.json`, those present) from
+/// `from` into `to`, creating it.
+pub fn copy_run(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for f in ["runs.csv", "samples.csv", "meta.json"] {
+        if from.join(f).exists() {
+            fs::copy(from.join(f), to.join(f)).unwrap();
+        }
+    }
+}
+
+/// Runs `compare BASE CUR --json EXTRA...`: the exit code and the parsed report (a panic
+/// with both streams when stdout is not JSON).
+pub fn compare_json(base: &Path, cur: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = attnbench()
+        .arg("compare")
+        .arg(base)
+        .arg(cur)
+        .arg("--json")
+        .args(extra)
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "exit {code}: not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, v)
+}
