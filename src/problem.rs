@@ -399,7 +399,6 @@ variant_ids! {
     TreeDecode = "tree-decode",
     RingPrefill = "ring-prefill",
     StripePrefill = "stripe-prefill",
-    StripeDecode = "stripe-decode",
     LayerVanilla = "layer-vanilla",
     LayerMemEff = "layer-memeff",
     LayerBpt = "layer-bpt",

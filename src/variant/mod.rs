@@ -86,7 +86,6 @@ impl Registry for VariantId {
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
             VariantId::StripePrefill => &ring::STRIPE_PREFILL,
-            VariantId::StripeDecode => &ring::STRIPE_DECODE,
             VariantId::LayerVanilla => &layer::LAYER_VANILLA,
             VariantId::LayerMemEff => &layer::LAYER_MEMEFF,
             VariantId::LayerBpt => &layer::LAYER_BPT,

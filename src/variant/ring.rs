@@ -68,20 +68,6 @@ pub static STRIPE_PREFILL: Ring = Ring {
     },
 };
 
-pub static STRIPE_DECODE: Ring = Ring {
-    placement: Placement::Striped,
-    decode: true,
-    info: &VariantInfo {
-        name: "stripe-decode",
-        description: "ring-decode with the KV cache striped over the devices (token k on device k mod p)",
-        source: "Striped Attention's placement (Brandon et al. 2023) applied to Ring Attention decode",
-        modes: &[Mode::Decode],
-        default_q_chunk: None,
-        default_kv_chunk: Some(KV_BLOCK),
-        numerically_safe: true,
-    },
-};
-
 impl Ring {
     fn spec(&self, case: &Case) -> Spec {
         Spec {
