@@ -54,6 +54,12 @@ pub enum Command {
     Model(ModelCommand),
 }
 
+/// The command line of this process, parsed; bad input ends the process with clap's
+/// message and exit code 2.
+pub fn parse() -> Cli {
+    <Cli as clap::Parser>::parse()
+}
+
 /// Runs a parsed command line and returns the exit code: 0, or `compare`'s and `ab`'s
 /// verdict (3, 4).
 pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {

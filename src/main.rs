@@ -1,10 +1,9 @@
 //! The `attnbench` binary: parse, call the library, print `error: ...` and exit with the
 //! error's code (2 usage/config, 1 runtime, 130 interrupted), or with the code a command
 //! returns (`compare`: 3 regression, 4 unclear).
-use clap::Parser;
 
 fn main() {
-    let cli = attnbench::cli::Cli::parse();
+    let cli = attnbench::cli::parse();
     // Under mpirun: MPI stays initialized until the command returns (finalized on drop).
     let session = match attnbench::dist::init_if_launched() {
         Ok(s) => s,
