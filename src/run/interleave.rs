@@ -265,21 +265,12 @@ fn finish(
         )),
     };
     let measured = stopped_by.and_then(|stopped_by| {
-        let mut step = m
+        let step = m
             .step
             .take()
             .ok_or_else(|| Error::Runtime("no step".into()))?;
         let timing = Timing::of(std::mem::take(&mut m.samples), stopped_by)?;
-        after_timing(
-            &Cpu,
-            case,
-            settings,
-            &mut record,
-            step.as_mut(),
-            &timing,
-            probe,
-        )?;
-        Ok((step.into_output(), timing.samples))
+        after_timing(&Cpu, case, settings, &mut record, step, timing, probe)
     });
     let mut outcome = Outcome {
         record,

@@ -300,16 +300,7 @@ fn measure(
         let mut step = backend.step(case, settings, inputs.as_ref())?;
         let stop = stop_rule(case, &settings.stop);
         let (timing, probe) = backend.time(case, settings, &stop, step.as_mut())?;
-        after_timing(
-            backend,
-            case,
-            settings,
-            &mut record,
-            step.as_mut(),
-            &timing,
-            probe,
-        )?;
-        Ok((step.into_output(), timing.samples))
+        after_timing(backend, case, settings, &mut record, step, timing, probe)
     })();
     let (output, samples) = match measured {
         Ok((output, samples)) => (Some(output), samples),
@@ -328,22 +319,24 @@ fn measure(
 }
 
 /// Everything after a step's timed calls: the timing's columns, the outputs poisoned, the
-/// checked call under the memory counter, the errors against the oracle. `interleave.rs`
-/// times its cases in alternation and then runs this for each.
+/// checked call under the memory counter, the errors against the oracle. Returns the
+/// checked call's output and the timed samples. `interleave.rs` times its cases in
+/// alternation and then runs this for each.
 pub(crate) fn after_timing(
     backend: &dyn Backend,
     case: &Case,
     settings: &Settings,
     record: &mut Record,
-    step: &mut dyn Step,
-    timing: &Timing,
+    mut step: Box<dyn Step + '_>,
+    timing: Timing,
     probe: Option<f64>,
-) -> Result<()> {
-    record_timing(record, case, timing, probe);
+) -> Result<(Vec<f32>, Vec<f64>)> {
+    record_timing(record, case, &timing, probe);
     step.after_timing(record);
     step.poison()?;
-    backend.memory_pass(settings, record, step)?;
-    step.check(record, settings)
+    backend.memory_pass(settings, record, step.as_mut())?;
+    step.check(record, settings)?;
+    Ok((step.into_output(), timing.samples))
 }
 
 /// A failed call's row: `oom` when an allocation failed, `error` otherwise.

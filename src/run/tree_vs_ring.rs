@@ -134,29 +134,34 @@ pub fn count_shape(
 /// Ring and tree must reproduce the single-device output to this relative difference.
 pub const SAME_OUTPUT: f64 = 1e-6;
 
-/// The flash-decoding output of `inputs` on one device.
-fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
+/// One device's flash-decoding case of `shape` (the reference of the simulated devices,
+/// and the decode the compute rate times).
+fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
     let v = VariantId::FlashDecoding;
-    let s = inputs.shape;
-    let case = Case {
+    Case {
         variant: v,
         mode: Mode::Decode,
         device: Device::Cpu,
-        dtype: inputs.dtype(),
-        shape: s,
+        dtype,
+        shape,
         q_chunk: None,
-        kv_chunk: Some(KV_BLOCK.min(s.seq_kv)),
+        kv_chunk: v.info().default_kv_chunk.map(|c| c.min(shape.seq_kv)),
         causal: false,
         window: None,
         devices: 1,
-        splits: v.get().default_splits(&s, threads),
+        splits: v.get().default_splits(&shape, threads),
         allreduce: None,
         threads,
         input_dist: InputDist::Normal,
         input_scale: 1.0,
         seed: 0,
         d_out: UpstreamGrad::Random,
-    };
+    }
+}
+
+/// The flash-decoding output of `inputs` on one device.
+fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
+    let case = flash_decoding_case(inputs.shape, inputs.dtype(), threads);
     output(&case, inputs)
 }
 
@@ -237,26 +242,7 @@ pub fn seconds_per_token(shape: Shape, dtype: DType, threads: usize) -> Result<f
         seq_q: 1,
         ..shape
     };
-    let v = VariantId::FlashDecoding;
-    let case = Case {
-        variant: v,
-        mode: Mode::Decode,
-        device: Device::Cpu,
-        dtype,
-        shape,
-        q_chunk: None,
-        kv_chunk: v.info().default_kv_chunk.map(|c| c.min(tokens)),
-        causal: false,
-        window: None,
-        devices: 1,
-        splits: v.get().default_splits(&shape, threads),
-        allreduce: None,
-        threads,
-        input_dist: InputDist::Normal,
-        input_scale: 1.0,
-        seed: 0,
-        d_out: UpstreamGrad::Random,
-    };
+    let case = flash_decoding_case(shape, dtype, threads);
     let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, 0);
     let mut out =
         crate::backend::cpu::workspace::try_zeroed(shape.out_len(), "compute-rate output")?;
