@@ -33,6 +33,8 @@ pub enum Engine {
     InProcess,
     /// One MPI rank per device (`dist`): needs the `mpi` feature and `mpirun -np devices`.
     Mpi,
+    /// A worker process running an implementation attnbench does not ship (`run::external`).
+    Worker,
 }
 
 /// One attention algorithm family member.

@@ -47,11 +47,19 @@ pub enum Command {
     /// case that only the current build fails.
     Ab(Box<AbArgs>),
     /// Serve cases over the worker protocol (JSON lines on stdin/stdout) until stdin
-    /// closes: how `ab` drives a build.
-    Worker,
+    /// closes: how `ab` drives a build, and how a sweep runs a C-ABI plugin (`--plugin`).
+    Worker(WorkerArgs),
     /// Analytic models from the papers (no measurement).
     #[command(subcommand)]
     Model(ModelCommand),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Serve this C-ABI plugin (include/attnbench.h) call by call, for a sweep's
+    /// `plugin:NAME` cases (docs/reference/worker-protocol.md).
+    #[arg(long, value_name = "LIBRARY")]
+    pub plugin: Option<std::path::PathBuf>,
 }
 
 /// The command line of this process, parsed; bad input ends the process with clap's
@@ -72,9 +80,9 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
         Command::Model(m) => commands::model::command(m),
         Command::Compare(a) => return commands::compare::command(a),
         Command::Ab(a) => return commands::ab::command(a),
-        Command::Worker => {
+        Command::Worker(a) => {
             let stdin = std::io::stdin().lock();
-            crate::worker::serve::serve(stdin, std::io::stdout().lock())
+            crate::run::serve::serve(stdin, std::io::stdout().lock(), a.plugin.as_deref())
         }
     }
     .map(|()| 0)

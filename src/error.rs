@@ -25,6 +25,12 @@ pub enum Error {
     },
     #[error("{0}")]
     Runtime(String),
+    /// The case cannot run here (an external implementation said why): a `skipped` row.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A call ran past its time limit (a hung worker): a `timeout` row.
+    #[error("{0}")]
+    Timeout(String),
     /// The user pressed Ctrl-C; the message says what was kept and how to continue.
     #[error("{0}")]
     Interrupted(String),
@@ -34,7 +40,11 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Usage(_) | Error::Config { .. } | Error::Input { .. } => 2,
-            Error::OutOfMemory(_) | Error::Io { .. } | Error::Runtime(_) => 1,
+            Error::OutOfMemory(_)
+            | Error::Io { .. }
+            | Error::Runtime(_)
+            | Error::Unsupported(_)
+            | Error::Timeout(_) => 1,
             Error::Interrupted(_) => 130,
         }
     }

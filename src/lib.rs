@@ -16,6 +16,7 @@ pub mod layer;
 pub mod measure;
 pub mod model;
 pub mod npy;
+pub mod plugin;
 pub mod problem;
 pub mod reference;
 pub mod report;

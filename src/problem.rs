@@ -406,11 +406,92 @@ variant_ids! {
     RingPrefillMpi = "ring-prefill-mpi",
     TreeDecodeMpi = "tree-decode-mpi",
     TreeDecodeMpiExplicit = "tree-decode-mpi-explicit",
+    External = "external",
 }
 
 impl VariantId {
+    /// The names a config may give as they are (`external` is not one: an external
+    /// implementation is named `plugin:NAME` or `python:NAME`).
     pub fn names() -> Vec<&'static str> {
-        Self::ALL.iter().map(|v| v.name()).collect()
+        Self::ALL
+            .iter()
+            .filter(|v| **v != VariantId::External)
+            .map(|v| v.name())
+            .collect()
+    }
+}
+
+/// How to start the worker of one external implementation (the config's `[plugins]` and
+/// `[python]` tables), keyed in [`Externals`] by its variant name (`plugin:NAME`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ExternalSpec {
+    /// A shared library with attnbench's C ABI, served by `attnbench worker --plugin`.
+    Plugin {
+        library: std::path::PathBuf,
+        /// Seconds one request may take before the worker counts as hung.
+        timeout_s: f64,
+    },
+    /// A Python callable `module:function`, served by `python -m attnbench_peer`.
+    Python {
+        call: String,
+        /// The array kind the callable takes: `numpy`, `torch` or `lists`.
+        arrays: String,
+        /// The interpreter.
+        python: String,
+        /// Directories put in front of `PYTHONPATH`.
+        path: Vec<std::path::PathBuf>,
+        timeout_s: f64,
+    },
+}
+
+impl ExternalSpec {
+    pub fn timeout_s(&self) -> f64 {
+        match self {
+            ExternalSpec::Plugin { timeout_s, .. } | ExternalSpec::Python { timeout_s, .. } => {
+                *timeout_s
+            }
+        }
+    }
+}
+
+/// The external implementations a config defines, by variant name.
+pub type Externals = std::collections::BTreeMap<String, ExternalSpec>;
+
+/// What runs an external implementation: `plugin:NAME`, a library with attnbench's C ABI
+/// (`include/attnbench.h`, the config's `[plugins]` table), or `python:NAME`, a Python
+/// callable served by `attnbench-peer` (`[python]`). Either runs in a worker process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExternalKind {
+    Plugin,
+    Python,
+}
+
+impl ExternalKind {
+    pub const ALL: [ExternalKind; 2] = [ExternalKind::Plugin, ExternalKind::Python];
+
+    /// The prefix of its variant names.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            ExternalKind::Plugin => "plugin",
+            ExternalKind::Python => "python",
+        }
+    }
+
+    /// The config table that defines them.
+    pub fn table(self) -> &'static str {
+        match self {
+            ExternalKind::Plugin => "plugins",
+            ExternalKind::Python => "python",
+        }
+    }
+
+    /// `plugin:NAME` or `python:NAME` split into the kind and the name; `None` for any
+    /// other string (an attnbench variant's name, say).
+    pub fn split(variant: &str) -> Option<(ExternalKind, &str)> {
+        let (prefix, name) = variant.split_once(':')?;
+        let kind = Self::ALL.into_iter().find(|k| k.prefix() == prefix)?;
+        Some((kind, name))
     }
 }
 
@@ -582,9 +663,22 @@ pub struct Case {
     pub seed: u64,
     /// Upstream gradient of `fwd+bwd` cases (ignored by other modes).
     pub d_out: UpstreamGrad,
+    /// The external implementation of a `VariantId::External` case (`plugin:NAME`,
+    /// `python:NAME`), which is its variant name in rows; `None` for attnbench's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<String>,
 }
 
 impl Case {
+    /// The variant's name as rows, ids and messages give it: an external implementation's
+    /// `plugin:NAME` or `python:NAME`, else the registry's name.
+    pub fn variant_name(&self) -> &str {
+        match &self.external {
+            Some(name) if self.variant == VariantId::External => name,
+            _ => self.variant.name(),
+        }
+    }
+
     /// A stable, readable key: every field that distinguishes two cases. `--resume` and
     /// `compare` match rows by it.
     pub fn id(&self) -> String {
@@ -592,7 +686,7 @@ impl Case {
         let s = &self.shape;
         format!(
             "{}|{}|{}|{}|b{}h{}kv{}|q{}k{}|d{}|qc{}kc{}|c{}|w{}|p{}|t{}|{}x{}|s{}",
-            self.variant.name(),
+            self.variant_name(),
             self.mode,
             self.device,
             self.dtype,

@@ -64,6 +64,7 @@ fn case(
         input_scale: 1.0,
         seed: 7,
         d_out: UpstreamGrad::Random,
+        external: None,
     }
 }
 
@@ -87,6 +88,7 @@ fn settings(budget: Option<u64>, gpu: GpuSettings) -> Settings {
         extrapolate: None,
         diff_against: None,
         gpu,
+        externals: Default::default(),
     }
 }
 

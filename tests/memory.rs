@@ -61,6 +61,7 @@ fn settings(budget: Option<u64>) -> Settings {
         diff_against: None,
         model_layers: None,
         gpu: Default::default(),
+        externals: Default::default(),
     }
 }
 
@@ -135,7 +136,7 @@ fn measured_overhead_matches_the_prediction() {
                 check_prediction(
                     &Case {
                         mode: Mode::LayerTrain,
-                        ..c
+                        ..c.clone()
                     },
                     threads,
                 );
@@ -144,7 +145,7 @@ fn measured_overhead_matches_the_prediction() {
                         let blocks = Case {
                             mode,
                             q_chunk: Some(384),
-                            ..c
+                            ..c.clone()
                         };
                         check_prediction(&blocks, threads);
                     }
@@ -154,7 +155,7 @@ fn measured_overhead_matches_the_prediction() {
                 check_prediction(
                     &Case {
                         mode: Mode::FwdBwd,
-                        ..c
+                        ..c.clone()
                     },
                     threads,
                 );
@@ -171,7 +172,10 @@ fn native(mut c: Case) -> Case {
         c.shape.seq_q = 3;
         c.q_chunk = c.q_chunk.map(|q| q.min(3));
     }
-    let on_three = Case { devices: 3, ..c };
+    let on_three = Case {
+        devices: 3,
+        ..c.clone()
+    };
     if c.variant.get().unsupported(&on_three).is_none() {
         c.devices = 3;
     }

@@ -238,6 +238,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         input_scale: args.input_scale,
         seed: args.seed,
         d_out: args.d_out,
+        external: None,
     };
     let settings = Settings {
         run_name: "run".into(),
@@ -256,6 +257,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         diff_against: None,
         model_layers: None,
         gpu: Default::default(),
+        externals: Default::default(),
     };
     // A case that cannot run at all is the command's failure, not a row to read.
     if let Some(reason) = skip_reason(&case) {

@@ -217,6 +217,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             cold: config.run.cold,
             tf32: config.run.tf32,
         },
+        externals: config.externals.clone(),
     };
     let mut sinks = if root {
         Some((

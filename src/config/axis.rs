@@ -5,8 +5,8 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
-use crate::problem::VariantId;
 use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
+use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
 /// One sweep axis. Declaration order is the expansion order, outermost first: a sweep over
@@ -206,7 +206,10 @@ impl Axis {
     fn expected(self) -> String {
         let names = |v: Vec<String>| v.join(", ");
         match self.kind() {
-            Kind::Variant => format!("a variant name ({})", VariantId::names().join(", ")),
+            Kind::Variant => format!(
+                "a variant name ({}), or plugin:NAME / python:NAME",
+                VariantId::names().join(", ")
+            ),
             Kind::Mode => format!(
                 "a mode name ({})",
                 names(Mode::ALL.iter().map(|m| m.to_string()).collect())
@@ -247,6 +250,9 @@ impl Serialize for Axis {
 #[serde(untagged)]
 pub enum AxisValue {
     Variant(VariantId),
+    /// `plugin:NAME` or `python:NAME` (`problem::ExternalKind`); the name lives as long as
+    /// the process, like the config it came from.
+    External(&'static str),
     Mode(Mode),
     Device(Device),
     DType(DType),
@@ -262,6 +268,7 @@ impl fmt::Display for AxisValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AxisValue::Variant(v) => v.fmt(f),
+            AxisValue::External(v) => v.fmt(f),
             AxisValue::Mode(v) => v.fmt(f),
             AxisValue::Device(v) => v.fmt(f),
             AxisValue::DType(v) => v.fmt(f),
@@ -334,11 +341,34 @@ pub(super) fn value_len(value: &Value) -> Option<usize> {
     }
 }
 
+/// A variant axis value: attnbench's own by name, or an external implementation.
+fn variant(name: &str) -> Result<AxisValue, String> {
+    if let Some((kind, short)) = ExternalKind::split(name) {
+        if short.is_empty() {
+            return Err(format!(
+                "`{name}` names no implementation: {}:NAME, NAME from [{}]",
+                kind.prefix(),
+                kind.table()
+            ));
+        }
+        return Ok(AxisValue::External(Box::leak(
+            name.to_string().into_boxed_str(),
+        )));
+    }
+    match name.parse::<VariantId>()? {
+        VariantId::External => Err(
+            "`external` is not a variant by itself: name one as plugin:NAME ([plugins]) or python:NAME ([python])"
+                .into(),
+        ),
+        v => Ok(AxisValue::Variant(v)),
+    }
+}
+
 fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
     let wrong = || format!("expected {}, got {} {v}", axis.expected(), v.type_str());
     let name = || v.as_str().ok_or_else(wrong);
     Ok(match axis.kind() {
-        Kind::Variant => AxisValue::Variant(name()?.parse()?),
+        Kind::Variant => variant(name()?)?,
         Kind::Mode => AxisValue::Mode(name()?.parse()?),
         Kind::Device => AxisValue::Device(name()?.parse()?),
         Kind::DType => AxisValue::DType(name()?.parse()?),

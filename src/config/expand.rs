@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use super::grid::{Axes, ZipGroup};
-use crate::problem::{Case, Shape};
+use crate::problem::{Case, Shape, VariantId};
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
@@ -109,9 +109,14 @@ fn build(
     let (mut kv_heads, mut seq_kv, mut q_chunk, mut kv_chunk, mut window) =
         (None, None, None, None, None);
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
+    let mut external = None;
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
+            (Axis::Variant, AxisValue::External(x)) => {
+                variant = Some(VariantId::External);
+                external = Some(x.to_string());
+            }
             (Axis::Mode, AxisValue::Mode(x)) => mode = x,
             (Axis::Device, AxisValue::Device(x)) => device = x,
             (Axis::DType, AxisValue::DType(x)) => dtype = x,
@@ -180,6 +185,7 @@ fn build(
         input_scale,
         seed,
         d_out,
+        external,
     })
 }
 

@@ -1,4 +1,5 @@
-//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[report]`, `[model]`), `--set` overrides, checks
+//! The sweep config: a TOML file (`[run]`, `[axes]`, `[[zip]]`, `[report]`, `[model]`,
+//! `[plugins]`, `[python]`), `--set` overrides, checks
 //! that name the key and line of every mistake, and the expansion of the axes into `Case`s.
 //!
 //! Loading is: parse the file against the schema (toml reports syntax errors and unknown
@@ -8,6 +9,7 @@
 
 mod axis;
 mod expand;
+mod externals;
 mod grid;
 mod model;
 mod overrides;
@@ -35,7 +37,7 @@ pub use run::{
 pub use size::ByteSize;
 
 use crate::error::{Error, Result};
-use crate::problem::Case;
+use crate::problem::{Case, ExternalKind, Externals};
 use schema::RawConfig;
 use source::Source;
 
@@ -49,6 +51,9 @@ pub struct Config {
     /// `[model]`: the Ring-vs-Tree decode model written beside the results, if asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelConfig>,
+    /// `[plugins]` and `[python]`: the external implementations the `variant` axis may name.
+    #[serde(skip_serializing_if = "Externals::is_empty")]
+    pub externals: Externals,
     #[serde(skip)]
     pub path: PathBuf,
 }
@@ -83,14 +88,18 @@ impl Config {
         let (axes, zip) = grid::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
         let report = report::resolve_report(raw.report, &src)?;
         let model = model::resolve_model(raw.model, &src)?;
-        Ok(Config {
+        let externals = externals::resolve_externals(raw.plugins, raw.python, &src)?;
+        let config = Config {
             run,
             axes,
             zip,
             report,
             model,
+            externals,
             path: path.to_path_buf(),
-        })
+        };
+        config.check_external_names(&src)?;
+        Ok(config)
     }
 
     /// The cartesian product of the axes (each zip group one axis), as cases in expansion
@@ -103,6 +112,52 @@ impl Config {
             self.run.threads,
             &self.run.innermost,
         )
+    }
+
+    /// Every `plugin:NAME` and `python:NAME` the variant axes give is defined by a table.
+    fn check_external_names(&self, src: &Source) -> Result<()> {
+        let mut named: Vec<(&str, source::Section)> = Vec::new();
+        if let Some(values) = self.axes.get(Axis::Variant) {
+            named.extend(
+                values
+                    .iter()
+                    .map(|v| (v, source::Section::Axes))
+                    .filter_map(|(v, s)| match v {
+                        AxisValue::External(n) => Some((*n, s)),
+                        _ => None,
+                    }),
+            );
+        }
+        for (i, g) in self.zip.iter().enumerate() {
+            for p in g.points() {
+                for (a, v) in p {
+                    if let (Axis::Variant, AxisValue::External(n)) = (a, v) {
+                        named.push((n, source::Section::Zip(i)));
+                    }
+                }
+            }
+        }
+        for (name, section) in named {
+            if !self.externals.contains_key(name) {
+                let (kind, short) =
+                    ExternalKind::split(name).unwrap_or((ExternalKind::Plugin, name));
+                let defined: Vec<&str> = self.externals.keys().map(String::as_str).collect();
+                return Err(src.err(
+                    section,
+                    "variant",
+                    format!(
+                        "`{name}` is not defined: add it to [{}] ({short} = ...){}",
+                        kind.table(),
+                        if defined.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; defined: {}", defined.join(", "))
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// (axis name, values as shown) for `--dry-run`.

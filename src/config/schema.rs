@@ -16,6 +16,10 @@ pub(super) struct RawConfig {
     pub zip: Vec<RawAxes>,
     pub report: Option<RawReport>,
     pub model: Option<RawModel>,
+    /// `[plugins]`: NAME = library (`externals.rs`).
+    pub plugins: Option<toml::Table>,
+    /// `[python]`: NAME = { call, arrays, python, path, timeout_s }.
+    pub python: Option<toml::Table>,
 }
 
 /// `[model]` (see `model.rs` for meanings and defaults).

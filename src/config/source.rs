@@ -16,6 +16,8 @@ pub(super) enum Section {
     /// The i-th `[[zip]]` group, counted from 0 in file order.
     Zip(usize),
     Model,
+    Plugins,
+    Python,
 }
 
 impl fmt::Display for Section {
@@ -26,6 +28,8 @@ impl fmt::Display for Section {
             Section::Report => f.write_str("report"),
             Section::Zip(i) => write!(f, "zip[{i}]"),
             Section::Model => f.write_str("model"),
+            Section::Plugins => f.write_str("plugins"),
+            Section::Python => f.write_str("python"),
         }
     }
 }
@@ -117,6 +121,8 @@ pub(super) fn find_line(text: &str, section: Section, key: Option<&str>) -> Opti
                 ("axes", false) => Some(Section::Axes),
                 ("report", false) => Some(Section::Report),
                 ("model", false) => Some(Section::Model),
+                ("plugins", false) => Some(Section::Plugins),
+                ("python", false) => Some(Section::Python),
                 ("zip", true) => {
                     zips += 1;
                     Some(Section::Zip(zips - 1))

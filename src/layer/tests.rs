@@ -48,6 +48,7 @@ fn case_in(
         input_scale: 1.0,
         seed: 7,
         d_out: UpstreamGrad::Random,
+        external: None,
     }
 }
 

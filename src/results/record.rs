@@ -181,7 +181,7 @@ impl Record {
         Record {
             run: run.to_string(),
             case_id: case.id(),
-            variant: case.variant.name().to_string(),
+            variant: case.variant_name().to_string(),
             device: case.device.name().to_string(),
             dtype: case.dtype.name().to_string(),
             mode: case.mode.name().to_string(),

@@ -182,6 +182,7 @@ mod tests {
             d_out: crate::problem::UpstreamGrad::Random,
             splits: None,
             allreduce: None,
+            external: None,
         }
     }
 
@@ -258,6 +259,7 @@ mod tests {
             diff_against: Some(VariantId::Naive),
             model_layers: None,
             gpu: Default::default(),
+            externals: Default::default(),
         }
     }
 

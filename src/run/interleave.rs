@@ -17,7 +17,6 @@
 use crate::variant::Registry;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -30,10 +29,9 @@ use crate::measure::probe::probe_pool;
 use crate::measure::timer::{warm_up, StopReason, StopRule, Timing};
 use crate::problem::{Case, Device, Inputs, Mode};
 use crate::results::record::Status;
-use crate::run::cpu::Cpu;
 use crate::run::{
-    after_timing, fail, finish_outcome, packing_bytes, pool, predicted_bytes, run_case,
-    skip_reason, stop_rule, Backend, Outcome, Settings, Step, INTERRUPTED,
+    after_timing, backend_for, fail, finish_outcome, packing_bytes, pool, predicted_bytes,
+    run_case, skip_reason, stop_rule, Outcome, Settings, Step, INTERRUPTED,
 };
 use crate::variant::Engine;
 
@@ -125,12 +123,10 @@ impl Member<'_> {
     fn timed_call(&mut self) {
         let Some(step) = &mut self.step else { return };
         let warm = WarmCalls::resume(std::mem::take(&mut self.stash));
-        let start = Instant::now();
-        let result = step.call();
-        let seconds = start.elapsed().as_secs_f64();
+        let result = step.timed_call();
         self.stash = warm.suspend();
         match result {
-            Ok(()) => {
+            Ok(seconds) => {
                 self.samples.push(seconds);
                 self.total_s += seconds;
                 self.decision = self.stop.decide(
@@ -173,7 +169,7 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let mut members: Vec<Member> = cases
         .iter()
         .map(|&case| {
-            let (step, error) = match Cpu.step(case, settings, Some(&inputs)) {
+            let (step, error) = match backend_for(case).step(case, settings, Some(&inputs)) {
                 Ok(s) => (Some(s), None),
                 Err(e) => (None, Some(e)),
             };
@@ -254,8 +250,9 @@ fn finish(
     interrupted: bool,
 ) -> Outcome {
     let case = m.case;
+    let backend = backend_for(case);
     let mut record = crate::run::record_for(&settings.run_name, case, Status::Ok, "");
-    record.mem_predicted_bytes = Some(predicted_bytes(case));
+    record.mem_predicted_bytes = Some(backend.predicted_bytes(case));
     let stopped_by = match (m.error.take(), m.decision) {
         (Some(e), _) => Err(e),
         (None, Some(reason)) => Ok(reason),
@@ -270,7 +267,7 @@ fn finish(
             .take()
             .ok_or_else(|| Error::Runtime("no step".into()))?;
         let timing = Timing::of(std::mem::take(&mut m.samples), stopped_by)?;
-        after_timing(&Cpu, case, settings, &mut record, step, timing, probe)
+        after_timing(backend, case, settings, &mut record, step, timing, probe)
     });
     let mut outcome = Outcome {
         record,
@@ -287,7 +284,7 @@ fn finish(
     }
     let o = &mut outcome;
     finish_outcome(
-        &Cpu,
+        backend,
         case,
         settings,
         Some(inputs),
@@ -322,6 +319,7 @@ mod tests {
             diff_against: None,
             model_layers: None,
             gpu: Default::default(),
+            externals: Default::default(),
         }
     }
 

@@ -9,8 +9,10 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod external;
 pub mod extrapolate;
 pub mod interleave;
+pub mod serve;
 pub mod tree_vs_ring;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +24,7 @@ use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::layer;
 use crate::measure::timer::{StopRule, Timing};
-use crate::problem::{Case, Device, Inputs, VariantId};
+use crate::problem::{Case, Device, Externals, Inputs, VariantId};
 use crate::reference;
 use crate::results::record::{Record, Status};
 use crate::units;
@@ -53,6 +55,8 @@ pub struct Settings {
     pub model_layers: Option<usize>,
     /// How CUDA cases are timed and computed.
     pub gpu: GpuSettings,
+    /// The external implementations (`[plugins]`, `[python]`) its cases may name.
+    pub externals: Externals,
 }
 
 /// `[run]` keys that only CUDA cases read.
@@ -126,6 +130,13 @@ pub trait Backend: Sync {
 pub trait Step: Send {
     /// One call of the mode, as it is timed (a device that runs asynchronously enqueues it).
     fn call(&mut self) -> Result<()>;
+    /// One call and its seconds: by default the host clock around [`Step::call`]; a step
+    /// whose calls run elsewhere reports that side's clock (`external.rs`: the worker's).
+    fn timed_call(&mut self) -> Result<f64> {
+        let t0 = Instant::now();
+        self.call()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
     /// After the timed calls and their columns: the mode's own timing columns, and freeing
     /// what only the timed calls use.
     fn after_timing(&mut self, _record: &mut Record) {}
@@ -148,6 +159,15 @@ pub fn backend_of(device: Device) -> &'static dyn Backend {
     match device {
         Device::Cpu => &cpu::Cpu,
         Device::Cuda => &cuda::Cuda,
+    }
+}
+
+/// The backend that runs `case`: a worker process for an external implementation,
+/// else its device's.
+pub fn backend_for(case: &Case) -> &'static dyn Backend {
+    match case.variant.engine() {
+        crate::variant::Engine::Worker => &external::External,
+        _ => backend_of(case.device),
     }
 }
 
@@ -199,7 +219,7 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             info.name
         ));
     }
-    backend_of(case.device).unavailable(case)
+    backend_for(case).unavailable(case)
 }
 
 /// Why CUDA cases are skipped in this process, if they are (`attnbench list` shows it too).
@@ -239,7 +259,7 @@ pub fn run_case(case: &Case, settings: &Settings, given: Option<Inputs>) -> Resu
     if let Some(reason) = skip_reason(case) {
         return Ok(Outcome::not_run(row(Status::Skipped, reason)));
     }
-    let backend = backend_of(case.device);
+    let backend = backend_for(case);
     let predicted = backend.predicted_bytes(case);
     let fixed = static_bytes(case, settings);
     if let Some(budget) = settings.memory_budget {
@@ -343,6 +363,8 @@ pub(crate) fn after_timing(
 pub(crate) fn fail(record: &mut Record, e: Error) {
     record.status = match e {
         Error::OutOfMemory(_) => Status::Oom,
+        Error::Unsupported(_) => Status::Skipped,
+        Error::Timeout(_) => Status::Timeout,
         _ => Status::Error,
     };
     record.reason = e.to_string();

@@ -156,6 +156,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         input_scale: 1.0,
         seed: 0,
         d_out: UpstreamGrad::Random,
+        external: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         input_scale: 1.0,
         seed: 11,
         d_out: UpstreamGrad::Random,
+        external: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

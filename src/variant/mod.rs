@@ -3,6 +3,7 @@
 //! is one file here plus one arm in `VariantId::get`.
 
 mod decode;
+mod external;
 mod flash;
 mod layer;
 mod mpi;
@@ -93,6 +94,7 @@ impl Registry for VariantId {
             VariantId::RingPrefillMpi => &mpi::RING_PREFILL_MPI,
             VariantId::TreeDecodeMpi => &mpi::TREE_DECODE_MPI,
             VariantId::TreeDecodeMpiExplicit => &mpi::TREE_DECODE_MPI_EXPLICIT,
+            VariantId::External => &external::EXTERNAL,
         }
     }
 }
@@ -137,6 +139,7 @@ impl DefaultCase for Case {
             input_scale: 1.0,
             seed: 0,
             d_out: UpstreamGrad::Random,
+            external: None,
         }
     }
 }

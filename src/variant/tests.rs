@@ -419,6 +419,7 @@ fn decode_case(
         input_scale: 1.0,
         seed: 5,
         d_out: UpstreamGrad::Random,
+        external: None,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -29,15 +29,32 @@ pub struct Worker {
 pub enum Failure {
     /// The worker answered with an error (it goes on serving).
     Refused(String),
-    /// The worker died, hung past the limit or broke the protocol (it is stopped).
+    /// The worker died or broke the protocol (it is stopped).
     Lost(String),
+    /// The worker gave no reply within the time limit (it is killed).
+    TimedOut(String),
+}
+
+impl Failure {
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Refused(m) | Failure::Lost(m) | Failure::TimedOut(m) => m,
+        }
+    }
 }
 
 impl Worker {
     /// Starts `program args...` and checks that it speaks this protocol version.
     pub fn start(label: &str, program: &Path, args: &[&str], timeout: Duration) -> Result<Worker> {
-        let mut child = Command::new(program)
-            .args(args)
+        let mut command = Command::new(program);
+        command.args(args);
+        Worker::spawn(label, command, timeout)
+    }
+
+    /// Starts `command` (its stdin and stdout become the protocol's pipes) and says hello.
+    pub fn spawn(label: &str, mut command: Command, timeout: Duration) -> Result<Worker> {
+        let program = PathBuf::from(command.get_program());
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -72,13 +89,15 @@ impl Worker {
         let hello = worker
             .request::<Hello>(&Request::Hello { protocol: PROTOCOL })
             .map_err(|f| {
-                let why = match f {
-                    Failure::Refused(e) | Failure::Lost(e) => e,
-                };
-                Error::Runtime(format!(
-                    "the {label} worker ({}) does not speak the worker protocol {PROTOCOL}: {why}",
-                    program.display()
-                ))
+                Error::Runtime(match f {
+                    // It speaks the protocol and says why it cannot serve.
+                    Failure::Refused(why) => format!("the {label} worker refused to start: {why}"),
+                    f => format!(
+                        "the {label} worker ({}) does not speak the worker protocol {PROTOCOL}: {}",
+                        program.display(),
+                        f.message()
+                    ),
+                })
             })?;
         worker.hello = hello;
         Ok(worker)
@@ -100,7 +119,11 @@ impl Worker {
         })
     }
 
-    fn request<T: DeserializeOwned>(&mut self, req: &Request) -> std::result::Result<T, Failure> {
+    /// Sends `req` and reads its reply as a `T`.
+    pub fn request<T: DeserializeOwned>(
+        &mut self,
+        req: &Request,
+    ) -> std::result::Result<T, Failure> {
         let line = serde_json::to_string(req)
             .map_err(|e| Failure::Refused(format!("request not serializable: {e}")))?;
         let sent = match self.stdin.as_mut() {
@@ -115,7 +138,11 @@ impl Worker {
             Ok(Err(e)) => return Err(self.lost(format!("cannot read its reply: {e}"))),
             Err(RecvTimeoutError::Timeout) => {
                 let s = self.timeout.as_secs_f64();
-                return Err(self.lost(format!("no reply within {s} s")));
+                self.kill();
+                return Err(Failure::TimedOut(format!(
+                    "the {} worker gave no reply within {s} s (killed)",
+                    self.label
+                )));
             }
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(self.lost("it exited".to_string()));
@@ -135,30 +162,71 @@ impl Worker {
         }
     }
 
-    /// Stops the worker after a protocol failure and says why.
+    /// Stops the worker after a protocol failure and says why (with the signal that
+    /// ended it, if one did).
     fn lost(&mut self, why: String) -> Failure {
-        self.stop();
-        Failure::Lost(format!("the {} worker: {why}", self.label))
+        let status = self.stop();
+        Failure::Lost(format!(
+            "the {} worker: {why}{}",
+            self.label,
+            status.map_or_else(String::new, |s| format!(" ({})", describe_exit(s)))
+        ))
     }
 
     /// Ends the session (closing stdin asks the worker to exit) and reaps the process;
-    /// one that has not exited a few seconds later is killed.
-    pub fn stop(&mut self) {
+    /// one that has not exited a few seconds later is killed. Returns how it ended.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
         drop(self.stdin.take());
         for _ in 0..50 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        self.kill()
+    }
+
+    /// Kills the process at once and reaps it.
+    fn kill(&mut self) -> Option<ExitStatus> {
+        drop(self.stdin.take());
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().ok()
+    }
+
+    /// Whether the process is still running (not stopped after a failure).
+    pub fn alive(&mut self) -> bool {
+        self.stdin.is_some() && matches!(self.child.try_wait(), Ok(None))
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// How a worker process ended, in words: its exit code, or the signal that killed it.
+pub fn describe_exit(status: ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                4 => " (SIGILL)",
+                6 => " (SIGABRT)",
+                7 => " (SIGBUS)",
+                8 => " (SIGFPE)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            return format!("killed by signal {sig}{name}");
+        }
+    }
+    match status.code() {
+        Some(c) => format!("exit code {c}"),
+        None => "ended".into(),
     }
 }
 

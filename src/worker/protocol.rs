@@ -11,9 +11,26 @@
 //!   `CASE` is [`Case`]'s JSON form (the fields of a `runs.csv` row's identity).
 //! - `{"op":"quit"}` -> `{"ok":true}`, then the worker exits.
 //!
+//! Workers of external implementations (`attnbench worker --plugin LIB`,
+//! `python -m attnbench_peer`) are driven call by call instead, so the driver owns the
+//! schedule and can interleave them with its own cases:
+//! - `{"op":"prepare","case":CASE,"inputs":{"q":PATH,"k":PATH,"v":PATH},"output":PATH}` ->
+//!   `{"ok":true,"supported":true|false,"reason":"...","workspace_bytes":B|null}`: load the
+//!   inputs (raw little-endian f32, C order, `[batch, heads, seq_q, head_dim]` for q and
+//!   `[batch, kv_heads, seq_kv, head_dim]` for k and v; every value exact in the case's
+//!   dtype) and allocate the output; `supported: false` says why the case cannot run.
+//! - `{"op":"call","n":N}` -> `{"ok":true,"seconds":[s, ...]}`: N calls, each timed by the
+//!   worker (the driver's pipe round trip is not in a sample).
+//! - `{"op":"check"}` -> `{"ok":true,"mem_overhead_bytes":B|null,"memory_source":"..."}`:
+//!   the output filled with NaN, one call under the worker's memory figure, the output
+//!   written to the prepare's `output` path (raw little-endian f32, C order).
+//! - `{"op":"release"}` -> `{"ok":true}`: the prepared case's buffers freed.
+//!
 //! A request the worker cannot parse or serve gets `{"ok":false,"error":"..."}` and the
 //! worker goes on: an older build that does not know a new variant answers that case with
 //! an error instead of ending the session.
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,8 +53,57 @@ pub enum Request {
         #[serde(default)]
         memory_budget: Option<u64>,
     },
+    Prepare {
+        case: Box<Case>,
+        inputs: InputFiles,
+        output: PathBuf,
+    },
+    Call {
+        n: usize,
+    },
+    Check,
+    Release,
     Quit,
 }
+
+/// Where `prepare` finds the inputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputFiles {
+    pub q: PathBuf,
+    pub k: PathBuf,
+    pub v: PathBuf,
+}
+
+/// The reply to `prepare`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Prepared {
+    pub supported: bool,
+    #[serde(default)]
+    pub reason: String,
+    /// The implementation's own prediction of its scratch bytes, where it makes one.
+    #[serde(default)]
+    pub workspace_bytes: Option<u64>,
+}
+
+/// The reply to `call`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Called {
+    pub seconds: Vec<f64>,
+}
+
+/// The reply to `check`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checked {
+    #[serde(default)]
+    pub mem_overhead_bytes: Option<u64>,
+    /// What the figure counts (the allocator table, RSS, a framework's allocator peak).
+    #[serde(default)]
+    pub memory_source: String,
+}
+
+/// The reply to `release`: nothing besides `ok`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Released {}
 
 /// The reply to `hello`: who answers.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

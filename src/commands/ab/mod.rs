@@ -381,7 +381,7 @@ impl CaseRun {
                 }
                 Ok(reply) => failure[side] = Some(not_ok(&reply)),
                 Err(Failure::Refused(e)) => failure[side] = Some(e),
-                Err(Failure::Lost(e)) => {
+                Err(Failure::Lost(e) | Failure::TimedOut(e)) => {
                     failure[side] = Some(e);
                     sides[side] = programs.start_side(side)?;
                 }

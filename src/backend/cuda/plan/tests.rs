@@ -32,6 +32,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         input_scale: 1.0,
         seed: 0,
         d_out: UpstreamGrad::Random,
+        external: None,
     }
 }
 

@@ -1,17 +1,27 @@
-//! `attnbench worker`: answers the worker protocol (`protocol`) on stdin/stdout until stdin
-//! closes or `quit`. Each `run` goes through the one run sequence (`runner::run_case`:
+//! `attnbench worker`: answers the worker protocol (`worker::protocol`) on stdin/stdout
+//! until stdin closes or `quit`. Each `run` goes through the one run sequence (`run_case`:
 //! predict memory, inputs, warm-up, timed calls under the requested stopping rule, memory
 //! checked call, oracle), so a worker measures a case exactly as a sweep of its build does.
-//! Cost per request: that of the case's run; O(1) state between requests.
+//! With `--plugin LIB` it also serves `prepare`, `call`, `check` and `release` for that
+//! C-ABI plugin (`plugin::host`), which a sweep's `plugin:NAME` cases drive
+//! (`run::external`); a plugin that does not load answers `hello` with the reason.
+//! Cost per request: that of the case's run or calls; one prepared case between requests.
 
 use std::io::{BufRead, Write};
 
-use super::protocol::{Hello, Reply, Request, RunReply, PROTOCOL};
-use crate::error::{Error, Result};
-use crate::run::{run_case, Settings};
+use std::path::Path;
 
-/// Serves requests from `input` to `output`, one reply line per request line.
-pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
+use crate::error::{Error, Result};
+use crate::plugin::abi::Plugin;
+use crate::plugin::host::Host;
+use crate::run::{run_case, Settings};
+use crate::worker::protocol::{Hello, Released, Reply, Request, RunReply, PROTOCOL};
+
+/// Serves requests from `input` to `output`, one reply line per request line; `plugin`:
+/// the library whose calls `prepare`, `call` and `check` make.
+pub fn serve(input: impl BufRead, mut output: impl Write, plugin: Option<&Path>) -> Result<()> {
+    let mut host: Option<std::result::Result<Host, String>> =
+        plugin.map(|p| Plugin::open(p).map(Host::new).map_err(|e| e.to_string()));
     let io = |e: std::io::Error| Error::Io {
         context: "worker: writing a reply to stdout".into(),
         source: e,
@@ -26,7 +36,7 @@ pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
         }
         let (reply, quit) = match serde_json::from_str::<Request>(&line) {
             Ok(Request::Quit) => (r#"{"ok":true}"#.to_string(), true),
-            Ok(request) => (answer(request), false),
+            Ok(request) => (answer(request, &mut host), false),
             Err(e) => (
                 to_line(&Reply::<()>::failed(format!("bad request: {e}"))),
                 false,
@@ -41,12 +51,47 @@ pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
     Ok(())
 }
 
-fn answer(request: Request) -> String {
+fn answer(request: Request, host: &mut Option<std::result::Result<Host, String>>) -> String {
+    let failed = |e: String| to_line(&Reply::<()>::failed(e));
+    let reply = |r: Result<String>| r.unwrap_or_else(|e| failed(e.to_string()));
     match request {
-        Request::Hello { protocol } if protocol != PROTOCOL => to_line(&Reply::<()>::failed(
-            format!("this worker speaks protocol {PROTOCOL}, not {protocol}"),
+        Request::Hello { protocol } if protocol != PROTOCOL => failed(format!(
+            "this worker speaks protocol {PROTOCOL}, not {protocol}"
         )),
-        Request::Hello { .. } => to_line(&Reply::ok(hello())),
+        Request::Hello { .. } => match host {
+            Some(Err(e)) => failed(e.clone()),
+            Some(Ok(h)) => to_line(&Reply::ok(Hello {
+                implementation: format!("{} (plugin {})", hello().implementation, h.plugin.name),
+                ..hello()
+            })),
+            None => to_line(&Reply::ok(hello())),
+        },
+        Request::Prepare {
+            case,
+            inputs,
+            output,
+        } => match host {
+            Some(Ok(h)) => reply(
+                h.prepare(&case, &inputs, &output)
+                    .map(|r| to_line(&Reply::ok(r))),
+            ),
+            _ => no_plugin(host),
+        },
+        Request::Call { n } => match host {
+            Some(Ok(h)) => reply(h.call(n).map(|r| to_line(&Reply::ok(r)))),
+            _ => no_plugin(host),
+        },
+        Request::Check => match host {
+            Some(Ok(h)) => reply(h.check().map(|r| to_line(&Reply::ok(r)))),
+            _ => no_plugin(host),
+        },
+        Request::Release => match host {
+            Some(Ok(h)) => {
+                h.release();
+                to_line(&Reply::ok(Released {}))
+            }
+            _ => no_plugin(host),
+        },
         Request::Run {
             case,
             stop,
@@ -62,6 +107,7 @@ fn answer(request: Request) -> String {
                 diff_against: None,
                 model_layers: None,
                 gpu: Default::default(),
+                externals: Default::default(),
             };
             match run_case(&case, &settings, None) {
                 Ok(outcome) => {
@@ -79,6 +125,13 @@ fn answer(request: Request) -> String {
         }
         Request::Quit => unreachable!("handled by serve"),
     }
+}
+
+fn no_plugin(host: &Option<std::result::Result<Host, String>>) -> String {
+    to_line(&Reply::<()>::failed(match host {
+        Some(Err(e)) => e.clone(),
+        _ => "this worker serves no plugin (start it with --plugin LIBRARY)".to_string(),
+    }))
 }
 
 /// Who this worker is: the build's version, source revision and kernel path.
@@ -109,7 +162,7 @@ mod tests {
     fn served(requests: &[String]) -> Vec<serde_json::Value> {
         let input = requests.join("\n");
         let mut out = Vec::new();
-        serve(input.as_bytes(), &mut out).unwrap();
+        serve(input.as_bytes(), &mut out, None).unwrap();
         String::from_utf8(out)
             .unwrap()
             .lines()

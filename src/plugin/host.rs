@@ -1,0 +1,335 @@
+//! One prepared case of a plugin, in the worker process: its inputs in the case's dtype
+//! (read from the driver's raw f32 files), its output, and the allocator table through
+//! which the plugin takes its scratch. The checked call's overhead is what that table
+//! handed out at its peak, counted by the process's counting allocator exactly as for
+//! attnbench's own kernels (the inputs and output are live before the meter starts, so
+//! they are not in it); a plugin that allocates on its own (`ATTNBENCH_OWN_ALLOCATIONS`)
+//! gets the peak RSS growth of the call instead. Cost: the plugin's calls, plus reading
+//! the inputs and writing the output once per case.
+
+use std::alloc::Layout;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use half::{bf16, f16};
+
+use super::abi::{self, Allocator, Plugin, Tensor};
+use crate::error::{Error, Result};
+use crate::measure::alloc::OverheadMeter;
+use crate::measure::rss;
+use crate::problem::{Case, DType, Device, Mode};
+use crate::worker::protocol::{Called, Checked, InputFiles, Prepared};
+
+/// What the memory figure of a plugin counts, in the row's words.
+pub const SOURCE_TABLE: &str = "the plugin's allocator table (exact)";
+pub const SOURCE_RSS: &str = "peak RSS growth (the plugin allocates on its own)";
+
+/// A plugin and the case it has prepared, if any.
+pub struct Host {
+    pub plugin: Plugin,
+    case: Option<Loaded>,
+}
+
+/// Elements in the case's storage dtype.
+enum Buffer {
+    F32(Vec<f32>),
+    Half(Vec<u16>),
+}
+
+impl Buffer {
+    fn of(values: Vec<f32>, dtype: DType) -> Buffer {
+        match dtype {
+            DType::F32 => Buffer::F32(values),
+            DType::F16 => {
+                Buffer::Half(values.iter().map(|&x| f16::from_f32(x).to_bits()).collect())
+            }
+            DType::Bf16 => Buffer::Half(
+                values
+                    .iter()
+                    .map(|&x| bf16::from_f32(x).to_bits())
+                    .collect(),
+            ),
+        }
+    }
+
+    fn ptr(&mut self) -> *mut c_void {
+        match self {
+            Buffer::F32(v) => v.as_mut_ptr().cast(),
+            Buffer::Half(v) => v.as_mut_ptr().cast(),
+        }
+    }
+
+    fn fill_nan(&mut self, dtype: DType) {
+        match self {
+            Buffer::F32(v) => v.fill(f32::NAN),
+            Buffer::Half(v) => v.fill(match dtype {
+                DType::Bf16 => bf16::NAN.to_bits(),
+                _ => f16::NAN.to_bits(),
+            }),
+        }
+    }
+
+    fn to_f32(&self, dtype: DType) -> Vec<f32> {
+        match self {
+            Buffer::F32(v) => v.clone(),
+            Buffer::Half(v) => match dtype {
+                DType::Bf16 => v.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
+                _ => v.iter().map(|&b| f16::from_bits(b).to_f32()).collect(),
+            },
+        }
+    }
+}
+
+/// A prepared case.
+struct Loaded {
+    dtype: DType,
+    c: abi::Case,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    o: Buffer,
+    shapes: [[usize; 4]; 2],
+    output: PathBuf,
+    scratch: Box<Scratch>,
+}
+
+/// The allocator table's state: every live block, so `free` knows its layout. Its room is
+/// reserved before the meter starts, so bookkeeping adds nothing to the counted bytes for
+/// up to `ROOM` live blocks.
+struct Scratch {
+    live: Vec<(usize, Layout)>,
+    /// A request refused (the memory budget, or the machine): the failed call is `oom`.
+    refused: Option<usize>,
+}
+
+const ROOM: usize = 1024;
+
+extern "C" fn scratch_alloc(ctx: *mut c_void, bytes: usize, align: usize) -> *mut c_void {
+    // SAFETY: ctx is the `Scratch` of the prepared case, alive during the call.
+    let s = unsafe { &mut *ctx.cast::<Scratch>() };
+    let Ok(layout) = Layout::from_size_align(bytes.max(1), align.max(1)) else {
+        s.refused = Some(bytes);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        s.refused = Some(bytes);
+    } else {
+        s.live.push((p as usize, layout));
+    }
+    p.cast()
+}
+
+extern "C" fn scratch_free(ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: as in `scratch_alloc`.
+    let s = unsafe { &mut *ctx.cast::<Scratch>() };
+    if let Some(i) = s.live.iter().position(|&(p, _)| p == ptr as usize) {
+        let (p, layout) = s.live.swap_remove(i);
+        // SAFETY: allocated by `scratch_alloc` with this layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+    }
+}
+
+impl Scratch {
+    /// Frees what the plugin left allocated (a leak is its bug; the memory is not kept).
+    fn free_all(&mut self) {
+        for (p, layout) in self.live.drain(..) {
+            // SAFETY: allocated by `scratch_alloc` with this layout.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+        }
+    }
+}
+
+impl Host {
+    pub fn new(plugin: Plugin) -> Host {
+        Host { plugin, case: None }
+    }
+
+    /// Loads the case's inputs and allocates its output, unless the plugin refuses it.
+    pub fn prepare(&mut self, case: &Case, inputs: &InputFiles, output: &Path) -> Result<Prepared> {
+        self.release();
+        let s = case.shape;
+        let c = abi::Case {
+            batch: s.batch as i64,
+            heads: s.heads as i64,
+            kv_heads: s.kv_heads as i64,
+            seq_q: s.seq_q as i64,
+            seq_kv: s.seq_kv as i64,
+            head_dim: s.head_dim as i64,
+            dtype: dtype_code(case.dtype),
+            device: match case.device {
+                Device::Cpu => 0,
+                Device::Cuda => 1,
+            },
+            mode: i32::from(case.mode == Mode::Decode),
+            causal: i32::from(case.causal),
+            window: case.window.map_or(0, |w| w as i64),
+            scale: s.scale(),
+            threads: case.threads.min(i32::MAX as usize) as i32,
+            stream: std::ptr::null_mut(),
+        };
+        if case.device != Device::Cpu {
+            return Ok(refused(
+                "plugins run on the CPU in this build: CUDA plugins need device buffers, which the worker does not yet allocate",
+            ));
+        }
+        if let Some(why) = self.plugin.supports(&c) {
+            return Ok(refused(&why));
+        }
+        let workspace_bytes = self.plugin.workspace_bytes(&c);
+        let q_shape = [s.batch, s.heads, s.seq_q, s.head_dim];
+        let kv_shape = [s.batch, s.kv_heads, s.seq_kv, s.head_dim];
+        let read = |p: &Path, n: usize| read_f32(p, n).map(|v| Buffer::of(v, case.dtype));
+        let mut scratch = Box::new(Scratch {
+            live: Vec::new(),
+            refused: None,
+        });
+        scratch
+            .live
+            .try_reserve_exact(ROOM)
+            .map_err(|_| Error::OutOfMemory("the plugin's allocator table".into()))?;
+        self.case = Some(Loaded {
+            dtype: case.dtype,
+            c,
+            q: read(&inputs.q, s.q_len())?,
+            k: read(&inputs.k, s.kv_len())?,
+            v: read(&inputs.v, s.kv_len())?,
+            o: Buffer::of(vec![0.0; s.out_len()], case.dtype),
+            shapes: [q_shape, kv_shape],
+            output: output.to_path_buf(),
+            scratch,
+        });
+        Ok(Prepared {
+            supported: true,
+            reason: String::new(),
+            workspace_bytes,
+        })
+    }
+
+    /// `n` calls, each timed by the host clock (the plugin's CPU call returns when done).
+    pub fn call(&mut self, n: usize) -> Result<Called> {
+        let mut seconds = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            self.forward()?;
+            seconds.push(t0.elapsed().as_secs_f64());
+        }
+        Ok(Called { seconds })
+    }
+
+    /// The checked call: output poisoned, one call under the memory figure, the output
+    /// written to the prepare's path.
+    pub fn check(&mut self) -> Result<Checked> {
+        let p = self.prepared()?;
+        p.o.fill_nan(p.dtype);
+        let own = self.plugin.flags & abi::OWN_ALLOCATIONS != 0;
+        let rss_before = rss::current_rss_bytes();
+        rss::reset_peak_rss();
+        let meter = OverheadMeter::start();
+        let result = self.forward();
+        let counted = meter.finish();
+        let peak_rss = rss::peak_rss_bytes();
+        result?;
+        let (mem_overhead_bytes, memory_source) = if own {
+            let grown = peak_rss.zip(rss_before).map(|(p, b)| p.saturating_sub(b));
+            (grown, SOURCE_RSS)
+        } else {
+            (Some(counted), SOURCE_TABLE)
+        };
+        let p = self.prepared()?;
+        write_f32(&p.output, &p.o.to_f32(p.dtype))?;
+        Ok(Checked {
+            mem_overhead_bytes,
+            memory_source: memory_source.into(),
+        })
+    }
+
+    pub fn release(&mut self) {
+        if let Some(mut p) = self.case.take() {
+            p.scratch.free_all();
+        }
+    }
+
+    fn prepared(&mut self) -> Result<&mut Loaded> {
+        self.case
+            .as_mut()
+            .ok_or_else(|| Error::Runtime("no case is prepared (send prepare first)".into()))
+    }
+
+    fn forward(&mut self) -> Result<()> {
+        let Some(p) = self.case.as_mut() else {
+            return Err(Error::Runtime(
+                "no case is prepared (send prepare first)".into(),
+            ));
+        };
+        let d = p.c.dtype;
+        let [q_shape, kv_shape] = p.shapes;
+        let q = Tensor::contiguous(p.q.ptr(), d, q_shape);
+        let k = Tensor::contiguous(p.k.ptr(), d, kv_shape);
+        let v = Tensor::contiguous(p.v.ptr(), d, kv_shape);
+        let mut o = Tensor::contiguous(p.o.ptr(), d, q_shape);
+        p.scratch.refused = None;
+        let table = Allocator {
+            ctx: (&mut *p.scratch as *mut Scratch).cast(),
+            alloc: scratch_alloc,
+            free: scratch_free,
+        };
+        let result = self.plugin.forward(&p.c, [&q, &k, &v], &mut o, &table);
+        let leaked: usize = p.scratch.live.iter().map(|(_, l)| l.size()).sum();
+        p.scratch.free_all();
+        match (result, p.scratch.refused) {
+            (Err(e), Some(bytes)) => Err(Error::OutOfMemory(format!(
+                "{e} (the allocator table refused {bytes} bytes)"
+            ))),
+            (Err(e), None) => Err(Error::Runtime(e)),
+            (Ok(()), _) if leaked > 0 => Err(Error::Runtime(format!(
+                "{}: forward returned with {leaked} bytes of scratch not freed",
+                self.plugin.name
+            ))),
+            (Ok(()), _) => Ok(()),
+        }
+    }
+}
+
+fn refused(why: &str) -> Prepared {
+    Prepared {
+        supported: false,
+        reason: why.to_string(),
+        workspace_bytes: None,
+    }
+}
+
+fn dtype_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    }
+}
+
+/// `n` little-endian f32 values from a raw file (the protocol's input format).
+pub fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if bytes.len() != 4 * n {
+        return Err(Error::Input {
+            path: path.to_path_buf(),
+            msg: format!("{} bytes, expected {} ({n} f32 values)", bytes.len(), 4 * n),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Writes `values` as raw little-endian f32.
+pub fn write_f32(path: &Path, values: &[f32]) -> Result<()> {
+    let mut bytes = Vec::with_capacity(4 * values.len());
+    for v in values {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}

@@ -1,0 +1,324 @@
+//! The backend of external implementations (`plugin:NAME`, `python:NAME`): each runs in a
+//! worker process of its own (`attnbench worker --plugin LIB`, `python -m attnbench_peer`),
+//! driven call by call over the worker protocol (docs/reference/worker-protocol.md), so
+//! the driver keeps the schedule: the same stopping rule, warm-up and rounds as its own
+//! cases, interleaved with them (`interleave.rs`). The inputs go to the worker as raw f32
+//! files, the checked call's output comes back the same way and meets the same f64 oracle.
+//! A worker that crashes, hangs past its `timeout_s` or answers with an error costs one
+//! row (`error`, `timeout`) and is started afresh for the next case. An output off the
+//! oracle by more than the dtype's tolerance makes the row `error`: for foreign code that
+//! is a wrong result, not a precision to report. Cost per timed call: one pipe round trip
+//! besides the call, which the worker's own clock leaves out of the sample.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{record_output_error, Backend, Settings, Step, INTERRUPTED};
+use crate::error::{Error, Result};
+use crate::measure::timer::{time_measured_repetitions, StopRule, Timing};
+use crate::plugin::host::read_f32;
+use crate::problem::{Case, ExternalSpec, Inputs, Tensor};
+use crate::results::record::{Record, Status};
+use crate::worker::client::{this_executable, Failure, Worker};
+use crate::worker::protocol::{Called, Checked, InputFiles, Prepared, Released, Request};
+
+pub struct External;
+
+/// Workers kept between cases, by variant name; a step takes its worker out and puts it
+/// back when it ends, unless the worker was lost.
+static WORKERS: Mutex<BTreeMap<String, Worker>> = Mutex::new(BTreeMap::new());
+
+impl Backend for External {
+    fn unavailable(&self, _case: &Case) -> Option<String> {
+        None
+    }
+
+    /// Unknown before the worker is asked (`prepare` may report the plugin's prediction).
+    fn predicted_bytes(&self, _case: &Case) -> u64 {
+        0
+    }
+
+    fn budget_terms(&self, case: &Case, _predicted: u64) -> Vec<(u64, &'static str)> {
+        vec![(case.io_bytes(), "inputs/outputs")]
+    }
+
+    /// The worker is another process: the budget there is the allocator table's, which
+    /// this process does not hold.
+    fn set_limit(&self, _limit: Option<u64>) {}
+
+    fn step<'a>(
+        &self,
+        case: &'a Case,
+        settings: &Settings,
+        inputs: Option<&'a Inputs>,
+    ) -> Result<Box<dyn Step + 'a>> {
+        let name = case.variant_name();
+        let spec = settings.externals.get(name).ok_or_else(|| {
+            Error::Runtime(format!(
+                "{name} is not defined in this run's [plugins] or [python] tables"
+            ))
+        })?;
+        let inputs = inputs.ok_or_else(|| Error::Runtime(format!("{name}: no inputs")))?;
+        let files = Files::write(inputs)?;
+        let worker = take_worker(name, spec)?;
+        let mut step = ExternalStep {
+            case,
+            inputs,
+            worker: Some(worker),
+            files,
+            workspace_bytes: None,
+            checked: None,
+            output: Vec::new(),
+        };
+        let prepare = Request::Prepare {
+            case: Box::new(case.clone()),
+            inputs: step.files.inputs(),
+            output: step.files.output(),
+        };
+        let prepared: Prepared = step.request(&prepare)?;
+        if !prepared.supported {
+            return Err(Error::Unsupported(prepared.reason));
+        }
+        step.workspace_bytes = prepared.workspace_bytes;
+        Ok(Box::new(step))
+    }
+
+    fn time(
+        &self,
+        _case: &Case,
+        _settings: &Settings,
+        stop: &StopRule,
+        step: &mut dyn Step,
+    ) -> Result<(Timing, Option<f64>)> {
+        let timing = time_measured_repetitions(stop, &INTERRUPTED, || step.timed_call())?;
+        Ok((timing, None))
+    }
+
+    /// The worker's checked call; its figure reaches the row in `Step::check`.
+    fn memory_pass(&self, _: &Settings, _: &mut Record, step: &mut dyn Step) -> Result<()> {
+        step.checked_call()
+    }
+}
+
+/// The worker of `name`: the one kept from an earlier case, or a new one.
+fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
+    let kept = WORKERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(name);
+    if let Some(mut w) = kept {
+        if w.alive() {
+            return Ok(w);
+        }
+    }
+    let timeout = Duration::from_secs_f64(spec.timeout_s());
+    let command = match spec {
+        ExternalSpec::Plugin { library, .. } => {
+            let mut c = Command::new(this_executable()?);
+            c.arg("worker").arg("--plugin").arg(library);
+            c
+        }
+        ExternalSpec::Python {
+            call,
+            arrays,
+            python,
+            path,
+            ..
+        } => {
+            let mut c = Command::new(python);
+            c.args(["-m", "attnbench_peer", "--arrays", arrays, call]);
+            c.env("PYTHONPATH", python_path(path));
+            c
+        }
+    };
+    Worker::spawn(name, command, timeout)
+}
+
+/// `path`, then this source tree's `python/` (where `attnbench_peer` lives when attnbench
+/// was built from source and the package is not installed), then the caller's PYTHONPATH.
+fn python_path(path: &[PathBuf]) -> std::ffi::OsString {
+    let mut dirs: Vec<PathBuf> = path.to_vec();
+    let own = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python");
+    if own.is_dir() {
+        dirs.push(own);
+    }
+    if let Some(p) = std::env::var_os("PYTHONPATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
+/// The inputs and the output of one case, as raw f32 files in a directory of their own
+/// (removed when the step ends).
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    fn write(inputs: &Inputs) -> Result<Files> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "attnbench-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let files = Files { dir };
+        for (name, t) in [("q", &inputs.q), ("k", &inputs.k), ("v", &inputs.v)] {
+            write_tensor(&files.dir.join(format!("{name}.f32")), t)?;
+        }
+        Ok(files)
+    }
+
+    fn inputs(&self) -> InputFiles {
+        InputFiles {
+            q: self.dir.join("q.f32"),
+            k: self.dir.join("k.f32"),
+            v: self.dir.join("v.f32"),
+        }
+    }
+
+    fn output(&self) -> PathBuf {
+        self.dir.join("o.f32")
+    }
+}
+
+/// A tensor's values as raw little-endian f32 (exact: every storage dtype widens to f32).
+fn write_tensor(path: &std::path::Path, t: &Tensor) -> Result<()> {
+    let mut bytes = Vec::with_capacity(4 * t.len());
+    let mut put = |x: f32| bytes.extend_from_slice(&x.to_le_bytes());
+    match t {
+        Tensor::F32(v) => v.iter().for_each(|&x| put(x)),
+        Tensor::Bf16(v) => v.iter().for_each(|x| put(x.to_f32())),
+        Tensor::F16(v) => v.iter().for_each(|x| put(x.to_f32())),
+    }
+    std::fs::write(path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One prepared case in a worker.
+struct ExternalStep<'a> {
+    case: &'a Case,
+    inputs: &'a Inputs,
+    /// `None` once lost (crashed, hung, broke the protocol).
+    worker: Option<Worker>,
+    files: Files,
+    workspace_bytes: Option<u64>,
+    checked: Option<Checked>,
+    output: Vec<f32>,
+}
+
+impl ExternalStep<'_> {
+    fn request<T: serde::de::DeserializeOwned>(&mut self, req: &Request) -> Result<T> {
+        let name = self.case.variant_name();
+        let w = self
+            .worker
+            .as_mut()
+            .ok_or_else(|| Error::Runtime(format!("the {name} worker was lost")))?;
+        w.request(req).map_err(|f| {
+            let lost = !matches!(f, Failure::Refused(_));
+            let e = match f {
+                Failure::TimedOut(m) => Error::Timeout(m),
+                Failure::Refused(m) => Error::Runtime(format!("{name}: {m}")),
+                Failure::Lost(m) => Error::Runtime(m),
+            };
+            if lost {
+                self.worker = None;
+            }
+            e
+        })
+    }
+}
+
+impl Step for ExternalStep<'_> {
+    fn call(&mut self) -> Result<()> {
+        self.timed_call().map(|_| ())
+    }
+
+    /// The worker's own time of one call.
+    fn timed_call(&mut self) -> Result<f64> {
+        let called: Called = self.request(&Request::Call { n: 1 })?;
+        match called.seconds.as_slice() {
+            [s] if s.is_finite() && *s >= 0.0 => Ok(*s),
+            other => Err(Error::Runtime(format!(
+                "{}: the worker answered one call with the times {other:?}",
+                self.case.variant_name()
+            ))),
+        }
+    }
+
+    fn after_timing(&mut self, record: &mut Record) {
+        record.mem_predicted_bytes = self.workspace_bytes;
+    }
+
+    /// The worker fills the output with NaN itself, as the first part of `check`.
+    fn poison(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn checked_call(&mut self) -> Result<()> {
+        self.checked = Some(self.request(&Request::Check)?);
+        Ok(())
+    }
+
+    fn check(&mut self, record: &mut Record, settings: &Settings) -> Result<()> {
+        let checked = self.checked.take().unwrap_or_default();
+        record.mem_overhead_bytes = checked.mem_overhead_bytes;
+        if !checked.memory_source.is_empty() {
+            record.reason = format!("memory overhead: {}", checked.memory_source);
+        }
+        self.output = read_f32(&self.files.output(), self.case.shape.out_len())?;
+        record_output_error(
+            record,
+            self.case,
+            self.inputs,
+            &self.output,
+            settings.error_rows,
+        );
+        let tolerance = self.case.dtype.tolerance();
+        if let (Status::Ok, Some(err)) = (record.status, record.max_abs_err) {
+            if err > tolerance {
+                record.status = Status::Error;
+                record.reason = format!(
+                    "wrong result: max_abs_err {err:.3e} against the f64 oracle exceeds the {} tolerance {tolerance:.0e}",
+                    self.case.dtype
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn into_output(mut self: Box<Self>) -> Vec<f32> {
+        std::mem::take(&mut self.output)
+    }
+}
+
+impl Drop for ExternalStep<'_> {
+    /// Frees the case in the worker and keeps the worker for the next case.
+    fn drop(&mut self) {
+        if self.worker.is_some() && self.request::<Released>(&Request::Release).is_ok() {
+            if let Some(w) = self.worker.take() {
+                WORKERS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(self.case.variant_name().to_string(), w);
+            }
+        }
+    }
+}
+
+/// Ends every kept worker (at the end of a sweep).
+pub fn stop_workers() {
+    let workers = std::mem::take(&mut *WORKERS.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(workers);
+}

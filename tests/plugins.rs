@@ -1,0 +1,395 @@
+//! External implementations end to end: C-ABI plugins built here with the `cc` crate (the
+//! C example, and test plugins that fail on purpose) and the Rust `cdylib` example, and a
+//! Python callable served by `attnbench-peer`, each measured by `attnbench sweep` beside
+//! attnbench's own variants.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{attnbench, compare_json, repo};
+
+/// Builds `source` into a shared library `out` with the C compiler `cc` finds, with
+/// `defines` (`NAME` or `NAME=VALUE`).
+fn build_c(source: &Path, out: &Path, defines: &[&str]) {
+    let target = env!("ATTNBENCH_TARGET");
+    let compiler = cc::Build::new()
+        .target(target)
+        .host(target)
+        .opt_level(2)
+        .cargo_metadata(false)
+        .get_compiler();
+    let mut cmd = compiler.to_command();
+    cmd.args(["-shared", "-fPIC", "-I"])
+        .arg(repo().join("include"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg(source)
+        .arg("-o")
+        .arg(out)
+        .arg("-lm");
+    let status = cmd.status().expect("the C compiler runs");
+    assert!(status.success(), "{cmd:?} failed");
+}
+
+/// The C example, built into `dir`.
+fn c_naive(dir: &Path) -> PathBuf {
+    let lib = dir.join("libc_naive.so");
+    build_c(&repo().join("examples/plugins/c-naive/naive.c"), &lib, &[]);
+    lib
+}
+
+/// The Rust example, built with this cargo into `dir`.
+fn rust_naive(dir: &Path) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target_dir = dir.join("rust-naive-target");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(repo().join("examples/plugins/rust-naive/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .status()
+        .expect("cargo runs");
+    assert!(
+        status.success(),
+        "building examples/plugins/rust-naive failed"
+    );
+    target_dir.join("release/librust_naive.so")
+}
+
+fn sweep(config: &Path, out: &Path, sets: &[&str]) -> std::process::Output {
+    let mut cmd = attnbench();
+    cmd.arg("sweep")
+        .arg("--config")
+        .arg(config)
+        .arg("--out")
+        .arg(out);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.output().unwrap()
+}
+
+fn rows(dir: &Path) -> Vec<csv::StringRecord> {
+    let mut r = csv::Reader::from_path(dir.join("runs.csv")).unwrap();
+    let header = r.headers().unwrap().clone();
+    r.records()
+        .map(|x| {
+            let x = x.unwrap();
+            // Keyed access below goes through `col`.
+            assert_eq!(x.len(), header.len());
+            x
+        })
+        .collect()
+}
+
+fn col<'a>(dir: &Path, row: &'a csv::StringRecord, name: &str) -> &'a str {
+    let header = csv::Reader::from_path(dir.join("runs.csv"))
+        .unwrap()
+        .headers()
+        .unwrap()
+        .clone();
+    let i = header.iter().position(|h| h == name).expect(name);
+    &row[i]
+}
+
+#[test]
+fn c_and_rust_plugins_pass_the_oracle_on_ragged_shapes_with_exact_scratch_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (c_lib, rust_lib) = (c_naive(tmp.path()), rust_naive(tmp.path()));
+    let config = tmp.path().join("plugins.toml");
+    fs::write(
+        &config,
+        format!(
+            r#"
+[run]
+name = "plugins"
+min_reps = 2
+max_reps = 3
+threads = 1
+interleave = true
+innermost = ["variant"]
+
+[plugins]
+c-naive = "{}"
+rust-naive = {{ library = "{}", timeout_s = 60 }}
+
+[axes]
+variant = ["flash", "plugin:c-naive", "plugin:rust-naive"]
+dtype = ["f32", "bf16", "f16"]
+causal = [false, true]
+batch = [2]
+heads = [4]
+kv_heads = [2]
+head_dim = [24]
+
+[[zip]]
+seq_len = [17, 1, 40]
+seq_kv = [40, 33, 24]
+"#,
+            c_lib.display(),
+            rust_lib.display()
+        ),
+    )
+    .unwrap();
+    for (out, sets) in [
+        (tmp.path().join("full"), vec![]),
+        (tmp.path().join("window"), vec!["window=7"]),
+    ] {
+        let o = sweep(&config, &out, &sets);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 3 * 3 * 2 * 3);
+        let mut checked = 0;
+        for r in &rows {
+            let get = |n: &str| col(&out, r, n).to_string();
+            let (variant, dtype) = (get("variant"), get("dtype"));
+            if variant == "flash" {
+                continue;
+            }
+            let declared = match variant.as_str() {
+                "plugin:c-naive" => dtype != "f16",
+                _ => dtype == "f32",
+            };
+            if !declared {
+                assert_eq!(get("status"), "skipped", "{r:?}");
+                assert!(get("reason").contains("takes"), "{r:?}");
+                continue;
+            }
+            assert_eq!(get("status"), "ok", "{r:?}");
+            let tol = match dtype.as_str() {
+                "f32" => 1e-5,
+                _ => 1.6e-2,
+            };
+            let err: f64 = get("max_abs_err").parse().unwrap();
+            assert!(err <= tol, "{variant} {dtype}: {err}");
+            // One score row of seq_kv floats through the allocator table, counted exactly.
+            let seq_kv: u64 = get("seq_kv").parse().unwrap();
+            assert_eq!(get("mem_overhead_bytes"), (4 * seq_kv).to_string(), "{r:?}");
+            assert_eq!(
+                get("mem_predicted_bytes"),
+                (4 * seq_kv).to_string(),
+                "{r:?}"
+            );
+            assert!(get("reason").contains("allocator table (exact)"), "{r:?}");
+            checked += 1;
+        }
+        assert_eq!(
+            checked,
+            3 * 2 * 2 + 3 * 2,
+            "c-naive f32+bf16, rust-naive f32"
+        );
+        // Every ok row has its samples, plugin rows included.
+        let samples = fs::read_to_string(out.join("samples.csv")).unwrap();
+        assert!(samples.lines().any(|l| l.starts_with("plugin:rust-naive|")));
+    }
+    // compare judges plugin rows like attnbench's own.
+    let full = tmp.path().join("full");
+    let (code, report) = compare_json(&full, &full, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert!(report.to_string().contains("plugin:c-naive"), "{report}");
+}
+
+#[test]
+fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = repo().join("tests/fixtures/plugins/misbehave.c");
+    let mut table = String::new();
+    for (name, define) in [
+        ("wrong", "WRONG"),
+        ("crash", "CRASH"),
+        ("hang", "HANG"),
+        ("nan", "NAN_OUT"),
+        // Would crash if it were called: refused on its version first.
+        ("abi2", "ABI=2"),
+    ] {
+        let lib = tmp.path().join(format!("lib{name}.so"));
+        let mut defines = vec![define];
+        if name == "abi2" {
+            defines.push("CRASH");
+        }
+        build_c(&src, &lib, &defines);
+        table += &format!(
+            "{name} = {{ library = \"{}\", timeout_s = 3 }}\n",
+            lib.display()
+        );
+    }
+    let config = tmp.path().join("bad.toml");
+    fs::write(
+        &config,
+        format!(
+            "[run]\nname = \"bad\"\nmin_reps = 2\nmax_reps = 2\nthreads = 1\n\n[plugins]\n{table}\n\
+             [axes]\nvariant = [\"plugin:wrong\", \"plugin:crash\", \"plugin:hang\", \"plugin:nan\", \"plugin:abi2\"]\n\
+             seq_len = [16, 24, 32]\ncausal = [true]\n"
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    let o = sweep(&config, &out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 15);
+    for r in &rows {
+        let get = |n: &str| col(&out, r, n).to_string();
+        let (variant, seq) = (get("variant"), get("seq_q"));
+        let (status, reason) = (get("status"), get("reason"));
+        let want = match (variant.as_str(), seq.as_str()) {
+            ("plugin:abi2", _) => ("error", "ABI version 2"),
+            (_, "16" | "32") => ("ok", ""),
+            ("plugin:wrong", _) => ("error", "wrong result: max_abs_err"),
+            ("plugin:crash", _) => ("error", "SIGSEGV"),
+            ("plugin:hang", _) => ("timeout", "no reply within 3 s"),
+            ("plugin:nan", _) => ("error", "NaN or infinite"),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(status, want.0, "{variant} {seq}: {reason}");
+        assert!(reason.contains(want.1), "{variant} {seq}: {reason}");
+        if variant == "plugin:abi2" {
+            assert!(reason.contains("it was not called"), "{reason}");
+        }
+    }
+}
+
+#[test]
+fn undefined_plugins_and_missing_libraries_are_config_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("c.toml");
+    let cases = [
+        (
+            "[axes]\nvariant = [\"plugin:nope\"]\nseq_len = [8]\n",
+            "`plugin:nope` is not defined: add it to [plugins]",
+        ),
+        (
+            "[plugins]\nmine = \"no/such/libmine.so\"\n[axes]\nvariant = [\"plugin:mine\"]\nseq_len = [8]\n",
+            "plugins.mine",
+        ),
+        (
+            "[axes]\nvariant = [\"external\"]\nseq_len = [8]\n",
+            "not a variant by itself",
+        ),
+        (
+            "[python]\np = { call = \"nocolon\" }\n[axes]\nvariant = [\"python:p\"]\nseq_len = [8]\n",
+            "expected module:function",
+        ),
+    ];
+    for (text, want) in cases {
+        fs::write(&config, format!("[run]\nname = \"c\"\n{text}")).unwrap();
+        let o = attnbench()
+            .args(["sweep", "--dry-run", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
+
+/// The Python worker needs only a Python 3 interpreter for its `lists` arrays.
+fn python3() -> Option<&'static str> {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| "python3")
+}
+
+#[test]
+fn a_python_callable_is_measured_beside_flash() {
+    let Some(python) = python3() else {
+        eprintln!("skipped: no python3 on this machine");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("py.toml");
+    fs::write(
+        &config,
+        format!(
+            r#"
+[run]
+name = "py"
+min_reps = 2
+max_reps = 2
+threads = 1
+interleave = true
+innermost = ["variant"]
+
+[python]
+lists = {{ call = "listcall:attention", arrays = "lists", python = "{python}", path = ["{}"], timeout_s = 60 }}
+boom = {{ call = "listcall:boom", arrays = "lists", path = ["{}"] }}
+
+[axes]
+variant = ["flash", "python:lists", "python:boom"]
+dtype = ["f32", "bf16"]
+causal = [true]
+heads = [2]
+kv_heads = [1]
+head_dim = [8]
+
+[[zip]]
+seq_len = [5, 9]
+seq_kv = [12, 9]
+"#,
+            repo().join("python/tests").display(),
+            repo().join("python/tests").display()
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    let o = sweep(&config, &out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 3 * 2 * 2);
+    for r in &rows {
+        let get = |n: &str| col(&out, r, n).to_string();
+        let (variant, dtype, status) = (get("variant"), get("dtype"), get("status"));
+        match (variant.as_str(), dtype.as_str()) {
+            ("python:lists", "f32") => {
+                assert_eq!(status, "ok", "{r:?}");
+                assert!(get("max_abs_err").parse::<f64>().unwrap() <= 1e-5);
+                assert!(get("reason").contains("tracemalloc"), "{r:?}");
+            }
+            ("python:lists" | "python:boom", "bf16") => assert_eq!(status, "skipped", "{r:?}"),
+            ("python:boom", _) => {
+                assert_eq!(status, "error", "{r:?}");
+                assert!(get("reason").contains("Error"), "{r:?}");
+            }
+            _ => assert_eq!(status, "ok", "{r:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_attnbench_peer_package_passes_its_own_tests() {
+    let Some(python) = python3() else {
+        eprintln!("skipped: no python3 on this machine");
+        return;
+    };
+    let out = Command::new(python)
+        .args([
+            "-m",
+            "unittest",
+            "discover",
+            "-s",
+            "python/tests",
+            "-t",
+            "python",
+        ])
+        .current_dir(repo())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
