@@ -393,3 +393,138 @@ fn the_attnbench_peer_package_passes_its_own_tests() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The `run:` blocks of a GitHub Actions workflow, by step name, in order (the workflow's
+/// own layout: `- name: X` then `run: |` and an indented block).
+fn workflow_steps(yaml: &str) -> Vec<(String, String)> {
+    let mut steps = Vec::new();
+    let mut lines = yaml.lines().peekable();
+    let mut name = String::new();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        if let Some(n) = t.strip_prefix("- name: ") {
+            name = n.trim().to_string();
+        } else if t == "run: |" {
+            let indent = line.len() - t.len() + 2;
+            let mut block = String::new();
+            while let Some(l) = lines.peek() {
+                if !l.trim().is_empty() && l.len() - l.trim_start().len() < indent {
+                    break;
+                }
+                block += l.get(indent..).unwrap_or("");
+                block.push('\n');
+                lines.next();
+            }
+            steps.push((name.clone(), block));
+        }
+    }
+    steps
+}
+
+#[test]
+fn the_example_ci_workflow_gates_a_pull_request_on_its_kernel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let user = tmp.path().join("user-repo");
+    let runner_temp = tmp.path().join("runner");
+    fs::create_dir_all(user.join("kernel")).unwrap();
+    fs::create_dir_all(user.join("include")).unwrap();
+    fs::create_dir_all(user.join("bench")).unwrap();
+    fs::create_dir_all(&runner_temp).unwrap();
+    fs::copy(
+        repo().join("include/attnbench.h"),
+        user.join("include/attnbench.h"),
+    )
+    .unwrap();
+    fs::copy(
+        repo().join("docs/examples/attention-gate.toml"),
+        user.join("bench/attention.toml"),
+    )
+    .unwrap();
+    let kernel = fs::read_to_string(repo().join("examples/plugins/c-naive/naive.c")).unwrap();
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "commit.gpgsign=false",
+            ])
+            .args(args)
+            .current_dir(&user)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    git(&["init", "-q"]);
+    let commit = |source: &str, msg: &str| {
+        fs::write(user.join("kernel/attention.c"), source).unwrap();
+        git(&["add", "-A"]);
+        git(&["commit", "-q", "-m", msg]);
+        git(&["rev-parse", "HEAD"])
+    };
+    let base = commit(&kernel, "base");
+    let workflow = fs::read_to_string(repo().join("docs/examples/attnbench-gate.yml")).unwrap();
+    let steps = workflow_steps(&workflow);
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "Install attnbench",
+            "Build the kernel at base and at head",
+            "Measure base and head in one run",
+            "Gate head against base"
+        ]
+    );
+    let bin_dir = assert_cmd::cargo::cargo_bin("attnbench")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(bin_dir).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    // Runs the workflow's steps (not the install: this build is on PATH) and returns the
+    // gate's exit code.
+    let pull_request = |n: usize| -> i32 {
+        let _ = fs::remove_dir_all(user.join("build"));
+        let _ = fs::remove_dir_all(user.join("gate-results"));
+        // A fresh runner's temporary directory per pull request.
+        let runner_temp = runner_temp.join(n.to_string());
+        fs::create_dir_all(&runner_temp).unwrap();
+        let mut code = 0;
+        for (name, script) in &steps[1..] {
+            let o = Command::new("bash")
+                .args(["-euo", "pipefail", "-c", script])
+                .current_dir(&user)
+                .env("PATH", &path)
+                .env("BASE", &base)
+                .env("RUNNER_TEMP", &runner_temp)
+                .output()
+                .unwrap();
+            code = o.status.code().unwrap_or(-1);
+            let last = name == "Gate head against base";
+            assert!(
+                code == 0 || last,
+                "pull request {n}, step {name}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        code
+    };
+    // A head that changes no code passes; a head that breaks the kernel fails the gate.
+    commit(&format!("{kernel}\n/* a comment */\n"), "head: a comment");
+    assert_eq!(pull_request(1), 0);
+    commit(
+        &kernel.replace("p[j] = s * c->scale;", "p[j] = s * c->scale * 1.5f;"),
+        "head: a wrong scale",
+    );
+    assert_eq!(pull_request(2), 3);
+}

@@ -46,6 +46,11 @@ pub struct CompareArgs {
     /// timed in one run) gates time instead. Memory, error and status still gate.
     #[arg(long, conflicts_with = "fail_on_unclear")]
     pub no_time_gate: bool,
+    /// Compare the rows of variant BASE in BASELINE with those of variant CUR in CURRENT,
+    /// case by case (BASELINE and CURRENT may be one run): two builds of your kernel timed
+    /// interleaved in one sweep, e.g. `--pair plugin:base=plugin:head`.
+    #[arg(long, value_name = "BASE=CUR")]
+    pub pair: Option<String>,
     /// Print the comparison as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
@@ -71,13 +76,25 @@ impl ValueEnum for Normalize {
 /// The `compare` command: load, compare, print, and return the exit code.
 pub fn command(args: &CompareArgs) -> Result<i32> {
     let opts = options(args)?;
-    let baseline = compared::load(&args.baseline, "baseline")?;
-    let current = compared::load(&args.current, "current")?;
+    let mut baseline = compared::load(&args.baseline, "baseline")?;
+    let mut current = compared::load(&args.current, "current")?;
+    if let Some(pair) = &args.pair {
+        let (base, cur) = pair
+            .split_once('=')
+            .filter(|(b, c)| !b.is_empty() && !c.is_empty())
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "--pair: expected BASE=CUR, two variant names, e.g. plugin:base=plugin:head, got `{pair}`"
+                ))
+            })?;
+        baseline.only_variant(base, cur)?;
+        current.only_variant(cur, cur)?;
+    }
     for note in [&baseline.note, &current.note].into_iter().flatten() {
         eprintln!("note: {note}");
     }
     let file = |r: &Run| r.csv_path.canonicalize().ok();
-    if file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
+    if args.pair.is_none() && file(&baseline).is_some_and(|b| file(&current) == Some(b)) {
         eprintln!(
             "note: the baseline and the current run are the same file ({}): every case \
              compares with itself",

@@ -82,9 +82,50 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
                 .insert(k.to_string(), v);
             return Ok(format!("model.{k}"));
         }
+        Some(("plugins", name)) => {
+            // A library path, as `[plugins] NAME = "path"` (keeping a table's other keys).
+            let plugins = section(table, "plugins").map_err(usage)?;
+            let lib = Value::String(value.to_string());
+            match plugins.get_mut(name).and_then(Value::as_table_mut) {
+                Some(t) => {
+                    t.insert("library".into(), lib);
+                }
+                None => {
+                    plugins.insert(name.to_string(), lib);
+                }
+            }
+            return Ok(format!("plugins.{name}"));
+        }
+        Some(("python", rest)) => {
+            let (name, k) = rest.split_once('.').ok_or_else(|| {
+                usage(format!(
+                    "expected python.NAME.KEY (KEY: {}), e.g. python.sdpa-math.python=/venv/bin/python",
+                    PYTHON_KEYS.join(", ")
+                ))
+            })?;
+            if !PYTHON_KEYS.contains(&k) {
+                return Err(usage(format!(
+                    "unknown key `python.{name}.{k}` (known: {})",
+                    PYTHON_KEYS.join(", ")
+                )));
+            }
+            let v = match k {
+                "path" => Value::Array(
+                    value
+                        .split(',')
+                        .map(|p| Value::String(p.trim().to_string()))
+                        .collect(),
+                ),
+                "timeout_s" => item(value),
+                _ => Value::String(value.to_string()),
+            };
+            let python = section(table, "python").map_err(usage)?;
+            section(python, name).map_err(usage)?.insert(k.to_string(), v);
+            return Ok(format!("python.{name}.{k}"));
+        }
         Some(_) => {
             return Err(usage(format!(
-                "unknown key `{key}`: expected an axis ({}), run.KEY, report.KEY or model.KEY",
+                "unknown key `{key}`: expected an axis ({}), run.KEY, report.KEY, model.KEY, plugins.NAME or python.NAME.KEY",
                 Axis::names().join(", ")
             )))
         }
@@ -121,6 +162,9 @@ pub fn apply_set(table: &mut Table, arg: &str) -> Result<String> {
 }
 
 /// The `[name]` table, created if absent.
+/// The keys of a `[python]` entry, for `--set python.NAME.KEY=...`.
+const PYTHON_KEYS: [&str; 5] = ["call", "arrays", "python", "path", "timeout_s"];
+
 fn section<'t>(table: &'t mut Table, name: &str) -> Result<&'t mut Table, String> {
     table
         .entry(name)
@@ -207,6 +251,44 @@ mod tests {
         assert_eq!(t["axes"]["input_scale"], Value::Float(0.5));
         let (t, _) = set("", "axes.batch=4").unwrap();
         assert_eq!(t["axes"]["batch"], Value::Integer(4));
+    }
+
+    #[test]
+    fn plugin_and_python_entries_are_settable() {
+        let (t, key) = set("", "plugins.mine=build/libmine.so").unwrap();
+        assert_eq!(key, "plugins.mine");
+        assert_eq!(
+            t["plugins"]["mine"],
+            Value::String("build/libmine.so".into())
+        );
+        // A table entry keeps its timeout and gets the new library.
+        let (t, _) = set(
+            "[plugins]\nmine = { library = \"a.so\", timeout_s = 5 }",
+            "plugins.mine=b.so",
+        )
+        .unwrap();
+        assert_eq!(
+            t["plugins"]["mine"]["library"],
+            Value::String("b.so".into())
+        );
+        assert_eq!(t["plugins"]["mine"]["timeout_s"], Value::Integer(5));
+        let (t, key) = set("", "python.sdpa.python=/venv/bin/python").unwrap();
+        assert_eq!(key, "python.sdpa.python");
+        assert_eq!(
+            t["python"]["sdpa"]["python"],
+            Value::String("/venv/bin/python".into())
+        );
+        let (t, _) = set("", "python.sdpa.path=a, b").unwrap();
+        assert_eq!(
+            t["python"]["sdpa"]["path"],
+            Value::Array(vec![Value::String("a".into()), Value::String("b".into())])
+        );
+        let e = set("", "python.sdpa.interpreter=x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown key `python.sdpa.interpreter`"), "{e}");
+        let e = set("", "python.sdpa=x").unwrap_err().to_string();
+        assert!(e.contains("expected python.NAME.KEY"), "{e}");
     }
 
     #[test]

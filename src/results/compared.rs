@@ -134,6 +134,50 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
     })
 }
 
+impl Run {
+    /// Keeps only the rows of `variant`, renamed `as_name` (their `variant`, the first
+    /// field of their `case_id`, and their samples' keys), so that two variants of one run,
+    /// or of two runs, meet case by case: `compare --pair BASE=CUR` (one build of a kernel
+    /// against another, timed in the same run). An error when no row has that variant.
+    pub fn only_variant(&mut self, variant: &str, as_name: &str) -> Result<()> {
+        let rename = |id: &str| match id.split_once('|') {
+            Some((_, rest)) => format!("{as_name}|{rest}"),
+            None => id.to_string(),
+        };
+        let found: Vec<&str> = {
+            let mut v: Vec<&str> = self.records.iter().map(|r| r.variant.as_str()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        if !found.contains(&variant) {
+            return Err(Error::Usage(format!(
+                "--pair: {} has no rows of variant `{variant}` (it has: {})",
+                self.label,
+                found.join(", ")
+            )));
+        }
+        self.records.retain(|r| r.variant == variant);
+        if let Some(samples) = self.samples.take() {
+            let ids: std::collections::HashSet<&str> =
+                self.records.iter().map(|r| r.case_id.as_str()).collect();
+            self.samples = Some(
+                samples
+                    .into_iter()
+                    .filter(|(id, _)| ids.contains(id.as_str()))
+                    .map(|(id, s)| (rename(&id), s))
+                    .collect(),
+            );
+        }
+        for r in &mut self.records {
+            r.case_id = rename(&r.case_id);
+            r.variant = as_name.to_string();
+        }
+        self.label = format!("{} ({variant})", self.label);
+        Ok(())
+    }
+}
+
 fn read_meta(path: &Path) -> Result<RunMeta> {
     let bad = |msg: String| Error::Input {
         path: path.to_path_buf(),
