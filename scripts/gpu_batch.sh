@@ -2,7 +2,7 @@
 # GPU.md "Run there" in one go, on the GPU machine (no Rust, no network), from the repository
 # root with .gpu/ built by scripts/gpu_build.sh. Everything goes to one folder OUT:
 #
-#   scripts/gpu_batch.sh OUT [STEP ...]   STEP: check smoke accept decode splits perf table2
+#   scripts/gpu_batch.sh OUT [STEP ...]   STEP: check smoke accept decode splits perf table2 plugins
 #                                         (default: check smoke decode perf table2)
 #
 #   check   nvidia-smi, `attnbench list`, the unit tests of the CUDA backend (NVRTC compiles
@@ -16,6 +16,9 @@
 #           backend materializes every score and takes minutes at n = 16384: GPU_PEER_MATH=1
 #           adds it); GPU_PERF_VARIANTS=flash (a comma list) times only those of ours
 #   table2  configs/rabe_staats_table2_gpu.toml
+#   plugins the CUDA plugin example (examples/plugins/cuda-naive, built here with nvcc) and
+#           PyTorch SDPA's math, flash, efficient and cuDNN backends through attnbench-peer,
+#           beside flash: configs/gpu_your_kernel.toml
 # then reports again (with the peers' rows), scripts/gpu_acceptance.py -> OUT/acceptance.md,
 # and OUT/gpu_results.tar.gz of the lot.
 #
@@ -89,7 +92,7 @@ seed() {
     fi
 }
 # The output folders of the sweeps below (OUT/<name>).
-SWEEPS="gpu_smoke gpu_accept gpu_decode gpu_decode_splits gpu_perf rabe_staats_table2_gpu"
+SWEEPS="gpu_smoke gpu_accept gpu_decode gpu_decode_splits gpu_perf rabe_staats_table2_gpu gpu_your_kernel"
 for d in ${GPU_SEED_ONLY:-$SWEEPS}; do
     seed "$d"
 done
@@ -135,8 +138,16 @@ for step in "${STEPS[@]}"; do
     table2)
         run 240 table2.log "$BIN" sweep --config configs/rabe_staats_table2_gpu.toml --out "$OUT/rabe_staats_table2_gpu" --resume
         ;;
+    plugins)
+        # nvcc from the toolkit; the plugin must exist before the config loads.
+        [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+        mkdir -p target/plugins
+        run 120 plugins.log nvcc -O3 -shared -Xcompiler -fPIC -I include \
+            examples/plugins/cuda-naive/naive.cu -o target/plugins/libcuda_naive.so
+        run 300 plugins.log "$BIN" sweep --config configs/gpu_your_kernel.toml --out "$OUT/gpu_your_kernel" --resume
+        ;;
     *)
-        echo "unknown step $step (expected check, smoke, accept, decode, splits, perf, table2)" >> "$OUT/steps.txt"
+        echo "unknown step $step (expected check, smoke, accept, decode, splits, perf, table2, plugins)" >> "$OUT/steps.txt"
         ;;
     esac
 done

@@ -24,6 +24,7 @@ use crate::worker::protocol::{Called, Checked, InputFiles, Prepared};
 /// What the memory figure of a plugin counts, in the row's words.
 pub const SOURCE_TABLE: &str = "the plugin's allocator table (exact)";
 pub const SOURCE_RSS: &str = "peak RSS growth (the plugin allocates on its own)";
+pub const SOURCE_DEVICE: &str = "the plugin's allocator table on the GPU (exact)";
 
 /// A plugin and the case it has prepared, if any.
 pub struct Host {
@@ -60,6 +61,14 @@ impl Buffer {
         }
     }
 
+    #[cfg(feature = "cuda")]
+    fn bytes(&self) -> usize {
+        match self {
+            Buffer::F32(v) => 4 * v.len(),
+            Buffer::Half(v) => 2 * v.len(),
+        }
+    }
+
     fn fill_nan(&mut self, dtype: DType) {
         match self {
             Buffer::F32(v) => v.fill(f32::NAN),
@@ -92,6 +101,9 @@ struct Loaded {
     shapes: [[usize; 4]; 2],
     output: PathBuf,
     scratch: Box<Scratch>,
+    /// The case's device buffers, for a CUDA case.
+    #[cfg(feature = "cuda")]
+    device: Option<super::device::DeviceCase>,
 }
 
 /// The allocator table's state: every live block, so `free` knows its layout. Its room is
@@ -170,9 +182,9 @@ impl Host {
             threads: case.threads.min(i32::MAX as usize) as i32,
             stream: std::ptr::null_mut(),
         };
-        if case.device != Device::Cpu {
+        if case.device == Device::Cuda && cfg!(not(feature = "cuda")) {
             return Ok(refused(
-                "plugins run on the CPU in this build: CUDA plugins need device buffers, which the worker does not yet allocate",
+                "this attnbench was built without the `cuda` feature: CUDA plugins need it",
             ));
         }
         if let Some(why) = self.plugin.supports(&c) {
@@ -190,7 +202,8 @@ impl Host {
             .live
             .try_reserve_exact(ROOM)
             .map_err(|_| Error::OutOfMemory("the plugin's allocator table".into()))?;
-        self.case = Some(Loaded {
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut loaded = Loaded {
             dtype: case.dtype,
             c,
             q: read(&inputs.q, s.q_len())?,
@@ -200,7 +213,26 @@ impl Host {
             shapes: [q_shape, kv_shape],
             output: output.to_path_buf(),
             scratch,
-        });
+            #[cfg(feature = "cuda")]
+            device: None,
+        };
+        #[cfg(feature = "cuda")]
+        if case.device == Device::Cuda {
+            let l = &loaded;
+            let bytes = [l.q.bytes(), l.k.bytes(), l.v.bytes(), l.o.bytes()];
+            let device =
+                super::device::DeviceCase::new(bytes, |gpu, i, buf| match [&l.q, &l.k, &l.v][i] {
+                    Buffer::F32(x) => gpu.upload(buf, x),
+                    Buffer::Half(x) => gpu.upload(buf, x),
+                });
+            let device = match device {
+                Err(Error::Unsupported(why)) => return Ok(refused(&why)),
+                other => other?,
+            };
+            loaded.c.stream = device.stream();
+            loaded.device = Some(device);
+        }
+        self.case = Some(loaded);
         Ok(Prepared {
             supported: true,
             reason: String::new(),
@@ -208,10 +240,18 @@ impl Host {
         })
     }
 
-    /// `n` calls, each timed by the host clock (the plugin's CPU call returns when done).
+    /// `n` calls, each timed by the host clock (the plugin's CPU call returns when done),
+    /// or, for a CUDA case, by events on its stream.
     pub fn call(&mut self, n: usize) -> Result<Called> {
         let mut seconds = Vec::with_capacity(n);
         for _ in 0..n {
+            #[cfg(feature = "cuda")]
+            if let Some(p) = self.case.as_mut().filter(|p| p.device.is_some()) {
+                let (c, shapes) = (p.c, p.shapes);
+                let d = p.device.as_mut().expect("a device case");
+                seconds.push(d.timed_forward(&self.plugin, &c, shapes)?);
+                continue;
+            }
             let t0 = Instant::now();
             self.forward()?;
             seconds.push(t0.elapsed().as_secs_f64());
@@ -222,6 +262,26 @@ impl Host {
     /// The checked call: output poisoned, one call under the memory figure, the output
     /// written to the prepare's path.
     pub fn check(&mut self) -> Result<Checked> {
+        #[cfg(feature = "cuda")]
+        if let Some(p) = self.case.as_mut().filter(|p| p.device.is_some()) {
+            let (c, shapes, dtype) = (p.c, p.shapes, p.dtype);
+            let d = p.device.as_mut().expect("a device case");
+            d.poison(match dtype {
+                DType::F32 => None,
+                DType::F16 => Some(f16::NAN.to_bits()),
+                DType::Bf16 => Some(bf16::NAN.to_bits()),
+            })?;
+            let overhead = d.counted_forward(&self.plugin, &c, shapes)?;
+            match &mut p.o {
+                Buffer::F32(x) => d.download(x)?,
+                Buffer::Half(x) => d.download(x)?,
+            }
+            write_f32(&p.output, &p.o.to_f32(dtype))?;
+            return Ok(Checked {
+                mem_overhead_bytes: Some(overhead),
+                memory_source: SOURCE_DEVICE.into(),
+            });
+        }
         let p = self.prepared()?;
         p.o.fill_nan(p.dtype);
         let own = self.plugin.flags & abi::OWN_ALLOCATIONS != 0;
@@ -249,6 +309,10 @@ impl Host {
     pub fn release(&mut self) {
         if let Some(mut p) = self.case.take() {
             p.scratch.free_all();
+            #[cfg(feature = "cuda")]
+            if let Some(d) = &mut p.device {
+                d.scratch.free_all();
+            }
         }
     }
 
@@ -279,17 +343,27 @@ impl Host {
         let result = self.plugin.forward(&p.c, [&q, &k, &v], &mut o, &table);
         let leaked: usize = p.scratch.live.iter().map(|(_, l)| l.size()).sum();
         p.scratch.free_all();
-        match (result, p.scratch.refused) {
-            (Err(e), Some(bytes)) => Err(Error::OutOfMemory(format!(
-                "{e} (the allocator table refused {bytes} bytes)"
-            ))),
-            (Err(e), None) => Err(Error::Runtime(e)),
-            (Ok(()), _) if leaked > 0 => Err(Error::Runtime(format!(
-                "{}: forward returned with {leaked} bytes of scratch not freed",
-                self.plugin.name
-            ))),
-            (Ok(()), _) => Ok(()),
-        }
+        forward_outcome(&self.plugin.name, result, p.scratch.refused, leaked)
+    }
+}
+
+/// What a forward call comes to: its error (`oom` when the table refused a request), or
+/// an error when it returned holding scratch.
+pub(super) fn forward_outcome(
+    plugin: &str,
+    result: std::result::Result<(), String>,
+    refused: Option<usize>,
+    leaked: usize,
+) -> Result<()> {
+    match (result, refused) {
+        (Err(e), Some(bytes)) => Err(Error::OutOfMemory(format!(
+            "{e} (the allocator table refused {bytes} bytes)"
+        ))),
+        (Err(e), None) => Err(Error::Runtime(e)),
+        (Ok(()), _) if leaked > 0 => Err(Error::Runtime(format!(
+            "{plugin}: forward returned with {leaked} bytes of scratch not freed"
+        ))),
+        (Ok(()), _) => Ok(()),
     }
 }
 

@@ -325,6 +325,14 @@ impl Gpu {
         r.result().map_err(|e| drv_err("cuMemsetD32Async", e))
     }
 
+    /// Fills a buffer of 16-bit words with `bits` (f16 or bf16 NaN before a checked pass).
+    pub fn fill_u16(&self, buf: &DeviceBuffer<'_>, bits: u16) -> Result<()> {
+        // SAFETY: within the buffer (bytes / 2 words).
+        let r =
+            unsafe { drv::cuMemsetD16Async(buf.ptr, bits, buf.bytes / 2, self.stream.cu_stream()) };
+        r.result().map_err(|e| drv_err("cuMemsetD16Async", e))
+    }
+
     /// Copies host bytes to the start of `buf`.
     pub fn upload<T>(&self, buf: &DeviceBuffer<'_>, src: &[T]) -> Result<()> {
         assert!(
