@@ -49,8 +49,9 @@ def write_f32(values, path):
         values.tofile(f)
 
 
-TRACEMALLOC_SOURCE = ("tracemalloc peak (Python-visible allocations; NumPy registers its "
-                      "buffers, torch CPU tensors are not traced)")
+# What the row's reason says; python/README.md says what tracemalloc sees (NumPy's buffers
+# and Python objects, not torch's CPU tensors).
+TRACEMALLOC_SOURCE = "tracemalloc peak, less the output"
 
 
 def traced_call(call):
@@ -111,8 +112,8 @@ class Lists:
 
     def measured_call(self, call, device):
         out, peak = traced_call(call)
-        return out, peak, ("tracemalloc peak (Python-visible allocations; a list output "
-                           "counts as 0 output bytes, so its own objects are included)")
+        # A list output's own objects are in the peak (counted as 0 output bytes).
+        return out, peak, "tracemalloc peak, output objects included"
 
 
 def _list_shape(x):

@@ -116,7 +116,7 @@ fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
         }
     }
     let timeout = Duration::from_secs_f64(spec.timeout_s());
-    let command = match spec {
+    let mut command = match spec {
         ExternalSpec::Plugin { library, .. } => {
             let mut c = Command::new(this_executable()?);
             c.arg("worker").arg("--plugin").arg(library);
@@ -135,6 +135,10 @@ fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
             c
         }
     };
+    // A process group of its own: Ctrl-C stops the sweep after the current call (the
+    // driver's handler), and does not kill the worker in the middle of it.
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     Worker::spawn(name, command, timeout)
 }
 
