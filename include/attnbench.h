@@ -63,8 +63,10 @@ typedef struct attnbench_case {
 /*
  * Scratch memory. Allocate every temporary buffer of forward() through this table and
  * attnbench counts its bytes exactly, as it counts its own kernels' (the row's memory
- * overhead beyond inputs and output). alloc returns NULL when the request does not fit the
- * run's memory budget: return an error then, the row says oom. A plugin that allocates on
+ * overhead beyond inputs and output). alloc returns NULL when a request of 1 MiB or more
+ * does not fit the run's memory budget (the inputs and output count against it): return an
+ * error then, the row says oom. Free every block before forward() returns: scratch still
+ * held then fails the case. A plugin that allocates on
  * its own sets ATTNBENCH_OWN_ALLOCATIONS, and its rows give the process's peak RSS growth
  * instead (named so in the row).
  */

@@ -195,10 +195,20 @@ seq_kv = [40, 33, 24]
     let (code, report) = compare_json(&full, &full, &[]);
     assert_eq!(code, 0, "{report}");
     assert!(report.to_string().contains("plugin:c-naive"), "{report}");
+    // --pair meets flash (chunked) and the plugin (not) case by case: every case matched,
+    // and the f16 cases, ok for flash and skipped by the plugin, are regressions.
+    let (code, report) = compare_json(
+        &full,
+        &full,
+        &["--pair", "flash=plugin:c-naive", "--no-time-gate"],
+    );
+    assert_eq!(code, 3, "{report}");
+    assert_eq!(report["counts"]["matched"], 18, "{report}");
+    assert_eq!(report["counts"]["status_regressions"], 6, "{report}");
 }
 
 #[test]
-fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
+fn a_wrong_a_crashing_a_hanging_a_nan_and_a_greedy_plugin_each_cost_one_row() {
     let tmp = tempfile::tempdir().unwrap();
     let src = repo().join("tests/fixtures/plugins/misbehave.c");
     let mut table = String::new();
@@ -207,6 +217,7 @@ fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
         ("crash", "CRASH"),
         ("hang", "HANG"),
         ("nan", "NAN_OUT"),
+        ("big", "BIG"),
         // Would crash if it were called: refused on its version first.
         ("abi2", "ABI=2"),
     ] {
@@ -225,8 +236,8 @@ fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
     fs::write(
         &config,
         format!(
-            "[run]\nname = \"bad\"\nmin_reps = 2\nmax_reps = 2\nthreads = 1\n\n[plugins]\n{table}\n\
-             [axes]\nvariant = [\"plugin:wrong\", \"plugin:crash\", \"plugin:hang\", \"plugin:nan\", \"plugin:abi2\"]\n\
+            "[run]\nname = \"bad\"\nmin_reps = 2\nmax_reps = 2\nthreads = 1\nmemory_budget = \"32MiB\"\n\n[plugins]\n{table}\n\
+             [axes]\nvariant = [\"plugin:wrong\", \"plugin:crash\", \"plugin:hang\", \"plugin:nan\", \"plugin:big\", \"plugin:abi2\"]\n\
              seq_len = [16, 24, 32]\ncausal = [true]\n"
         ),
     )
@@ -235,7 +246,7 @@ fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
     let o = sweep(&config, &out, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = rows(&out);
-    assert_eq!(rows.len(), 15);
+    assert_eq!(rows.len(), 18);
     for r in &rows {
         let get = |n: &str| col(&out, r, n).to_string();
         let (variant, seq) = (get("variant"), get("seq_q"));
@@ -247,6 +258,10 @@ fn a_wrong_a_crashing_a_hanging_and_a_nan_plugin_each_cost_one_row() {
             ("plugin:crash", _) => ("error", "SIGSEGV"),
             ("plugin:hang", _) => ("timeout", "no reply within 3 s"),
             ("plugin:nan", _) => ("error", "NaN or infinite"),
+            ("plugin:big", _) => (
+                "oom",
+                "out of memory: plugin:big: misbehave: forward returned 1 (the allocator table refused 67108864 bytes)",
+            ),
             other => panic!("{other:?}"),
         };
         assert_eq!(status, want.0, "{variant} {seq}: {reason}");

@@ -47,8 +47,10 @@ pub struct CompareArgs {
     #[arg(long, conflicts_with = "fail_on_unclear")]
     pub no_time_gate: bool,
     /// Compare the rows of variant BASE in BASELINE with those of variant CUR in CURRENT,
-    /// case by case (BASELINE and CURRENT may be one run): two builds of your kernel timed
-    /// interleaved in one sweep, e.g. `--pair plugin:base=plugin:head`.
+    /// case by case (BASELINE and CURRENT may be one run; chunk sizes and split counts, each
+    /// variant's own, are not matched): two builds of your kernel timed interleaved in one
+    /// sweep (`--pair plugin:base=plugin:head`), or yours against a peer
+    /// (`--pair flash=plugin:mine`).
     #[arg(long, value_name = "BASE=CUR")]
     pub pair: Option<String>,
     /// Print the comparison as JSON instead of Markdown.

@@ -17,6 +17,8 @@ pub struct DeviceCase {
     /// q, k, v, o.
     pub buffers: [DeviceBuffer<'static>; 4],
     pub scratch: Box<DeviceScratch>,
+    /// The run's memory budget on the device (its inputs and output count against it).
+    budget: Option<u64>,
 }
 
 /// Scratch blocks the plugin holds, and a refused request.
@@ -64,6 +66,7 @@ impl DeviceCase {
     /// Device buffers of `bytes` each (q, k, v, o), the first three filled by `upload`.
     pub fn new(
         bytes: [usize; 4],
+        budget: Option<u64>,
         upload: impl Fn(&Gpu, usize, &DeviceBuffer<'static>) -> Result<()>,
     ) -> Result<DeviceCase> {
         let gpu = gpu().map_err(Error::Unsupported)?;
@@ -82,6 +85,7 @@ impl DeviceCase {
                 live: Vec::new(),
                 refused: None,
             }),
+            budget,
         })
     }
 
@@ -112,7 +116,9 @@ impl DeviceCase {
             alloc: device_alloc,
             free: device_free,
         };
+        self.gpu.set_limit(self.budget);
         let result = plugin.forward(c, [&q, &k, &v], &mut o, &table);
+        self.gpu.set_limit(None);
         let leaked = self.scratch.free_all();
         forward_outcome(&plugin.name, result, self.scratch.refused, leaked)
     }

@@ -16,7 +16,7 @@ use half::{bf16, f16};
 
 use super::abi::{self, Allocator, Plugin, Tensor};
 use crate::error::{Error, Result};
-use crate::measure::alloc::OverheadMeter;
+use crate::measure::alloc::{self, OverheadMeter};
 use crate::measure::rss;
 use crate::problem::{Case, DType, Device, Mode};
 use crate::worker::protocol::{Called, Checked, InputFiles, Prepared};
@@ -101,6 +101,8 @@ struct Loaded {
     shapes: [[usize; 4]; 2],
     output: PathBuf,
     scratch: Box<Scratch>,
+    /// The memory budget while the plugin runs.
+    budget: Option<u64>,
     /// The case's device buffers, for a CUDA case.
     #[cfg(feature = "cuda")]
     device: Option<super::device::DeviceCase>,
@@ -160,7 +162,15 @@ impl Host {
     }
 
     /// Loads the case's inputs and allocates its output, unless the plugin refuses it.
-    pub fn prepare(&mut self, case: &Case, inputs: &InputFiles, output: &Path) -> Result<Prepared> {
+    /// `budget`: live bytes of this process past which the allocator table refuses a large
+    /// request (the run's memory budget; the inputs and output count against it).
+    pub fn prepare(
+        &mut self,
+        case: &Case,
+        inputs: &InputFiles,
+        output: &Path,
+        budget: Option<u64>,
+    ) -> Result<Prepared> {
         self.release();
         let s = case.shape;
         let c = abi::Case {
@@ -213,6 +223,7 @@ impl Host {
             shapes: [q_shape, kv_shape],
             output: output.to_path_buf(),
             scratch,
+            budget,
             #[cfg(feature = "cuda")]
             device: None,
         };
@@ -220,11 +231,12 @@ impl Host {
         if case.device == Device::Cuda {
             let l = &loaded;
             let bytes = [l.q.bytes(), l.k.bytes(), l.v.bytes(), l.o.bytes()];
-            let device =
-                super::device::DeviceCase::new(bytes, |gpu, i, buf| match [&l.q, &l.k, &l.v][i] {
+            let device = super::device::DeviceCase::new(bytes, budget, |gpu, i, buf| {
+                match [&l.q, &l.k, &l.v][i] {
                     Buffer::F32(x) => gpu.upload(buf, x),
                     Buffer::Half(x) => gpu.upload(buf, x),
-                });
+                }
+            });
             let device = match device {
                 Err(Error::Unsupported(why)) => return Ok(refused(&why)),
                 other => other?,
@@ -340,7 +352,9 @@ impl Host {
             alloc: scratch_alloc,
             free: scratch_free,
         };
+        alloc::set_limit(p.budget);
         let result = self.plugin.forward(&p.c, [&q, &k, &v], &mut o, &table);
+        alloc::set_limit(None);
         let leaked: usize = p.scratch.live.iter().map(|(_, l)| l.size()).sum();
         p.scratch.free_all();
         forward_outcome(&self.plugin.name, result, p.scratch.refused, leaked)

@@ -138,11 +138,21 @@ impl Run {
     /// Keeps only the rows of `variant`, renamed `as_name` (their `variant`, the first
     /// field of their `case_id`, and their samples' keys), so that two variants of one run,
     /// or of two runs, meet case by case: `compare --pair BASE=CUR` (one build of a kernel
-    /// against another, timed in the same run). An error when no row has that variant.
+    /// against another timed in the same run, or yours against a peer). The ids drop what
+    /// is each variant's own (chunks, split count, allreduce), so a chunked variant meets
+    /// one that does not chunk. An error when no row has that variant.
     pub fn only_variant(&mut self, variant: &str, as_name: &str) -> Result<()> {
-        let rename = |id: &str| match id.split_once('|') {
-            Some((_, rest)) => format!("{as_name}|{rest}"),
-            None => id.to_string(),
+        let rename = |id: &str| {
+            let mut parts: Vec<&str> = id.split('|').collect();
+            if parts.len() < 2 {
+                return id.to_string();
+            }
+            parts[0] = as_name;
+            if let Some(chunks) = parts.get_mut(7).filter(|p| p.starts_with("qc")) {
+                *chunks = "qc-kc-";
+            }
+            parts.retain(|p| !(p.starts_with("sp") || p.starts_with("ar")));
+            parts.join("|")
         };
         let found: Vec<&str> = {
             let mut v: Vec<&str> = self.records.iter().map(|r| r.variant.as_str()).collect();

@@ -28,7 +28,7 @@ use crate::worker::protocol::{Called, Checked, InputFiles, Prepared, Released, R
 
 pub struct External;
 
-/// Workers kept between cases, by variant name; a step takes its worker out and puts it
+/// Workers kept between cases, by [`worker_key`]; a step takes its worker out and puts it
 /// back when it ends, unless the worker was lost.
 static WORKERS: Mutex<BTreeMap<String, Worker>> = Mutex::new(BTreeMap::new());
 
@@ -64,7 +64,7 @@ impl Backend for External {
         })?;
         let inputs = inputs.ok_or_else(|| Error::Runtime(format!("{name}: no inputs")))?;
         let files = Files::write(inputs)?;
-        let worker = take_worker(name, spec)?;
+        let worker = take_worker(case, spec)?;
         let mut step = ExternalStep {
             case,
             inputs,
@@ -78,6 +78,7 @@ impl Backend for External {
             case: Box::new(case.clone()),
             inputs: step.files.inputs(),
             output: step.files.output(),
+            memory_budget: settings.memory_budget,
         };
         let prepared: Prepared = step.request(&prepare)?;
         if !prepared.supported {
@@ -104,12 +105,19 @@ impl Backend for External {
     }
 }
 
-/// The worker of `name`: the one kept from an earlier case, or a new one.
-fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
+/// Which kept worker serves `case`: one per implementation and thread count, since the
+/// thread pools of NumPy's BLAS and of OpenMP are sized once, when the process starts.
+fn worker_key(case: &Case) -> String {
+    format!("{} (threads {})", case.variant_name(), case.threads)
+}
+
+/// The worker of `case`'s implementation: the one kept from an earlier case, or a new one.
+fn take_worker(case: &Case, spec: &ExternalSpec) -> Result<Worker> {
+    let name = case.variant_name();
     let kept = WORKERS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(name);
+        .remove(&worker_key(case));
     if let Some(mut w) = kept {
         if w.alive() {
             return Ok(w);
@@ -132,6 +140,12 @@ fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
             let mut c = Command::new(python);
             c.args(["-m", "attnbench_peer", "--arrays", arrays, call]);
             c.env("PYTHONPATH", python_path(path));
+            // The case's threads for the native libraries a callable may use (NumPy's
+            // BLAS, MKL, OpenMP); torch takes them from `prepare` too.
+            let threads = case.threads.to_string();
+            for var in THREAD_VARS {
+                c.env(var, &threads);
+            }
             c
         }
     };
@@ -141,6 +155,15 @@ fn take_worker(name: &str, spec: &ExternalSpec) -> Result<Worker> {
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     Worker::spawn(name, command, timeout)
 }
+
+/// The environment variables that size native thread pools at process start.
+const THREAD_VARS: [&str; 5] = [
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+];
 
 /// `path`, then this source tree's `python/` (where `attnbench_peer` lives when attnbench
 /// was built from source and the package is not installed), then the caller's PYTHONPATH.
@@ -233,7 +256,7 @@ impl ExternalStep<'_> {
             let lost = !matches!(f, Failure::Refused(_));
             let e = match f {
                 Failure::TimedOut(m) => Error::Timeout(m),
-                Failure::Refused(m) => Error::Runtime(format!("{name}: {m}")),
+                Failure::Refused(m) => refused(name, &m),
                 Failure::Lost(m) => Error::Runtime(m),
             };
             if lost {
@@ -241,6 +264,20 @@ impl ExternalStep<'_> {
             }
             e
         })
+    }
+}
+
+/// A worker's error message as an error: `oom` when it says memory ran out (the plugin
+/// host's `out of memory: ...`, Python's `MemoryError` and torch's `OutOfMemoryError`).
+fn refused(name: &str, message: &str) -> Error {
+    let oom = ["out of memory: ", "MemoryError", "OutOfMemoryError"]
+        .iter()
+        .any(|p| message.starts_with(p));
+    if oom {
+        let rest = message.strip_prefix("out of memory: ").unwrap_or(message);
+        Error::OutOfMemory(format!("{name}: {rest}"))
+    } else {
+        Error::Runtime(format!("{name}: {message}"))
     }
 }
 
@@ -315,7 +352,7 @@ impl Drop for ExternalStep<'_> {
                 WORKERS
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(self.case.variant_name().to_string(), w);
+                    .insert(worker_key(self.case), w);
             }
         }
     }

@@ -70,9 +70,10 @@ fn answer(request: Request, host: &mut Option<std::result::Result<Host, String>>
             case,
             inputs,
             output,
+            memory_budget,
         } => match host {
             Some(Ok(h)) => reply(
-                h.prepare(&case, &inputs, &output)
+                h.prepare(&case, &inputs, &output, memory_budget)
                     .map(|r| to_line(&Reply::ok(r))),
             ),
             _ => no_plugin(host),

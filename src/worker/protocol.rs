@@ -14,7 +14,8 @@
 //! Workers of external implementations (`attnbench worker --plugin LIB`,
 //! `python -m attnbench_peer`) are driven call by call instead, so the driver owns the
 //! schedule and can interleave them with its own cases:
-//! - `{"op":"prepare","case":CASE,"inputs":{"q":PATH,"k":PATH,"v":PATH},"output":PATH}` ->
+//! - `{"op":"prepare","case":CASE,"inputs":{"q":PATH,"k":PATH,"v":PATH},"output":PATH,
+//!   "memory_budget":BYTES|null}` ->
 //!   `{"ok":true,"supported":true|false,"reason":"...","workspace_bytes":B|null}`: load the
 //!   inputs (raw little-endian f32, C order, `[batch, heads, seq_q, head_dim]` for q and
 //!   `[batch, kv_heads, seq_kv, head_dim]` for k and v; every value exact in the case's
@@ -57,6 +58,10 @@ pub enum Request {
         case: Box<Case>,
         inputs: InputFiles,
         output: PathBuf,
+        /// The run's memory budget: live bytes (inputs and output included) past which
+        /// the allocator table refuses a large request.
+        #[serde(default)]
+        memory_budget: Option<u64>,
     },
     Call {
         n: usize,

@@ -9,8 +9,8 @@ Run it beside attnbench's own variants with this in the config:
     variant = ["flash", "python:naive-numpy"]
 
 attnbench starts `python3 -m attnbench_peer --arrays numpy naive_numpy:attention` (the
-package is in python/ of the attnbench repository: `pip install ./python`, or put python/
-on PYTHONPATH) and calls
+package is in python/ of the attnbench repository, which attnbench puts on PYTHONPATH
+itself when it was built from that checkout; elsewhere `pip install ./python`) and calls
 
     attention(q, k, v, *, causal, scale, window=None) -> o
 
