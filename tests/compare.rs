@@ -254,6 +254,41 @@ fn no_time_gate_shows_time_but_only_memory_error_and_status_fail() {
     assert_eq!(v["counts"]["regressed"], 1, "{id}: {v:#}");
 }
 
+/// Under `--no-time-gate` every judged case still gets its time verdict counted (`slower`,
+/// `faster`, same or `unclear`, as the table shows them), and none decides the exit code.
+#[test]
+fn no_time_gate_counts_every_time_verdict_the_table_shows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cur = tmp.path().join("cur");
+    copy_run(&baseline(), &cur);
+    // Every other sample halved, the rest 1.6x: medians move and intervals widen, so some
+    // verdicts are unclear.
+    let flip = std::cell::Cell::new(false);
+    edit_samples(&cur, |_, t| {
+        flip.set(!flip.get());
+        if flip.get() {
+            t * 0.5
+        } else {
+            t * 1.6
+        }
+    });
+    let (code, v) = compare_json(&baseline(), &cur, &["--no-time-gate"]);
+    assert_eq!(code, 0, "{v:#}");
+    let n = |k: &str| v["counts"][k].as_u64().unwrap();
+    assert!(n("unclear") > 0, "{v:#}");
+    let with_time = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["time"].is_null() && !c["time"]["verdict"].is_null())
+        .count() as u64;
+    assert_eq!(
+        n("slower") + n("faster") + n("same_time") + n("unclear"),
+        with_time,
+        "{v:#}"
+    );
+}
+
 /// Adds `bytes` to the memory overhead of the first ok `flash` case of `dtype` in the run
 /// at `dir`; returns its case id.
 fn add_memory(dir: &Path, dtype: &str, bytes: u64) -> String {

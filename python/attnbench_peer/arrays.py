@@ -71,7 +71,22 @@ def traced_call(call):
     return out, max(0, peak)
 
 
-class Lists:
+class ArrayKind:
+    """What every array kind does by default: nothing to set up, synchronize or release
+    (the CPU kinds, whose calls return when done and whose thread pools the driver sizes
+    through the environment)."""
+
+    def setup(self, device, threads):
+        pass
+
+    def sync(self, device):
+        pass
+
+    def release(self):
+        pass
+
+
+class Lists(ArrayKind):
     """Nested Python lists of floats: f32 on the CPU only. Needs nothing beyond Python."""
 
     name = "lists"
@@ -83,15 +98,6 @@ class Lists:
         if device != "cpu":
             return f"the lists array kind runs on cpu only, not {device}"
         return ""
-
-    def setup(self, device, threads):
-        pass
-
-    def sync(self, device):
-        pass
-
-    def release(self):
-        pass
 
     def load(self, path, shape, dtype, device):
         rows = read_f32(path, shape).tolist()
@@ -127,7 +133,7 @@ def _list_shape(x):
     return (len(x),) + inner.pop()
 
 
-class Numpy:
+class Numpy(ArrayKind):
     """NumPy arrays, np.float32 or np.float16, on the CPU (NumPy has no bf16)."""
 
     name = "numpy"
@@ -145,15 +151,6 @@ class Numpy:
         if device != "cpu":
             return f"the numpy array kind runs on cpu only, not {device}"
         return ""
-
-    def setup(self, device, threads):
-        pass
-
-    def sync(self, device):
-        pass
-
-    def release(self):
-        pass
 
     def load(self, path, shape, dtype, device):
         np = self.np
@@ -174,7 +171,7 @@ class Numpy:
         return out, max(0, peak - int(getattr(out, "nbytes", 0))), TRACEMALLOC_SOURCE
 
 
-class Torch:
+class Torch(ArrayKind):
     """torch tensors, float32/float16/bfloat16, on the CPU or CUDA."""
 
     name = "torch"

@@ -274,7 +274,13 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
         counts.measured_both +=
             usize::from(c.baseline_status == Status::Ok && c.current_status == Status::Ok);
         counts.regressed += usize::from(!c.regressions.is_empty());
-        counts.unclear += usize::from(c.unclear);
+        // Every unclear time verdict, as `slower` counts every slower one; whether they
+        // decide the verdict is `c.unclear` (not under --no-time-gate).
+        counts.unclear += usize::from(
+            c.time
+                .as_ref()
+                .is_some_and(|t| t.verdict == TimeVerdict::Unclear),
+        );
         counts.memory_regressions += usize::from(c.regressions.contains(&"memory"));
         counts.memory_incomparable += usize::from(
             c.memory
@@ -291,7 +297,7 @@ pub fn compare(baseline: &Run, current: &Run, opts: &Options) -> Result<Comparis
     }
     let (verdict, exit_code) = if counts.regressed > 0 || counts.missing > 0 {
         ("regression", EXIT_REGRESSION)
-    } else if counts.unclear > 0 {
+    } else if cases.iter().any(|c| c.unclear) {
         (
             "unclear",
             if opts.fail_on_unclear {

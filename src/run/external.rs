@@ -46,8 +46,8 @@ impl Backend for External {
         vec![(case.io_bytes(), "inputs/outputs")]
     }
 
-    /// The worker is another process: the budget there is the allocator table's, which
-    /// this process does not hold.
+    /// The worker is another process: the budget goes to it with `prepare`, where the
+    /// plugin host's allocator table enforces it.
     fn set_limit(&self, _limit: Option<u64>) {}
 
     fn step<'a>(
