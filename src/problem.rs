@@ -845,6 +845,15 @@ impl Tensor {
         }
     }
 
+    /// Calls `f` with every element widened to f32 (exact for every storage dtype), in order.
+    pub fn for_each_f32(&self, mut f: impl FnMut(f32)) {
+        match self {
+            Tensor::F32(v) => v.iter().for_each(|&x| f(x)),
+            Tensor::Bf16(v) => v.iter().for_each(|x| f(x.to_f32())),
+            Tensor::F16(v) => v.iter().for_each(|x| f(x.to_f32())),
+        }
+    }
+
     /// The f32 slice itself when stored as f32 (kernels then read it in place, no copy).
     #[inline]
     pub fn as_f32(&self) -> Option<&[f32]> {

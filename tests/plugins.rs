@@ -9,6 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use attnbench::results::record::{Record, Status};
 use common::{attnbench, compare_json, repo};
 
 /// Builds `source` into a shared library `out` with the C compiler `cc` finds, with
@@ -77,27 +78,9 @@ fn sweep(config: &Path, out: &Path, sets: &[&str]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
-fn rows(dir: &Path) -> Vec<csv::StringRecord> {
-    let mut r = csv::Reader::from_path(dir.join("runs.csv")).unwrap();
-    let header = r.headers().unwrap().clone();
-    r.records()
-        .map(|x| {
-            let x = x.unwrap();
-            // Keyed access below goes through `col`.
-            assert_eq!(x.len(), header.len());
-            x
-        })
-        .collect()
-}
-
-fn col<'a>(dir: &Path, row: &'a csv::StringRecord, name: &str) -> &'a str {
-    let header = csv::Reader::from_path(dir.join("runs.csv"))
-        .unwrap()
-        .headers()
-        .unwrap()
-        .clone();
-    let i = header.iter().position(|h| h == name).expect(name);
-    &row[i]
+/// The rows of the sweep in `dir`, read by attnbench's own `runs.csv` reader.
+fn rows(dir: &Path) -> Vec<Record> {
+    attnbench::results::runs::read(&dir.join("runs.csv")).unwrap()
 }
 
 #[test]
@@ -149,36 +132,31 @@ seq_kv = [40, 33, 24]
         assert_eq!(rows.len(), 3 * 3 * 2 * 3);
         let mut checked = 0;
         for r in &rows {
-            let get = |n: &str| col(&out, r, n).to_string();
-            let (variant, dtype) = (get("variant"), get("dtype"));
+            let (variant, dtype) = (r.variant.as_str(), r.dtype.as_str());
             if variant == "flash" {
                 continue;
             }
-            let declared = match variant.as_str() {
+            let declared = match variant {
                 "plugin:c-naive" => dtype != "f16",
                 _ => dtype == "f32",
             };
             if !declared {
-                assert_eq!(get("status"), "skipped", "{r:?}");
-                assert!(get("reason").contains("takes"), "{r:?}");
+                assert_eq!(r.status, Status::Skipped, "{r:?}");
+                assert!(r.reason.contains("takes"), "{r:?}");
                 continue;
             }
-            assert_eq!(get("status"), "ok", "{r:?}");
-            let tol = match dtype.as_str() {
+            assert_eq!(r.status, Status::Ok, "{r:?}");
+            let tol = match dtype {
                 "f32" => 1e-5,
                 _ => 1.6e-2,
             };
-            let err: f64 = get("max_abs_err").parse().unwrap();
+            let err = r.max_abs_err.unwrap();
             assert!(err <= tol, "{variant} {dtype}: {err}");
             // One score row of seq_kv floats through the allocator table, counted exactly.
-            let seq_kv: u64 = get("seq_kv").parse().unwrap();
-            assert_eq!(get("mem_overhead_bytes"), (4 * seq_kv).to_string(), "{r:?}");
-            assert_eq!(
-                get("mem_predicted_bytes"),
-                (4 * seq_kv).to_string(),
-                "{r:?}"
-            );
-            assert!(get("reason").contains("allocator table (exact)"), "{r:?}");
+            let seq_kv = r.seq_kv as u64;
+            assert_eq!(r.mem_overhead_bytes, Some(4 * seq_kv), "{r:?}");
+            assert_eq!(r.mem_predicted_bytes, Some(4 * seq_kv), "{r:?}");
+            assert!(r.reason.contains("allocator table (exact)"), "{r:?}");
             checked += 1;
         }
         assert_eq!(
@@ -248,12 +226,11 @@ fn a_wrong_a_crashing_a_hanging_a_nan_and_a_greedy_plugin_each_cost_one_row() {
     let rows = rows(&out);
     assert_eq!(rows.len(), 18);
     for r in &rows {
-        let get = |n: &str| col(&out, r, n).to_string();
-        let (variant, seq) = (get("variant"), get("seq_q"));
-        let (status, reason) = (get("status"), get("reason"));
-        let want = match (variant.as_str(), seq.as_str()) {
+        let (variant, seq) = (r.variant.as_str(), r.seq_q);
+        let (status, reason) = (r.status.name(), r.reason.as_str());
+        let want = match (variant, seq) {
             ("plugin:abi2", _) => ("error", "ABI version 2"),
-            (_, "16" | "32") => ("ok", ""),
+            (_, 16 | 32) => ("ok", ""),
             ("plugin:wrong", _) => ("error", "wrong result: max_abs_err"),
             ("plugin:crash", _) => ("error", "SIGSEGV"),
             ("plugin:hang", _) => ("timeout", "no reply within 3 s"),
@@ -364,20 +341,21 @@ seq_kv = [12, 9]
     let rows = rows(&out);
     assert_eq!(rows.len(), 3 * 2 * 2);
     for r in &rows {
-        let get = |n: &str| col(&out, r, n).to_string();
-        let (variant, dtype, status) = (get("variant"), get("dtype"), get("status"));
-        match (variant.as_str(), dtype.as_str()) {
+        let status = r.status;
+        match (r.variant.as_str(), r.dtype.as_str()) {
             ("python:lists", "f32") => {
-                assert_eq!(status, "ok", "{r:?}");
-                assert!(get("max_abs_err").parse::<f64>().unwrap() <= 1e-5);
-                assert!(get("reason").contains("tracemalloc"), "{r:?}");
+                assert_eq!(status, Status::Ok, "{r:?}");
+                assert!(r.max_abs_err.unwrap() <= 1e-5);
+                assert!(r.reason.contains("tracemalloc"), "{r:?}");
             }
-            ("python:lists" | "python:boom", "bf16") => assert_eq!(status, "skipped", "{r:?}"),
+            ("python:lists" | "python:boom", "bf16") => {
+                assert_eq!(status, Status::Skipped, "{r:?}")
+            }
             ("python:boom", _) => {
-                assert_eq!(status, "error", "{r:?}");
-                assert!(get("reason").contains("Error"), "{r:?}");
+                assert_eq!(status, Status::Error, "{r:?}");
+                assert!(r.reason.contains("Error"), "{r:?}");
             }
-            _ => assert_eq!(status, "ok", "{r:?}"),
+            _ => assert_eq!(status, Status::Ok, "{r:?}"),
         }
     }
 }

@@ -74,11 +74,15 @@ fn plugin(name: &str, value: &Value, src: &Source) -> Result<ExternalSpec> {
             )))
         }
     };
-    let library = locate(Path::new(&written), src.path).ok_or_else(|| {
-        err(format!(
+    // Absolute, so a worker started elsewhere finds it.
+    let library = src
+        .locate(Path::new(&written))
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .ok_or_else(|| {
+            err(format!(
             "library `{written}` not found (looked in the current directory and beside the config)"
         ))
-    })?;
+        })?;
     Ok(ExternalSpec::Plugin {
         library,
         timeout_s: timeout_s(timeout).map_err(err)?,
@@ -158,16 +162,4 @@ fn timeout_s(v: Option<&Value>) -> std::result::Result<f64, String> {
     } else {
         Err(format!("`timeout_s`: must be more than 0 seconds, got {x}"))
     }
-}
-
-/// `path` from the current directory, else beside the config; absolute, so a worker
-/// started elsewhere finds it.
-fn locate(path: &Path, config: &Path) -> Option<PathBuf> {
-    let found = if path.is_absolute() || path.exists() {
-        path.exists().then(|| path.to_path_buf())
-    } else {
-        let beside = config.parent()?.join(path);
-        beside.exists().then_some(beside)
-    }?;
-    std::fs::canonicalize(&found).ok().or(Some(found))
 }

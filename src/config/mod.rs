@@ -116,29 +116,20 @@ impl Config {
 
     /// Every `plugin:NAME` and `python:NAME` the variant axes give is defined by a table.
     fn check_external_names(&self, src: &Source) -> Result<()> {
-        let mut named: Vec<(&str, source::Section)> = Vec::new();
-        if let Some(values) = self.axes.get(Axis::Variant) {
-            named.extend(
-                values
-                    .iter()
-                    .map(|v| (v, source::Section::Axes))
-                    .filter_map(|(v, s)| match v {
-                        AxisValue::External(n) => Some((*n, s)),
-                        _ => None,
-                    }),
-            );
-        }
-        for (i, g) in self.zip.iter().enumerate() {
-            for p in g.points() {
-                for (a, v) in p {
-                    if let (Axis::Variant, AxisValue::External(n)) = (a, v) {
-                        named.push((n, source::Section::Zip(i)));
-                    }
+        let places = std::iter::once((source::Section::Axes, self.axes.get(Axis::Variant))).chain(
+            self.zip
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (source::Section::Zip(i), g.get(Axis::Variant))),
+        );
+        for (section, values) in places {
+            for value in values.unwrap_or_default() {
+                let AxisValue::External(name) = *value else {
+                    continue;
+                };
+                if self.externals.contains_key(name) {
+                    continue;
                 }
-            }
-        }
-        for (name, section) in named {
-            if !self.externals.contains_key(name) {
                 let (kind, short) =
                     ExternalKind::split(name).unwrap_or((ExternalKind::Plugin, name));
                 let defined: Vec<&str> = self.externals.keys().map(String::as_str).collect();

@@ -4,7 +4,7 @@
 //! report needs only the results directory.
 
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use toml::Value;
 
 use super::schema::RawReport;
@@ -41,7 +41,7 @@ pub(super) fn resolve_report(raw: Option<RawReport>, src: &Source) -> Result<Rep
             )))
         }
     };
-    let path = locate(Path::new(&written), src.path).ok_or_else(|| {
+    let path = src.locate(Path::new(&written)).ok_or_else(|| {
         err(format!(
             "`{written}` not found (looked in the current directory and beside the config)"
         ))
@@ -54,12 +54,4 @@ pub(super) fn resolve_report(raw: Option<RawReport>, src: &Source) -> Result<Rep
         paper_table: Some(written),
         paper: Some(paper),
     })
-}
-
-fn locate(path: &Path, config: &Path) -> Option<PathBuf> {
-    if path.is_absolute() || path.exists() {
-        return path.exists().then(|| path.to_path_buf());
-    }
-    let beside = config.parent()?.join(path);
-    beside.exists().then_some(beside)
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::Error;
 
@@ -60,6 +60,17 @@ impl Source<'_> {
         let place = find_line(self.text, section, None)
             .map_or_else(String::new, |l| format!(" (line {l})"));
         self.config_err(format!("{section}{place}: {msg}"))
+    }
+
+    /// A file a config names (a paper table, a plugin library): `path` as given from the
+    /// current directory (configs name repository paths, run from its root), else beside
+    /// the config file.
+    pub fn locate(&self, path: &Path) -> Option<PathBuf> {
+        if path.is_absolute() || path.exists() {
+            return path.exists().then(|| path.to_path_buf());
+        }
+        let beside = self.path.parent()?.join(path);
+        beside.exists().then_some(beside)
     }
 
     pub fn config_err(&self, msg: String) -> Error {

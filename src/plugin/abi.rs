@@ -8,12 +8,27 @@ use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::problem::DType;
 
 /// The ABI version this build speaks (`ATTNBENCH_ABI_VERSION`).
 pub const ABI_VERSION: u32 = 1;
 
 /// `ATTNBENCH_OWN_ALLOCATIONS`: the plugin allocates its scratch itself.
 pub const OWN_ALLOCATIONS: u32 = 1;
+
+/// `enum attnbench_dtype`.
+pub const F32: i32 = 0;
+pub const F16: i32 = 1;
+pub const BF16: i32 = 2;
+
+/// The header's code of a storage dtype.
+pub fn dtype_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => F32,
+        DType::F16 => F16,
+        DType::Bf16 => BF16,
+    }
+}
 
 /// The exported entry point.
 pub const ENTRY: &str = "attnbench_plugin_entry";
@@ -40,6 +55,19 @@ impl Tensor {
             strides: [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1],
         }
     }
+}
+
+/// The descriptors of q, k, v and o over `data` (in that order), C order: q and o of
+/// `shapes[0]`, k and v of `shapes[1]`.
+pub fn descriptors(dtype: i32, shapes: [[usize; 4]; 2], data: [*mut c_void; 4]) -> [Tensor; 4] {
+    let [q, k, v, o] = data;
+    let [q_shape, kv_shape] = shapes;
+    [
+        Tensor::contiguous(q, dtype, q_shape),
+        Tensor::contiguous(k, dtype, kv_shape),
+        Tensor::contiguous(v, dtype, kv_shape),
+        Tensor::contiguous(o, dtype, q_shape),
+    ]
 }
 
 #[repr(C)]

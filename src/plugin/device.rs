@@ -6,10 +6,13 @@
 
 use std::ffi::c_void;
 
-use super::abi::{self, Allocator, Plugin, Tensor};
+use half::{bf16, f16};
+
+use super::abi::{self, Allocator, Plugin};
 use super::host::forward_outcome;
 use crate::backend::cuda::device::{gpu, DeviceBuffer, Gpu};
 use crate::error::{Error, Result};
+use crate::problem::Tensor;
 
 /// The device side of a prepared case.
 pub struct DeviceCase {
@@ -63,18 +66,21 @@ impl DeviceScratch {
 }
 
 impl DeviceCase {
-    /// Device buffers of `bytes` each (q, k, v, o), the first three filled by `upload`.
-    pub fn new(
-        bytes: [usize; 4],
-        budget: Option<u64>,
-        upload: impl Fn(&Gpu, usize, &DeviceBuffer<'static>) -> Result<()>,
-    ) -> Result<DeviceCase> {
+    /// Device buffers the size of `host`'s q, k, v and o, the first three copied there.
+    pub fn new(host: [&Tensor; 4], budget: Option<u64>) -> Result<DeviceCase> {
         let gpu = gpu().map_err(Error::Unsupported)?;
         gpu.bind()?;
-        let alloc = |i: usize| gpu.alloc(bytes[i], ["q", "k", "v", "o"][i]);
+        let alloc = |i: usize| {
+            let t = host[i];
+            gpu.alloc(t.len() * t.dtype().size_bytes(), ["q", "k", "v", "o"][i])
+        };
         let buffers = [alloc(0)?, alloc(1)?, alloc(2)?, alloc(3)?];
-        for (i, b) in buffers.iter().enumerate().take(3) {
-            upload(gpu, i, b)?;
+        for (t, b) in host.iter().zip(&buffers).take(3) {
+            match t {
+                Tensor::F32(x) => gpu.upload(b, x)?,
+                Tensor::Bf16(x) => gpu.upload(b, x)?,
+                Tensor::F16(x) => gpu.upload(b, x)?,
+            }
         }
         gpu.sync("uploading the plugin's inputs")?;
         Ok(DeviceCase {
@@ -105,11 +111,8 @@ impl DeviceCase {
         c: &abi::Case,
         shapes: [[usize; 4]; 2],
     ) -> Result<()> {
-        let d = c.dtype;
-        let q = Tensor::contiguous(self.ptr(0), d, shapes[0]);
-        let k = Tensor::contiguous(self.ptr(1), d, shapes[1]);
-        let v = Tensor::contiguous(self.ptr(2), d, shapes[1]);
-        let mut o = Tensor::contiguous(self.ptr(3), d, shapes[0]);
+        let data = [0, 1, 2, 3].map(|i| self.ptr(i));
+        let [q, k, v, mut o] = abi::descriptors(c.dtype, shapes, data);
         self.scratch.refused = None;
         let table = Allocator {
             ctx: (&mut *self.scratch as *mut DeviceScratch).cast(),
@@ -135,11 +138,13 @@ impl DeviceCase {
             .map(|ms| ms / 1e3)
     }
 
-    /// The output filled with the dtype's NaN (`half`: 16-bit words `bits`, else f32).
-    pub fn poison(&self, half: Option<u16>) -> Result<()> {
-        match half {
-            Some(bits) => self.gpu.fill_u16(&self.buffers[3], bits),
-            None => self.gpu.poison_f32(&self.buffers[3]),
+    /// The output filled with its dtype's NaN (before the checked call).
+    pub fn poison(&self, dtype: i32) -> Result<()> {
+        let o = &self.buffers[3];
+        match dtype {
+            abi::F16 => self.gpu.fill_u16(o, f16::NAN.to_bits()),
+            abi::BF16 => self.gpu.fill_u16(o, bf16::NAN.to_bits()),
+            _ => self.gpu.poison_f32(o),
         }
     }
 
@@ -160,8 +165,13 @@ impl DeviceCase {
         Ok(gpu.counted().1.saturating_sub(before))
     }
 
-    /// The output, copied to the host.
-    pub fn download<T>(&self, dst: &mut [T]) -> Result<()> {
-        self.gpu.download(&self.buffers[3], dst)
+    /// The output, copied into the host tensor `o`.
+    pub fn download(&self, o: &mut Tensor) -> Result<()> {
+        let b = &self.buffers[3];
+        match o {
+            Tensor::F32(x) => self.gpu.download(b, x),
+            Tensor::Bf16(x) => self.gpu.download(b, x),
+            Tensor::F16(x) => self.gpu.download(b, x),
+        }
     }
 }

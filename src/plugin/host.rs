@@ -14,11 +14,12 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
-use super::abi::{self, Allocator, Plugin, Tensor};
+use super::abi::{self, Allocator, Plugin};
 use crate::error::{Error, Result};
 use crate::measure::alloc::{self, OverheadMeter};
 use crate::measure::rss;
-use crate::problem::{Case, DType, Device, Mode};
+use crate::problem::{Case, Device, Mode, Tensor};
+use crate::worker::files;
 use crate::worker::protocol::{Called, Checked, InputFiles, Prepared};
 
 /// What the memory figure of a plugin counts, in the row's words.
@@ -32,72 +33,32 @@ pub struct Host {
     case: Option<Loaded>,
 }
 
-/// Elements in the case's storage dtype.
-enum Buffer {
-    F32(Vec<f32>),
-    Half(Vec<u16>),
+/// The start of a tensor's elements, for a descriptor.
+fn data_ptr(t: &mut Tensor) -> *mut c_void {
+    match t {
+        Tensor::F32(v) => v.as_mut_ptr().cast(),
+        Tensor::Bf16(v) => v.as_mut_ptr().cast(),
+        Tensor::F16(v) => v.as_mut_ptr().cast(),
+    }
 }
 
-impl Buffer {
-    fn of(values: Vec<f32>, dtype: DType) -> Buffer {
-        match dtype {
-            DType::F32 => Buffer::F32(values),
-            DType::F16 => {
-                Buffer::Half(values.iter().map(|&x| f16::from_f32(x).to_bits()).collect())
-            }
-            DType::Bf16 => Buffer::Half(
-                values
-                    .iter()
-                    .map(|&x| bf16::from_f32(x).to_bits())
-                    .collect(),
-            ),
-        }
-    }
-
-    fn ptr(&mut self) -> *mut c_void {
-        match self {
-            Buffer::F32(v) => v.as_mut_ptr().cast(),
-            Buffer::Half(v) => v.as_mut_ptr().cast(),
-        }
-    }
-
-    #[cfg(feature = "cuda")]
-    fn bytes(&self) -> usize {
-        match self {
-            Buffer::F32(v) => 4 * v.len(),
-            Buffer::Half(v) => 2 * v.len(),
-        }
-    }
-
-    fn fill_nan(&mut self, dtype: DType) {
-        match self {
-            Buffer::F32(v) => v.fill(f32::NAN),
-            Buffer::Half(v) => v.fill(match dtype {
-                DType::Bf16 => bf16::NAN.to_bits(),
-                _ => f16::NAN.to_bits(),
-            }),
-        }
-    }
-
-    fn to_f32(&self, dtype: DType) -> Vec<f32> {
-        match self {
-            Buffer::F32(v) => v.clone(),
-            Buffer::Half(v) => match dtype {
-                DType::Bf16 => v.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
-                _ => v.iter().map(|&b| f16::from_bits(b).to_f32()).collect(),
-            },
-        }
+/// Fills a tensor with its dtype's NaN (the output, before the checked call).
+fn fill_nan(t: &mut Tensor) {
+    match t {
+        Tensor::F32(v) => v.fill(f32::NAN),
+        Tensor::Bf16(v) => v.fill(bf16::NAN),
+        Tensor::F16(v) => v.fill(f16::NAN),
     }
 }
 
 /// A prepared case.
 struct Loaded {
-    dtype: DType,
     c: abi::Case,
-    q: Buffer,
-    k: Buffer,
-    v: Buffer,
-    o: Buffer,
+    /// In the case's storage dtype.
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
     shapes: [[usize; 4]; 2],
     output: PathBuf,
     scratch: Box<Scratch>,
@@ -180,7 +141,7 @@ impl Host {
             seq_q: s.seq_q as i64,
             seq_kv: s.seq_kv as i64,
             head_dim: s.head_dim as i64,
-            dtype: dtype_code(case.dtype),
+            dtype: abi::dtype_code(case.dtype),
             device: match case.device {
                 Device::Cpu => 0,
                 Device::Cuda => 1,
@@ -203,7 +164,8 @@ impl Host {
         let workspace_bytes = self.plugin.workspace_bytes(&c);
         let q_shape = [s.batch, s.heads, s.seq_q, s.head_dim];
         let kv_shape = [s.batch, s.kv_heads, s.seq_kv, s.head_dim];
-        let read = |p: &Path, n: usize| read_f32(p, n).map(|v| Buffer::of(v, case.dtype));
+        let read =
+            |p: &Path, n: usize| files::read_f32(p, n).map(|v| Tensor::from_f32(v, case.dtype));
         let mut scratch = Box::new(Scratch {
             live: Vec::new(),
             refused: None,
@@ -214,12 +176,11 @@ impl Host {
             .map_err(|_| Error::OutOfMemory("the plugin's allocator table".into()))?;
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut loaded = Loaded {
-            dtype: case.dtype,
             c,
             q: read(&inputs.q, s.q_len())?,
             k: read(&inputs.k, s.kv_len())?,
             v: read(&inputs.v, s.kv_len())?,
-            o: Buffer::of(vec![0.0; s.out_len()], case.dtype),
+            o: Tensor::from_f32(vec![0.0; s.out_len()], case.dtype),
             shapes: [q_shape, kv_shape],
             output: output.to_path_buf(),
             scratch,
@@ -230,13 +191,7 @@ impl Host {
         #[cfg(feature = "cuda")]
         if case.device == Device::Cuda {
             let l = &loaded;
-            let bytes = [l.q.bytes(), l.k.bytes(), l.v.bytes(), l.o.bytes()];
-            let device = super::device::DeviceCase::new(bytes, budget, |gpu, i, buf| {
-                match [&l.q, &l.k, &l.v][i] {
-                    Buffer::F32(x) => gpu.upload(buf, x),
-                    Buffer::Half(x) => gpu.upload(buf, x),
-                }
-            });
+            let device = super::device::DeviceCase::new([&l.q, &l.k, &l.v, &l.o], budget);
             let device = match device {
                 Err(Error::Unsupported(why)) => return Ok(refused(&why)),
                 other => other?,
@@ -255,17 +210,16 @@ impl Host {
     /// `n` calls, each timed by the host clock (the plugin's CPU call returns when done),
     /// or, for a CUDA case, by events on its stream.
     pub fn call(&mut self, n: usize) -> Result<Called> {
+        let p = prepared(&mut self.case)?;
         let mut seconds = Vec::with_capacity(n);
         for _ in 0..n {
             #[cfg(feature = "cuda")]
-            if let Some(p) = self.case.as_mut().filter(|p| p.device.is_some()) {
-                let (c, shapes) = (p.c, p.shapes);
-                let d = p.device.as_mut().expect("a device case");
-                seconds.push(d.timed_forward(&self.plugin, &c, shapes)?);
+            if let Some(d) = &mut p.device {
+                seconds.push(d.timed_forward(&self.plugin, &p.c, p.shapes)?);
                 continue;
             }
             let t0 = Instant::now();
-            self.forward()?;
+            forward(&self.plugin, p)?;
             seconds.push(t0.elapsed().as_secs_f64());
         }
         Ok(Called { seconds })
@@ -274,33 +228,24 @@ impl Host {
     /// The checked call: output poisoned, one call under the memory figure, the output
     /// written to the prepare's path.
     pub fn check(&mut self) -> Result<Checked> {
+        let p = prepared(&mut self.case)?;
         #[cfg(feature = "cuda")]
-        if let Some(p) = self.case.as_mut().filter(|p| p.device.is_some()) {
-            let (c, shapes, dtype) = (p.c, p.shapes, p.dtype);
-            let d = p.device.as_mut().expect("a device case");
-            d.poison(match dtype {
-                DType::F32 => None,
-                DType::F16 => Some(f16::NAN.to_bits()),
-                DType::Bf16 => Some(bf16::NAN.to_bits()),
-            })?;
-            let overhead = d.counted_forward(&self.plugin, &c, shapes)?;
-            match &mut p.o {
-                Buffer::F32(x) => d.download(x)?,
-                Buffer::Half(x) => d.download(x)?,
-            }
-            write_f32(&p.output, &p.o.to_f32(dtype))?;
+        if let Some(d) = &mut p.device {
+            d.poison(p.c.dtype)?;
+            let overhead = d.counted_forward(&self.plugin, &p.c, p.shapes)?;
+            d.download(&mut p.o)?;
+            files::write(&p.output, &p.o)?;
             return Ok(Checked {
                 mem_overhead_bytes: Some(overhead),
                 memory_source: SOURCE_DEVICE.into(),
             });
         }
-        let p = self.prepared()?;
-        p.o.fill_nan(p.dtype);
+        fill_nan(&mut p.o);
         let own = self.plugin.flags & abi::OWN_ALLOCATIONS != 0;
         let rss_before = rss::current_rss_bytes();
         rss::reset_peak_rss();
         let meter = OverheadMeter::start();
-        let result = self.forward();
+        let result = forward(&self.plugin, p);
         let counted = meter.finish();
         let peak_rss = rss::peak_rss_bytes();
         result?;
@@ -310,8 +255,7 @@ impl Host {
         } else {
             (Some(counted), SOURCE_TABLE)
         };
-        let p = self.prepared()?;
-        write_f32(&p.output, &p.o.to_f32(p.dtype))?;
+        files::write(&p.output, &p.o)?;
         Ok(Checked {
             mem_overhead_bytes,
             memory_source: memory_source.into(),
@@ -327,38 +271,31 @@ impl Host {
             }
         }
     }
+}
 
-    fn prepared(&mut self) -> Result<&mut Loaded> {
-        self.case
-            .as_mut()
-            .ok_or_else(|| Error::Runtime("no case is prepared (send prepare first)".into()))
-    }
+/// The prepared case, or why there is none.
+fn prepared(case: &mut Option<Loaded>) -> Result<&mut Loaded> {
+    case.as_mut()
+        .ok_or_else(|| Error::Runtime("no case is prepared (send prepare first)".into()))
+}
 
-    fn forward(&mut self) -> Result<()> {
-        let Some(p) = self.case.as_mut() else {
-            return Err(Error::Runtime(
-                "no case is prepared (send prepare first)".into(),
-            ));
-        };
-        let d = p.c.dtype;
-        let [q_shape, kv_shape] = p.shapes;
-        let q = Tensor::contiguous(p.q.ptr(), d, q_shape);
-        let k = Tensor::contiguous(p.k.ptr(), d, kv_shape);
-        let v = Tensor::contiguous(p.v.ptr(), d, kv_shape);
-        let mut o = Tensor::contiguous(p.o.ptr(), d, q_shape);
-        p.scratch.refused = None;
-        let table = Allocator {
-            ctx: (&mut *p.scratch as *mut Scratch).cast(),
-            alloc: scratch_alloc,
-            free: scratch_free,
-        };
-        alloc::set_limit(p.budget);
-        let result = self.plugin.forward(&p.c, [&q, &k, &v], &mut o, &table);
-        alloc::set_limit(None);
-        let leaked: usize = p.scratch.live.iter().map(|(_, l)| l.size()).sum();
-        p.scratch.free_all();
-        forward_outcome(&self.plugin.name, result, p.scratch.refused, leaked)
-    }
+/// One forward call of the plugin on the case's host buffers, its scratch from the
+/// allocator table under the run's memory budget.
+fn forward(plugin: &Plugin, p: &mut Loaded) -> Result<()> {
+    let data = [&mut p.q, &mut p.k, &mut p.v, &mut p.o].map(data_ptr);
+    let [q, k, v, mut o] = abi::descriptors(p.c.dtype, p.shapes, data);
+    p.scratch.refused = None;
+    let table = Allocator {
+        ctx: (&mut *p.scratch as *mut Scratch).cast(),
+        alloc: scratch_alloc,
+        free: scratch_free,
+    };
+    alloc::set_limit(p.budget);
+    let result = plugin.forward(&p.c, [&q, &k, &v], &mut o, &table);
+    alloc::set_limit(None);
+    let leaked: usize = p.scratch.live.iter().map(|(_, l)| l.size()).sum();
+    p.scratch.free_all();
+    forward_outcome(&plugin.name, result, p.scratch.refused, leaked)
 }
 
 /// What a forward call comes to: its error (`oom` when the table refused a request), or
@@ -387,37 +324,4 @@ fn refused(why: &str) -> Prepared {
         reason: why.to_string(),
         workspace_bytes: None,
     }
-}
-
-fn dtype_code(d: DType) -> i32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::Bf16 => 2,
-    }
-}
-
-/// `n` little-endian f32 values from a raw file (the protocol's input format).
-pub fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if bytes.len() != 4 * n {
-        return Err(Error::Input {
-            path: path.to_path_buf(),
-            msg: format!("{} bytes, expected {} ({n} f32 values)", bytes.len(), 4 * n),
-        });
-    }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-/// Writes `values` as raw little-endian f32.
-pub fn write_f32(path: &Path, values: &[f32]) -> Result<()> {
-    let mut bytes = Vec::with_capacity(4 * values.len());
-    for v in values {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
-    std::fs::write(path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }

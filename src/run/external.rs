@@ -20,10 +20,10 @@ use std::time::Duration;
 use super::{record_output_error, Backend, Settings, Step, INTERRUPTED};
 use crate::error::{Error, Result};
 use crate::measure::timer::{time_measured_repetitions, StopRule, Timing};
-use crate::plugin::host::read_f32;
-use crate::problem::{Case, ExternalSpec, Inputs, Tensor};
+use crate::problem::{Case, ExternalSpec, Inputs};
 use crate::results::record::{Record, Status};
 use crate::worker::client::{this_executable, Failure, Worker};
+use crate::worker::files;
 use crate::worker::protocol::{Called, Checked, InputFiles, Prepared, Released, Request};
 
 pub struct External;
@@ -195,11 +195,16 @@ impl Files {
         ));
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let files = Files { dir };
-        for (name, t) in [("q", &inputs.q), ("k", &inputs.k), ("v", &inputs.v)] {
-            write_tensor(&files.dir.join(format!("{name}.f32")), t)?;
+        let made = Files { dir };
+        let paths = made.inputs();
+        for (path, t) in [
+            (&paths.q, &inputs.q),
+            (&paths.k, &inputs.k),
+            (&paths.v, &inputs.v),
+        ] {
+            files::write(path, t)?;
         }
-        Ok(files)
+        Ok(made)
     }
 
     fn inputs(&self) -> InputFiles {
@@ -213,18 +218,6 @@ impl Files {
     fn output(&self) -> PathBuf {
         self.dir.join("o.f32")
     }
-}
-
-/// A tensor's values as raw little-endian f32 (exact: every storage dtype widens to f32).
-fn write_tensor(path: &std::path::Path, t: &Tensor) -> Result<()> {
-    let mut bytes = Vec::with_capacity(4 * t.len());
-    let mut put = |x: f32| bytes.extend_from_slice(&x.to_le_bytes());
-    match t {
-        Tensor::F32(v) => v.iter().for_each(|&x| put(x)),
-        Tensor::Bf16(v) => v.iter().for_each(|x| put(x.to_f32())),
-        Tensor::F16(v) => v.iter().for_each(|x| put(x.to_f32())),
-    }
-    std::fs::write(path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 impl Drop for Files {
@@ -318,7 +311,7 @@ impl Step for ExternalStep<'_> {
         if !checked.memory_source.is_empty() {
             record.reason = format!("memory overhead: {}", checked.memory_source);
         }
-        self.output = read_f32(&self.files.output(), self.case.shape.out_len())?;
+        self.output = files::read_f32(&self.files.output(), self.case.shape.out_len())?;
         record_output_error(
             record,
             self.case,

@@ -53,46 +53,33 @@ pub fn serve(input: impl BufRead, mut output: impl Write, plugin: Option<&Path>)
 
 fn answer(request: Request, host: &mut Option<std::result::Result<Host, String>>) -> String {
     let failed = |e: String| to_line(&Reply::<()>::failed(e));
-    let reply = |r: Result<String>| r.unwrap_or_else(|e| failed(e.to_string()));
     match request {
         Request::Hello { protocol } if protocol != PROTOCOL => failed(format!(
             "this worker speaks protocol {PROTOCOL}, not {protocol}"
         )),
         Request::Hello { .. } => match host {
             Some(Err(e)) => failed(e.clone()),
-            Some(Ok(h)) => to_line(&Reply::ok(Hello {
-                implementation: format!("{} (plugin {})", hello().implementation, h.plugin.name),
-                ..hello()
-            })),
-            None => to_line(&Reply::ok(hello())),
+            Some(Ok(h)) => {
+                let mut me = hello();
+                me.implementation = format!("{} (plugin {})", me.implementation, h.plugin.name);
+                ok_line(me)
+            }
+            None => ok_line(hello()),
         },
         Request::Prepare {
             case,
             inputs,
             output,
             memory_budget,
-        } => match host {
-            Some(Ok(h)) => reply(
-                h.prepare(&case, &inputs, &output, memory_budget)
-                    .map(|r| to_line(&Reply::ok(r))),
-            ),
-            _ => no_plugin(host),
-        },
-        Request::Call { n } => match host {
-            Some(Ok(h)) => reply(h.call(n).map(|r| to_line(&Reply::ok(r)))),
-            _ => no_plugin(host),
-        },
-        Request::Check => match host {
-            Some(Ok(h)) => reply(h.check().map(|r| to_line(&Reply::ok(r)))),
-            _ => no_plugin(host),
-        },
-        Request::Release => match host {
-            Some(Ok(h)) => {
-                h.release();
-                to_line(&Reply::ok(Released {}))
-            }
-            _ => no_plugin(host),
-        },
+        } => {
+            reply(plugin_host(host).and_then(|h| h.prepare(&case, &inputs, &output, memory_budget)))
+        }
+        Request::Call { n } => reply(plugin_host(host).and_then(|h| h.call(n))),
+        Request::Check => reply(plugin_host(host).and_then(Host::check)),
+        Request::Release => reply(plugin_host(host).map(|h| {
+            h.release();
+            Released {}
+        })),
         Request::Run {
             case,
             stop,
@@ -128,11 +115,25 @@ fn answer(request: Request, host: &mut Option<std::result::Result<Host, String>>
     }
 }
 
-fn no_plugin(host: &Option<std::result::Result<Host, String>>) -> String {
-    to_line(&Reply::<()>::failed(match host {
-        Some(Err(e)) => e.clone(),
-        _ => "this worker serves no plugin (start it with --plugin LIBRARY)".to_string(),
-    }))
+/// The plugin the `prepare`, `call`, `check` and `release` requests need: the one this
+/// worker serves, or why there is none.
+fn plugin_host(host: &mut Option<std::result::Result<Host, String>>) -> Result<&mut Host> {
+    match host {
+        Some(Ok(h)) => Ok(h),
+        Some(Err(e)) => Err(Error::Runtime(e.clone())),
+        None => Err(Error::Runtime(
+            "this worker serves no plugin (start it with --plugin LIBRARY)".into(),
+        )),
+    }
+}
+
+fn ok_line<T: serde::Serialize>(body: T) -> String {
+    to_line(&Reply::ok(body))
+}
+
+/// The reply line of a request's result: its body, or its error.
+fn reply<T: serde::Serialize>(r: Result<T>) -> String {
+    r.map_or_else(|e| to_line(&Reply::<()>::failed(e.to_string())), ok_line)
 }
 
 /// Who this worker is: the build's version, source revision and kernel path.
