@@ -83,6 +83,38 @@ pub trait Variant: Sync {
         None
     }
 
+    /// The prompt chunk a case gets when the config names none, for variants that prefill
+    /// in chunks (`chunked-prefill`); `None` means the `prefill_chunk` axis does not apply.
+    fn default_prefill_chunk(&self) -> Option<usize> {
+        None
+    }
+
+    /// Serving steps one call runs one after another (chunked prefill's chunks), which
+    /// `forward_cpu_steps` times one by one; 1 for a call that is one step.
+    fn steps(&self, _case: &Case) -> usize {
+        1
+    }
+
+    /// `forward_cpu`, also writing the seconds of each of its `steps` into `step_s`
+    /// (untouched by variants whose call is one step).
+    fn forward_cpu_steps(
+        &self,
+        case: &Case,
+        isa: Isa,
+        inputs: &Inputs,
+        out: &mut [f32],
+        _step_s: &mut [f64],
+    ) -> Result<()> {
+        self.forward_cpu(case, isa, inputs, out)
+    }
+
+    /// The paging a case gets when the config names none, for variants that read a paged
+    /// KV cache (`paged-decode`); `None` means the `page_size` and `page_order` axes do not
+    /// apply.
+    fn default_paging(&self) -> Option<crate::problem::Paging> {
+        None
+    }
+
     /// Whether the case's kernels call the `matrixmultiply` SGEMM (`backend::cpu::gemm`),
     /// whose packing buffers (up to `gemm::PACK_BYTES_MAX` per thread) are allocated
     /// infallibly and left out of the predictions. The forward microkernels do not; the

@@ -114,6 +114,7 @@ pub fn load_inputs(dir: &Path, expected: &Shape) -> Result<Inputs> {
         q: q.read_tensor(kind)?,
         k: k.read_tensor(kind)?,
         v: v.read_tensor(kind)?,
+        paged: Vec::new(),
     })
 }
 

@@ -65,6 +65,8 @@ fn case(
         seed: 7,
         d_out: UpstreamGrad::Random,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     }
 }
 

@@ -165,9 +165,17 @@ fn measured_overhead_matches_the_prediction() {
 }
 
 /// The case in the variant's own first mode: decode variants get 3 new tokens against the
-/// cache of n, multi-device variants 3 simulated devices.
+/// cache of n, multi-device variants 3 simulated devices, causal-only variants (chunked
+/// prefill) a causal mask.
 fn native(mut c: Case) -> Case {
     c.mode = c.variant.info().modes[0];
+    let causal = Case {
+        causal: true,
+        ..c.clone()
+    };
+    if c.variant.get().unsupported(&c).is_some() && c.variant.get().unsupported(&causal).is_none() {
+        c.causal = true;
+    }
     if c.mode == Mode::Decode {
         c.shape.seq_q = 3;
         c.q_chunk = c.q_chunk.map(|q| q.min(3));

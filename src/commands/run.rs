@@ -239,6 +239,8 @@ pub fn command(args: &RunArgs) -> Result<()> {
         seed: args.seed,
         d_out: args.d_out,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     };
     let settings = Settings {
         run_name: "run".into(),

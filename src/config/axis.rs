@@ -5,7 +5,7 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
-use crate::problem::{DType, Device, InputDist, Mode, UpstreamGrad};
+use crate::problem::{DType, Device, InputDist, Mode, PageOrder, UpstreamGrad};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
@@ -31,6 +31,9 @@ pub enum Axis {
     QChunk,
     KvChunk,
     Splits,
+    PageOrder,
+    PageSize,
+    PrefillChunk,
     Window,
     SeqKv,
     SeqLen,
@@ -46,6 +49,7 @@ enum Kind {
     InputDist,
     DOut,
     Allreduce,
+    PageOrder,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -76,7 +80,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 21] = [
+    pub const ALL: [Axis; 24] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -95,6 +99,9 @@ impl Axis {
         Axis::QChunk,
         Axis::KvChunk,
         Axis::Splits,
+        Axis::PageOrder,
+        Axis::PageSize,
+        Axis::PrefillChunk,
         Axis::Window,
         Axis::SeqKv,
         Axis::SeqLen,
@@ -121,6 +128,9 @@ impl Axis {
             Axis::QChunk => "q_chunk",
             Axis::KvChunk => "kv_chunk",
             Axis::Splits => "splits",
+            Axis::PageOrder => "page_order",
+            Axis::PageSize => "page_size",
+            Axis::PrefillChunk => "prefill_chunk",
             Axis::Window => "window",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
@@ -145,10 +155,13 @@ impl Axis {
             Axis::InputScale => Kind::Scale,
             Axis::DOut => Kind::DOut,
             Axis::Allreduce => Kind::Allreduce,
+            Axis::PageOrder => Kind::PageOrder,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Devices
             | Axis::Splits
+            | Axis::PageSize
+            | Axis::PrefillChunk
             | Axis::Batch
             | Axis::Heads
             | Axis::KvHeads
@@ -172,6 +185,7 @@ impl Axis {
                 | Kind::InputDist
                 | Kind::DOut
                 | Kind::Allreduce
+                | Kind::PageOrder
         )
     }
 
@@ -196,6 +210,11 @@ impl Axis {
                 Derived("variant default (flash-decoding: enough parts for the threads)")
             }
             Axis::Allreduce => Derived("variant default (tree-decode: tree)"),
+            Axis::PageSize => Derived("variant default (paged-decode: 16 tokens)"),
+            Axis::PageOrder => Derived("variant default (paged-decode: shuffled)"),
+            Axis::PrefillChunk => {
+                Derived("variant default (chunked-prefill: 512 tokens, at most the prompt)")
+            }
             Axis::KvHeads => Derived("= heads"),
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
@@ -225,6 +244,7 @@ impl Axis {
             Kind::InputDist => "an input distribution name (normal, uniform)".into(),
             Kind::DOut => "an upstream gradient kind (random, ones)".into(),
             Kind::Allreduce => "an allreduce algorithm (ring, tree, two-level, two-level:N)".into(),
+            Kind::PageOrder => "a page order (shuffled, contiguous)".into(),
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -259,6 +279,7 @@ pub enum AxisValue {
     InputDist(InputDist),
     DOut(UpstreamGrad),
     Allreduce(Allreduce),
+    PageOrder(PageOrder),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -275,6 +296,7 @@ impl fmt::Display for AxisValue {
             AxisValue::InputDist(v) => v.fmt(f),
             AxisValue::DOut(v) => v.fmt(f),
             AxisValue::Allreduce(v) => v.fmt(f),
+            AxisValue::PageOrder(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -375,6 +397,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::InputDist => AxisValue::InputDist(name()?.parse()?),
         Kind::DOut => AxisValue::DOut(name()?.parse()?),
         Kind::Allreduce => AxisValue::Allreduce(name()?.parse()?),
+        Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

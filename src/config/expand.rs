@@ -109,7 +109,8 @@ fn build(
     let (mut kv_heads, mut seq_kv, mut q_chunk, mut kv_chunk, mut window) =
         (None, None, None, None, None);
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
-    let mut external = None;
+    let (mut external, mut page_size, mut page_order) = (None, None, None);
+    let mut prefill_chunk = None;
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -134,6 +135,9 @@ fn build(
             (Axis::Window, AxisValue::Size(x)) => window = Some(x),
             (Axis::Devices, AxisValue::Size(x)) => devices = x,
             (Axis::Splits, AxisValue::Size(x)) => splits = Some(x),
+            (Axis::PageSize, AxisValue::Size(x)) => page_size = Some(x),
+            (Axis::PageOrder, AxisValue::PageOrder(x)) => page_order = Some(x),
+            (Axis::PrefillChunk, AxisValue::Size(x)) => prefill_chunk = Some(x),
             (Axis::Allreduce, AxisValue::Allreduce(x)) => allreduce = Some(x),
             (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
             (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
@@ -186,6 +190,15 @@ fn build(
         seed,
         d_out,
         external,
+        paging: v.default_paging().map(|d| crate::problem::Paging {
+            page_size: page_size.unwrap_or(d.page_size),
+            order: page_order.unwrap_or(d.order),
+        }),
+        // A default chunk is clamped to the prompt; a chunk the config names is kept (one
+        // longer than the prompt is a skipped row that says so).
+        prefill_chunk: v
+            .default_prefill_chunk()
+            .map(|d| prefill_chunk.unwrap_or(d.min(seq_q))),
     })
 }
 

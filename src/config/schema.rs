@@ -132,6 +132,9 @@ pub(super) struct RawAxes {
     pub devices: Option<Value>,
     pub allreduce: Option<Value>,
     pub splits: Option<Value>,
+    pub page_size: Option<Value>,
+    pub page_order: Option<Value>,
+    pub prefill_chunk: Option<Value>,
 }
 
 impl RawAxes {
@@ -159,6 +162,9 @@ impl RawAxes {
             (Axis::Devices, self.devices),
             (Axis::Allreduce, self.allreduce),
             (Axis::Splits, self.splits),
+            (Axis::PageSize, self.page_size),
+            (Axis::PageOrder, self.page_order),
+            (Axis::PrefillChunk, self.prefill_chunk),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

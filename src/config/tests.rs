@@ -608,6 +608,94 @@ fn decode_defaults_one_new_token_and_reads_the_device_axes() {
 }
 
 #[test]
+fn page_axes_apply_to_paged_decode_only_and_name_their_key() {
+    let c = cfg(
+        "[run]\nname = \"t\"\nthreads = 2\n[axes]\nvariant = [\"flash-decoding\", \"paged-decode\"]\nmode = \"decode\"\nseq_kv = 100\npage_size = [1, 16, 128]\npage_order = [\"shuffled\", \"contiguous\"]\n",
+    );
+    let cases = c.expand();
+    // flash-decoding reads no pages: one case, not six.
+    let (fd, pd): (Vec<_>, Vec<_>) = cases
+        .iter()
+        .partition(|k| k.variant == VariantId::FlashDecoding);
+    assert_eq!(fd.len(), 1);
+    assert!(fd[0].paging.is_none() && !fd[0].id().contains("|pg"));
+    assert_eq!(pd.len(), 6);
+    assert!(pd.iter().all(|k| k.splits.is_some()));
+    let ids: std::collections::HashSet<String> = pd.iter().map(|k| k.id()).collect();
+    assert_eq!(ids.len(), 6);
+    assert!(
+        ids.contains(&pd[0].id()) && pd[0].id().ends_with("|pg1shuffled"),
+        "{}",
+        pd[0].id()
+    );
+    // A page longer than the cache is a skipped row that says so, not a crash.
+    let long = pd
+        .iter()
+        .find(|k| k.paging.unwrap().page_size == 128)
+        .unwrap();
+    let why = crate::run::skip_reason(long).unwrap();
+    assert!(
+        why.contains("page_size 128") && why.contains("seq_kv"),
+        "{why}"
+    );
+    // Without the axes, paged-decode pages by 16 tokens in shuffled order.
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"paged-decode\"\nmode = \"decode\"\nseq_kv = 64\n",
+    );
+    let k = &c.expand()[0];
+    assert_eq!(
+        k.paging,
+        Some(crate::problem::Paging {
+            page_size: 16,
+            order: crate::problem::PageOrder::Shuffled
+        })
+    );
+    for (extra, key) in [
+        ("page_size = 0", "axes.page_size"),
+        ("page_size = [16, -1]", "axes.page_size"),
+        ("page_order = \"random\"", "axes.page_order"),
+        ("page_order = 3", "axes.page_order"),
+    ] {
+        let e = config_err(&with_axes(extra), &[]);
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn prefill_chunk_applies_to_chunked_prefill_only() {
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = [\"flash\", \"chunked-prefill\"]\ncausal = true\nseq_len = [100, 2000]\nprefill_chunk = [64, 1000]\n",
+    );
+    let cases = c.expand();
+    let (flash, chunked): (Vec<_>, Vec<_>) =
+        cases.iter().partition(|k| k.variant == VariantId::Flash);
+    assert_eq!(flash.len(), 2);
+    assert!(flash.iter().all(|k| k.prefill_chunk.is_none()));
+    assert_eq!(chunked.len(), 4);
+    assert!(chunked.iter().any(|k| k.id().ends_with("|pc1000")));
+    // A named chunk is kept, and one longer than the prompt is a skipped row saying so.
+    let long = chunked
+        .iter()
+        .find(|k| k.shape.seq_q == 100 && k.prefill_chunk == Some(1000))
+        .unwrap();
+    let why = crate::run::skip_reason(long).unwrap();
+    assert!(why.contains("prefill_chunk 1000"), "{why}");
+    // The default, 512 tokens, is clamped to a shorter prompt.
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"chunked-prefill\"\ncausal = true\nseq_len = [100, 2000]\n",
+    );
+    let chunks: Vec<_> = c.expand().iter().map(|k| k.prefill_chunk).collect();
+    assert_eq!(chunks, [Some(100), Some(512)]);
+    for (extra, key) in [
+        ("prefill_chunk = 0", "axes.prefill_chunk"),
+        ("prefill_chunk = \"big\"", "axes.prefill_chunk"),
+    ] {
+        let e = config_err(&with_axes(extra), &[]);
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+}
+
+#[test]
 fn new_axes_and_model_keys_are_checked_and_named() {
     for (extra, key) in [
         ("allreduce = \"star\"", "axes.allreduce"),

@@ -560,6 +560,7 @@ fn lend<R>(qkv: [&mut Tensor; 3], shape: Shape, call: impl FnOnce(&Inputs) -> R)
         q: store::take(q),
         k: store::take(k),
         v: store::take(v),
+        paged: Vec::new(),
     };
     let r = call(&inputs);
     (*q, *k, *v) = (inputs.q, inputs.k, inputs.v);

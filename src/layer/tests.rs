@@ -49,6 +49,8 @@ fn case_in(
         seed: 7,
         d_out: UpstreamGrad::Random,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     }
 }
 

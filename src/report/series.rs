@@ -134,6 +134,18 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
             },
         ),
         ("seed", format!("seed={}", r.seed)),
+        (
+            "page_size",
+            r.page_size.map_or(NO_PAGES.into(), |p| format!("page={p}")),
+        ),
+        (
+            "page_order",
+            if r.page_order.is_empty() {
+                NO_PAGES.into()
+            } else {
+                r.page_order.clone()
+            },
+        ),
     ]
 }
 
@@ -143,11 +155,19 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
 const NO_SPLITS: &str = "no splits";
 const NO_ALLREDUCE: &str = "no allreduce";
 const NO_D_OUT: &str = "no d_out";
+const NO_PAGES: &str = "no pages";
 
 /// Identity columns shown only in the labels of series that differ in them, never in the
 /// caption: they apply to some variants or modes only (a caption speaks for every series), or
 /// say nothing while they are the same everywhere (the seed).
-pub const LABEL_ONLY: [&str; 4] = ["splits", "allreduce", "d_out", "seed"];
+pub const LABEL_ONLY: [&str; 6] = [
+    "splits",
+    "allreduce",
+    "d_out",
+    "seed",
+    "page_size",
+    "page_order",
+];
 
 /// Whether `value` of identity column `col` says that the key does not apply to the case. Such
 /// values do not make a column vary (flash-decoding's one split count beside rows of other
@@ -155,7 +175,10 @@ pub const LABEL_ONLY: [&str; 4] = ["splits", "allreduce", "d_out", "seed"];
 pub fn not_applicable(col: &str, value: &str) -> bool {
     matches!(
         (col, value),
-        ("splits", NO_SPLITS) | ("allreduce", NO_ALLREDUCE) | ("d_out", NO_D_OUT)
+        ("splits", NO_SPLITS)
+            | ("allreduce", NO_ALLREDUCE)
+            | ("d_out", NO_D_OUT)
+            | ("page_size" | "page_order", NO_PAGES)
     )
 }
 

@@ -151,7 +151,7 @@ impl Run {
             if let Some(chunks) = parts.get_mut(7).filter(|p| p.starts_with("qc")) {
                 *chunks = "qc-kc-";
             }
-            parts.retain(|p| !(p.starts_with("sp") || p.starts_with("ar")));
+            parts.retain(|p| !(["sp", "ar", "pg", "pc"].iter().any(|x| p.starts_with(x))));
             parts.join("|")
         };
         let found: Vec<&str> = {
@@ -179,9 +179,19 @@ impl Run {
                     .collect(),
             );
         }
+        let mut seen = std::collections::HashMap::new();
         for r in &mut self.records {
-            r.case_id = rename(&r.case_id);
+            let original = std::mem::take(&mut r.case_id);
+            r.case_id = rename(&original);
             r.variant = as_name.to_string();
+            if let Some(other) = seen.insert(r.case_id.clone(), original.clone()) {
+                return Err(Error::Usage(format!(
+                    "--pair: {} has two rows of `{variant}` that differ only in settings of the \
+                     variant's own (chunks, splits, pages): `{other}` and `{original}`; \
+                     pair runs of one setting each",
+                    self.label
+                )));
+            }
         }
         self.label = format!("{} ({variant})", self.label);
         Ok(())

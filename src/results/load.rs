@@ -13,7 +13,7 @@ use crate::measure::calibrate::Calibration;
 pub use super::{CSV_NAME, META_NAME};
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 27] = [
+pub const OPTIONAL_COLUMNS: [&str; 32] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -41,6 +41,11 @@ pub const OPTIONAL_COLUMNS: [&str; 27] = [
     "sim_comm_bytes",
     "sim_comm_max_device_bytes",
     "probe_gflops",
+    "page_size",
+    "page_order",
+    "prefill_chunk",
+    "prefill_steps",
+    "step_max_median_s",
 ];
 
 /// The contents of a results directory.

@@ -170,6 +170,22 @@ pub struct Record {
     /// case's pool just before and after its timed repetitions, mean GFLOP/s per thread.
     #[serde(default)]
     pub probe_gflops: Option<f64>,
+    /// Paged KV cache (`paged-decode`): tokens per page; empty for a contiguous cache.
+    #[serde(default)]
+    pub page_size: Option<usize>,
+    /// Paged KV cache: `shuffled` or `contiguous` physical page order; empty otherwise.
+    #[serde(default)]
+    pub page_order: String,
+    /// Chunked prefill (`chunked-prefill`): prompt tokens per step; empty otherwise.
+    #[serde(default)]
+    pub prefill_chunk: Option<usize>,
+    /// Chunked prefill: steps per call, ⌈seq_q / prefill_chunk⌉.
+    #[serde(default)]
+    pub prefill_steps: Option<usize>,
+    /// Chunked prefill: median over the timed calls of each call's longest step, seconds
+    /// (what a decode batched with the prompt waits at most per step).
+    #[serde(default)]
+    pub step_max_median_s: Option<f64>,
 }
 
 impl Record {
@@ -249,6 +265,13 @@ impl Record {
             sim_comm_bytes: None,
             sim_comm_max_device_bytes: None,
             probe_gflops: None,
+            page_size: case.paging.map(|p| p.page_size),
+            page_order: case.paging.map_or(String::new(), |p| p.order.to_string()),
+            prefill_chunk: case.prefill_chunk,
+            prefill_steps: case
+                .prefill_chunk
+                .map(|c| case.shape.seq_q.div_ceil(c.max(1))),
+            step_max_median_s: None,
         }
     }
 

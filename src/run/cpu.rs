@@ -139,22 +139,47 @@ struct ForwardStep<'a> {
     inputs: &'a Inputs,
     out: Vec<f32>,
     sim: Option<SimStats>,
+    /// A call of several serving steps (chunked prefill): the seconds of each step of the
+    /// last call, and the longest step of every call, warm-up included.
+    step_s: Vec<f64>,
+    step_max: Vec<f64>,
 }
 
 impl<'a> ForwardStep<'a> {
     fn new(case: &'a Case, inputs: &'a Inputs) -> Result<Self> {
+        let steps = case.variant.get().steps(case);
         Ok(ForwardStep {
             case,
             inputs,
             out: try_zeroed(case.shape.out_len(), "output")?,
             sim: None,
+            step_s: if steps > 1 {
+                vec![0.0; steps]
+            } else {
+                Vec::new()
+            },
+            step_max: Vec::new(),
         })
     }
 }
 
 impl Step for ForwardStep<'_> {
     fn call(&mut self) -> Result<()> {
-        forward(self.case, self.inputs, &mut self.out)
+        if self.step_s.is_empty() {
+            return forward(self.case, self.inputs, &mut self.out);
+        }
+        forward_steps(self.case, self.inputs, &mut self.out, &mut self.step_s)?;
+        self.step_max
+            .push(self.step_s.iter().copied().fold(0.0, f64::max));
+        Ok(())
+    }
+
+    fn after_timing(&mut self, record: &mut Record) {
+        // Warm-up calls come first: the timed ones are the last `reps`.
+        if !self.step_max.is_empty() {
+            let timed = &self.step_max[self.step_max.len().saturating_sub(record.reps)..];
+            record.step_max_median_s = Summary::of(timed).map(|s| s.median);
+        }
     }
 
     fn poison(&mut self) -> Result<()> {
@@ -392,6 +417,20 @@ pub fn forward_with(case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> 
     check_call(case, isa, inputs)?;
     let variant = case.variant.get();
     pool(case.threads)?.install(|| variant.forward_cpu(case, isa, inputs, out))
+}
+
+/// [`forward`] of a call made of several serving steps, writing each step's seconds into
+/// `step_s` (`Variant::steps` of them).
+pub fn forward_steps(
+    case: &Case,
+    inputs: &Inputs,
+    out: &mut [f32],
+    step_s: &mut [f64],
+) -> Result<()> {
+    let isa = Isa::detect();
+    check_call(case, isa, inputs)?;
+    let variant = case.variant.get();
+    pool(case.threads)?.install(|| variant.forward_cpu_steps(case, isa, inputs, out, step_s))
 }
 
 /// What a kernel call requires of its caller: an available kernel path, and inputs of the

@@ -76,6 +76,7 @@ pub fn split_inputs(inputs: Inputs, rows: usize) -> (Inputs, Tensor) {
         q,
         k: inputs.k,
         v: inputs.v,
+        paged: inputs.paged,
     };
     (part, inputs.q)
 }
@@ -87,6 +88,7 @@ pub fn join_inputs(part: Inputs, full_q: Tensor, shape: Shape) -> Inputs {
         q: full_q,
         k: part.k,
         v: part.v,
+        paged: part.paged,
     }
 }
 
@@ -183,6 +185,8 @@ mod tests {
             splits: None,
             allreduce: None,
             external: None,
+            paging: None,
+            prefill_chunk: None,
         }
     }
 

@@ -159,13 +159,10 @@ pub fn run_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
 
 fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let first = cases[0];
-    let inputs = Inputs::generate(
-        first.shape,
-        first.dtype,
-        first.input_dist,
-        first.input_scale,
-        first.seed,
-    );
+    // One logical cache for all, and the pool of each paging its members use.
+    let inputs = cases
+        .iter()
+        .fold(Inputs::for_case(first), |x, c| x.paged_for(c));
     let mut members: Vec<Member> = cases
         .iter()
         .map(|&case| {

@@ -313,7 +313,7 @@ fn measure(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Outcome {
-    let inputs = (!case.mode.is_layer()).then(|| given.unwrap_or_else(|| case_inputs(case)));
+    let inputs = (!case.mode.is_layer()).then(|| case_inputs(case, given));
     let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
     let measured = (|| {
@@ -437,7 +437,7 @@ fn measure_extrapolated(
         // Memory is never extrapolated: this variant's workspace depends on the query rows.
         return measure(backend, case, settings, given, predicted);
     }
-    let inputs = given.unwrap_or_else(|| case_inputs(case));
+    let inputs = case_inputs(case, given);
     let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
     let slow = time_one_call(backend, &part, settings, &part_inputs)
         .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
@@ -474,14 +474,13 @@ fn time_one_call(
     Ok(t0.elapsed().as_secs_f64())
 }
 
-fn case_inputs(case: &Case) -> Inputs {
-    Inputs::generate(
-        case.shape,
-        case.dtype,
-        case.input_dist,
-        case.input_scale,
-        case.seed,
-    )
+/// The given inputs (`run --inputs`) or the case's seeded ones, with the page pool a case
+/// of a paged cache reads.
+fn case_inputs(case: &Case, given: Option<Inputs>) -> Inputs {
+    match given {
+        Some(x) => x.paged_for(case),
+        None => Inputs::for_case(case),
+    }
 }
 
 /// The timing's columns; `probe`: the machine-speed probe around it (CPU cases).

@@ -157,6 +157,8 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         seed: 0,
         d_out: UpstreamGrad::Random,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     }
 }
 

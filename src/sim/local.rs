@@ -46,6 +46,7 @@ impl<'a> KvRef<'a> {
             v: self.v,
             base: self.base0 + head * self.head_stride,
             len: self.len,
+            pages: None,
         }
     }
 }
@@ -104,7 +105,7 @@ pub fn worker_floats(geo: &Geometry, rows: usize, dtype: DType, once: bool) -> u
     let d = geo.shape.head_dim;
     (if widen { rows * d } else { 0 })
         + if once { 2 * rows } else { 0 }
-        + scratch_len(rows, geo.bk, d, widen)
+        + scratch_len(rows, geo.bk, d, widen, false)
 }
 
 /// Runs every device's work of one step in parallel; returns the query-key pairs each of
@@ -209,7 +210,7 @@ fn run_item(it: Item, geo: &Geometry, ws: &Workspace) -> u64 {
             if widen_q { rows * d } else { 0 },
             if once { rows } else { 0 },
             if once { rows } else { 0 },
-            scratch_len(rows, geo.bk, d, widen_kv),
+            scratch_len(rows, geo.bk, d, widen_kv, false),
         ],
     );
     let q_off = ((b * s.heads + g * s.group()) * tq + it.row0) * d;

@@ -50,6 +50,8 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         seed: 11,
         d_out: UpstreamGrad::Random,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

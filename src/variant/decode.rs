@@ -6,7 +6,11 @@
 //!   per worker;
 //! - `flash-decoding`: the attended cache cut into `splits` parts processed in parallel,
 //!   each giving (partial output, logsumexp), combined exactly (docs/papers.md, Other sources (Flash-Decoding));
-//!   extra memory splits·b·h·seq_q·(d+1) floats plus tiles.
+//!   extra memory splits·b·h·seq_q·(d+1) floats plus tiles;
+//! - `paged-decode`: flash-decoding over a paged cache (PagedAttention, Kwon et al. 2023, as
+//!   the Transformers Inference Optimization Toolset describes it; `problem::paged`): the
+//!   same splits and combine, each key block read page by page through the block table;
+//!   extra memory flash-decoding's plus the block table as element offsets, 8 bytes a page.
 //!
 //! All three support a sliding `window` (Transformers Inference Optimization Toolset) and causal masks for seq_q > 1.
 
@@ -16,14 +20,15 @@ use rayon::prelude::*;
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{
-    attend, attend_materialized, attend_sequential, materialized_scratch_len, scratch_len,
-    sequential_scratch_len, span, Keys, Mask, Positions, RowState, KV_BLOCK,
+    attend, attend_materialized, attend_paged_heads, attend_sequential, materialized_scratch_len,
+    scratch_len, sequential_scratch_len, span, Keys, Mask, Pages, Positions, RowState,
+    GEMM_MIN_ROWS, KV_BLOCK,
 };
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
-use crate::error::Result;
-use crate::problem::{Case, DType, Inputs, Mode, Shape};
+use crate::error::{Error, Result};
+use crate::problem::{Case, DType, Inputs, Mode, PageOrder, Paging, Shape};
 use crate::sim::plan::even_chunks;
 
 /// Which loop order.
@@ -32,6 +37,8 @@ enum Kind {
     Naive,
     Online,
     Split,
+    /// Split over a paged cache.
+    Paged,
 }
 
 pub struct Decode {
@@ -73,6 +80,19 @@ pub static FLASH_DECODING: Decode = Decode {
         name: "flash-decoding",
         description: "decode: cache cut into `splits` parts in parallel, each (partial output, logsumexp) by online softmax over key blocks, combined exactly",
         source: "Flash-Decoding (Dao et al. 2023): split-KV with an exact log-sum-exp combine",
+        modes: &[Mode::Decode],
+        default_q_chunk: None,
+        default_kv_chunk: Some(KV_BLOCK),
+        numerically_safe: true,
+    },
+};
+
+pub static PAGED_DECODE: Decode = Decode {
+    kind: Kind::Paged,
+    info: &VariantInfo {
+        name: "paged-decode",
+        description: "decode: flash-decoding over a paged KV cache, each key block read page by page through a block table (page_size, page_order)",
+        source: "PagedAttention (Kwon et al. 2023, vLLM) as in the Transformers Inference Optimization Toolset (2024), with Flash-Decoding's split-KV",
         modes: &[Mode::Decode],
         default_q_chunk: None,
         default_kv_chunk: Some(KV_BLOCK),
@@ -152,7 +172,8 @@ impl Decode {
     fn items(&self, case: &Case) -> usize {
         let groups = case.shape.batch * case.shape.kv_heads;
         match self.kind {
-            Kind::Split => groups * self.splits(case),
+            Kind::Paged if whole_sequences(&case.shape) => case.shape.batch * self.splits(case),
+            Kind::Split | Kind::Paged => groups * self.splits(case),
             _ => groups,
         }
     }
@@ -160,16 +181,32 @@ impl Decode {
     /// (workers, floats per worker).
     fn layout(&self, case: &Case) -> (usize, usize) {
         let s = &case.shape;
-        let rows = s.group() * s.seq_q;
+        let rows = match self.kind {
+            // paged-decode's items of whole sequences hold every head's rows.
+            Kind::Paged if whole_sequences(s) => s.heads * s.seq_q,
+            _ => s.group() * s.seq_q,
+        };
         let d = s.head_dim;
         let widen = case.dtype != DType::F32;
         let q = if widen { rows * d } else { 0 };
         let floats = match self.kind {
             Kind::Naive => q + materialized_scratch_len(KV_BLOCK, d, widen),
             Kind::Online => q + 2 * rows + sequential_scratch_len(rows, d, widen),
-            Kind::Split => q + 2 * rows + scratch_len(rows, bk(case), d, widen),
+            Kind::Split => q + 2 * rows + scratch_len(rows, bk(case), d, widen, false),
+            Kind::Paged if whole_sequences(s) => {
+                q + 2 * rows + scratch_len(rows, merged_block(case), d, widen, false)
+            }
+            Kind::Paged => q + 2 * rows + scratch_len(rows, bk(case), d, widen, true),
         };
         (case.threads.min(self.items(case)).max(1), floats)
+    }
+
+    /// Entries of the block table paged-decode translates per call; 0 for the others.
+    fn table_entries(&self, case: &Case) -> usize {
+        match (self.kind, case.paging) {
+            (Kind::Paged, Some(p)) => p.table_len(&case.shape),
+            _ => 0,
+        }
     }
 
     /// Partial outputs and logsumexps of flash-decoding, or the naive score matrix.
@@ -178,7 +215,9 @@ impl Decode {
         match self.kind {
             Kind::Naive => s.batch * s.heads * s.seq_q * s.seq_kv,
             Kind::Online => 0,
-            Kind::Split => self.splits(case) * s.batch * s.heads * s.seq_q * (s.head_dim + 1),
+            Kind::Split | Kind::Paged => {
+                self.splits(case) * s.batch * s.heads * s.seq_q * (s.head_dim + 1)
+            }
         }
     }
 }
@@ -205,20 +244,45 @@ impl Variant for Decode {
 
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
         let (workers, floats) = self.layout(case);
-        4 * self.buffers(case) as u64 + Workspace::bytes(workers, floats)
+        4 * self.buffers(case) as u64
+            + Workspace::bytes(workers, floats)
+            + 8 * self.table_entries(case) as u64
     }
 
     fn unsupported(&self, case: &Case) -> Option<String> {
-        (case.devices != 1).then(|| {
-            format!(
+        if case.devices != 1 {
+            return Some(format!(
                 "variant {} runs on one device (devices = {} requested)",
                 self.info.name, case.devices
-            )
-        })
+            ));
+        }
+        match (self.kind, case.paging) {
+            (Kind::Paged, None) => Some("paged-decode needs a page_size".into()),
+            (Kind::Paged, Some(p)) => p.unsupported(&case.shape),
+            _ => None,
+        }
     }
 
     fn default_splits(&self, shape: &Shape, threads: usize) -> Option<usize> {
-        (self.kind == Kind::Split).then(|| default_splits(shape, threads))
+        match self.kind {
+            // Items are whole sequences: the splits alone must fill the threads per sequence.
+            Kind::Paged if whole_sequences(shape) => Some(default_splits(
+                &Shape {
+                    kv_heads: 1,
+                    ..*shape
+                },
+                threads,
+            )),
+            Kind::Split | Kind::Paged => Some(default_splits(shape, threads)),
+            _ => None,
+        }
+    }
+
+    fn default_paging(&self) -> Option<Paging> {
+        (self.kind == Kind::Paged).then_some(Paging {
+            page_size: Paging::DEFAULT_PAGE_SIZE,
+            order: PageOrder::Shuffled,
+        })
     }
 
     fn kv_read_bytes(&self, case: &Case) -> Option<u64> {
@@ -237,15 +301,37 @@ impl Variant for Decode {
                 let ws = Workspace::new(workers, floats, "decode-online state")?;
                 online(case, inputs, &ws, out);
             }
-            Kind::Split => {
+            Kind::Split | Kind::Paged => {
                 let s = &case.shape;
                 let rows = s.batch * s.heads * s.seq_q;
                 let splits = self.splits(case);
-                let mut part_o =
-                    try_zeroed(splits * rows * s.head_dim, "flash-decoding partial outputs")?;
-                let mut part_lse = try_zeroed(splits * rows, "flash-decoding partial logsumexps")?;
-                let ws = Workspace::new(workers, floats, "flash-decoding tiles")?;
-                split_kv(case, inputs, splits, &mut part_o, &mut part_lse, &ws);
+                let name = self.info.name;
+                // The block table as element offsets of the pages (head 0), once per call.
+                let table = match self.kind {
+                    Kind::Paged => Some(page_offsets(case, inputs)?),
+                    _ => None,
+                };
+                let mut part_o = try_zeroed(splits * rows * s.head_dim, name)?;
+                let mut part_lse = try_zeroed(splits * rows, name)?;
+                let ws = Workspace::new(workers, floats, name)?;
+                let cache = match (&table, case.paging.and_then(|p| inputs.pool(p))) {
+                    (Some(offsets), Some(pool)) => Cache::Paged { pool, offsets },
+                    (Some(_), None) => unreachable!("page_offsets checked the pool"),
+                    _ => Cache::Contiguous,
+                };
+                match cache {
+                    Cache::Paged { pool, offsets } if whole_sequences(s) => split_pages(
+                        case,
+                        inputs,
+                        pool,
+                        offsets,
+                        splits,
+                        &mut part_o,
+                        &mut part_lse,
+                        &ws,
+                    ),
+                    _ => split_kv(case, inputs, cache, splits, &mut part_o, &mut part_lse, &ws),
+                }
                 combine_splits(case, splits, &part_o, &part_lse, out);
             }
         }
@@ -285,6 +371,7 @@ fn naive(case: &Case, inputs: &Inputs, scores: &mut [f32], ws: &Workspace, out: 
                 v: &inputs.v,
                 base: kv_off,
                 len: s.seq_kv,
+                pages: None,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             attend_materialized(q, rows, &range, keys, d, s.scale(), sc, o, scratch);
@@ -316,6 +403,7 @@ fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
                 v: &inputs.v,
                 base: kv_off,
                 len: s.seq_kv,
+                pages: None,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             let mut state = RowState { acc: o, m, l };
@@ -325,11 +413,134 @@ fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
         });
 }
 
+/// The block table of the case's pool as the element offset of each page (KV head 0), in
+/// a buffer the memory counter sees: the paging's own overhead.
+fn page_offsets(case: &Case, inputs: &Inputs) -> Result<Vec<usize>> {
+    let pool = case.paging.and_then(|p| inputs.pool(p)).ok_or_else(|| {
+        Error::Runtime(format!(
+            "{}: the inputs hold no page pool for this paging",
+            case.id()
+        ))
+    })?;
+    let mut offsets = Vec::new();
+    offsets.try_reserve_exact(pool.table.len()).map_err(|_| {
+        Error::OutOfMemory(format!(
+            "paged-decode block table: {} bytes could not be allocated",
+            8 * pool.table.len()
+        ))
+    })?;
+    offsets.extend(
+        pool.table
+            .iter()
+            .map(|&p| pool.page_offset(&case.shape, p, 0)),
+    );
+    Ok(offsets)
+}
+
+/// Whether paged-decode's work items are whole sequences (every KV head of one sequence,
+/// `attend_paged_heads`: each page read as one stretch), which it does for decode rows;
+/// with `GEMM_MIN_ROWS` rows or more per KV head (long query chunks), items are (sequence,
+/// head) and a key block's pages are gathered for the SGEMM.
+fn whole_sequences(s: &Shape) -> bool {
+    s.group() * s.seq_q < GEMM_MIN_ROWS
+}
+
+/// Keys per block of `attend_paged_heads`: the case's block shared by the KV heads, so the
+/// values a block prefetches (every head's) stay the size one head's block would be and
+/// still sit in L2 when they are accumulated; at least one page.
+fn merged_block(case: &Case) -> usize {
+    let page = case.paging.map_or(1, |p| p.page_size);
+    (bk(case) / case.shape.kv_heads.max(1)).max(page).max(1)
+}
+
+/// paged-decode's (split, sequence) items: every head of the sequence over the split's
+/// part of its pages, into `part_o` (`[splits, b, h, seq_q, d]`) and `part_lse`.
+#[allow(clippy::too_many_arguments)]
+fn split_pages(
+    case: &Case,
+    inputs: &Inputs,
+    pool: &crate::problem::PagedKv,
+    offsets: &[usize],
+    splits: usize,
+    part_o: &mut [f32],
+    part_lse: &mut [f32],
+    ws: &Workspace,
+) {
+    let s = &case.shape;
+    let geo = Geometry::of(case);
+    let (d, rows) = (s.head_dim, geo.rows);
+    let total = s.heads * s.seq_q;
+    let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
+    let parts = even_chunks(attended, splits);
+    let (bk, page) = (merged_block(case), pool.paging.page_size);
+    let pps = pool.paging.pages_per_seq(s);
+    part_o
+        .par_chunks_mut(total * d)
+        .zip(part_lse.par_chunks_mut(total))
+        .enumerate()
+        .for_each(|(item, (o, lse))| {
+            let (split, b) = (item / s.batch, item % s.batch);
+            let part = &parts[split];
+            let mut guard = ws.acquire();
+            let widen = inputs.q.dtype() != DType::F32;
+            let [qs, m, l, scratch] = carve(
+                &mut guard,
+                [
+                    if widen { total * d } else { 0 },
+                    total,
+                    total,
+                    scratch_len(total, bk, d, widen, false),
+                ],
+            );
+            let q = vecops::widen(&inputs.q, s.q_head_offset(b, 0), total * d, qs);
+            let keys = Keys {
+                k: &pool.k,
+                v: &pool.v,
+                base: 0,
+                len: part.len(),
+                pages: Some(Pages {
+                    size: page,
+                    offsets: &offsets[b * pps..(b + 1) * pps],
+                    first: part.start,
+                }),
+            };
+            let range = |r| geo.range(s.seq_q, r, part.start, part.len());
+            let mut state = RowState { acc: o, m, l };
+            state.reset();
+            let h = s.kv_heads;
+            attend_paged_heads(
+                q,
+                h,
+                rows,
+                &range,
+                keys,
+                page * d,
+                d,
+                s.scale(),
+                bk,
+                &mut state,
+                scratch,
+            );
+            state.finish(Some(lse));
+        });
+}
+
+/// Where split_kv reads the cache: the logical K and V, or a pool of pages.
+#[derive(Clone, Copy)]
+enum Cache<'a> {
+    Contiguous,
+    Paged {
+        pool: &'a crate::problem::PagedKv,
+        offsets: &'a [usize],
+    },
+}
+
 /// Every (split, group) item: the online softmax over its part of the attended cache, into
 /// its slots of `part_o` (`[splits, b, h, seq_q, d]`) and `part_lse` (`[splits, b, h, seq_q]`).
 fn split_kv(
     case: &Case,
     inputs: &Inputs,
+    cache: Cache,
     splits: usize,
     part_o: &mut [f32],
     part_lse: &mut [f32],
@@ -342,6 +553,7 @@ fn split_kv(
     let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
     let parts = even_chunks(attended, splits);
     let bk = bk(case);
+    let paged = matches!(cache, Cache::Paged { .. });
     part_o
         .par_chunks_mut(rows * d)
         .zip(part_lse.par_chunks_mut(rows))
@@ -358,15 +570,34 @@ fn split_kv(
                     if widen { rows * d } else { 0 },
                     rows,
                     rows,
-                    scratch_len(rows, bk, d, widen),
+                    scratch_len(rows, bk, d, widen, paged),
                 ],
             );
             let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
-            let keys = Keys {
-                k: &inputs.k,
-                v: &inputs.v,
-                base: kv_off + part.start * d,
-                len: part.len(),
+            let keys = match cache {
+                Cache::Contiguous => Keys {
+                    k: &inputs.k,
+                    v: &inputs.v,
+                    base: kv_off + part.start * d,
+                    len: part.len(),
+                    pages: None,
+                },
+                Cache::Paged { pool, offsets } => {
+                    let (b, g) = (gi / s.kv_heads, gi % s.kv_heads);
+                    let page = pool.paging.page_size;
+                    let pps = pool.paging.pages_per_seq(s);
+                    Keys {
+                        k: &pool.k,
+                        v: &pool.v,
+                        base: g * page * d,
+                        len: part.len(),
+                        pages: Some(Pages {
+                            size: page,
+                            offsets: &offsets[b * pps..(b + 1) * pps],
+                            first: part.start,
+                        }),
+                    }
+                }
             };
             let range = |r| geo.range(s.seq_q, r, part.start, part.len());
             let mut state = RowState { acc: o, m, l };

@@ -2,6 +2,7 @@
 //! config validation, the runner and the tests all iterate `VariantId::ALL`, so a new variant
 //! is one file here plus one arm in `VariantId::get`.
 
+mod chunked_prefill;
 mod decode;
 mod external;
 mod flash;
@@ -80,9 +81,11 @@ impl Registry for VariantId {
             VariantId::RabeStaats => &rabe_staats::RABE_STAATS,
             VariantId::RabeStaatsSeq => &rabe_staats::RABE_STAATS_SEQ,
             VariantId::Flash => &flash::FLASH,
+            VariantId::ChunkedPrefill => &chunked_prefill::CHUNKED_PREFILL,
             VariantId::DecodeNaive => &decode::DECODE_NAIVE,
             VariantId::DecodeOnline => &decode::DECODE_ONLINE,
             VariantId::FlashDecoding => &decode::FLASH_DECODING,
+            VariantId::PagedDecode => &decode::PAGED_DECODE,
             VariantId::RingDecode => &ring::RING_DECODE,
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
@@ -140,6 +143,8 @@ impl DefaultCase for Case {
             seed: 0,
             d_out: UpstreamGrad::Random,
             external: None,
+            paging: v.default_paging(),
+            prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
         }
     }
 }

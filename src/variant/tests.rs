@@ -7,7 +7,9 @@ use proptest::prelude::*;
 
 use super::VariantId;
 use crate::backend::cpu::isa::Isa;
-use crate::problem::{Case, DType, Device, Grads, InputDist, Inputs, Mode, Shape, UpstreamGrad};
+use crate::problem::{
+    Case, DType, Device, Grads, InputDist, Inputs, Mode, PageOrder, Paging, Shape, UpstreamGrad,
+};
 use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
 use crate::run::{output, output_with, train_step_with};
@@ -420,6 +422,12 @@ fn decode_case(
         seed: 5,
         d_out: UpstreamGrad::Random,
         external: None,
+        // paged-decode: pages of 16 tokens, or one page where the cache is shorter.
+        paging: v.get().default_paging().map(|p| Paging {
+            page_size: p.page_size.min(shape.seq_kv),
+            ..p
+        }),
+        prefill_chunk: None,
     }
 }
 
@@ -460,13 +468,7 @@ fn decode_variants_match_the_oracle_on_ragged_shapes() {
                                     let c = decode_case(
                                         v, shape, dtype, causal, window, devices, splits, kv_chunk,
                                     );
-                                    let inputs = Inputs::generate(
-                                        c.shape,
-                                        c.dtype,
-                                        c.input_dist,
-                                        1.0,
-                                        c.seed,
-                                    );
+                                    let inputs = Inputs::for_case(&c);
                                     let out = output(&c, &inputs).expect("decode runs");
                                     let e = crate::reference::check_masked(
                                         &inputs,
@@ -504,7 +506,7 @@ fn decode_on_large_logits_stays_finite() {
     for v in decode_variants() {
         let mut c = decode_case(v, shape, DType::F32, false, None, 1, 4, 32);
         c.input_scale = 12.0;
-        let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, 12.0, c.seed);
+        let inputs = Inputs::for_case(&c);
         let out = output(&c, &inputs).expect("decode runs");
         let e = check(&inputs, false, &out, &rows_to_check(&c.shape, usize::MAX));
         assert!(
@@ -513,6 +515,130 @@ fn decode_on_large_logits_stays_finite() {
             v.name(),
             e.max_abs
         );
+    }
+}
+
+/// paged-decode reads the same logical cache through any page size and page order: its
+/// output is flash-decoding's up to the summation order of the value rows (pages cut the
+/// key chunks), and identical between the shuffled and the contiguous pool (the same
+/// arithmetic at other addresses). The pool's unfilled slots are NaN, so a read past a
+/// sequence's end would show.
+#[test]
+fn paged_decode_reads_the_logical_cache_through_every_page_size_and_order() {
+    let fd = VariantId::FlashDecoding;
+    let pd = VariantId::PagedDecode;
+    for (heads, kv_heads, seq_q, causal) in [(4, 1, 1, false), (6, 2, 3, true), (2, 2, 18, true)] {
+        for seq_kv in [37, 300] {
+            for dtype in [DType::F32, DType::Bf16] {
+                let shape = Shape {
+                    batch: 3,
+                    heads,
+                    kv_heads,
+                    seq_q,
+                    seq_kv,
+                    head_dim: 20,
+                };
+                for (splits, kv_chunk, window) in [(1, 1024, None), (3, 24, Some(50))] {
+                    let base = decode_case(fd, shape, dtype, causal, window, 1, splits, kv_chunk);
+                    let inputs = Inputs::for_case(&base);
+                    let want = output(&base, &inputs).expect("flash-decoding runs");
+                    for page_size in [1, 5, 16, 37] {
+                        let mut outs = Vec::new();
+                        for order in PageOrder::ALL {
+                            let c = Case {
+                                paging: Some(Paging { page_size, order }),
+                                ..decode_case(pd, shape, dtype, causal, window, 1, splits, kv_chunk)
+                            };
+                            let x = inputs.clone().paged_for(&c);
+                            let out = output(&c, &x).expect("paged-decode runs");
+                            let diff = crate::run::max_abs_diff(&out, &want);
+                            assert!(
+                                diff <= 1e-6,
+                                "{shape:?} {dtype} page {page_size} {order} sp{splits}: {diff:e}"
+                            );
+                            outs.push(out);
+                        }
+                        assert_eq!(outs[0], outs[1], "{shape:?} {dtype} page {page_size}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// chunked-prefill computes every row as one causal flash call does (each step's rows see
+/// the cache up to themselves): with chunks that are whole query blocks of flash's, the
+/// same arithmetic bit for bit; with other chunks (smaller blocks) within rounding. Each
+/// step's time is written, and non-causal or oversized chunks are declined by name.
+#[test]
+fn chunked_prefill_is_causal_flash_in_steps() {
+    let shape = Shape {
+        batch: 2,
+        heads: 4,
+        kv_heads: 2,
+        seq_q: 300,
+        seq_kv: 300,
+        head_dim: 32,
+    };
+    for dtype in [DType::F32, DType::Bf16] {
+        let flash = Case {
+            causal: true,
+            ..Case::cpu_fwd(VariantId::Flash, shape, dtype, 2)
+        };
+        let inputs = Inputs::for_case(&flash);
+        let want = output(&flash, &inputs).expect("flash runs");
+        for (chunk, exact) in [
+            (64, true),
+            (128, true),
+            (300, true),
+            (48, false),
+            (7, false),
+        ] {
+            let c = Case {
+                prefill_chunk: Some(chunk),
+                ..Case {
+                    variant: VariantId::ChunkedPrefill,
+                    ..flash.clone()
+                }
+            };
+            assert_eq!(c.variant.get().unsupported(&c), None);
+            let steps = c.variant.get().steps(&c);
+            assert_eq!(steps, 300usize.div_ceil(chunk));
+            let mut step_s = vec![-1.0; steps];
+            let mut out = vec![f32::NAN; shape.out_len()];
+            crate::run::cpu::forward_steps(&c, &inputs, &mut out, &mut step_s).unwrap();
+            assert!(step_s.iter().all(|&t| t >= 0.0), "{step_s:?}");
+            let diff = crate::run::max_abs_diff(&out, &want);
+            if exact {
+                assert_eq!(diff, 0.0, "{dtype} chunk {chunk}");
+            } else {
+                assert!(diff <= 1e-6, "{dtype} chunk {chunk}: {diff:e}");
+            }
+        }
+        let base = Case {
+            variant: VariantId::ChunkedPrefill,
+            prefill_chunk: Some(64),
+            ..flash.clone()
+        };
+        let why = |c: &Case| c.variant.get().unsupported(c).unwrap_or_default();
+        assert!(why(&Case {
+            causal: false,
+            ..base.clone()
+        })
+        .contains("causal"));
+        let long = Case {
+            prefill_chunk: Some(301),
+            ..base.clone()
+        };
+        assert!(why(&long).contains("prefill_chunk 301"), "{}", why(&long));
+        let cross = Case {
+            shape: Shape {
+                seq_kv: 400,
+                ..shape
+            },
+            ..base.clone()
+        };
+        assert!(why(&cross).contains("seq_kv"), "{}", why(&cross));
     }
 }
 

@@ -32,6 +32,12 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
 const PREFETCH_KEYS: usize = 16;
 
+/// Over a paged cache: how many pages ahead decode starts fetching a page, and how many
+/// cache lines of its keys and of its values it requests (enough to start the hardware
+/// prefetcher on the new stream).
+const PAGES_AHEAD: usize = 2;
+const PAGE_KICK_LINES: usize = 4;
+
 /// Which keys a query may see. Positions are absolute token indices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mask {
@@ -146,25 +152,81 @@ impl RowState<'_> {
     }
 }
 
-/// A run of keys and values of one head: key i at element `base + i * d` of `k` and `v`.
+/// A run of keys and values of one head: key i at element `base + i * d` of `k` and `v`,
+/// or, in a paged cache, at `base + pages.at(i)`.
 #[derive(Clone, Copy)]
 pub struct Keys<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub base: usize,
     pub len: usize,
+    pub pages: Option<Pages<'a>>,
+}
+
+/// Where the keys of a run sit in a pool of pages (`problem::paged`): key i is token
+/// `first + i` of the sequence, in page `(first + i) / size` of the block table, whose
+/// element offset (head 0) is `offsets[page]`.
+#[derive(Clone, Copy)]
+pub struct Pages<'a> {
+    pub size: usize,
+    pub offsets: &'a [usize],
+    pub first: usize,
+}
+
+impl Keys<'_> {
+    /// Calls `f(j, offset, n)` for each stretch of keys `k0..k0 + kn` that is contiguous in
+    /// memory, in order: `n` keys starting with key `k0 + j` at element `offset`. One
+    /// stretch for a contiguous run; a paged one breaks at every page.
+    #[inline]
+    fn for_each_run(&self, k0: usize, kn: usize, d: usize, mut f: impl FnMut(usize, usize, usize)) {
+        let Some(p) = self.pages else {
+            f(0, self.base + k0 * d, kn);
+            return;
+        };
+        let mut j = 0;
+        while j < kn {
+            let t = p.first + k0 + j;
+            let (page, slot) = (t / p.size, t % p.size);
+            let n = (p.size - slot).min(kn - j);
+            f(j, self.base + p.offsets[page] + slot * d, n);
+            j += n;
+        }
+    }
+
+    /// Element offset of key `i` of the run, if the run has it.
+    fn offset_of(&self, i: usize, d: usize) -> Option<usize> {
+        (i < self.len).then(|| match self.pages {
+            None => self.base + i * d,
+            Some(p) => {
+                let t = p.first + i;
+                self.base + p.offsets[t / p.size] + (t % p.size) * d
+            }
+        })
+    }
+
+    /// Whether the keys are not in one contiguous stretch (a block must then be gathered
+    /// before the SGEMM of many rows reads it).
+    fn paged(&self) -> bool {
+        self.pages.is_some()
+    }
 }
 
 /// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`: the
-/// block's keys and values when they must be widened (and the rows as bf16 for the bf16
-/// dot path), and the scores.
-pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool) -> usize {
-    let kv = if widen_kv {
+/// block's keys and values when they must be widened or, for many rows over a paged cache,
+/// gathered (and the rows as bf16 for the bf16 dot path), and the scores.
+pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool, paged: bool) -> usize {
+    let kv = if copies_kv(rows, widen_kv, paged) {
         2 * bk * d + (rows * d).div_ceil(2)
     } else {
         0
     };
     kv + rows * bk
+}
+
+/// Whether `attend` copies each key block into scratch: to widen it, or to gather the
+/// pages of a paged block for the SGEMM (decode rows read the pages in place).
+fn copies_kv(rows: usize, widen_kv: bool, paged: bool) -> bool {
+    widen_kv || (paged && rows >= GEMM_MIN_ROWS)
 }
 
 /// The union of the rows' visible ranges (empty ranges ignored), and the number of
@@ -202,8 +264,9 @@ pub fn attend(
     scratch: &mut [f32],
 ) {
     let widen_kv = keys.k.dtype().size_bytes() != 4;
-    let w = if widen_kv { bk * d } else { 0 };
-    let qw = if widen_kv { (rows * d).div_ceil(2) } else { 0 };
+    let copies = copies_kv(rows, widen_kv, keys.paged());
+    let w = if copies { bk * d } else { 0 };
+    let qw = if copies { (rows * d).div_ceil(2) } else { 0 };
     let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, rows * bk]);
     let (span, _) = span(rows, range);
     // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
@@ -217,10 +280,9 @@ pub fn attend(
     let mut k0 = span.start;
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
-        let off = keys.base + k0 * d;
         let s = &mut sc[..rows * kn];
         if rows >= GEMM_MIN_ROWS {
-            let k = vecops::widen(keys.k, off, kn * d, ks);
+            let k = gather(&keys, keys.k, k0, kn, d, ks);
             sgemm(
                 scale,
                 MatRef::new(q, rows, d),
@@ -233,24 +295,29 @@ pub fn attend(
             // Decode: memory-bound. In chunks of keys, start loading this chunk's values
             // into L2 while its scores are computed (the keys stream in sequentially, which
             // the hardware prefetcher handles; prefetching them too was slower).
-            let mut j = 0;
-            while j < kn {
-                let n = PREFETCH_KEYS.min(kn - j);
-                vecops::prefetch(keys.v, off + j * d, n * d, false);
-                let dims = Dims { rows, keys: n, d };
-                match (q_bf16, keys.k) {
-                    (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
-                        let kb = &kb[off + j * d..off + (j + n) * d];
-                        vecops::scores_bf16(qb, kb, dims, scale, &mut s[j..], kn);
+            // A paged run is read page by page (paged-decode itself sends decode rows
+            // through `attend_paged_heads`, which reads whole pages).
+            keys.for_each_run(k0, kn, d, |j0, off, len| {
+                let mut j = 0;
+                while j < len {
+                    let n = PREFETCH_KEYS.min(len - j);
+                    let (at, o) = (j0 + j, off + j * d);
+                    vecops::prefetch(keys.v, o, n * d, false);
+                    let dims = Dims { rows, keys: n, d };
+                    match (q_bf16, keys.k) {
+                        (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
+                            let kb = &kb[o..o + n * d];
+                            vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn);
+                        }
+                        _ => {
+                            let w = if widen_kv { at * d } else { 0 };
+                            let k = Elems::of(keys.k, o, n * d, &mut ks[w..]);
+                            vecops::scores(q, k, dims, scale, &mut s[at..], kn);
+                        }
                     }
-                    _ => {
-                        let at = if widen_kv { j * d } else { 0 };
-                        let k = Elems::of(keys.k, off + j * d, n * d, &mut ks[at..]);
-                        vecops::scores(q, k, dims, scale, &mut s[j..], kn);
-                    }
+                    j += n;
                 }
-                j += n;
-            }
+            });
         }
         for (r, row) in s.chunks_mut(kn).enumerate() {
             mask_row(row, &range(r), k0);
@@ -267,7 +334,7 @@ pub fn attend(
             state.m[r] = m_new;
         }
         if rows >= GEMM_MIN_ROWS {
-            let v = vecops::widen(keys.v, off, kn * d, vs);
+            let v = gather(&keys, keys.v, k0, kn, d, vs);
             sgemm(
                 1.0,
                 MatRef::new(s, rows, kn),
@@ -277,11 +344,130 @@ pub fn attend(
                 d,
             );
         } else {
-            let v = Elems::of(keys.v, off, kn * d, vs);
-            vecops::accumulate(s, kn, v, d, state.acc);
+            keys.for_each_run(k0, kn, d, |j, off, n| {
+                let v = Elems::of(
+                    keys.v,
+                    off,
+                    n * d,
+                    &mut vs[if widen_kv { j * d } else { 0 }..],
+                );
+                vecops::accumulate(&s[j..], kn, v, d, state.acc);
+            });
         }
         k0 += kn;
     }
+}
+
+/// Decode over a paged cache for every KV head of one sequence at once (PagedAttention's
+/// per-sequence work with FA2's online softmax over key blocks): page by page, each head's
+/// slice of the page is scored before the next page starts, so the pool is read in whole
+/// pages (`heads` x page_size x d stretches) rather than one head's slice at a time, which
+/// a shuffled pool scatters. `q`, `state` and the results hold `heads` blocks of `rows`
+/// rows (head h's rows at h * rows); head h's key i is at `keys` offset of i plus
+/// `h * head_stride`. `range(r)` is the visible range of row r of every head. Decode rows
+/// only (fewer than `GEMM_MIN_ROWS` per head). Scratch: `scratch_len(heads * rows, ..)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_paged_heads(
+    q: &[f32],
+    heads: usize,
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    head_stride: usize,
+    d: usize,
+    scale: f32,
+    bk: usize,
+    state: &mut RowState,
+    scratch: &mut [f32],
+) {
+    let total = heads * rows;
+    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let w = if widen_kv { bk * d } else { 0 };
+    let qw = if widen_kv { (total * d).div_ceil(2) } else { 0 };
+    let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, total * bk]);
+    let (span, _) = span(rows, range);
+    let q_bf16 = match keys.k {
+        crate::problem::Tensor::Bf16(_) if vecops::has_bf16_dot() => vecops::to_bf16_bits(q, qs),
+        _ => None,
+    };
+    let page = keys.pages.map_or(1, |p| p.size);
+    let mut k0 = span.start;
+    while k0 < span.end {
+        let kn = bk.min(span.end - k0);
+        let s = &mut sc[..total * kn];
+        keys.for_each_run(k0, kn, d, |j0, off, len| {
+            // The page PAGES_AHEAD on: its first lines, to start the prefetcher there.
+            let ahead = (k0 + j0 + len + (PAGES_AHEAD - 1) * page).min(k0 + kn);
+            if let Some(at) = keys.offset_of(ahead, d) {
+                let line = 64 / keys.k.dtype().size_bytes();
+                vecops::prefetch(keys.k, at, PAGE_KICK_LINES * line, false);
+                vecops::prefetch(keys.v, at, PAGE_KICK_LINES * line, false);
+            }
+            for h in 0..heads {
+                let (qh, sh) = (&q[h * rows * d..(h + 1) * rows * d], h * rows * kn);
+                let mut j = 0;
+                while j < len {
+                    let n = PREFETCH_KEYS.min(len - j);
+                    let (at, o) = (j0 + j, off + h * head_stride + j * d);
+                    vecops::prefetch(keys.v, o, n * d, false);
+                    let dims = Dims { rows, keys: n, d };
+                    match (q_bf16, keys.k) {
+                        (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
+                            let qb = &qb[h * rows * d..(h + 1) * rows * d];
+                            let kb = &kb[o..o + n * d];
+                            vecops::scores_bf16(qb, kb, dims, scale, &mut s[sh + at..], kn);
+                        }
+                        _ => {
+                            let k = Elems::of(keys.k, o, n * d, &mut ks[..]);
+                            vecops::scores(qh, k, dims, scale, &mut s[sh + at..], kn);
+                        }
+                    }
+                    j += n;
+                }
+            }
+        });
+        for (r, row) in s.chunks_mut(kn).enumerate() {
+            mask_row(row, &range(r % rows.max(1)), k0);
+            let m_new = state.m[r].max(vecops::row_max(row));
+            if m_new == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            let correction = (state.m[r] - m_new).exp();
+            state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
+            if correction != 1.0 {
+                scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
+            }
+            state.m[r] = m_new;
+        }
+        keys.for_each_run(k0, kn, d, |j, off, n| {
+            for h in 0..heads {
+                let v = Elems::of(keys.v, off + h * head_stride, n * d, &mut vs[..]);
+                let acc = &mut state.acc[h * rows * d..(h + 1) * rows * d];
+                vecops::accumulate(&s[h * rows * kn + j..], kn, v, d, acc);
+            }
+        });
+        k0 += kn;
+    }
+}
+
+/// Keys (or values, `t`) `k0..k0 + kn` of the run as one f32 block: in place when they are
+/// f32 in one stretch, else widened and gathered into `scratch`.
+fn gather<'a>(
+    keys: &Keys,
+    t: &'a Tensor,
+    k0: usize,
+    kn: usize,
+    d: usize,
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    if !keys.paged() {
+        return vecops::widen(t, keys.base + k0 * d, kn * d, scratch);
+    }
+    keys.for_each_run(k0, kn, d, |j, off, n| {
+        vecops::widen_into(t, off, &mut scratch[j * d..(j + n) * d]);
+    });
+    &scratch[..kn * d]
 }
 
 /// -inf outside the row's visible range, for the block of keys starting at index `k0`.

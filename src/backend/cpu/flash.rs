@@ -117,6 +117,56 @@ pub fn forward(
     });
 }
 
+/// Chunked prefill (Transformers Inference Optimization Toolset, "Chunked prefill"): the
+/// causal forward of a prompt in steps of `chunk` query rows, one step after another, each
+/// a parallel forward of its rows against the keys written so far (each row's causal
+/// bound, which never passes the step's last row). `chunk` must be a multiple of `bq`;
+/// `after_step(c)` runs when step `c` is done. Output and FLOPs are the one-shot forward's.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_steps(
+    inputs: &Inputs,
+    (bq, bk): (usize, usize),
+    chunk: usize,
+    path: ReadPath,
+    isa: Isa,
+    ws: &Workspace,
+    out: &mut [f32],
+    mut after_step: impl FnMut(usize),
+) {
+    let s = inputs.shape;
+    let (d, nq) = (s.head_dim, s.seq_q);
+    assert!(
+        chunk > 0 && chunk.is_multiple_of(bq),
+        "chunked prefill: step of {chunk} rows is not a multiple of the {bq}-row query block"
+    );
+    let (nqb, per) = (nq.div_ceil(bq), chunk / bq);
+    let bh = s.batch * s.heads;
+    let outs = Blocks::new(out, nq, d, bq);
+    let lens = worker_lens(&s, bq, bk, path);
+    for c in 0..nq.div_ceil(chunk) {
+        let first = c * per;
+        let blocks = per.min(nqb - first);
+        for_each_item(ws, bh * blocks, |buf, i| {
+            // The step's blocks that see the most keys first, as in `forward`.
+            let (head, qi) = (i / blocks, first + blocks - 1 - i % blocks);
+            let o = outs.take(head, qi);
+            block(
+                inputs,
+                true,
+                (head, qi * bq),
+                bk,
+                isa,
+                path,
+                buf,
+                lens,
+                o,
+                None,
+            );
+        });
+        after_step(c);
+    }
+}
+
 /// One query block: rows `row0..row0 + o.len()/d` of head `head`.
 #[allow(clippy::too_many_arguments)]
 fn block(

@@ -74,12 +74,19 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         );
         s += "\n";
     }
+    s += &paging_section(&rows);
     s += "## Every decode row\n\n";
+    // A page column only where some row pages its cache (older reports stay as they were).
+    let pages = rows.iter().any(|r| r.page_size.is_some());
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
+            let variant = match (pages, r.page_size) {
+                (true, Some(p)) => format!("{} (page {p}, {})", r.variant, r.page_order),
+                _ => r.variant.clone(),
+            };
             vec![
-                r.variant.clone(),
+                variant,
                 r.dtype.clone(),
                 format!("{}/{}", r.heads, r.kv_heads),
                 r.seq_q.to_string(),
@@ -117,6 +124,102 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         &body,
     );
     write_file(dir, MARKDOWN, &s).map(Some)
+}
+
+/// Pages of at least this many tokens must keep paged-decode at `PAGED_TARGET` of
+/// flash-decoding's bandwidth on the same cache (the serving issue's acceptance line).
+pub const PAGED_TARGET_PAGE: usize = 16;
+pub const PAGED_TARGET: f64 = 0.9;
+
+/// `## Paging`: each paged-decode row against the flash-decoding row on the same logical
+/// cache (same run, shape, dtype, mask, threads and inputs), as a bandwidth ratio; empty
+/// text when there is no paged-decode row.
+fn paging_section(rows: &[&Record]) -> String {
+    let same_cache = |a: &Record, b: &Record| {
+        (
+            a.run.as_str(),
+            a.device.as_str(),
+            a.dtype.as_str(),
+            a.batch,
+            a.heads,
+            a.kv_heads,
+        ) == (
+            b.run.as_str(),
+            b.device.as_str(),
+            b.dtype.as_str(),
+            b.batch,
+            b.heads,
+            b.kv_heads,
+        ) && (a.seq_q, a.seq_kv, a.head_dim, a.causal, a.window, a.threads)
+            == (b.seq_q, b.seq_kv, b.head_dim, b.causal, b.window, b.threads)
+            && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
+                == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
+    };
+    let paged: Vec<&Record> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.page_size.is_some())
+        .collect();
+    if paged.is_empty() {
+        return String::new();
+    }
+    let mut s =
+        String::from("## Paging: paged-decode against flash-decoding on the same cache\n\n");
+    s += &format!(
+        "`ratio` is paged-decode's GB/s over flash-decoding's on the same logical cache (same \
+         shape, dtype, inputs and threads; a sweep with `run.interleave` times them in the \
+         same rounds). Pages of {PAGED_TARGET_PAGE} tokens or more should keep at least \
+         {PAGED_TARGET}x; smaller pages are measured and shown, not judged.\n\n"
+    );
+    let body: Vec<Vec<String>> = paged
+        .iter()
+        .map(|r| {
+            let base = rows
+                .iter()
+                .find(|f| f.variant == "flash-decoding" && same_cache(f, r));
+            let gbs = |x: &Record| x.kv_gbytes_per_s.filter(|_| x.status.name() == "ok");
+            let ratio = base.and_then(|f| Some(gbs(r)? / gbs(f)?));
+            let verdict = match ratio {
+                Some(x) if r.page_size.unwrap_or(0) >= PAGED_TARGET_PAGE => {
+                    if x >= PAGED_TARGET { "yes" } else { "no" }.to_string()
+                }
+                _ => "-".into(),
+            };
+            vec![
+                r.dtype.clone(),
+                format!("{}/{}", r.heads, r.kv_heads),
+                r.batch.to_string(),
+                r.seq_q.to_string(),
+                r.seq_kv.to_string(),
+                r.page_size.map_or("-".into(), |p| p.to_string()),
+                r.page_order.clone(),
+                r.status.to_string(),
+                gbs(r).map_or("-".into(), |g| format!("{g:.2}")),
+                base.and_then(|f| gbs(f))
+                    .map_or("-".into(), |g| format!("{g:.2}")),
+                ratio.map_or("-".into(), |x| format!("{x:.2}")),
+                verdict,
+            ]
+        })
+        .collect();
+    s += &table(
+        &[
+            "dtype",
+            "h/kv",
+            "batch",
+            "new tokens",
+            "cache length",
+            "page",
+            "order",
+            "status",
+            "GB/s",
+            "flash-decoding GB/s",
+            "ratio",
+            &format!(">= {PAGED_TARGET}x"),
+        ],
+        &body,
+    );
+    s + "\n"
 }
 
 fn mib(b: u64) -> String {

@@ -1,11 +1,13 @@
 //! The files derived from a run's rows beside `runs.csv`: `decode.md` (decode bandwidth
-//! tables), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
+//! tables, and paged-decode against flash-decoding), `prefill.md` (chunked prefill against
+//! one flash call), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
 //! `[model]`, the Tree-vs-Ring reproduction (`tree_vs_ring.md`, its latency CSV and SVG)
 //! from what the sweep measured for it (`results::tree_vs_ring`). Renderings only, so
 //! `sweep` and `report` write the same bytes. O(rows) plus O(|p| |N|) plan pricings.
 
 pub mod bpt_md;
 pub mod decode_md;
+pub mod prefill_md;
 pub mod svg;
 pub mod tree_vs_ring;
 
@@ -18,8 +20,9 @@ use crate::results::tree_vs_ring::Measured;
 
 /// The names of every file [`write_renderings`] may write (a `--force` sweep removes them,
 /// so none is left from the run it replaces).
-pub const DERIVED_FILES: [&str; 5] = [
+pub const DERIVED_FILES: [&str; 6] = [
     decode_md::MARKDOWN,
+    prefill_md::MARKDOWN,
     bpt_md::MARKDOWN,
     tree_vs_ring::MARKDOWN,
     tree_vs_ring::LATENCY_CSV,
@@ -44,6 +47,7 @@ pub struct Sources<'a> {
 pub fn write_renderings(dir: &Path, s: &Sources) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
     paths.extend(decode_md::write(dir, s.records)?);
+    paths.extend(prefill_md::write(dir, s.records)?);
     paths.extend(bpt_md::write(dir, s.records, s.model_layers, s.budget)?);
     if let (Some(model), Some(measured)) = (s.model, s.measured) {
         paths.extend(tree_vs_ring::write(dir, model, measured, s.records)?);

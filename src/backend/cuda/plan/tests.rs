@@ -33,6 +33,8 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         seed: 0,
         d_out: UpstreamGrad::Random,
         external: None,
+        paging: None,
+        prefill_chunk: None,
     }
 }
 

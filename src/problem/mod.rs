@@ -11,6 +11,9 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
+pub mod paged;
+pub use paged::{PageOrder, PagedKv, Paging};
+
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
 /// the output is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -392,9 +395,11 @@ variant_ids! {
     RabeStaats = "rabe-staats",
     RabeStaatsSeq = "rabe-staats-seq",
     Flash = "flash",
+    ChunkedPrefill = "chunked-prefill",
     DecodeNaive = "decode-naive",
     DecodeOnline = "decode-online",
     FlashDecoding = "flash-decoding",
+    PagedDecode = "paged-decode",
     RingDecode = "ring-decode",
     TreeDecode = "tree-decode",
     RingPrefill = "ring-prefill",
@@ -667,6 +672,14 @@ pub struct Case {
     /// `python:NAME`), which is its variant name in rows; `None` for attnbench's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<String>,
+    /// A paged KV cache (`paged-decode`): page size and page order; `None` for a
+    /// contiguous cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paging: Option<Paging>,
+    /// Prompt tokens per step of a chunked prefill (`chunked-prefill`); `None` for the
+    /// others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_chunk: Option<usize>,
 }
 
 impl Case {
@@ -710,6 +723,12 @@ impl Case {
             _ => String::new(),
         } + &self.splits.map_or(String::new(), |n| format!("|sp{n}"))
             + &self.allreduce.map_or(String::new(), |a| format!("|ar{a}"))
+            + &self
+                .paging
+                .map_or(String::new(), |p| format!("|pg{}{}", p.page_size, p.order))
+            + &self
+                .prefill_chunk
+                .map_or(String::new(), |c| format!("|pc{c}"))
     }
 
     /// Effective (query, key/value) chunk sizes: the case's, else the given defaults, each
@@ -746,7 +765,12 @@ impl Case {
             return self.layer_io_bytes();
         }
         let s = &self.shape;
-        let fwd = (s.q_len() + 2 * s.kv_len()) * self.dtype.size_bytes() + s.out_len() * 4;
+        // A paged cache is its pool of whole pages and the block table instead.
+        let (kv, table) = match self.paging {
+            Some(p) => (p.pool_len(s), 4 * p.table_len(s)),
+            None => (s.kv_len(), 0),
+        };
+        let fwd = (s.q_len() + 2 * kv) * self.dtype.size_bytes() + s.out_len() * 4 + table;
         let train = match self.mode {
             Mode::FwdBwd => (s.out_len() + s.q_len() + 2 * s.kv_len()) * 4,
             _ => 0,
@@ -880,6 +904,10 @@ pub struct Inputs {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
+    /// The same K and V in pools of pages, one per paging the cases on these inputs use
+    /// (`Case::paging`); `k` and `v` stay the logical cache the oracle and the other
+    /// variants read.
+    pub paged: Vec<PagedKv>,
 }
 
 impl Inputs {
@@ -903,7 +931,42 @@ impl Inputs {
         let q = gen(shape.q_len(), true);
         let k = gen(shape.kv_len(), true);
         let v = gen(shape.kv_len(), false);
-        Inputs { shape, q, k, v }
+        Inputs {
+            shape,
+            q,
+            k,
+            v,
+            paged: Vec::new(),
+        }
+    }
+
+    /// The inputs of `case`: generated from its seed, with the page pool its paging needs.
+    pub fn for_case(case: &Case) -> Inputs {
+        let x = Inputs::generate(
+            case.shape,
+            case.dtype,
+            case.input_dist,
+            case.input_scale,
+            case.seed,
+        );
+        x.paged_for(case)
+    }
+
+    /// These inputs with the page pool `case` reads (built from `k` and `v` unless they
+    /// have it already); unchanged for a case of a contiguous cache.
+    pub fn paged_for(mut self, case: &Case) -> Inputs {
+        if let Some(p) = case.paging {
+            if self.pool(p).is_none() {
+                let pool = PagedKv::build(&self.shape, &self.k, &self.v, p, case.seed);
+                self.paged.push(pool);
+            }
+        }
+        self
+    }
+
+    /// The pool of paging `p`, if these inputs hold it.
+    pub fn pool(&self, p: Paging) -> Option<&PagedKv> {
+        self.paged.iter().find(|x| x.paging == p)
     }
 
     pub fn dtype(&self) -> DType {

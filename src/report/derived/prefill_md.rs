@@ -1,0 +1,107 @@
+//! `prefill.md` beside a sweep's CSV when it has `chunked-prefill` rows: each chunk size's
+//! total time against one causal `flash` call on the same prompt (same run, shape, dtype,
+//! inputs and threads), its longest step (the most a decode batched with the prompt waits
+//! per step), and the score block one step would hold materialized (chunk x keys so far,
+//! at most chunk x n, instead of n x n for the whole prompt). O(rows^2) matching, over
+//! the few rows of a sweep.
+
+use std::path::{Path, PathBuf};
+
+use super::tree_vs_ring::write_file;
+use crate::error::Result;
+use crate::model::markdown::{seconds, table};
+use crate::results::record::Record;
+
+pub const MARKDOWN: &str = "prefill.md";
+
+/// Whether two rows ran the same prompt (everything but the variant and its own settings).
+fn same_prompt(a: &Record, b: &Record) -> bool {
+    (
+        a.run.as_str(),
+        a.device.as_str(),
+        a.dtype.as_str(),
+        a.batch,
+        a.heads,
+        a.kv_heads,
+    ) == (
+        b.run.as_str(),
+        b.device.as_str(),
+        b.dtype.as_str(),
+        b.batch,
+        b.heads,
+        b.kv_heads,
+    ) && (a.seq_q, a.seq_kv, a.head_dim, a.causal, a.window, a.threads)
+        == (b.seq_q, b.seq_kv, b.head_dim, b.causal, b.window, b.threads)
+        && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
+            == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
+}
+
+/// Writes `prefill.md` if `records` hold chunked-prefill rows.
+pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
+    let rows: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.prefill_chunk.is_some())
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let ok = |r: &Record| r.time_median_s.filter(|_| r.status.name() == "ok");
+    let mut s = String::from("# Chunked prefill\n\n");
+    s += "Written by `attnbench sweep` and `attnbench report` (module \
+          `src/report/derived/prefill_md.rs`) from `runs.csv`. A prompt of n tokens is \
+          prefilled in steps of `chunk` tokens, each attending to the KV cache written so far; \
+          `total` is one whole prefill (every step), `vs flash` divides it by one causal \
+          `flash` call on the same prompt, `longest step` is the median over the timed calls \
+          of each call's longest step: what a decode batched with the prompt waits at most per \
+          step. `score block` is the scores one step would hold materialized per head (chunk \
+          x the keys so far, at its largest chunk x n), against n x n for the prompt at once.\n\n";
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let flash = records
+                .iter()
+                .find(|f| f.variant == "flash" && same_prompt(f, r))
+                .and_then(ok);
+            let chunk = r.prefill_chunk.unwrap_or(0);
+            vec![
+                r.dtype.clone(),
+                format!("{}/{}", r.heads, r.kv_heads),
+                r.batch.to_string(),
+                r.seq_q.to_string(),
+                chunk.to_string(),
+                r.prefill_steps.map_or("-".into(), |n| n.to_string()),
+                r.status.to_string(),
+                ok(r).map_or("-".into(), seconds),
+                flash.map_or("-".into(), seconds),
+                match (ok(r), flash) {
+                    (Some(t), Some(f)) if f > 0.0 => format!("{:.2}", t / f),
+                    _ => "-".into(),
+                },
+                r.step_max_median_s
+                    .filter(|_| r.status.name() == "ok")
+                    .map_or("-".into(), seconds),
+                format!("{} x {}", chunk.min(r.seq_q), r.seq_kv),
+                format!("{} x {}", r.seq_q, r.seq_kv),
+            ]
+        })
+        .collect();
+    s += &table(
+        &[
+            "dtype",
+            "h/kv",
+            "batch",
+            "prompt",
+            "chunk",
+            "steps",
+            "status",
+            "total",
+            "flash",
+            "vs flash",
+            "longest step",
+            "score block",
+            "at once",
+        ],
+        &body,
+    );
+    write_file(dir, MARKDOWN, &s).map(Some)
+}
