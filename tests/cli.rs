@@ -1149,3 +1149,96 @@ fn min_reps_wins_over_a_tiny_max_time_s() {
     let samples = fs::read_to_string(out.join("samples.csv")).unwrap();
     assert_eq!(samples.lines().count() - 1, 5 * ok);
 }
+
+const SERVING: &str = r#"
+[run]
+name = "serving"
+warmup = 0
+min_reps = 2
+max_reps = 3
+max_time_s = 0.05
+calibrate = false
+interleave = true
+innermost = ["variant"]
+
+[axes]
+variant = ["flash-decoding", "paged-decode", "flash", "chunked-prefill"]
+mode = ["decode", "fwd"]
+heads = 4
+kv_heads = 2
+head_dim = 16
+seq_len = 40
+causal = true
+page_size = [8, 64]
+prefill_chunk = [16, 64]
+"#;
+
+/// The serving workloads end to end: paged-decode and chunked-prefill rows carry their
+/// columns and ids, a page or chunk longer than the sequence is a skipped row that names
+/// its key, `decode.md` compares each page size with flash-decoding and `prefill.md` each
+/// chunk with flash, with their plots; and a bad page or chunk value is exit 2 naming it.
+#[test]
+fn serving_sweep_writes_paging_and_chunked_prefill_rows_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), SERVING);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let rows = attnbench::results::runs::read(&out.join("runs.csv")).unwrap();
+    let of = |v: &'static str| rows.iter().filter(move |r| r.variant == v);
+    let paged: Vec<_> = of("paged-decode").filter(|r| r.mode == "decode").collect();
+    assert_eq!(paged.len(), 2);
+    let ok = paged.iter().find(|r| r.page_size == Some(8)).unwrap();
+    assert_eq!(ok.status.name(), "ok", "{}", ok.reason);
+    assert!(ok.case_id.ends_with("|pg8shuffled") && ok.page_order == "shuffled");
+    assert!(ok.kv_gbytes_per_s.is_some() && ok.max_abs_err.unwrap() < 1e-5);
+    let long = paged.iter().find(|r| r.page_size == Some(64)).unwrap();
+    assert_eq!(long.status.name(), "skipped");
+    assert!(long.reason.contains("page_size 64"), "{}", long.reason);
+    let chunked: Vec<_> = of("chunked-prefill").filter(|r| r.mode == "fwd").collect();
+    let c16 = chunked
+        .iter()
+        .find(|r| r.prefill_chunk == Some(16))
+        .unwrap();
+    assert_eq!(c16.status.name(), "ok", "{}", c16.reason);
+    assert_eq!(c16.prefill_steps, Some(3));
+    assert!(c16.step_max_median_s.unwrap() <= c16.time_max_s.unwrap());
+    let c64 = chunked
+        .iter()
+        .find(|r| r.prefill_chunk == Some(64))
+        .unwrap();
+    assert!(c64.reason.contains("prefill_chunk 64"), "{}", c64.reason);
+    // flash-decoding and flash read neither axis: one row per mode each.
+    assert!(of("flash-decoding").all(|r| r.page_size.is_none() && r.prefill_chunk.is_none()));
+    assert_eq!(of("flash").count(), 2);
+    let decode = fs::read_to_string(out.join("decode.md")).unwrap();
+    assert!(decode.contains("## Paging") && decode.contains("paged-decode (page 8, shuffled)"));
+    let prefill = fs::read_to_string(out.join("prefill.md")).unwrap();
+    assert!(prefill.contains("| 16 | 3 | ok |"), "{prefill}");
+    for f in ["paging.svg", "prefill.svg"] {
+        assert!(
+            fs::read_to_string(out.join(f))
+                .unwrap()
+                .contains("<polyline"),
+            "{f}"
+        );
+    }
+    for (set, key) in [
+        ("axes.page_size=0", "axes.page_size"),
+        ("axes.page_order=random", "axes.page_order"),
+        ("axes.prefill_chunk=0", "axes.prefill_chunk"),
+    ] {
+        attnbench()
+            .args(["sweep", "--dry-run", "--config"])
+            .arg(&cfg)
+            .args(["--set", set])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(key));
+    }
+}

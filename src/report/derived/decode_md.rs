@@ -1,30 +1,38 @@
 //! `decode.md` beside a sweep's CSV when it has single-device decode rows: achieved KV
 //! bandwidth against the calibrated copy bandwidth per case (decode streams the cache, so
 //! that is its roofline), and the best flash-decoding fraction for caches of at least
-//! 256 MiB per dtype (the issue's acceptance line). Until the report layer lands, this file
-//! is the table. O(rows).
+//! 256 MiB per dtype (the issue's acceptance line); with paged-decode rows, each against
+//! flash-decoding on the same cache, and `paging.svg` (GB/s against page size). O(rows^2)
+//! matching, over the few rows of a sweep.
 
 use std::path::{Path, PathBuf};
 
+use super::svg::{line_chart, Series};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
 use crate::model::markdown::{seconds, table};
 use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "decode.md";
+/// KV bandwidth against page size, beside `decode.md` when there are paged-decode rows.
+pub const PAGING_PLOT: &str = "paging.svg";
 
 /// Caches this large are past every cache level: the acceptance threshold.
 pub const LARGE_CACHE_BYTES: u64 = 256 << 20;
 
 /// Writes `decode.md` if `records` hold decode rows of single-device variants (those with
-/// no simulated communication).
-pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
+/// no simulated communication), and `paging.svg` if some of them page their cache.
+pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
     let rows: Vec<&Record> = records
         .iter()
         .filter(|r| r.mode == "decode" && r.comm_elements.is_none() && r.kv_read_bytes.is_some())
         .collect();
     if rows.is_empty() {
-        return Ok(None);
+        return Ok(Vec::new());
+    }
+    let mut written = Vec::new();
+    if rows.iter().any(|r| r.page_size.is_some()) {
+        written.push(write_file(dir, PAGING_PLOT, &paging_plot(&rows))?);
     }
     let mut s = String::from("# Decode: KV-cache bandwidth\n\n");
     s += "Written by `attnbench sweep` and `attnbench report` (module \
@@ -123,7 +131,78 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         ],
         &body,
     );
-    write_file(dir, MARKDOWN, &s).map(Some)
+    written.insert(0, write_file(dir, MARKDOWN, &s)?);
+    Ok(written)
+}
+
+/// GB/s against page size: one line per (dtype, new tokens, page order) of paged-decode,
+/// and flash-decoding's GB/s on the same cache as a dashed line across the page sizes.
+fn paging_plot(rows: &[&Record]) -> String {
+    let gbs = |r: &Record| r.kv_gbytes_per_s.filter(|_| r.status.name() == "ok");
+    let mut series: Vec<Series> = Vec::new();
+    let mut keys: Vec<(String, usize, usize, usize, String)> = Vec::new();
+    for r in rows.iter().filter(|r| r.page_size.is_some()) {
+        let key = (
+            r.dtype.clone(),
+            r.seq_q,
+            r.kv_heads,
+            r.seq_kv,
+            r.page_order.clone(),
+        );
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    let pages: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.page_size)
+        .map(|p| p as f64)
+        .collect();
+    let (lo, hi) = pages
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &p| (a.min(p), b.max(p)));
+    let mut flash_seen: Vec<(String, usize, usize, usize)> = Vec::new();
+    for (i, (dtype, seq_q, kv, seq_kv, order)) in keys.iter().enumerate() {
+        let of = |r: &&&Record| {
+            (&r.dtype, r.seq_q, r.kv_heads, r.seq_kv) == (dtype, *seq_q, *kv, *seq_kv)
+        };
+        let mut points: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| of(r) && r.page_order == *order)
+            .filter_map(|r| Some((r.page_size? as f64, gbs(r)?)))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let name = format!("{dtype} q{seq_q} {order}");
+        series.push(Series {
+            name,
+            points,
+            dashed: false,
+            color: i,
+        });
+        let cache = (dtype.clone(), *seq_q, *kv, *seq_kv);
+        if flash_seen.contains(&cache) {
+            continue;
+        }
+        flash_seen.push(cache);
+        if let Some(g) = rows
+            .iter()
+            .find(|r| of(r) && r.variant == "flash-decoding")
+            .and_then(|r| gbs(r))
+        {
+            series.push(Series {
+                name: format!("{dtype} q{seq_q} flash-decoding"),
+                points: vec![(lo, g), (hi, g)],
+                dashed: true,
+                color: i,
+            });
+        }
+    }
+    line_chart(
+        "paged-decode: KV bandwidth against page size",
+        "page size (tokens)",
+        "GB/s",
+        &series,
+    )
 }
 
 /// Pages of at least this many tokens must keep paged-decode at `PAGED_TARGET` of

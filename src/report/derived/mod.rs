@@ -20,9 +20,11 @@ use crate::results::tree_vs_ring::Measured;
 
 /// The names of every file [`write_renderings`] may write (a `--force` sweep removes them,
 /// so none is left from the run it replaces).
-pub const DERIVED_FILES: [&str; 6] = [
+pub const DERIVED_FILES: [&str; 8] = [
     decode_md::MARKDOWN,
+    decode_md::PAGING_PLOT,
     prefill_md::MARKDOWN,
+    prefill_md::PLOT,
     bpt_md::MARKDOWN,
     tree_vs_ring::MARKDOWN,
     tree_vs_ring::LATENCY_CSV,

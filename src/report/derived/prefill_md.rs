@@ -7,12 +7,15 @@
 
 use std::path::{Path, PathBuf};
 
+use super::svg::{line_chart, Series};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
 use crate::model::markdown::{seconds, table};
 use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "prefill.md";
+/// Total time and longest step against chunk size.
+pub const PLOT: &str = "prefill.svg";
 
 /// Whether two rows ran the same prompt (everything but the variant and its own settings).
 fn same_prompt(a: &Record, b: &Record) -> bool {
@@ -36,14 +39,14 @@ fn same_prompt(a: &Record, b: &Record) -> bool {
             == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
 }
 
-/// Writes `prefill.md` if `records` hold chunked-prefill rows.
-pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
+/// Writes `prefill.md` and `prefill.svg` if `records` hold chunked-prefill rows.
+pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
     let rows: Vec<&Record> = records
         .iter()
         .filter(|r| r.prefill_chunk.is_some())
         .collect();
     if rows.is_empty() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let ok = |r: &Record| r.time_median_s.filter(|_| r.status.name() == "ok");
     let mut s = String::from("# Chunked prefill\n\n");
@@ -103,5 +106,68 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Option<PathBuf>> {
         ],
         &body,
     );
-    write_file(dir, MARKDOWN, &s).map(Some)
+    Ok(vec![
+        write_file(dir, MARKDOWN, &s)?,
+        write_file(dir, PLOT, &plot(&rows, records))?,
+    ])
+}
+
+/// Seconds against chunk size: per (dtype, prompt, heads) the whole prefill and its longest
+/// step, and one flash call on the same prompt as a dashed line across the chunk sizes.
+fn plot(rows: &[&Record], records: &[Record]) -> String {
+    let ok = |r: &Record| r.status.name() == "ok";
+    let mut keys: Vec<&Record> = Vec::new();
+    for r in rows {
+        if !keys.iter().any(|k| same_prompt(k, r)) {
+            keys.push(r);
+        }
+    }
+    let chunks = rows
+        .iter()
+        .filter_map(|r| r.prefill_chunk)
+        .map(|c| c as f64);
+    let (lo, hi) = chunks.fold((f64::MAX, f64::MIN), |(a, b), c| (a.min(c), b.max(c)));
+    let mut series = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let name = format!("{} n={} h{}/{}", k.dtype, k.seq_q, k.heads, k.kv_heads);
+        let line = |f: fn(&Record) -> Option<f64>| {
+            let mut p: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| same_prompt(k, r) && ok(r))
+                .filter_map(|r| Some((r.prefill_chunk? as f64, f(r)?)))
+                .collect();
+            p.sort_by(|a, b| a.0.total_cmp(&b.0));
+            p
+        };
+        series.push(Series {
+            name: format!("{name} total"),
+            points: line(|r| r.time_median_s),
+            dashed: false,
+            color: 2 * i,
+        });
+        series.push(Series {
+            name: format!("{name} longest step"),
+            points: line(|r| r.step_max_median_s),
+            dashed: false,
+            color: 2 * i + 1,
+        });
+        if let Some(t) = records
+            .iter()
+            .find(|f| f.variant == "flash" && same_prompt(f, k) && ok(f))
+            .and_then(|f| f.time_median_s)
+        {
+            series.push(Series {
+                name: format!("{name} flash"),
+                points: vec![(lo, t), (hi, t)],
+                dashed: true,
+                color: 2 * i,
+            });
+        }
+    }
+    line_chart(
+        "chunked prefill: time against chunk size",
+        "prefill_chunk (tokens)",
+        "seconds",
+        &series,
+    )
 }
