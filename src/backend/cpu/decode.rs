@@ -319,20 +319,7 @@ pub fn attend(
                 }
             });
         }
-        for (r, row) in s.chunks_mut(kn).enumerate() {
-            mask_row(row, &range(r), k0);
-            let m_new = state.m[r].max(vecops::row_max(row));
-            if m_new == f32::NEG_INFINITY {
-                row.fill(0.0); // nothing visible yet for this row
-                continue;
-            }
-            let correction = (state.m[r] - m_new).exp();
-            state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
-            if correction != 1.0 {
-                scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
-            }
-            state.m[r] = m_new;
-        }
+        fold_scores(s, kn, k0, range, state, d);
         if rows >= GEMM_MIN_ROWS {
             let v = gather(&keys, keys.v, k0, kn, d, vs);
             sgemm(
@@ -426,20 +413,7 @@ pub fn attend_paged_heads(
                 }
             }
         });
-        for (r, row) in s.chunks_mut(kn).enumerate() {
-            mask_row(row, &range(r % rows.max(1)), k0);
-            let m_new = state.m[r].max(vecops::row_max(row));
-            if m_new == f32::NEG_INFINITY {
-                row.fill(0.0);
-                continue;
-            }
-            let correction = (state.m[r] - m_new).exp();
-            state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
-            if correction != 1.0 {
-                scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
-            }
-            state.m[r] = m_new;
-        }
+        fold_scores(s, kn, k0, &|r| range(r % rows.max(1)), state, d);
         keys.for_each_run(k0, kn, d, |j, off, n| {
             for h in 0..heads {
                 let v = Elems::of(keys.v, off + h * head_stride, n * d, &mut vs[..]);
@@ -468,6 +442,34 @@ fn gather<'a>(
         vecops::widen_into(t, off, &mut scratch[j * d..(j + n) * d]);
     });
     &scratch[..kn * d]
+}
+
+/// FA2's bookkeeping of one key block: each row of scores `s` (`kn` keys from index `k0`)
+/// masked to its visible range, turned into exp(score - new max) in place, and folded into
+/// the row's running max and sum, its accumulated output rescaled when the max moved.
+#[inline]
+fn fold_scores(
+    s: &mut [f32],
+    kn: usize,
+    k0: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    state: &mut RowState,
+    d: usize,
+) {
+    for (r, row) in s.chunks_mut(kn).enumerate() {
+        mask_row(row, &range(r), k0);
+        let m_new = state.m[r].max(vecops::row_max(row));
+        if m_new == f32::NEG_INFINITY {
+            row.fill(0.0); // nothing visible yet for this row
+            continue;
+        }
+        let correction = (state.m[r] - m_new).exp();
+        state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
+        if correction != 1.0 {
+            scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
+        }
+        state.m[r] = m_new;
+    }
 }
 
 /// -inf outside the row's visible range, for the block of keys starting at index `k0`.

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::same_problem;
 use super::svg::{line_chart, Series};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
@@ -214,26 +215,6 @@ pub const PAGED_TARGET: f64 = 0.9;
 /// cache (same run, shape, dtype, mask, threads and inputs), as a bandwidth ratio; empty
 /// text when there is no paged-decode row.
 fn paging_section(rows: &[&Record]) -> String {
-    let same_cache = |a: &Record, b: &Record| {
-        (
-            a.run.as_str(),
-            a.device.as_str(),
-            a.dtype.as_str(),
-            a.batch,
-            a.heads,
-            a.kv_heads,
-        ) == (
-            b.run.as_str(),
-            b.device.as_str(),
-            b.dtype.as_str(),
-            b.batch,
-            b.heads,
-            b.kv_heads,
-        ) && (a.seq_q, a.seq_kv, a.head_dim, a.causal, a.window, a.threads)
-            == (b.seq_q, b.seq_kv, b.head_dim, b.causal, b.window, b.threads)
-            && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
-                == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
-    };
     let paged: Vec<&Record> = rows
         .iter()
         .copied()
@@ -255,7 +236,7 @@ fn paging_section(rows: &[&Record]) -> String {
         .map(|r| {
             let base = rows
                 .iter()
-                .find(|f| f.variant == "flash-decoding" && same_cache(f, r));
+                .find(|f| f.variant == "flash-decoding" && same_problem(f, r));
             let gbs = |x: &Record| x.kv_gbytes_per_s.filter(|_| x.status.name() == "ok");
             let ratio = base.and_then(|f| Some(gbs(r)? / gbs(f)?));
             let verdict = match ratio {

@@ -43,6 +43,28 @@ pub struct Sources<'a> {
     pub measured: Option<&'a Measured>,
 }
 
+/// Whether two rows ran the same problem on the same inputs: everything but the variant and
+/// its own settings (chunks, splits, pages, prefill chunk). The derived tables set a
+/// variant against another with it (paged-decode against flash-decoding, chunked prefill
+/// against flash).
+pub fn same_problem(a: &Record, b: &Record) -> bool {
+    (
+        a.run.as_str(),
+        a.device.as_str(),
+        a.dtype.as_str(),
+        a.mode.as_str(),
+    ) == (
+        b.run.as_str(),
+        b.device.as_str(),
+        b.dtype.as_str(),
+        b.mode.as_str(),
+    ) && (a.batch, a.heads, a.kv_heads, a.seq_q, a.seq_kv, a.head_dim)
+        == (b.batch, b.heads, b.kv_heads, b.seq_q, b.seq_kv, b.head_dim)
+        && (a.causal, a.window, a.threads, a.devices) == (b.causal, b.window, b.threads, b.devices)
+        && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
+            == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
+}
+
 /// Writes the derived files into `dir`: `decode.md` when there are decode rows, `bpt.md`
 /// when there are layer rows, the Tree-vs-Ring files when there are `[model]` and its
 /// measurements. Returns the paths written.

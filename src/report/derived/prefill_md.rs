@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::same_problem;
 use super::svg::{line_chart, Series};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
@@ -16,28 +17,6 @@ use crate::results::record::Record;
 pub const MARKDOWN: &str = "prefill.md";
 /// Total time and longest step against chunk size.
 pub const PLOT: &str = "prefill.svg";
-
-/// Whether two rows ran the same prompt (everything but the variant and its own settings).
-fn same_prompt(a: &Record, b: &Record) -> bool {
-    (
-        a.run.as_str(),
-        a.device.as_str(),
-        a.dtype.as_str(),
-        a.batch,
-        a.heads,
-        a.kv_heads,
-    ) == (
-        b.run.as_str(),
-        b.device.as_str(),
-        b.dtype.as_str(),
-        b.batch,
-        b.heads,
-        b.kv_heads,
-    ) && (a.seq_q, a.seq_kv, a.head_dim, a.causal, a.window, a.threads)
-        == (b.seq_q, b.seq_kv, b.head_dim, b.causal, b.window, b.threads)
-        && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
-            == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
-}
 
 /// Writes `prefill.md` and `prefill.svg` if `records` hold chunked-prefill rows.
 pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
@@ -63,7 +42,7 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
         .map(|r| {
             let flash = records
                 .iter()
-                .find(|f| f.variant == "flash" && same_prompt(f, r))
+                .find(|f| f.variant == "flash" && same_problem(f, r))
                 .and_then(ok);
             let chunk = r.prefill_chunk.unwrap_or(0);
             vec![
@@ -118,7 +97,7 @@ fn plot(rows: &[&Record], records: &[Record]) -> String {
     let ok = |r: &Record| r.status.name() == "ok";
     let mut keys: Vec<&Record> = Vec::new();
     for r in rows {
-        if !keys.iter().any(|k| same_prompt(k, r)) {
+        if !keys.iter().any(|k| same_problem(k, r)) {
             keys.push(r);
         }
     }
@@ -133,7 +112,7 @@ fn plot(rows: &[&Record], records: &[Record]) -> String {
         let line = |f: fn(&Record) -> Option<f64>| {
             let mut p: Vec<(f64, f64)> = rows
                 .iter()
-                .filter(|r| same_prompt(k, r) && ok(r))
+                .filter(|r| same_problem(k, r) && ok(r))
                 .filter_map(|r| Some((r.prefill_chunk? as f64, f(r)?)))
                 .collect();
             p.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -153,7 +132,7 @@ fn plot(rows: &[&Record], records: &[Record]) -> String {
         });
         if let Some(t) = records
             .iter()
-            .find(|f| f.variant == "flash" && same_prompt(f, k) && ok(f))
+            .find(|f| f.variant == "flash" && same_problem(f, k) && ok(f))
             .and_then(|f| f.time_median_s)
         {
             series.push(Series {
