@@ -83,6 +83,12 @@ pub trait Variant: Sync {
         None
     }
 
+    /// Whether the variant runs a ragged batch (`Case::batch_spec`, packed sequences of
+    /// their own lengths); the others decline such cases.
+    fn ragged(&self) -> bool {
+        false
+    }
+
     /// The prompt chunk a case gets when the config names none, for variants that prefill
     /// in chunks (`chunked-prefill`); `None` means the `prefill_chunk` axis does not apply.
     fn default_prefill_chunk(&self) -> Option<usize> {

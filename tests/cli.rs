@@ -19,7 +19,7 @@ grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_
 allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
 critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
-probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s";
+probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec";
 
 const TINY: &str = r#"
 [run]
@@ -1232,6 +1232,8 @@ fn serving_sweep_writes_paging_and_chunked_prefill_rows_and_reports() {
         ("axes.page_size=0", "axes.page_size"),
         ("axes.page_order=random", "axes.page_order"),
         ("axes.prefill_chunk=0", "axes.prefill_chunk"),
+        ("axes.batch_spec=q4+zz", "axes.batch_spec"),
+        ("axes.batch_spec=2xq0", "axes.batch_spec"),
     ] {
         attnbench()
             .args(["sweep", "--dry-run", "--config"])

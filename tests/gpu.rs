@@ -67,6 +67,7 @@ fn case(
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     }
 }
 

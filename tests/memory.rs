@@ -176,6 +176,14 @@ fn native(mut c: Case) -> Case {
     if c.variant.get().unsupported(&c).is_some() && c.variant.get().unsupported(&causal).is_none() {
         c.causal = true;
     }
+    // A ragged batch: a prefill of n, two shorter prefills and a decode over n keys.
+    if c.variant.get().ragged() && c.mode == Mode::Fwd {
+        let n = c.shape.seq_q;
+        let spec: attnbench::problem::BatchSpec =
+            format!("q{n}+2xq{}+q1kv{n}", n / 3).parse().unwrap();
+        c.shape = spec.packed(&c.shape);
+        c.batch_spec = Some(spec);
+    }
     if c.mode == Mode::Decode {
         c.shape.seq_q = 3;
         c.q_chunk = c.q_chunk.map(|q| q.min(3));

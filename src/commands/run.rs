@@ -241,6 +241,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     };
     let settings = Settings {
         run_name: "run".into(),

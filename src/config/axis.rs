@@ -5,7 +5,7 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
-use crate::problem::{DType, Device, InputDist, Mode, PageOrder, UpstreamGrad};
+use crate::problem::{BatchSpec, DType, Device, InputDist, Mode, PageOrder, UpstreamGrad};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
@@ -34,6 +34,7 @@ pub enum Axis {
     PageOrder,
     PageSize,
     PrefillChunk,
+    BatchSpec,
     Window,
     SeqKv,
     SeqLen,
@@ -50,6 +51,7 @@ enum Kind {
     DOut,
     Allreduce,
     PageOrder,
+    BatchSpec,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -80,7 +82,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 24] = [
+    pub const ALL: [Axis; 25] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -102,6 +104,7 @@ impl Axis {
         Axis::PageOrder,
         Axis::PageSize,
         Axis::PrefillChunk,
+        Axis::BatchSpec,
         Axis::Window,
         Axis::SeqKv,
         Axis::SeqLen,
@@ -131,6 +134,7 @@ impl Axis {
             Axis::PageOrder => "page_order",
             Axis::PageSize => "page_size",
             Axis::PrefillChunk => "prefill_chunk",
+            Axis::BatchSpec => "batch_spec",
             Axis::Window => "window",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
@@ -156,6 +160,7 @@ impl Axis {
             Axis::DOut => Kind::DOut,
             Axis::Allreduce => Kind::Allreduce,
             Axis::PageOrder => Kind::PageOrder,
+            Axis::BatchSpec => Kind::BatchSpec,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Devices
@@ -186,6 +191,7 @@ impl Axis {
                 | Kind::DOut
                 | Kind::Allreduce
                 | Kind::PageOrder
+                | Kind::BatchSpec
         )
     }
 
@@ -212,6 +218,7 @@ impl Axis {
             Axis::Allreduce => Derived("variant default (tree-decode: tree)"),
             Axis::PageSize => Derived("variant default (paged-decode: 16 tokens)"),
             Axis::PageOrder => Derived("variant default (paged-decode: shuffled)"),
+            Axis::BatchSpec => Derived("none (sequences of equal lengths: batch, seq_len, seq_kv)"),
             Axis::PrefillChunk => {
                 Derived("variant default (chunked-prefill: 512 tokens, at most the prompt)")
             }
@@ -245,6 +252,10 @@ impl Axis {
             Kind::DOut => "an upstream gradient kind (random, ones)".into(),
             Kind::Allreduce => "an allreduce algorithm (ring, tree, two-level, two-level:N)".into(),
             Kind::PageOrder => "a page order (shuffled, contiguous)".into(),
+            Kind::BatchSpec => {
+                "a batch spec such as 2xq2k+32xq1kv1k ([COUNTx]qLEN[kvLEN], + between groups)"
+                    .into()
+            }
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -280,6 +291,8 @@ pub enum AxisValue {
     DOut(UpstreamGrad),
     Allreduce(Allreduce),
     PageOrder(PageOrder),
+    /// A ragged batch; lives as long as the process, like the config it came from.
+    BatchSpec(&'static BatchSpec),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -297,6 +310,7 @@ impl fmt::Display for AxisValue {
             AxisValue::DOut(v) => v.fmt(f),
             AxisValue::Allreduce(v) => v.fmt(f),
             AxisValue::PageOrder(v) => v.fmt(f),
+            AxisValue::BatchSpec(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -398,6 +412,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::DOut => AxisValue::DOut(name()?.parse()?),
         Kind::Allreduce => AxisValue::Allreduce(name()?.parse()?),
         Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
+        Kind::BatchSpec => AxisValue::BatchSpec(Box::leak(Box::new(name()?.parse()?))),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

@@ -110,7 +110,7 @@ fn build(
         (None, None, None, None, None);
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     let (mut external, mut page_size, mut page_order) = (None, None, None);
-    let mut prefill_chunk = None;
+    let (mut prefill_chunk, mut batch_spec) = (None, None);
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -138,14 +138,27 @@ fn build(
             (Axis::PageSize, AxisValue::Size(x)) => page_size = Some(x),
             (Axis::PageOrder, AxisValue::PageOrder(x)) => page_order = Some(x),
             (Axis::PrefillChunk, AxisValue::Size(x)) => prefill_chunk = Some(x),
+            (Axis::BatchSpec, AxisValue::BatchSpec(x)) => batch_spec = Some(x),
             (Axis::Allreduce, AxisValue::Allreduce(x)) => allreduce = Some(x),
             (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
             (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
             _ => {}
         }
     }
-    let (variant, seq_q) = (variant?, seq_q?);
-    let seq_kv = seq_kv.unwrap_or(seq_q);
+    let (variant, mut seq_q) = (variant?, seq_q?);
+    let mut seq_kv = seq_kv.unwrap_or(seq_q);
+    // A variant of ragged batches runs the batch_spec, else the batch of equal lengths
+    // written as one; packed, as one row of sequences with the totals as lengths.
+    let v = variant.get();
+    let batch_spec = match batch_spec {
+        Some(spec) => Some(spec.clone()),
+        None => v
+            .ragged()
+            .then(|| crate::problem::BatchSpec::uniform(batch, seq_q, seq_kv)),
+    };
+    if let Some(spec) = &batch_spec {
+        (batch, seq_q, seq_kv) = (1, spec.total_q(), spec.total_kv());
+    }
     let info = variant.info();
     let shape = Shape {
         batch,
@@ -156,7 +169,6 @@ fn build(
         head_dim,
     };
     // Axes a variant does not read are dropped, so such cases differ in nothing else.
-    let v = variant.get();
     // A variant that does not cut a loop has no chunk there, whatever the axis says; the
     // others use the axis or their default, as `min(chunk, n)` in the paper.
     let chunk = |default: Option<usize>, given: Option<usize>, n: usize| {
@@ -199,6 +211,7 @@ fn build(
         prefill_chunk: v
             .default_prefill_chunk()
             .map(|d| prefill_chunk.unwrap_or(d.min(seq_q))),
+        batch_spec,
     })
 }
 

@@ -131,6 +131,23 @@ pub(super) fn resolve_axes(
                 .find_map(|g| g.get(Axis::Mode).map(<[AxisValue]>::to_vec))
         })
         .unwrap_or_default();
+    if let Some(&section) = owner.get(&Axis::BatchSpec) {
+        let clash: Vec<&str> = [Axis::Batch, Axis::SeqLen, Axis::SeqKv]
+            .into_iter()
+            .filter(|a| owner.contains_key(a))
+            .map(|a| a.name())
+            .collect();
+        if !clash.is_empty() {
+            return Err(src.err(
+                section,
+                Axis::BatchSpec.name(),
+                format!(
+                    "batch_spec gives every sequence's lengths: drop {} (or drop batch_spec)",
+                    clash.join(", ")
+                ),
+            ));
+        }
+    }
     let all_decode = !modes.is_empty()
         && modes
             .iter()
@@ -139,7 +156,8 @@ pub(super) fn resolve_axes(
         if owner.contains_key(&axis) {
             continue;
         }
-        if axis == Axis::SeqLen && all_decode {
+        // A batch_spec gives every sequence's lengths: seq_len is not needed beside it.
+        if axis == Axis::SeqLen && (all_decode || owner.contains_key(&Axis::BatchSpec)) {
             resolved.values.insert(axis, vec![AxisValue::Size(1)]);
             continue;
         }

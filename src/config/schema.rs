@@ -135,6 +135,7 @@ pub(super) struct RawAxes {
     pub page_size: Option<Value>,
     pub page_order: Option<Value>,
     pub prefill_chunk: Option<Value>,
+    pub batch_spec: Option<Value>,
 }
 
 impl RawAxes {
@@ -165,6 +166,7 @@ impl RawAxes {
             (Axis::PageSize, self.page_size),
             (Axis::PageOrder, self.page_order),
             (Axis::PrefillChunk, self.prefill_chunk),
+            (Axis::BatchSpec, self.batch_spec),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

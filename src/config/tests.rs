@@ -696,6 +696,59 @@ fn prefill_chunk_applies_to_chunked_prefill_only() {
 }
 
 #[test]
+fn batch_spec_packs_a_ragged_batch_for_flash_varlen() {
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = [\"flash-varlen\", \"flash\"]\nheads = 4\nbatch_spec = [\"2xq1k+3xq1kv500\", \"q7\"]\n",
+    );
+    let cases = c.expand();
+    let varlen: Vec<_> = cases
+        .iter()
+        .filter(|k| k.variant == VariantId::FlashVarlen)
+        .collect();
+    assert_eq!(varlen.len(), 2);
+    let k = varlen[0];
+    assert_eq!(
+        (k.shape.batch, k.shape.seq_q, k.shape.seq_kv),
+        (1, 2051, 3548)
+    );
+    assert!(k.id().ends_with("|bs2xq1024+3xq1kv500"), "{}", k.id());
+    // The others run one length per batch: a skipped row that says why.
+    let flash = cases
+        .iter()
+        .find(|k| k.variant == VariantId::Flash)
+        .unwrap();
+    let why = crate::run::skip_reason(flash).unwrap();
+    assert!(
+        why.contains("batch_spec") && why.contains("flash-varlen"),
+        "{why}"
+    );
+    // Without a spec, flash-varlen takes the batch of equal lengths as one.
+    let c =
+        cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"flash-varlen\"\nbatch = 3\nseq_len = 100\n");
+    let k = &c.expand()[0];
+    assert_eq!(k.batch_spec.as_ref().unwrap().to_string(), "3xq100");
+    assert_eq!((k.shape.batch, k.shape.seq_q), (1, 300));
+    for (extra, key, says) in [
+        ("batch_spec = \"2xq0\"", "axes.batch_spec", "length 0"),
+        ("batch_spec = \"q4kv2+zz\"", "axes.batch_spec", "`q4kv2`"),
+        ("batch_spec = \"q4+zz\"", "axes.batch_spec", "`zz`"),
+        ("batch_spec = 3", "axes.batch_spec", "batch spec"),
+    ] {
+        let e = config_err(&with_axes(extra), &[]);
+        assert!(e.contains(key) && e.contains(says), "{extra}: {e}");
+    }
+    // Lengths come from the spec or from seq_len, not both.
+    let e = config_err(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"flash-varlen\"\nseq_len = 64\nbatch_spec = \"q8\"\n",
+        &[],
+    );
+    assert!(
+        e.contains("axes.batch_spec") && e.contains("seq_len"),
+        "{e}"
+    );
+}
+
+#[test]
 fn new_axes_and_model_keys_are_checked_and_named() {
     for (extra, key) in [
         ("allreduce = \"star\"", "axes.allreduce"),

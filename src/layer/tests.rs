@@ -51,6 +51,7 @@ fn case_in(
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     }
 }
 

@@ -11,7 +11,9 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
+pub mod batch_spec;
 pub mod paged;
+pub use batch_spec::BatchSpec;
 pub use paged::{PageOrder, PagedKv, Paging};
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
@@ -396,6 +398,7 @@ variant_ids! {
     RabeStaatsSeq = "rabe-staats-seq",
     Flash = "flash",
     ChunkedPrefill = "chunked-prefill",
+    FlashVarlen = "flash-varlen",
     DecodeNaive = "decode-naive",
     DecodeOnline = "decode-online",
     FlashDecoding = "flash-decoding",
@@ -680,6 +683,11 @@ pub struct Case {
     /// others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_chunk: Option<usize>,
+    /// A ragged batch (`flash-varlen`): its sequences' lengths. The shape is then the packed
+    /// one, batch 1 and `seq_q`, `seq_kv` the totals (`[1, heads, total, d]`, each sequence's
+    /// rows consecutive in every head); `None` for a batch of equal lengths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_spec: Option<BatchSpec>,
 }
 
 impl Case {
@@ -729,6 +737,10 @@ impl Case {
             + &self
                 .prefill_chunk
                 .map_or(String::new(), |c| format!("|pc{c}"))
+            + &self
+                .batch_spec
+                .as_ref()
+                .map_or(String::new(), |b| format!("|bs{b}"))
     }
 
     /// Effective (query, key/value) chunk sizes: the case's, else the given defaults, each
@@ -750,11 +762,31 @@ impl Case {
         let fwd = 4.0
             * s.batch as f64
             * s.heads as f64
-            * s.attended_pairs_per_head(self.causal, self.window) as f64
+            * self.attended_pairs_per_head() as f64
             * s.head_dim as f64;
         match self.mode {
             Mode::FwdBwd => 3.5 * fwd,
             _ => fwd,
+        }
+    }
+
+    /// (query, key) pairs attended per head: summed over the sequences of a ragged batch
+    /// (each against its own keys), else the shape's.
+    pub fn attended_pairs_per_head(&self) -> u64 {
+        let s = &self.shape;
+        match &self.batch_spec {
+            Some(spec) => spec
+                .sequences()
+                .map(|(q, kv)| {
+                    Shape {
+                        seq_q: q,
+                        seq_kv: kv,
+                        ..*s
+                    }
+                    .attended_pairs_per_head(self.causal, self.window)
+                })
+                .sum(),
+            None => s.attended_pairs_per_head(self.causal, self.window),
         }
     }
 

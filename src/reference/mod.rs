@@ -5,7 +5,7 @@
 
 pub mod grad;
 
-use crate::problem::{Inputs, Shape};
+use crate::problem::{BatchSpec, Inputs, Shape};
 
 /// Check every row when the oracle costs at most this many multiply-adds (about a second
 /// in f64 on one core); above it, sample `error_rows` rows.
@@ -53,11 +53,49 @@ pub fn reference_row_masked(
 ) -> Vec<f64> {
     let s = &inputs.shape;
     let (b, h, row) = id;
-    let d = s.head_dim;
-    let q_off = s.q_head_offset(b, h) + row * d;
-    let kv_off = s.kv_head_offset(b, h);
-    let scale = 1.0 / (d as f64).sqrt();
+    let q_off = s.q_head_offset(b, h) + row * s.head_dim;
     let keys = s.key_range(causal, window, row);
+    exact_row(inputs, q_off, s.kv_head_offset(b, h), keys)
+}
+
+/// Row `id` = (0, head, packed row) of a ragged batch packed as `[1, heads, total, d]`
+/// (`BatchSpec`): the row of its own sequence against that sequence's keys only.
+pub fn reference_row_ragged(
+    inputs: &Inputs,
+    spec: &BatchSpec,
+    causal: bool,
+    window: Option<usize>,
+    id: RowId,
+) -> Vec<f64> {
+    let s = &inputs.shape;
+    let (_, h, row) = id;
+    let (cu_q, cu_kv) = (spec.offsets(false), spec.offsets(true));
+    let i = cu_q.partition_point(|&x| x <= row) - 1;
+    let seq = Shape {
+        batch: 1,
+        seq_q: cu_q[i + 1] - cu_q[i],
+        seq_kv: cu_kv[i + 1] - cu_kv[i],
+        ..*s
+    };
+    let q_off = s.q_head_offset(0, h) + row * s.head_dim;
+    let kv_off = s.kv_head_offset(0, h) + cu_kv[i] * s.head_dim;
+    exact_row(
+        inputs,
+        q_off,
+        kv_off,
+        seq.key_range(causal, window, row - cu_q[i]),
+    )
+}
+
+/// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`.
+fn exact_row(
+    inputs: &Inputs,
+    q_off: usize,
+    kv_off: usize,
+    keys: std::ops::Range<usize>,
+) -> Vec<f64> {
+    let d = inputs.shape.head_dim;
+    let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0.0f64; d];
     if keys.is_empty() {
         return out;
@@ -113,13 +151,39 @@ pub fn check_masked(
     out: &[f32],
     rows: &[RowId],
 ) -> ErrorStats {
+    check_rows(inputs, out, rows, |id| {
+        reference_row_masked(inputs, causal, window, id)
+    })
+}
+
+/// `check_masked` for a ragged batch packed as `[1, heads, total, d]`: each row against
+/// its own sequence.
+pub fn check_ragged(
+    inputs: &Inputs,
+    spec: &BatchSpec,
+    causal: bool,
+    window: Option<usize>,
+    out: &[f32],
+    rows: &[RowId],
+) -> ErrorStats {
+    check_rows(inputs, out, rows, |id| {
+        reference_row_ragged(inputs, spec, causal, window, id)
+    })
+}
+
+fn check_rows(
+    inputs: &Inputs,
+    out: &[f32],
+    rows: &[RowId],
+    exact_of: impl Fn(RowId) -> Vec<f64> + Sync,
+) -> ErrorStats {
     use rayon::prelude::*;
     let s = &inputs.shape;
     let d = s.head_dim;
     let (max_abs, max_ref, non_finite) = rows
         .par_iter()
         .map(|&id| {
-            let exact = reference_row_masked(inputs, causal, window, id);
+            let exact = exact_of(id);
             let off = s.q_head_offset(id.0, id.1) + id.2 * d;
             let mut acc = (0.0f64, 0.0f64, 0usize);
             for (got, want) in out[off..off + d].iter().zip(&exact) {

@@ -186,6 +186,10 @@ pub struct Record {
     /// (what a decode batched with the prompt waits at most per step).
     #[serde(default)]
     pub step_max_median_s: Option<f64>,
+    /// Ragged batch (`flash-varlen`): the sequences, `[COUNTx]qLEN[kvLEN]` joined by `+`;
+    /// `seq_q` and `seq_kv` are then their packed totals. Empty otherwise.
+    #[serde(default)]
+    pub batch_spec: String,
 }
 
 impl Record {
@@ -272,6 +276,10 @@ impl Record {
                 .prefill_chunk
                 .map(|c| case.shape.seq_q.div_ceil(c.max(1))),
             step_max_median_s: None,
+            batch_spec: case
+                .batch_spec
+                .as_ref()
+                .map_or(String::new(), |b| b.to_string()),
         }
     }
 

@@ -33,7 +33,8 @@ pub struct Extrapolation {
 /// Query rows per (batch, head) the part computes, or `None` when the case cannot be
 /// extrapolated (causal, not a forward pass, or the part would be the whole case).
 pub fn part_rows(case: &Case, q_chunks: usize) -> Option<usize> {
-    if case.causal || !matches!(case.mode, Mode::Fwd | Mode::FwdBwd) {
+    // A ragged batch's rows are its sequences': its first rows are no part to scale.
+    if case.causal || case.batch_spec.is_some() || !matches!(case.mode, Mode::Fwd | Mode::FwdBwd) {
         return None;
     }
     let chunk = case.q_chunk.unwrap_or(ROWS_PER_CHUNK_UNCHUNKED).max(1);
@@ -187,6 +188,7 @@ mod tests {
             external: None,
             paging: None,
             prefill_chunk: None,
+            batch_spec: None,
         }
     }
 

@@ -207,6 +207,12 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             if layer { " (and a layer's hidden^2 x tokens)" } else { "" }
         ));
     }
+    if case.batch_spec.is_some() && !case.variant.get().ragged() {
+        return Some(format!(
+            "variant {} runs sequences of one length: a batch_spec (ragged batch) needs flash-varlen",
+            info.name
+        ));
+    }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",
@@ -506,7 +512,10 @@ pub(crate) fn record_output_error(
     sample: usize,
 ) {
     let rows = reference::rows_to_check(&case.shape, sample);
-    let err = reference::check_masked(inputs, case.causal, case.window, out, &rows);
+    let err = match &case.batch_spec {
+        Some(spec) => reference::check_ragged(inputs, spec, case.causal, case.window, out, &rows),
+        None => reference::check_masked(inputs, case.causal, case.window, out, &rows),
+    };
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);
@@ -544,7 +553,9 @@ fn paired_diff(
     out: &[f32],
     record: &mut Record,
 ) {
-    if base == case.variant || record.status != Status::Ok {
+    // A ragged batch is only a ragged variant's to compute.
+    let ragged = case.batch_spec.is_some() && !base.get().ragged();
+    if base == case.variant || record.status != Status::Ok || ragged {
         return;
     }
     let info = base.info();

@@ -159,6 +159,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

@@ -6,6 +6,7 @@ mod chunked_prefill;
 mod decode;
 mod external;
 mod flash;
+mod flash_varlen;
 mod layer;
 mod mpi;
 mod naive;
@@ -17,7 +18,7 @@ pub use crate::algorithm::{
     single_device_full_attention, wrong_saved, Engine, Saved, Variant, VariantInfo,
 };
 pub use crate::problem::VariantId;
-use crate::problem::{Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
+use crate::problem::{BatchSpec, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
 
 /// The registry's view of a `VariantId` (its implementation and what follows from it) and
 /// of a `Case` (a variant's default case). Traits rather than inherent methods, so every
@@ -82,6 +83,7 @@ impl Registry for VariantId {
             VariantId::RabeStaatsSeq => &rabe_staats::RABE_STAATS_SEQ,
             VariantId::Flash => &flash::FLASH,
             VariantId::ChunkedPrefill => &chunked_prefill::CHUNKED_PREFILL,
+            VariantId::FlashVarlen => &flash_varlen::FLASH_VARLEN,
             VariantId::DecodeNaive => &decode::DECODE_NAIVE,
             VariantId::DecodeOnline => &decode::DECODE_ONLINE,
             VariantId::FlashDecoding => &decode::FLASH_DECODING,
@@ -124,6 +126,11 @@ impl DefaultCase for Case {
     fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case {
         let info = variant.info();
         let v = variant.get();
+        // A variant of ragged batches takes the batch as one of equal lengths, packed.
+        let batch_spec = v
+            .ragged()
+            .then(|| BatchSpec::uniform(shape.batch, shape.seq_q, shape.seq_kv));
+        let shape = batch_spec.as_ref().map_or(shape, |b| b.packed(&shape));
         Case {
             variant,
             mode: Mode::Fwd,
@@ -145,6 +152,7 @@ impl DefaultCase for Case {
             external: None,
             paging: v.default_paging(),
             prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
+            batch_spec,
         }
     }
 }

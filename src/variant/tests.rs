@@ -428,6 +428,7 @@ fn decode_case(
             ..p
         }),
         prefill_chunk: None,
+        batch_spec: None,
     }
 }
 
@@ -639,6 +640,93 @@ fn chunked_prefill_is_causal_flash_in_steps() {
             ..base.clone()
         };
         assert!(why(&cross).contains("seq_kv"), "{}", why(&cross));
+    }
+}
+
+/// One sequence of a packed ragged batch as dense inputs of its own (`[1, heads, len, d]`).
+fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> Inputs {
+    let s = x.shape;
+    let (cu_q, cu_kv) = (spec.offsets(false), spec.offsets(true));
+    let (q, kv) = (cu_q[i + 1] - cu_q[i], cu_kv[i + 1] - cu_kv[i]);
+    let take = |t: &crate::problem::Tensor, heads: usize, total: usize, cu: &[usize], n: usize| {
+        let values = (0..heads).flat_map(|h| {
+            let at = (h * total + cu[i]) * s.head_dim;
+            (at..at + n * s.head_dim).map(move |e| t.get_f64(e) as f32)
+        });
+        crate::problem::Tensor::from_f32(values.collect(), t.dtype())
+    };
+    Inputs {
+        shape: Shape {
+            batch: 1,
+            seq_q: q,
+            seq_kv: kv,
+            ..s
+        },
+        q: take(&x.q, s.heads, s.seq_q, &cu_q, q),
+        k: take(&x.k, s.kv_heads, s.seq_kv, &cu_kv, kv),
+        v: take(&x.v, s.kv_heads, s.seq_kv, &cu_kv, kv),
+        paged: Vec::new(),
+    }
+}
+
+/// flash-varlen computes each sequence of a ragged batch as flash computes that sequence
+/// alone (the same query blocks from its first row; to rounding, 1e-6), and the ragged
+/// oracle agrees; prefills, decodes over long caches and a short odd sequence in one batch.
+#[test]
+fn flash_varlen_is_flash_on_each_sequence_alone() {
+    let spec: crate::problem::BatchSpec = "2xq70+3xq1kv130+q5kv9+q200kv260".parse().unwrap();
+    for (heads, kv_heads) in [(4, 4), (6, 2)] {
+        for dtype in [DType::F32, DType::Bf16] {
+            for causal in [false, true] {
+                let dense = Shape {
+                    batch: 1,
+                    heads,
+                    kv_heads,
+                    seq_q: 1,
+                    seq_kv: 1,
+                    head_dim: 32,
+                };
+                let c = Case {
+                    causal,
+                    batch_spec: Some(spec.clone()),
+                    shape: spec.packed(&dense),
+                    ..Case::cpu_fwd(VariantId::FlashVarlen, dense, dtype, 2)
+                };
+                let x = Inputs::for_case(&c);
+                let out = output(&c, &x).expect("flash-varlen runs");
+                let e = crate::reference::check_ragged(
+                    &x,
+                    &spec,
+                    causal,
+                    None,
+                    &out,
+                    &rows_to_check(&c.shape, usize::MAX),
+                );
+                assert!(e.non_finite == 0 && e.max_abs <= dtype.tolerance(), "{e:?}");
+                let cu = spec.offsets(false);
+                let mut worst = 0.0f64;
+                for i in 0..spec.len() {
+                    let xi = sequence_inputs(&x, &spec, i);
+                    let flash = Case {
+                        causal,
+                        ..Case::cpu_fwd(VariantId::Flash, xi.shape, dtype, 2)
+                    };
+                    let want = output(&flash, &xi).expect("flash runs");
+                    let d = dense.head_dim;
+                    for h in 0..heads {
+                        let got = &out
+                            [(h * c.shape.seq_q + cu[i]) * d..(h * c.shape.seq_q + cu[i + 1]) * d];
+                        let n = xi.shape.seq_q * d;
+                        let diff = crate::run::max_abs_diff(got, &want[h * n..(h + 1) * n]);
+                        worst = worst.max(diff);
+                        assert!(diff <= 1e-6, "{dtype} c{causal} seq {i} head {h}: {diff:e}");
+                    }
+                }
+                println!(
+                    "{heads}/{kv_heads} {dtype} causal {causal}: max |varlen - flash| {worst:e}"
+                );
+            }
+        }
     }
 }
 

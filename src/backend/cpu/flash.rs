@@ -105,7 +105,8 @@ pub fn forward(
         block(
             inputs,
             causal,
-            (head, qi * bq),
+            Seq::head(&s, head),
+            qi * bq,
             bk,
             isa,
             path,
@@ -153,7 +154,8 @@ pub fn forward_steps(
             block(
                 inputs,
                 true,
-                (head, qi * bq),
+                Seq::head(&s, head),
+                qi * bq,
                 bk,
                 isa,
                 path,
@@ -167,12 +169,89 @@ pub fn forward_steps(
     }
 }
 
-/// One query block: rows `row0..row0 + o.len()/d` of head `head`.
+/// FlashAttention-2's forward over a ragged batch packed as `[1, heads, total, d]`: the
+/// rows and keys of sequence i are `cu_q[i]..cu_q[i + 1]` and `cu_kv[i]..cu_kv[i + 1]` of
+/// every head (`BatchSpec::offsets`, a varlen kernel's cumulative lengths), and each
+/// sequence's query blocks attend to its own keys only (causal: bottom-right aligned per
+/// sequence). Items are heads, each running its sequences' blocks, so the workers share
+/// equal work whatever the lengths.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_varlen(
+    inputs: &Inputs,
+    causal: bool,
+    (bq, bk): (usize, usize),
+    (cu_q, cu_kv): (&[usize], &[usize]),
+    path: ReadPath,
+    isa: Isa,
+    ws: &Workspace,
+    out: &mut [f32],
+) {
+    let s = inputs.shape;
+    let d = s.head_dim;
+    let lens = worker_lens(&s, bq, bk, path);
+    let heads = Blocks::new(out, s.seq_q, d, s.seq_q.max(1));
+    for_each_item(ws, s.batch * s.heads, |buf, head| {
+        let o = heads.take(head, 0);
+        let (b, h) = (head / s.heads, head % s.heads);
+        for i in 0..cu_q.len().saturating_sub(1) {
+            let seq = Seq {
+                shape: Shape {
+                    batch: 1,
+                    seq_q: cu_q[i + 1] - cu_q[i],
+                    seq_kv: cu_kv[i + 1] - cu_kv[i],
+                    ..s
+                },
+                q_off: s.q_head_offset(b, h) + cu_q[i] * d,
+                kv_off: s.kv_head_offset(b, h) + cu_kv[i] * d,
+            };
+            let rows = &mut o[cu_q[i] * d..cu_q[i + 1] * d];
+            for (qi, ob) in rows.chunks_mut(bq * d).enumerate() {
+                block(
+                    inputs,
+                    causal,
+                    seq,
+                    qi * bq,
+                    bk,
+                    isa,
+                    path,
+                    buf,
+                    lens,
+                    ob,
+                    None,
+                );
+            }
+        }
+    });
+}
+
+/// Where one head's rows and keys of one sequence sit: the sequence's shape (its lengths
+/// decide what each row sees) and the element offsets of its first query row and first key.
+#[derive(Clone, Copy)]
+struct Seq {
+    shape: Shape,
+    q_off: usize,
+    kv_off: usize,
+}
+
+impl Seq {
+    /// Head `head` (= b * heads + h) of a batch of equal lengths.
+    fn head(s: &Shape, head: usize) -> Seq {
+        let (b, h) = (head / s.heads, head % s.heads);
+        Seq {
+            shape: *s,
+            q_off: s.q_head_offset(b, h),
+            kv_off: s.kv_head_offset(b, h),
+        }
+    }
+}
+
+/// One query block: rows `row0..row0 + o.len()/d` of the head and sequence `seq`.
 #[allow(clippy::too_many_arguments)]
 fn block(
     inputs: &Inputs,
     causal: bool,
-    (head, row0): (usize, usize),
+    seq: Seq,
+    row0: usize,
     bk: usize,
     isa: Isa,
     path: ReadPath,
@@ -181,10 +260,9 @@ fn block(
     o: &mut [f32],
     lse: Option<&mut [f32]>,
 ) {
-    let s = inputs.shape;
+    let s = seq.shape;
     let (d, nkv) = (s.head_dim, s.seq_kv);
-    let (b, h) = (head / s.heads, head % s.heads);
-    let (q_off, kv_off) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+    let (q_off, kv_off) = (seq.q_off, seq.kv_off);
     let rows = o.len() / d;
     let nb = pad_lanes(rows);
     let c = s.scale() * LOG2E;

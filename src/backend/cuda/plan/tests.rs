@@ -35,6 +35,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         external: None,
         paging: None,
         prefill_chunk: None,
+        batch_spec: None,
     }
 }
 
