@@ -5,7 +5,7 @@
 
 pub mod grad;
 
-use crate::problem::{BatchSpec, Inputs, Shape};
+use crate::problem::{BatchSpec, Case, Inputs, Shape};
 
 /// Check every row when the oracle costs at most this many multiply-adds (about a second
 /// in f64 on one core); above it, sample `error_rows` rows.
@@ -154,6 +154,15 @@ pub fn check_masked(
     check_rows(inputs, out, rows, |id| {
         reference_row_masked(inputs, causal, window, id)
     })
+}
+
+/// The case's output against the oracle on `rows`: its mask and window, and for a ragged
+/// batch (`Case::batch_spec`) each row against its own sequence.
+pub fn check_case(case: &Case, inputs: &Inputs, out: &[f32], rows: &[RowId]) -> ErrorStats {
+    match &case.batch_spec {
+        Some(spec) => check_ragged(inputs, spec, case.causal, case.window, out, rows),
+        None => check_masked(inputs, case.causal, case.window, out, rows),
+    }
 }
 
 /// `check_masked` for a ragged batch packed as `[1, heads, total, d]`: each row against

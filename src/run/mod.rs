@@ -512,10 +512,7 @@ pub(crate) fn record_output_error(
     sample: usize,
 ) {
     let rows = reference::rows_to_check(&case.shape, sample);
-    let err = match &case.batch_spec {
-        Some(spec) => reference::check_ragged(inputs, spec, case.causal, case.window, out, &rows),
-        None => reference::check_masked(inputs, case.causal, case.window, out, &rows),
-    };
+    let err = reference::check_case(case, inputs, out, &rows);
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);

@@ -75,12 +75,7 @@ fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
     let c = case(v, s);
     let inputs = Inputs::generate(c.shape, c.dtype, c.input_dist, c.input_scale, c.seed);
     let out = output_with(&c, isa, &inputs).expect("forward runs");
-    check(
-        &inputs,
-        c.causal,
-        &out,
-        &rows_to_check(&c.shape, usize::MAX),
-    )
+    crate::reference::check_case(&c, &inputs, &out, &rows_to_check(&c.shape, usize::MAX))
 }
 
 /// The variants a full-attention `fwd` setup applies to (prefill variants that shard
