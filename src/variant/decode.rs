@@ -307,16 +307,16 @@ impl Variant for Decode {
                 let splits = self.splits(case);
                 let name = self.info.name;
                 // The block table as element offsets of the pages (head 0), once per call.
-                let table = match self.kind {
-                    Kind::Paged => Some(page_offsets(case, inputs)?),
+                let pool = match self.kind {
+                    Kind::Paged => Some(pool_of(case, inputs)?),
                     _ => None,
                 };
+                let table = pool.map(|p| page_offsets(&case.shape, p)).transpose()?;
                 let mut part_o = try_zeroed(splits * rows * s.head_dim, name)?;
                 let mut part_lse = try_zeroed(splits * rows, name)?;
                 let ws = Workspace::new(workers, floats, name)?;
-                let cache = match (&table, case.paging.and_then(|p| inputs.pool(p))) {
-                    (Some(offsets), Some(pool)) => Cache::Paged { pool, offsets },
-                    (Some(_), None) => unreachable!("page_offsets checked the pool"),
+                let cache = match (pool, &table) {
+                    (Some(pool), Some(offsets)) => Cache::Paged { pool, offsets },
                     _ => Cache::Contiguous,
                 };
                 match cache {
@@ -413,15 +413,19 @@ fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
         });
 }
 
-/// The block table of the case's pool as the element offset of each page (KV head 0), in
-/// a buffer the memory counter sees: the paging's own overhead.
-fn page_offsets(case: &Case, inputs: &Inputs) -> Result<Vec<usize>> {
-    let pool = case.paging.and_then(|p| inputs.pool(p)).ok_or_else(|| {
+/// The pool of the case's paging among its inputs.
+fn pool_of<'a>(case: &Case, inputs: &'a Inputs) -> Result<&'a crate::problem::PagedKv> {
+    case.paging.and_then(|p| inputs.pool(p)).ok_or_else(|| {
         Error::Runtime(format!(
             "{}: the inputs hold no page pool for this paging",
             case.id()
         ))
-    })?;
+    })
+}
+
+/// The block table of `pool` as the element offset of each page (KV head 0), in a buffer
+/// the memory counter sees: the paging's own overhead.
+fn page_offsets(shape: &Shape, pool: &crate::problem::PagedKv) -> Result<Vec<usize>> {
     let mut offsets = Vec::new();
     offsets.try_reserve_exact(pool.table.len()).map_err(|_| {
         Error::OutOfMemory(format!(
@@ -429,11 +433,7 @@ fn page_offsets(case: &Case, inputs: &Inputs) -> Result<Vec<usize>> {
             8 * pool.table.len()
         ))
     })?;
-    offsets.extend(
-        pool.table
-            .iter()
-            .map(|&p| pool.page_offset(&case.shape, p, 0)),
-    );
+    offsets.extend(pool.table.iter().map(|&p| pool.page_offset(shape, p, 0)));
     Ok(offsets)
 }
 
@@ -473,7 +473,6 @@ fn split_pages(
     let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
     let parts = even_chunks(attended, splits);
     let (bk, page) = (merged_block(case), pool.paging.page_size);
-    let pps = pool.paging.pages_per_seq(s);
     part_o
         .par_chunks_mut(total * d)
         .zip(part_lse.par_chunks_mut(total))
@@ -493,17 +492,7 @@ fn split_pages(
                 ],
             );
             let q = vecops::widen(&inputs.q, s.q_head_offset(b, 0), total * d, qs);
-            let keys = Keys {
-                k: &pool.k,
-                v: &pool.v,
-                base: 0,
-                len: part.len(),
-                pages: Some(Pages {
-                    size: page,
-                    offsets: &offsets[b * pps..(b + 1) * pps],
-                    first: part.start,
-                }),
-            };
+            let keys = pool_keys(pool, offsets, s, b, 0, part);
             let range = |r| geo.range(s.seq_q, r, part.start, part.len());
             let mut state = RowState { acc: o, m, l };
             state.reset();
@@ -523,6 +512,30 @@ fn split_pages(
             );
             state.finish(Some(lse));
         });
+}
+
+/// Sequence `b`'s keys `part` in `pool` (`offsets`: the block table as element offsets),
+/// from element `base` of each page (a KV head's slice; 0 for every head).
+fn pool_keys<'a>(
+    pool: &'a crate::problem::PagedKv,
+    offsets: &'a [usize],
+    s: &Shape,
+    b: usize,
+    base: usize,
+    part: &std::ops::Range<usize>,
+) -> Keys<'a> {
+    let pps = pool.paging.pages_per_seq(s);
+    Keys {
+        k: &pool.k,
+        v: &pool.v,
+        base,
+        len: part.len(),
+        pages: Some(Pages {
+            size: pool.paging.page_size,
+            offsets: &offsets[b * pps..(b + 1) * pps],
+            first: part.start,
+        }),
+    }
 }
 
 /// Where split_kv reads the cache: the logical K and V, or a pool of pages.
@@ -584,19 +597,7 @@ fn split_kv(
                 },
                 Cache::Paged { pool, offsets } => {
                     let (b, g) = (gi / s.kv_heads, gi % s.kv_heads);
-                    let page = pool.paging.page_size;
-                    let pps = pool.paging.pages_per_seq(s);
-                    Keys {
-                        k: &pool.k,
-                        v: &pool.v,
-                        base: g * page * d,
-                        len: part.len(),
-                        pages: Some(Pages {
-                            size: page,
-                            offsets: &offsets[b * pps..(b + 1) * pps],
-                            first: part.start,
-                        }),
-                    }
+                    pool_keys(pool, offsets, s, b, g * pool.paging.page_size * d, part)
                 }
             };
             let range = |r| geo.range(s.seq_q, r, part.start, part.len());
