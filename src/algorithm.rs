@@ -89,6 +89,12 @@ pub trait Variant: Sync {
         false
     }
 
+    /// Whether the variant runs packed batches only: a batch of equal lengths is run as a
+    /// ragged one (`BatchSpec::uniform`) when the config gives no batch_spec.
+    fn packed_only(&self) -> bool {
+        false
+    }
+
     /// The prompt chunk a case gets when the config names none, for variants that prefill
     /// in chunks (`chunked-prefill`); `None` means the `prefill_chunk` axis does not apply.
     fn default_prefill_chunk(&self) -> Option<usize> {

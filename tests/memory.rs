@@ -131,6 +131,23 @@ fn measured_overhead_matches_the_prediction() {
                 continue;
             }
             check_prediction(&c, threads);
+            if v.get().ragged() && c.mode == Mode::Decode {
+                // A continuous-batching step: decodes over caches of their own lengths and
+                // a prefill chunk, packed.
+                let spec: attnbench::problem::BatchSpec =
+                    format!("q3kv{n}+2xq1kv{}+q{}kv{}", n / 3, n / 8, n / 2)
+                        .parse()
+                        .unwrap();
+                let dense = Shape::self_attention(heads, n, 64);
+                check_prediction(
+                    &Case {
+                        shape: spec.packed(&dense),
+                        batch_spec: Some(spec),
+                        ..c.clone()
+                    },
+                    threads,
+                );
+            }
             if v.info().modes.contains(&Mode::LayerTrain) {
                 // Training; and BPT with several query blocks, the last one short.
                 check_prediction(

@@ -147,13 +147,14 @@ fn build(
     }
     let (variant, mut seq_q) = (variant?, seq_q?);
     let mut seq_kv = seq_kv.unwrap_or(seq_q);
-    // A variant of ragged batches runs the batch_spec, else the batch of equal lengths
-    // written as one; packed, as one row of sequences with the totals as lengths.
+    // A variant of ragged batches runs the batch_spec; one of packed batches only runs a
+    // batch of equal lengths written as one. Packed: one row of sequences, the totals as
+    // lengths.
     let v = variant.get();
     let batch_spec = match batch_spec {
         Some(spec) => Some(spec.clone()),
         None => v
-            .ragged()
+            .packed_only()
             .then(|| crate::problem::BatchSpec::uniform(batch, seq_q, seq_kv)),
     };
     if let Some(spec) = &batch_spec {

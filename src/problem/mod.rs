@@ -12,8 +12,10 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub mod batch_spec;
+pub mod layout;
 pub mod paged;
 pub use batch_spec::BatchSpec;
+pub use layout::SeqLayout;
 pub use paged::{PageOrder, PagedKv, Paging};
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
@@ -743,6 +745,11 @@ impl Case {
                 .map_or(String::new(), |b| format!("|bs{b}"))
     }
 
+    /// Where each sequence sits in Q, K, V and O (packed for a ragged batch).
+    pub fn seq_layout(&self) -> SeqLayout {
+        SeqLayout::of(&self.shape, self.batch_spec.as_ref())
+    }
+
     /// Effective (query, key/value) chunk sizes: the case's, else the given defaults, each
     /// clamped to `1..=n` (the paper's `min(chunk, n)`).
     pub fn chunks_or(&self, q_default: usize, kv_default: usize) -> (usize, usize) {
@@ -799,7 +806,10 @@ impl Case {
         let s = &self.shape;
         // A paged cache is its pool of whole pages and the block table instead.
         let (kv, table) = match self.paging {
-            Some(p) => (p.pool_len(s), 4 * p.table_len(s)),
+            Some(p) => {
+                let seqs = self.seq_layout();
+                (p.pool_len(s, &seqs), 4 * p.table_len(&seqs))
+            }
             None => (s.kv_len(), 0),
         };
         let fwd = (s.q_len() + 2 * kv) * self.dtype.size_bytes() + s.out_len() * 4 + table;
@@ -989,7 +999,8 @@ impl Inputs {
     pub fn paged_for(mut self, case: &Case) -> Inputs {
         if let Some(p) = case.paging {
             if self.pool(p).is_none() {
-                let pool = PagedKv::build(&self.shape, &self.k, &self.v, p, case.seed);
+                let seqs = case.seq_layout();
+                let pool = PagedKv::build(&self.shape, &seqs, &self.k, &self.v, p, case.seed);
                 self.paged.push(pool);
             }
         }

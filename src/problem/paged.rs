@@ -3,8 +3,10 @@
 //! sequence's cache cut into pages of `page_size` tokens that sit anywhere in one pool of
 //! physical pages, found through a block table. The layout is the one a GPU kernel reads:
 //! the pool `[pages, kv_heads, page_size, head_dim]` (one head's tokens of a page
-//! contiguous, FlashInfer's "HND"), the block table `[batch, pages_per_seq]` of u32
-//! physical page indices, row-major. Building the pool from the logical cache costs one
+//! contiguous, FlashInfer's "HND"), the block table of u32 physical page indices, each
+//! sequence's pages in order (`[batch, pages_per_seq]` row-major for a batch of equal
+//! lengths) from `indptr`, the cumulative page counts (FlashInfer's `kv_indptr` and
+//! `kv_indices`), so a ragged batch's sequences have as many pages as they fill. Building the pool from the logical cache costs one
 //! copy of it; the pages a sequence does not fill hold NaN, so a kernel that reads past
 //! the sequence's end shows as an error, not as a quiet zero.
 
@@ -15,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-use super::{Shape, Tensor};
+use super::{SeqLayout, Shape, Tensor};
 
 /// Where the pages of a sequence sit in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -70,14 +72,14 @@ impl Paging {
     /// The page size serving engines default to (vLLM's block size).
     pub const DEFAULT_PAGE_SIZE: usize = 16;
 
-    /// Pages per sequence: the last one holds the remainder.
-    pub fn pages_per_seq(&self, shape: &Shape) -> usize {
-        shape.seq_kv.div_ceil(self.page_size.max(1))
+    /// Pages of sequence `b`: the last one holds the remainder.
+    pub fn pages_of(&self, seqs: &SeqLayout, b: usize) -> usize {
+        seqs.kv_len(b).div_ceil(self.page_size.max(1))
     }
 
     /// Entries of the block table: one per page of every sequence.
-    pub fn table_len(&self, shape: &Shape) -> usize {
-        shape.batch * self.pages_per_seq(shape)
+    pub fn table_len(&self, seqs: &SeqLayout) -> usize {
+        (0..seqs.len()).map(|b| self.pages_of(seqs, b)).sum()
     }
 
     /// Elements of one physical page (all KV heads).
@@ -86,19 +88,25 @@ impl Paging {
     }
 
     /// Elements of the K (or V) pool.
-    pub fn pool_len(&self, shape: &Shape) -> usize {
-        self.table_len(shape) * self.page_elems(shape)
+    pub fn pool_len(&self, shape: &Shape, seqs: &SeqLayout) -> usize {
+        self.table_len(seqs) * self.page_elems(shape)
     }
 
-    /// Why this paging does not fit the shape, if so.
-    pub fn unsupported(&self, shape: &Shape) -> Option<String> {
+    /// Why this paging does not fit the sequences, if so.
+    pub fn unsupported(&self, seqs: &SeqLayout) -> Option<String> {
         if self.page_size == 0 {
             return Some("page_size must be at least 1 token".into());
         }
-        (self.page_size > shape.seq_kv).then(|| {
+        let longest = seqs.max_kv_len();
+        (self.page_size > longest).then(|| {
             format!(
-                "page_size {} is larger than the cache of {} tokens (seq_kv)",
-                self.page_size, shape.seq_kv
+                "page_size {} is larger than the cache of {longest} tokens (seq_kv{})",
+                self.page_size,
+                if seqs.packed() {
+                    ", the longest sequence's"
+                } else {
+                    ""
+                }
             )
         })
     }
@@ -108,29 +116,50 @@ impl Paging {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PagedKv {
     pub paging: Paging,
-    /// `[batch, pages_per_seq]`: the physical page of page j of sequence b.
+    /// The physical page of page j of sequence b: `table[indptr[b] + j]`.
     pub table: Vec<u32>,
+    /// `[0, pages of sequence 0, ...]`: where each sequence's pages start in `table`.
+    pub indptr: Vec<usize>,
     /// `[pages, kv_heads, page_size, head_dim]`, in the cache's storage dtype.
     pub k: Tensor,
     pub v: Tensor,
 }
 
 impl PagedKv {
-    /// The pool holding the logical cache `k`, `v` (`[batch, kv_heads, seq_kv, d]`) page by
-    /// page, in the order `paging.order` gives (a permutation seeded by `seed`).
-    pub fn build(shape: &Shape, k: &Tensor, v: &Tensor, paging: Paging, seed: u64) -> PagedKv {
-        let n = paging.table_len(shape);
+    /// The pool holding the logical cache `k`, `v` (laid out as `seqs` says) page by page,
+    /// in the order `paging.order` gives (a permutation seeded by `seed`).
+    pub fn build(
+        shape: &Shape,
+        seqs: &SeqLayout,
+        k: &Tensor,
+        v: &Tensor,
+        paging: Paging,
+        seed: u64,
+    ) -> PagedKv {
+        let n = paging.table_len(seqs);
+        let mut indptr = vec![0];
+        for b in 0..seqs.len() {
+            indptr.push(indptr[b] + paging.pages_of(seqs, b));
+        }
         let mut table: Vec<u32> = (0..n as u32).collect();
         if paging.order == PageOrder::Shuffled {
             // Apart from the inputs' stream, so the cache's values do not change with it.
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7061_6765_645f_6b76);
             table.shuffle(&mut rng);
         }
+        let place = Placement {
+            shape,
+            seqs,
+            paging: &paging,
+            table: &table,
+            indptr: &indptr,
+        };
         PagedKv {
             paging,
-            k: scatter(shape, &paging, &table, k),
-            v: scatter(shape, &paging, &table, v),
+            k: place.scatter(k),
+            v: place.scatter(v),
             table,
+            indptr,
         }
     }
 
@@ -140,30 +169,43 @@ impl PagedKv {
     }
 }
 
-/// The logical cache copied into the pool's pages; unfilled slots NaN.
-fn scatter(shape: &Shape, paging: &Paging, table: &[u32], src: &Tensor) -> Tensor {
-    fn fill<T: Copy>(shape: &Shape, paging: &Paging, table: &[u32], src: &[T], nan: T) -> Vec<T> {
-        let (p, d) = (paging.page_size, shape.head_dim);
-        let pps = paging.pages_per_seq(shape);
-        let mut pool = vec![nan; paging.pool_len(shape)];
-        for b in 0..shape.batch {
-            for g in 0..shape.kv_heads {
-                let head = (b * shape.kv_heads + g) * shape.seq_kv * d;
-                for j in 0..pps {
-                    let tokens = p.min(shape.seq_kv - j * p);
-                    let phys = table[b * pps + j] as usize;
-                    let dst = (phys * shape.kv_heads + g) * p * d;
+/// Where the pages of a cache go.
+struct Placement<'a> {
+    shape: &'a Shape,
+    seqs: &'a SeqLayout,
+    paging: &'a Paging,
+    table: &'a [u32],
+    indptr: &'a [usize],
+}
+
+impl Placement<'_> {
+    /// The logical cache copied into the pool's pages; unfilled slots NaN.
+    fn scatter(&self, src: &Tensor) -> Tensor {
+        match src {
+            Tensor::F32(x) => Tensor::F32(self.fill(x, f32::NAN)),
+            Tensor::Bf16(x) => Tensor::Bf16(self.fill(x, half::bf16::NAN)),
+            Tensor::F16(x) => Tensor::F16(self.fill(x, half::f16::NAN)),
+        }
+    }
+
+    fn fill<T: Copy>(&self, src: &[T], nan: T) -> Vec<T> {
+        let (s, seqs) = (self.shape, self.seqs);
+        let (p, d) = (self.paging.page_size, s.head_dim);
+        let mut pool = vec![nan; self.paging.pool_len(s, seqs)];
+        for b in 0..seqs.len() {
+            let len = seqs.kv_len(b);
+            for g in 0..s.kv_heads {
+                let head = seqs.kv_base(b, g);
+                for j in 0..self.paging.pages_of(seqs, b) {
+                    let tokens = p.min(len - j * p);
+                    let phys = self.table[self.indptr[b] + j] as usize;
+                    let dst = (phys * s.kv_heads + g) * p * d;
                     let from = head + j * p * d;
                     pool[dst..dst + tokens * d].copy_from_slice(&src[from..from + tokens * d]);
                 }
             }
         }
         pool
-    }
-    match src {
-        Tensor::F32(x) => Tensor::F32(fill(shape, paging, table, x, f32::NAN)),
-        Tensor::Bf16(x) => Tensor::Bf16(fill(shape, paging, table, x, half::bf16::NAN)),
-        Tensor::F16(x) => Tensor::F16(fill(shape, paging, table, x, half::f16::NAN)),
     }
 }
 
@@ -183,37 +225,54 @@ mod tests {
         }
     }
 
+    /// The batch of `shape()`, and a ragged batch of the same heads packed.
+    fn layouts() -> Vec<(Shape, SeqLayout)> {
+        let s = shape();
+        let spec: crate::problem::BatchSpec = "q1kv37+2xq1kv5+q3kv20".parse().unwrap();
+        let packed = spec.packed(&s);
+        vec![
+            (s, SeqLayout::of(&s, None)),
+            (packed, SeqLayout::of(&packed, Some(&spec))),
+        ]
+    }
+
     #[test]
     fn every_logical_key_is_found_through_the_block_table() {
-        let s = shape();
-        let x = Inputs::generate(s, DType::Bf16, InputDist::Normal, 1.0, 3);
-        for order in PageOrder::ALL {
-            for page_size in [1, 4, 16, 37] {
-                let paging = Paging { page_size, order };
-                let kv = PagedKv::build(&s, &x.k, &x.v, paging, 9);
-                let pps = paging.pages_per_seq(&s);
-                let mut sorted = kv.table.clone();
-                sorted.sort();
-                assert_eq!(sorted, (0..(2 * pps) as u32).collect::<Vec<_>>());
-                for b in 0..s.batch {
-                    for g in 0..s.kv_heads {
-                        for t in 0..s.seq_kv {
-                            let page = kv.table[b * pps + t / page_size];
-                            let at = kv.page_offset(&s, page, g) + (t % page_size) * s.head_dim;
-                            let logical = ((b * s.kv_heads + g) * s.seq_kv + t) * s.head_dim;
-                            for e in 0..s.head_dim {
-                                assert_eq!(kv.k.get_f64(at + e), x.k.get_f64(logical + e));
-                                assert_eq!(kv.v.get_f64(at + e), x.v.get_f64(logical + e));
+        for (s, seqs) in layouts() {
+            let x = Inputs::generate(s, DType::Bf16, InputDist::Normal, 1.0, 3);
+            for order in PageOrder::ALL {
+                for page_size in [1, 4, 16, 37] {
+                    let paging = Paging { page_size, order };
+                    let kv = PagedKv::build(&s, &seqs, &x.k, &x.v, paging, 9);
+                    let n = paging.table_len(&seqs);
+                    let mut sorted = kv.table.clone();
+                    sorted.sort();
+                    assert_eq!(sorted, (0..n as u32).collect::<Vec<_>>());
+                    assert_eq!(kv.indptr.len(), seqs.len() + 1);
+                    let mut pad = 0;
+                    for b in 0..seqs.len() {
+                        let len = seqs.kv_len(b);
+                        let pages = kv.indptr[b + 1] - kv.indptr[b];
+                        assert_eq!(pages, len.div_ceil(page_size));
+                        pad += pages * page_size - len;
+                        for g in 0..s.kv_heads {
+                            for t in 0..len {
+                                let page = kv.table[kv.indptr[b] + t / page_size];
+                                let at = kv.page_offset(&s, page, g) + (t % page_size) * s.head_dim;
+                                let logical = seqs.kv_base(b, g) + t * s.head_dim;
+                                for e in 0..s.head_dim {
+                                    assert_eq!(kv.k.get_f64(at + e), x.k.get_f64(logical + e));
+                                    assert_eq!(kv.v.get_f64(at + e), x.v.get_f64(logical + e));
+                                }
                             }
                         }
                     }
+                    // The slots past each sequence's last token are NaN, and only they.
+                    let nan = (0..kv.k.len())
+                        .filter(|&i| kv.k.get_f64(i).is_nan())
+                        .count();
+                    assert_eq!(nan, s.kv_heads * pad * s.head_dim, "{page_size}");
                 }
-                // The slots past the last token are NaN, and only they.
-                let nan = (0..kv.k.len())
-                    .filter(|&i| kv.k.get_f64(i).is_nan())
-                    .count();
-                let pad = pps * page_size - s.seq_kv;
-                assert_eq!(nan, s.batch * s.kv_heads * pad * s.head_dim, "{page_size}");
             }
         }
     }
@@ -221,26 +280,31 @@ mod tests {
     #[test]
     fn shuffled_order_is_seeded_and_moves_pages() {
         let s = shape();
+        let seqs = SeqLayout::of(&s, None);
         let x = Inputs::generate(s, DType::F32, InputDist::Normal, 1.0, 3);
         let p = Paging {
             page_size: 1,
             order: PageOrder::Shuffled,
         };
-        let a = PagedKv::build(&s, &x.k, &x.v, p, 9);
-        assert_eq!(a, PagedKv::build(&s, &x.k, &x.v, p, 9));
-        assert_ne!(a.table, PagedKv::build(&s, &x.k, &x.v, p, 10).table);
+        let build = |seed| PagedKv::build(&s, &seqs, &x.k, &x.v, p, seed);
+        let a = build(9);
+        assert_eq!(a, build(9));
+        assert_ne!(a.table, build(10).table);
         assert!(a.table.windows(2).filter(|w| w[1] == w[0] + 1).count() < a.table.len() / 2);
     }
 
     #[test]
     fn bad_page_sizes_are_named() {
-        let s = shape();
         let p = |page_size| Paging {
             page_size,
             order: PageOrder::Shuffled,
         };
-        assert!(p(0).unsupported(&s).unwrap().contains("at least 1"));
-        assert!(p(38).unsupported(&s).unwrap().contains("seq_kv"));
-        assert_eq!(p(37).unsupported(&s), None);
+        // A ragged batch's short sequences may sit in one part-filled page; only a page
+        // longer than every sequence is refused.
+        for (_, seqs) in layouts() {
+            assert!(p(0).unsupported(&seqs).unwrap().contains("at least 1"));
+            assert!(p(38).unsupported(&seqs).unwrap().contains("seq_kv"));
+            assert_eq!(p(37).unsupported(&seqs), None);
+        }
     }
 }

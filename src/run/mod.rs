@@ -208,9 +208,14 @@ pub fn skip_reason(case: &Case) -> Option<String> {
         ));
     }
     if case.batch_spec.is_some() && !case.variant.get().ragged() {
+        let ragged: Vec<&str> = VariantId::in_process()
+            .filter(|v| v.get().ragged())
+            .map(|v| v.name())
+            .collect();
         return Some(format!(
-            "variant {} runs sequences of one length: a batch_spec (ragged batch) needs flash-varlen",
-            info.name
+            "variant {} runs sequences of one length: a batch_spec (ragged batch) needs one of {}",
+            info.name,
+            ragged.join(", ")
         ));
     }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {

@@ -17,19 +17,17 @@
 use crate::backend::cpu::isa::Isa;
 use rayon::prelude::*;
 
+use super::split_kv::{self, page_offsets, pool_of, whole_sequence, Cache, Schedule};
 use super::{Variant, VariantInfo};
-use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{
-    attend, attend_materialized, attend_paged_heads, attend_sequential, materialized_scratch_len,
-    scratch_len, sequential_scratch_len, span, Keys, Mask, Pages, Positions, RowState,
-    GEMM_MIN_ROWS, KV_BLOCK,
+    attend_materialized, attend_sequential, materialized_scratch_len, sequential_scratch_len, span,
+    Keys, Mask, Positions, RowState, KV_BLOCK,
 };
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
-use crate::error::{Error, Result};
-use crate::problem::{Case, DType, Inputs, Mode, PageOrder, Paging, Shape};
-use crate::sim::plan::even_chunks;
+use crate::error::Result;
+use crate::problem::{Case, DType, Device, Inputs, Mode, PageOrder, Paging, Shape};
 
 /// Which loop order.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -122,18 +120,22 @@ pub(super) struct Geometry {
 
 impl Geometry {
     pub fn of(case: &Case) -> Geometry {
-        let s = &case.shape;
+        Geometry::of_sequence(case, case.shape.seq_q, case.shape.seq_kv)
+    }
+
+    /// One sequence of `seq_q` queries over `seq_kv` keys (of a ragged batch).
+    pub fn of_sequence(case: &Case, seq_q: usize, seq_kv: usize) -> Geometry {
         Geometry {
             mask: Mask {
                 causal: case.causal,
                 window: case.window,
-                kv_len: s.seq_kv,
+                kv_len: seq_kv,
             },
             qpos: Positions {
-                start: s.seq_kv as i64 - s.seq_q as i64,
+                start: seq_kv as i64 - seq_q as i64,
                 stride: 1,
             },
-            rows: s.group() * s.seq_q,
+            rows: case.shape.group() * seq_q,
         }
     }
 
@@ -145,21 +147,32 @@ impl Geometry {
         start: usize,
         len: usize,
     ) -> std::ops::Range<usize> {
+        self.token_range(r % seq_q.max(1), start, len)
+    }
+
+    /// Visible keys of the sequence's query token `t` among the `len` keys from `start`.
+    pub fn token_range(&self, t: usize, start: usize, len: usize) -> std::ops::Range<usize> {
         let keys = Positions {
             start: start as i64,
             stride: 1,
         };
-        self.mask.visible(self.qpos.at(r % seq_q.max(1)), keys, len)
+        self.mask.visible(self.qpos.at(t), keys, len)
     }
 }
 
 /// Bytes of the cached keys and values the queries attend (each once, every KV head): the
-/// traffic a decode step cannot avoid.
+/// traffic a decode step cannot avoid; summed over the sequences of a ragged batch.
 pub(super) fn kv_read_bytes(case: &Case) -> u64 {
     let s = &case.shape;
-    let geo = Geometry::of(case);
-    let (keys, _) = span(geo.rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
-    (2 * s.batch * s.kv_heads * keys.len() * s.head_dim * case.dtype.size_bytes()) as u64
+    let seqs = case.seq_layout();
+    let keys: usize = (0..seqs.len())
+        .map(|b| {
+            let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
+            let geo = Geometry::of_sequence(case, q, kv);
+            span(geo.rows, &|r| geo.range(q, r, 0, kv)).0.len()
+        })
+        .sum();
+    (2 * s.kv_heads * keys * s.head_dim * case.dtype.size_bytes()) as u64
 }
 
 impl Decode {
@@ -169,42 +182,36 @@ impl Decode {
             .max(1)
     }
 
-    fn items(&self, case: &Case) -> usize {
-        let groups = case.shape.batch * case.shape.kv_heads;
-        match self.kind {
-            Kind::Paged if whole_sequences(&case.shape) => case.shape.batch * self.splits(case),
-            Kind::Split | Kind::Paged => groups * self.splits(case),
-            _ => groups,
-        }
+    /// flash-decoding's and paged-decode's items.
+    fn schedule(&self, case: &Case) -> Option<Schedule> {
+        matches!(self.kind, Kind::Split | Kind::Paged)
+            .then(|| Schedule::of(case, self.splits(case), self.kind == Kind::Paged))
     }
 
     /// (workers, floats per worker).
     fn layout(&self, case: &Case) -> (usize, usize) {
         let s = &case.shape;
-        let rows = match self.kind {
-            // paged-decode's items of whole sequences hold every head's rows.
-            Kind::Paged if whole_sequences(s) => s.heads * s.seq_q,
-            _ => s.group() * s.seq_q,
-        };
+        let rows = s.group() * s.seq_q;
         let d = s.head_dim;
         let widen = case.dtype != DType::F32;
         let q = if widen { rows * d } else { 0 };
-        let floats = match self.kind {
-            Kind::Naive => q + materialized_scratch_len(KV_BLOCK, d, widen),
-            Kind::Online => q + 2 * rows + sequential_scratch_len(rows, d, widen),
-            Kind::Split => q + 2 * rows + scratch_len(rows, bk(case), d, widen, false),
-            Kind::Paged if whole_sequences(s) => {
-                q + 2 * rows + scratch_len(rows, merged_block(case), d, widen, false)
-            }
-            Kind::Paged => q + 2 * rows + scratch_len(rows, bk(case), d, widen, true),
+        let (items, floats) = match (self.kind, self.schedule(case)) {
+            (_, Some(sched)) => (sched.len(), sched.worker_floats(case)),
+            (Kind::Naive, _) => (0, q + materialized_scratch_len(KV_BLOCK, d, widen)),
+            _ => (0, q + 2 * rows + sequential_scratch_len(rows, d, widen)),
         };
-        (case.threads.min(self.items(case)).max(1), floats)
+        let items = if items == 0 {
+            s.batch * s.kv_heads
+        } else {
+            items
+        };
+        (case.threads.min(items).max(1), floats)
     }
 
     /// Entries of the block table paged-decode translates per call; 0 for the others.
     fn table_entries(&self, case: &Case) -> usize {
         match (self.kind, case.paging) {
-            (Kind::Paged, Some(p)) => p.table_len(&case.shape),
+            (Kind::Paged, Some(p)) => p.table_len(&case.seq_layout()),
             _ => 0,
         }
     }
@@ -212,18 +219,12 @@ impl Decode {
     /// Partial outputs and logsumexps of flash-decoding, or the naive score matrix.
     fn buffers(&self, case: &Case) -> usize {
         let s = &case.shape;
-        match self.kind {
-            Kind::Naive => s.batch * s.heads * s.seq_q * s.seq_kv,
-            Kind::Online => 0,
-            Kind::Split | Kind::Paged => {
-                self.splits(case) * s.batch * s.heads * s.seq_q * (s.head_dim + 1)
-            }
+        match (self.kind, self.schedule(case)) {
+            (_, Some(sched)) => sched.partial_rows() * (s.head_dim + 1),
+            (Kind::Naive, _) => s.batch * s.heads * s.seq_q * s.seq_kv,
+            _ => 0,
         }
     }
-}
-
-fn bk(case: &Case) -> usize {
-    case.kv_chunk.unwrap_or(KV_BLOCK).max(1)
 }
 
 impl Variant for Decode {
@@ -256,9 +257,15 @@ impl Variant for Decode {
                 self.info.name, case.devices
             ));
         }
+        if case.batch_spec.is_some() && case.device == Device::Cuda {
+            return Some(format!(
+                "variant {} has no CUDA kernel for a ragged batch (batch_spec) yet",
+                self.info.name
+            ));
+        }
         match (self.kind, case.paging) {
             (Kind::Paged, None) => Some("paged-decode needs a page_size".into()),
-            (Kind::Paged, Some(p)) => p.unsupported(&case.shape),
+            (Kind::Paged, Some(p)) => p.unsupported(&case.seq_layout()),
             _ => None,
         }
     }
@@ -266,7 +273,7 @@ impl Variant for Decode {
     fn default_splits(&self, shape: &Shape, threads: usize) -> Option<usize> {
         match self.kind {
             // Items are whole sequences: the splits alone must fill the threads per sequence.
-            Kind::Paged if whole_sequences(shape) => Some(default_splits(
+            Kind::Paged if whole_sequence(shape, shape.seq_q) => Some(default_splits(
                 &Shape {
                     kv_heads: 1,
                     ..*shape
@@ -283,6 +290,12 @@ impl Variant for Decode {
             page_size: Paging::DEFAULT_PAGE_SIZE,
             order: PageOrder::Shuffled,
         })
+    }
+
+    /// flash-decoding and paged-decode run a ragged batch (decodes and prefill chunks of
+    /// their own lengths, packed), the split-KV schedule balancing its parts.
+    fn ragged(&self) -> bool {
+        matches!(self.kind, Kind::Split | Kind::Paged)
     }
 
     fn kv_read_bytes(&self, case: &Case) -> Option<u64> {
@@ -302,37 +315,25 @@ impl Variant for Decode {
                 online(case, inputs, &ws, out);
             }
             Kind::Split | Kind::Paged => {
-                let s = &case.shape;
-                let rows = s.batch * s.heads * s.seq_q;
-                let splits = self.splits(case);
                 let name = self.info.name;
+                let sched = Schedule::of(case, self.splits(case), self.kind == Kind::Paged);
                 // The block table as element offsets of the pages (head 0), once per call.
                 let pool = match self.kind {
                     Kind::Paged => Some(pool_of(case, inputs)?),
                     _ => None,
                 };
                 let table = pool.map(|p| page_offsets(&case.shape, p)).transpose()?;
-                let mut part_o = try_zeroed(splits * rows * s.head_dim, name)?;
-                let mut part_lse = try_zeroed(splits * rows, name)?;
+                let rows = sched.partial_rows();
+                let mut part_o = try_zeroed(rows * case.shape.head_dim, name)?;
+                let mut part_lse = try_zeroed(rows, name)?;
                 let ws = Workspace::new(workers, floats, name)?;
                 let cache = match (pool, &table) {
                     (Some(pool), Some(offsets)) => Cache::Paged { pool, offsets },
                     _ => Cache::Contiguous,
                 };
-                match cache {
-                    Cache::Paged { pool, offsets } if whole_sequences(s) => split_pages(
-                        case,
-                        inputs,
-                        pool,
-                        offsets,
-                        splits,
-                        &mut part_o,
-                        &mut part_lse,
-                        &ws,
-                    ),
-                    _ => split_kv(case, inputs, cache, splits, &mut part_o, &mut part_lse, &ws),
-                }
-                combine_splits(case, splits, &part_o, &part_lse, out);
+                split_kv::run(case, inputs, &sched, cache, &mut part_o, &mut part_lse, &ws);
+                let d = case.shape.head_dim;
+                split_kv::combine_parts(&sched, d, &part_o, &part_lse, out);
             }
         }
         Ok(())
@@ -411,212 +412,4 @@ fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
             attend_sequential(q, rows, &range, keys, d, s.scale(), &mut state, scratch);
             state.finish(None);
         });
-}
-
-/// The pool of the case's paging among its inputs.
-fn pool_of<'a>(case: &Case, inputs: &'a Inputs) -> Result<&'a crate::problem::PagedKv> {
-    case.paging.and_then(|p| inputs.pool(p)).ok_or_else(|| {
-        Error::Runtime(format!(
-            "{}: the inputs hold no page pool for this paging",
-            case.id()
-        ))
-    })
-}
-
-/// The block table of `pool` as the element offset of each page (KV head 0), in a buffer
-/// the memory counter sees: the paging's own overhead.
-fn page_offsets(shape: &Shape, pool: &crate::problem::PagedKv) -> Result<Vec<usize>> {
-    let mut offsets = Vec::new();
-    offsets.try_reserve_exact(pool.table.len()).map_err(|_| {
-        Error::OutOfMemory(format!(
-            "paged-decode block table: {} bytes could not be allocated",
-            8 * pool.table.len()
-        ))
-    })?;
-    offsets.extend(pool.table.iter().map(|&p| pool.page_offset(shape, p, 0)));
-    Ok(offsets)
-}
-
-/// Whether paged-decode's work items are whole sequences (every KV head of one sequence,
-/// `attend_paged_heads`: each page read as one stretch), which it does for decode rows;
-/// with `GEMM_MIN_ROWS` rows or more per KV head (long query chunks), items are (sequence,
-/// head) and a key block's pages are gathered for the SGEMM.
-fn whole_sequences(s: &Shape) -> bool {
-    s.group() * s.seq_q < GEMM_MIN_ROWS
-}
-
-/// Keys per block of `attend_paged_heads`: the case's block shared by the KV heads, so the
-/// values a block prefetches (every head's) stay the size one head's block would be and
-/// still sit in L2 when they are accumulated; at least one page.
-fn merged_block(case: &Case) -> usize {
-    let page = case.paging.map_or(1, |p| p.page_size);
-    (bk(case) / case.shape.kv_heads.max(1)).max(page).max(1)
-}
-
-/// paged-decode's (split, sequence) items: every head of the sequence over the split's
-/// part of its pages, into `part_o` (`[splits, b, h, seq_q, d]`) and `part_lse`.
-#[allow(clippy::too_many_arguments)]
-fn split_pages(
-    case: &Case,
-    inputs: &Inputs,
-    pool: &crate::problem::PagedKv,
-    offsets: &[usize],
-    splits: usize,
-    part_o: &mut [f32],
-    part_lse: &mut [f32],
-    ws: &Workspace,
-) {
-    let s = &case.shape;
-    let geo = Geometry::of(case);
-    let (d, rows) = (s.head_dim, geo.rows);
-    let total = s.heads * s.seq_q;
-    let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
-    let parts = even_chunks(attended, splits);
-    let (bk, page) = (merged_block(case), pool.paging.page_size);
-    part_o
-        .par_chunks_mut(total * d)
-        .zip(part_lse.par_chunks_mut(total))
-        .enumerate()
-        .for_each(|(item, (o, lse))| {
-            let (split, b) = (item / s.batch, item % s.batch);
-            let part = &parts[split];
-            let mut guard = ws.acquire();
-            let widen = inputs.q.dtype() != DType::F32;
-            let [qs, m, l, scratch] = carve(
-                &mut guard,
-                [
-                    if widen { total * d } else { 0 },
-                    total,
-                    total,
-                    scratch_len(total, bk, d, widen, false),
-                ],
-            );
-            let q = vecops::widen(&inputs.q, s.q_head_offset(b, 0), total * d, qs);
-            let keys = pool_keys(pool, offsets, s, b, 0, part);
-            let range = |r| geo.range(s.seq_q, r, part.start, part.len());
-            let mut state = RowState { acc: o, m, l };
-            state.reset();
-            let h = s.kv_heads;
-            attend_paged_heads(
-                q,
-                h,
-                rows,
-                &range,
-                keys,
-                page * d,
-                d,
-                s.scale(),
-                bk,
-                &mut state,
-                scratch,
-            );
-            state.finish(Some(lse));
-        });
-}
-
-/// Sequence `b`'s keys `part` in `pool` (`offsets`: the block table as element offsets),
-/// from element `base` of each page (a KV head's slice; 0 for every head).
-fn pool_keys<'a>(
-    pool: &'a crate::problem::PagedKv,
-    offsets: &'a [usize],
-    s: &Shape,
-    b: usize,
-    base: usize,
-    part: &std::ops::Range<usize>,
-) -> Keys<'a> {
-    let pps = pool.paging.pages_per_seq(s);
-    Keys {
-        k: &pool.k,
-        v: &pool.v,
-        base,
-        len: part.len(),
-        pages: Some(Pages {
-            size: pool.paging.page_size,
-            offsets: &offsets[b * pps..(b + 1) * pps],
-            first: part.start,
-        }),
-    }
-}
-
-/// Where split_kv reads the cache: the logical K and V, or a pool of pages.
-#[derive(Clone, Copy)]
-enum Cache<'a> {
-    Contiguous,
-    Paged {
-        pool: &'a crate::problem::PagedKv,
-        offsets: &'a [usize],
-    },
-}
-
-/// Every (split, group) item: the online softmax over its part of the attended cache, into
-/// its slots of `part_o` (`[splits, b, h, seq_q, d]`) and `part_lse` (`[splits, b, h, seq_q]`).
-fn split_kv(
-    case: &Case,
-    inputs: &Inputs,
-    cache: Cache,
-    splits: usize,
-    part_o: &mut [f32],
-    part_lse: &mut [f32],
-    ws: &Workspace,
-) {
-    let s = &case.shape;
-    let geo = Geometry::of(case);
-    let (d, rows) = (s.head_dim, geo.rows);
-    let groups = s.batch * s.kv_heads;
-    let (attended, _) = span(rows, &|r| geo.range(s.seq_q, r, 0, s.seq_kv));
-    let parts = even_chunks(attended, splits);
-    let bk = bk(case);
-    let paged = matches!(cache, Cache::Paged { .. });
-    part_o
-        .par_chunks_mut(rows * d)
-        .zip(part_lse.par_chunks_mut(rows))
-        .enumerate()
-        .for_each(|(item, (o, lse))| {
-            let (split, gi) = (item / groups, item % groups);
-            let part = &parts[split];
-            let (q_off, kv_off) = group_offsets(s, gi);
-            let mut guard = ws.acquire();
-            let widen = inputs.q.dtype() != DType::F32;
-            let [qs, m, l, scratch] = carve(
-                &mut guard,
-                [
-                    if widen { rows * d } else { 0 },
-                    rows,
-                    rows,
-                    scratch_len(rows, bk, d, widen, paged),
-                ],
-            );
-            let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
-            let keys = match cache {
-                Cache::Contiguous => Keys {
-                    k: &inputs.k,
-                    v: &inputs.v,
-                    base: kv_off + part.start * d,
-                    len: part.len(),
-                    pages: None,
-                },
-                Cache::Paged { pool, offsets } => {
-                    let (b, g) = (gi / s.kv_heads, gi % s.kv_heads);
-                    pool_keys(pool, offsets, s, b, g * pool.paging.page_size * d, part)
-                }
-            };
-            let range = |r| geo.range(s.seq_q, r, part.start, part.len());
-            let mut state = RowState { acc: o, m, l };
-            state.reset();
-            attend(q, rows, &range, keys, d, s.scale(), bk, &mut state, scratch);
-            state.finish(Some(lse));
-        });
-}
-
-/// out[row] = the exact combination of the splits' (o, lse) of that row.
-fn combine_splits(case: &Case, splits: usize, part_o: &[f32], part_lse: &[f32], out: &mut [f32]) {
-    let d = case.shape.head_dim;
-    let rows = out.len() / d.max(1);
-    out.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
-        let parts = (0..splits).map(|sp| {
-            let i = sp * rows + r;
-            (&part_o[i * d..(i + 1) * d], part_lse[i])
-        });
-        combine(parts, o);
-    });
 }

@@ -46,6 +46,10 @@ impl Variant for FlashVarlen {
         true
     }
 
+    fn packed_only(&self) -> bool {
+        true
+    }
+
     /// The tiles, the two offset arrays, and one hand-out flag per head.
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         let (_, workers, floats) = layout(case, isa);

@@ -12,6 +12,7 @@ mod mpi;
 mod naive;
 mod rabe_staats;
 mod ring;
+mod split_kv;
 mod tree;
 
 pub use crate::algorithm::{
@@ -126,9 +127,9 @@ impl DefaultCase for Case {
     fn cpu_fwd(variant: VariantId, shape: Shape, dtype: DType, threads: usize) -> Case {
         let info = variant.info();
         let v = variant.get();
-        // A variant of ragged batches takes the batch as one of equal lengths, packed.
+        // A variant of packed batches only takes the batch as one of equal lengths, packed.
         let batch_spec = v
-            .ragged()
+            .packed_only()
             .then(|| BatchSpec::uniform(shape.batch, shape.seq_q, shape.seq_kv));
         let shape = batch_spec.as_ref().map_or(shape, |b| b.packed(&shape));
         Case {

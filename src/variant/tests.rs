@@ -725,6 +725,85 @@ fn flash_varlen_is_flash_on_each_sequence_alone() {
     }
 }
 
+/// flash-decoding and paged-decode run a ragged batch of decodes over caches of their own
+/// lengths mixed with prefill chunks (a continuous-batching step): each row within the
+/// dtype's tolerance of the ragged oracle, each sequence as flash-decoding computes it alone
+/// (to the rounding of other split points), paged-decode as flash-decoding on the same
+/// batch through any page size, and flash-varlen's prefill order on the same batch agrees.
+#[test]
+fn split_kv_variants_run_ragged_and_mixed_batches() {
+    let spec: crate::problem::BatchSpec = "q1kv700+3xq1kv40+q50kv100+q3kv9+q1".parse().unwrap();
+    let (fd, pd) = (VariantId::FlashDecoding, VariantId::PagedDecode);
+    for (heads, kv_heads) in [(4, 4), (6, 2)] {
+        let dense = Shape {
+            batch: 1,
+            heads,
+            kv_heads,
+            seq_q: 1,
+            seq_kv: 1,
+            head_dim: 24,
+        };
+        let shape = spec.packed(&dense);
+        for dtype in [DType::F32, DType::Bf16] {
+            for (causal, window) in [(false, None), (true, None), (true, Some(30))] {
+                for splits in [1, 5] {
+                    let ragged = |v| Case {
+                        batch_spec: Some(spec.clone()),
+                        ..decode_case(v, shape, dtype, causal, window, 1, splits, 64)
+                    };
+                    let base = ragged(fd);
+                    let x = Inputs::for_case(&base);
+                    let want = output(&base, &x).expect("flash-decoding runs a ragged batch");
+                    let rows = rows_to_check(&shape, usize::MAX);
+                    let e = crate::reference::check_case(&base, &x, &want, &rows);
+                    let tag =
+                        format!("{heads}/{kv_heads} {dtype} c{causal} w{window:?} sp{splits}");
+                    assert!(
+                        e.non_finite == 0 && e.max_abs <= dtype.tolerance(),
+                        "{tag}: {e:?}"
+                    );
+                    for (i, first) in spec.offsets(false).into_iter().take(spec.len()).enumerate() {
+                        let xi = sequence_inputs(&x, &spec, i);
+                        let alone = decode_case(fd, xi.shape, dtype, causal, window, 1, 2, 64);
+                        let got = output(&alone, &xi).expect("flash-decoding runs");
+                        let n = xi.shape.seq_q * dense.head_dim;
+                        for h in 0..heads {
+                            let at = (h * shape.seq_q + first) * dense.head_dim;
+                            let diff = crate::run::max_abs_diff(
+                                &want[at..at + n],
+                                &got[h * n..(h + 1) * n],
+                            );
+                            assert!(diff <= 1e-6, "{tag} seq {i} head {h}: {diff:e}");
+                        }
+                    }
+                    for page_size in [1, 16] {
+                        let c = Case {
+                            paging: Some(Paging {
+                                page_size,
+                                order: PageOrder::Shuffled,
+                            }),
+                            ..ragged(pd)
+                        };
+                        let out = output(&c, &x.clone().paged_for(&c)).expect("paged-decode runs");
+                        let diff = crate::run::max_abs_diff(&out, &want);
+                        assert!(diff <= 1e-6, "{tag} page {page_size}: {diff:e}");
+                    }
+                    if window.is_none() {
+                        let varlen = Case {
+                            batch_spec: Some(spec.clone()),
+                            causal,
+                            ..Case::cpu_fwd(VariantId::FlashVarlen, shape, dtype, 2)
+                        };
+                        let out = output(&varlen, &x).expect("flash-varlen runs");
+                        let diff = crate::run::max_abs_diff(&out, &want);
+                        assert!(diff <= 1e-5, "{tag} flash-varlen: {diff:e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn registry_names_match_the_ids() {
     for v in VariantId::ALL {

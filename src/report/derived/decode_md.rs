@@ -90,10 +90,14 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let variant = match (pages, r.page_size) {
+            let mut variant = match (pages, r.page_size) {
                 (true, Some(p)) => format!("{} (page {p}, {})", r.variant, r.page_order),
                 _ => r.variant.clone(),
             };
+            // A ragged batch: its lengths are the spec's; the row's are the totals.
+            if !r.batch_spec.is_empty() {
+                variant += &format!(" on {}", r.batch_spec);
+            }
             vec![
                 variant,
                 r.dtype.clone(),
@@ -248,7 +252,11 @@ fn paging_section(rows: &[&Record]) -> String {
             vec![
                 r.dtype.clone(),
                 format!("{}/{}", r.heads, r.kv_heads),
-                r.batch.to_string(),
+                if r.batch_spec.is_empty() {
+                    r.batch.to_string()
+                } else {
+                    r.batch_spec.clone()
+                },
                 r.seq_q.to_string(),
                 r.seq_kv.to_string(),
                 r.page_size.map_or("-".into(), |p| p.to_string()),
