@@ -77,6 +77,11 @@ pub trait Variant: Sync {
         None
     }
 
+    /// `default_splits` for a ragged batch packed as `shape` (`Case::batch_spec`).
+    fn default_splits_ragged(&self, shape: &Shape, threads: usize) -> Option<usize> {
+        self.default_splits(shape, threads)
+    }
+
     /// The allreduce a case uses when the config names none, for variants that run
     /// simulated allreduces; `None` means the `allreduce` axis does not apply.
     fn default_allreduce(&self) -> Option<Allreduce> {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::axis::{self, Axis, AxisDefault, AxisValue};
 use super::grid::{Axes, ZipGroup};
-use crate::problem::{Case, Shape, VariantId};
+use crate::problem::{Case, Device, Shape, VariantId};
 
 /// One factor of the product: its points, each assigning values to one or more axes.
 type Dim = Vec<Vec<(Axis, AxisValue)>>;
@@ -183,7 +183,10 @@ fn build(
     if let Some(fixed) = variant.fixed_chunks(device, dtype, seq_q, seq_kv) {
         (q_chunk, kv_chunk) = fixed;
     }
-    let default_splits = variant.default_splits(device, &shape, threads);
+    let default_splits = match batch_spec {
+        Some(_) if device == Device::Cpu => v.default_splits_ragged(&shape, threads),
+        _ => variant.default_splits(device, &shape, threads),
+    };
     Some(Case {
         variant,
         mode,

@@ -748,6 +748,41 @@ fn batch_spec_packs_a_ragged_batch_for_flash_varlen() {
     );
 }
 
+/// The split-KV variants run a batch_spec in decode mode, split over the whole ragged
+/// cache by default (4 parts per thread, none under a key block); a given `splits` stays;
+/// decode-online still declines it, naming the variants that run one.
+#[test]
+fn split_kv_variants_take_a_batch_spec_in_decode() {
+    let c = cfg(
+        "[run]\nname = \"t\"\nthreads = 2\n[axes]\nmode = \"decode\"\nvariant = [\"flash-decoding\", \"paged-decode\", \"decode-online\"]\nheads = 4\nkv_heads = 2\nbatch_spec = [\"q1kv8k+3xq1kv1k\", \"q1kv2k\"]\n",
+    );
+    let cases = c.expand();
+    let splits = |v: VariantId, spec: &str| {
+        cases
+            .iter()
+            .find(|k| k.variant == v && k.batch_spec.as_ref().unwrap().to_string() == spec)
+            .unwrap()
+            .splits
+    };
+    for v in [VariantId::FlashDecoding, VariantId::PagedDecode] {
+        assert_eq!(splits(v, "q1kv8192+3xq1kv1024"), Some(8));
+        assert_eq!(splits(v, "q1kv2048"), Some(2));
+    }
+    let online = cases
+        .iter()
+        .find(|k| k.variant == VariantId::DecodeOnline)
+        .unwrap();
+    let why = crate::run::skip_reason(online).unwrap();
+    assert!(
+        why.contains("flash-decoding") && why.contains("paged-decode"),
+        "{why}"
+    );
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nmode = \"decode\"\nvariant = \"flash-decoding\"\nsplits = 3\nbatch_spec = \"q1kv8k+3xq1kv1k\"\n",
+    );
+    assert_eq!(c.expand()[0].splits, Some(3));
+}
+
 #[test]
 fn new_axes_and_model_keys_are_checked_and_named() {
     for (extra, key) in [

@@ -109,6 +109,16 @@ pub fn default_splits(shape: &Shape, threads: usize) -> usize {
     want.min(shape.seq_kv.div_ceil(KV_BLOCK)).max(1)
 }
 
+/// The default split count of a ragged batch: parts of the whole cache (`variant::split_kv`),
+/// 2 x `ITEMS_PER_THREAD` per thread, so that no decode's part holds more than a
+/// quarter of a thread's share and sequences of unequal lengths still balance; no part
+/// shorter than a key block.
+pub fn ragged_default_splits(total_kv: usize, threads: usize) -> usize {
+    (2 * ITEMS_PER_THREAD * threads)
+        .min(total_kv.div_ceil(KV_BLOCK))
+        .max(1)
+}
+
 /// The rows and keys of a decode case: query row r of a group sits at position
 /// seq_kv - seq_q + (r mod seq_q); keys are the cache, contiguous.
 pub(super) struct Geometry {
@@ -243,11 +253,15 @@ impl Variant for Decode {
         self.info
     }
 
+    /// Partials or scores, the workers' scratch, paged-decode's block table, and a ragged
+    /// batch's schedule tables.
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
         let (workers, floats) = self.layout(case);
+        let tables = self.schedule(case).map_or(0, |s| s.table_bytes());
         4 * self.buffers(case) as u64
             + Workspace::bytes(workers, floats)
             + 8 * self.table_entries(case) as u64
+            + tables as u64
     }
 
     fn unsupported(&self, case: &Case) -> Option<String> {
@@ -283,6 +297,11 @@ impl Variant for Decode {
             Kind::Split | Kind::Paged => Some(default_splits(shape, threads)),
             _ => None,
         }
+    }
+
+    fn default_splits_ragged(&self, shape: &Shape, threads: usize) -> Option<usize> {
+        matches!(self.kind, Kind::Split | Kind::Paged)
+            .then(|| ragged_default_splits(shape.seq_kv, threads))
     }
 
     fn default_paging(&self) -> Option<Paging> {

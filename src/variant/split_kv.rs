@@ -9,7 +9,8 @@
 //! decodes with prefill chunks (a continuous-batching step in one call): a sequence with
 //! more query rows than one item should hold is cut into query tiles of `ITEM_ROWS` rows
 //! per KV head, so a prefill chunk's items stay SGEMM-sized and a causal tile skips the
-//! keys after its last token. Cost: the keys read once per item; extra memory the
+//! keys after its last token (such a sequence keeps its keys in one part: its tiles are
+//! its items, and more parts would only multiply its partials). Cost: the keys read once per item; extra memory the
 //! partials, splits x rows x (d + 1) floats, and for a ragged batch its item table,
 //! O(items).
 
@@ -116,17 +117,44 @@ impl Schedule {
                 (0..seqs.len()).map(|b| attended(case, &seqs, b)).collect();
             let total: usize = spans.iter().map(|r| r.len()).sum();
             let per = total.div_ceil(splits).max(1);
-            let (mut parts, mut first) = (Vec::new(), vec![0]);
-            for r in &spans {
-                parts.extend(even_chunks(r.clone(), r.len().div_ceil(per).max(1)));
+            // A sequence of several query tiles has its tiles as items: cutting its keys
+            // too would only multiply its partials.
+            let counts: Vec<usize> = spans
+                .iter()
+                .enumerate()
+                .map(|(b, r)| {
+                    let q = seqs.q_len(b);
+                    if tile_tokens(s.group(), q) < q {
+                        1
+                    } else {
+                        r.len().div_ceil(per).max(1)
+                    }
+                })
+                .collect();
+            // Every table allocated at its exact length: the prediction counts them.
+            let mut parts = Vec::with_capacity(counts.iter().sum());
+            let mut first = Vec::with_capacity(seqs.len() + 1);
+            first.push(0);
+            for (r, &n) in spans.iter().zip(&counts) {
+                parts.extend(even_chunks(r.clone(), n));
                 first.push(parts.len());
             }
+            let per_part = |b: usize| {
+                let q = seqs.q_len(b);
+                let heads = if paged && whole_sequence(s, q) {
+                    1
+                } else {
+                    s.kv_heads
+                };
+                q.div_ceil(tile_tokens(s.group(), q)) * heads
+            };
+            let n_items = (0..seqs.len()).map(|b| counts[b] * per_part(b)).sum();
             let mut block = vec![0; parts.len()];
-            let mut items = Vec::new();
-            let most = (0..seqs.len()).map(|b| first[b + 1] - first[b]).max();
+            let mut items = Vec::with_capacity(n_items);
+            let most = counts.iter().copied().max();
             let mut row = 0;
             for p in 0..most.unwrap_or(0) {
-                for b in (0..seqs.len()).filter(|&b| first[b] + p < first[b + 1]) {
+                for b in (0..seqs.len()).filter(|&b| p < counts[b]) {
                     let q = seqs.q_len(b);
                     block[first[b] + p] = row;
                     let whole = paged && whole_sequence(s, q);
@@ -165,6 +193,27 @@ impl Schedule {
             paged,
             splits,
             plan,
+        }
+    }
+
+    /// Bytes of the tables a ragged batch's schedule holds while its items run: the
+    /// sequences' offsets, parts, partial blocks and items (0 for a batch of equal lengths,
+    /// whose items follow by arithmetic).
+    pub fn table_bytes(&self) -> usize {
+        use std::mem::size_of;
+        match &self.plan {
+            Plan::Batched { .. } => 0,
+            Plan::Ragged {
+                parts,
+                first,
+                block,
+                items,
+            } => {
+                2 * size_of::<usize>() * (self.seqs.len() + 1)
+                    + parts.len() * size_of::<Range<usize>>()
+                    + (first.len() + block.len()) * size_of::<usize>()
+                    + items.len() * size_of::<Item>()
+            }
         }
     }
 
@@ -589,13 +638,16 @@ mod tests {
         }
     }
 
-    /// A ragged batch's parts are about total / splits keys: the long sequence gets most.
+    /// A ragged batch's parts are about total / splits keys: the long sequence gets most;
+    /// a sequence of several query tiles (129 tokens at 1 head per KV head) keeps its keys
+    /// whole.
     #[test]
     fn ragged_parts_balance_the_work() {
-        let c = case(Some("q1kv1000+4xq1kv50"), 4, false);
-        let sched = Schedule::of(&c, 6, false);
+        let c = case(Some("q1kv1000+4xq1kv50+q129kv1200"), 4, false);
+        let sched = Schedule::of(&c, 12, false);
         assert_eq!(sched.parts_of(0), 5);
         assert!((1..5).all(|b| sched.parts_of(b) == 1));
         assert!((0..5).all(|p| sched.part(0, p).len() == 200));
+        assert_eq!((sched.parts_of(5), sched.part(5, 0)), (1, 0..1200));
     }
 }
