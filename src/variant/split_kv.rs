@@ -322,6 +322,23 @@ pub(super) fn bk(case: &Case) -> usize {
     case.kv_chunk.unwrap_or(KV_BLOCK).max(1)
 }
 
+/// Keys per block where `attend` gathers a paged block for the SGEMM (`GEMM_MIN_ROWS`
+/// rows or more): the case's block, at most as many keys as keep the gathered K and V and
+/// the SGEMM's packed copies of them (4 x keys x d floats) within half of this core's L2
+/// (`cache::l2_bytes`, read from the machine), at least 16. Why: at 1024 keys, d = 128,
+/// the 2 MiB they take spilled a 1 MiB L2 and the gather cost paged-decode 10% against
+/// flash-decoding on 4 new tokens (docs/internals/paged-decode.md). A smaller block only
+/// moves the online softmax's rescaling points; the scratch stays sized for the case's.
+pub(super) fn gather_block(case: &Case) -> usize {
+    let l2 = crate::backend::cpu::cache::l2_bytes();
+    gather_block_in(bk(case), case.shape.head_dim, l2)
+}
+
+fn gather_block_in(bk: usize, d: usize, l2_bytes: usize) -> usize {
+    let fit = l2_bytes / 2 / (4 * d.max(1) * std::mem::size_of::<f32>());
+    bk.min(fit.max(16))
+}
+
 /// Keys per block of `attend_paged_heads`: the case's block shared by the KV heads, so the
 /// values a block prefetches (every head's) stay the size one head's block would be and
 /// still sit in L2 when they are accumulated; at least one page.
@@ -485,10 +502,10 @@ fn run_item(
     let widen = inputs.q.dtype() != DType::F32;
     let gathers = widen || !contiguous(&sched.seqs, item, heads.len());
     let (rows, paged) = (item.rows, matches!(cache, Cache::Paged { .. }));
-    let block = if item.whole {
-        merged_block(case)
-    } else {
-        bk(case)
+    let block = match cache {
+        _ if item.whole => merged_block(case),
+        Cache::Paged { .. } if rows >= GEMM_MIN_ROWS => gather_block(case),
+        _ => bk(case),
     };
     let mut guard = ws.acquire();
     let [qs, m, l, scratch] = carve(
@@ -513,40 +530,22 @@ fn run_item(
                 q, h, geo.rows, &range, keys, stride, d, scale, block, &mut state, scratch,
             );
         }
-        Cache::Paged { pool, offsets } => {
-            let base = item.kv_head * pool.paging.page_size * d;
-            let keys = pool_keys(pool, offsets, b, base, &part);
-            attend(
-                q,
-                rows,
-                &range,
-                keys,
-                d,
-                s.scale(),
-                block,
-                &mut state,
-                scratch,
-            );
-        }
-        Cache::Contiguous => {
-            let keys = Keys {
-                k: &inputs.k,
-                v: &inputs.v,
-                base: sched.seqs.kv_base(b, item.kv_head) + part.start * d,
-                len: part.len(),
-                pages: None,
+        _ => {
+            let keys = match cache {
+                Cache::Paged { pool, offsets } => {
+                    let base = item.kv_head * pool.paging.page_size * d;
+                    pool_keys(pool, offsets, b, base, &part)
+                }
+                Cache::Contiguous => Keys {
+                    k: &inputs.k,
+                    v: &inputs.v,
+                    base: sched.seqs.kv_base(b, item.kv_head) + part.start * d,
+                    len: part.len(),
+                    pages: None,
+                },
             };
-            attend(
-                q,
-                rows,
-                &range,
-                keys,
-                d,
-                s.scale(),
-                block,
-                &mut state,
-                scratch,
-            );
+            let scale = s.scale();
+            attend(q, rows, &range, keys, d, scale, block, &mut state, scratch);
         }
     }
     state.finish(Some(lse));
@@ -636,6 +635,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The gathered block fits half of L2 with its packed copies: 256 keys of d = 128 in
+    /// 1 MiB, 512 in 2 MiB; never above the case's block nor under 16 keys.
+    #[test]
+    fn gather_blocks_fit_half_of_l2() {
+        assert_eq!(gather_block_in(1024, 128, 1 << 20), 256);
+        assert_eq!(gather_block_in(1024, 128, 2 << 20), 512);
+        assert_eq!(gather_block_in(100, 128, 2 << 20), 100);
+        assert_eq!(gather_block_in(1024, 4096, 256 << 10), 16);
     }
 
     /// A ragged batch's parts are about total / splits keys: the long sequence gets most;
