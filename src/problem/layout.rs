@@ -87,11 +87,6 @@ impl SeqLayout {
         (0..self.len()).map(|b| self.kv_len(b)).max().unwrap_or(0)
     }
 
-    /// The largest query count of a sequence.
-    pub fn max_q_len(&self) -> usize {
-        (0..self.len()).map(|b| self.q_len(b)).max().unwrap_or(0)
-    }
-
     /// Index (in rows of `head_dim` elements) of query row `i` of head `h` of sequence `b`
     /// in Q and O.
     pub fn q_row(&self, b: usize, h: usize, i: usize) -> usize {
@@ -171,7 +166,7 @@ mod tests {
         let spec: BatchSpec = "2xq3kv10+q1kv4+q6".parse().unwrap();
         let s = spec.packed(&shape(1, 1, 1));
         let l = SeqLayout::of(&s, Some(&spec));
-        assert_eq!((l.len(), l.max_kv_len(), l.max_q_len()), (4, 10, 6));
+        assert_eq!((l.len(), l.max_kv_len(), l.q_len(3)), (4, 10, 6));
         assert_eq!((l.q_len(2), l.kv_len(2)), (1, 4));
         // Head 1 of sequence 3 starts after every row of head 0 (13) and sequences 0..3 (7).
         assert_eq!(l.q_row(3, 1, 0), 13 + 7);

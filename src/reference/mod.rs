@@ -5,7 +5,7 @@
 
 pub mod grad;
 
-use crate::problem::{BatchSpec, Case, Inputs, Shape};
+use crate::problem::{BatchSpec, Case, Inputs, SeqLayout, Shape};
 
 /// Check every row when the oracle costs at most this many multiply-adds (about a second
 /// in f64 on one core); above it, sample `error_rows` rows.
@@ -59,32 +59,27 @@ pub fn reference_row_masked(
 }
 
 /// Row `id` = (0, head, packed row) of a ragged batch packed as `[1, heads, total, d]`
-/// (`BatchSpec`): the row of its own sequence against that sequence's keys only.
+/// (`seqs`, from its `BatchSpec`): the row of its own sequence against that sequence's
+/// keys only.
 pub fn reference_row_ragged(
     inputs: &Inputs,
-    spec: &BatchSpec,
+    seqs: &SeqLayout,
     causal: bool,
     window: Option<usize>,
     id: RowId,
 ) -> Vec<f64> {
     let s = &inputs.shape;
     let (_, h, row) = id;
-    let (cu_q, cu_kv) = (spec.offsets(false), spec.offsets(true));
-    let i = cu_q.partition_point(|&x| x <= row) - 1;
+    let (b, _, i) = seqs.row_of(seqs.q_row(0, h, row));
     let seq = Shape {
         batch: 1,
-        seq_q: cu_q[i + 1] - cu_q[i],
-        seq_kv: cu_kv[i + 1] - cu_kv[i],
+        seq_q: seqs.q_len(b),
+        seq_kv: seqs.kv_len(b),
         ..*s
     };
-    let q_off = s.q_head_offset(0, h) + row * s.head_dim;
-    let kv_off = s.kv_head_offset(0, h) + cu_kv[i] * s.head_dim;
-    exact_row(
-        inputs,
-        q_off,
-        kv_off,
-        seq.key_range(causal, window, row - cu_q[i]),
-    )
+    let q_off = seqs.q_row(b, h, i) * s.head_dim;
+    let kv_off = seqs.kv_base(b, h / s.group());
+    exact_row(inputs, q_off, kv_off, seq.key_range(causal, window, i))
 }
 
 /// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`.
@@ -175,8 +170,10 @@ pub fn check_ragged(
     out: &[f32],
     rows: &[RowId],
 ) -> ErrorStats {
+    // The sequences' offsets once, not per row.
+    let seqs = SeqLayout::of(&inputs.shape, Some(spec));
     check_rows(inputs, out, rows, |id| {
-        reference_row_ragged(inputs, spec, causal, window, id)
+        reference_row_ragged(inputs, &seqs, causal, window, id)
     })
 }
 

@@ -27,7 +27,7 @@ use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
-use crate::problem::{Case, DType, Device, Inputs, Mode, PageOrder, Paging, Shape};
+use crate::problem::{Case, DType, Device, Inputs, Mode, PageOrder, Paging, SeqLayout, Shape};
 
 /// Which loop order.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -176,13 +176,16 @@ pub(super) fn kv_read_bytes(case: &Case) -> u64 {
     let s = &case.shape;
     let seqs = case.seq_layout();
     let keys: usize = (0..seqs.len())
-        .map(|b| {
-            let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
-            let geo = Geometry::of_sequence(case, q, kv);
-            span(geo.rows, &|r| geo.range(q, r, 0, kv)).0.len()
-        })
+        .map(|b| attended(case, &seqs, b).len())
         .sum();
     (2 * s.kv_heads * keys * s.head_dim * case.dtype.size_bytes()) as u64
+}
+
+/// The keys sequence `b` of `seqs` attends: the union of its rows' visible ranges.
+pub(super) fn attended(case: &Case, seqs: &SeqLayout, b: usize) -> std::ops::Range<usize> {
+    let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
+    let geo = Geometry::of_sequence(case, q, kv);
+    span(geo.rows, &|r| geo.range(q, r, 0, kv)).0
 }
 
 impl Decode {
@@ -198,14 +201,14 @@ impl Decode {
             .then(|| Schedule::of(case, self.splits(case), self.kind == Kind::Paged))
     }
 
-    /// (workers, floats per worker).
-    fn layout(&self, case: &Case) -> (usize, usize) {
+    /// (workers, floats per worker); `sched`: the case's `schedule`.
+    fn layout(&self, case: &Case, sched: Option<&Schedule>) -> (usize, usize) {
         let s = &case.shape;
         let rows = s.group() * s.seq_q;
         let d = s.head_dim;
         let widen = case.dtype != DType::F32;
         let q = if widen { rows * d } else { 0 };
-        let (items, floats) = match (self.kind, self.schedule(case)) {
+        let (items, floats) = match (self.kind, sched) {
             (_, Some(sched)) => (sched.len(), sched.worker_floats(case)),
             (Kind::Naive, _) => (0, q + materialized_scratch_len(KV_BLOCK, d, widen)),
             _ => (0, q + 2 * rows + sequential_scratch_len(rows, d, widen)),
@@ -227,9 +230,9 @@ impl Decode {
     }
 
     /// Partial outputs and logsumexps of flash-decoding, or the naive score matrix.
-    fn buffers(&self, case: &Case) -> usize {
+    fn buffers(&self, case: &Case, sched: Option<&Schedule>) -> usize {
         let s = &case.shape;
-        match (self.kind, self.schedule(case)) {
+        match (self.kind, sched) {
             (_, Some(sched)) => sched.partial_rows() * (s.head_dim + 1),
             (Kind::Naive, _) => s.batch * s.heads * s.seq_q * s.seq_kv,
             _ => 0,
@@ -256,9 +259,10 @@ impl Variant for Decode {
     /// Partials or scores, the workers' scratch, paged-decode's block table, and a ragged
     /// batch's schedule tables.
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
-        let (workers, floats) = self.layout(case);
-        let tables = self.schedule(case).map_or(0, |s| s.table_bytes());
-        4 * self.buffers(case) as u64
+        let sched = self.schedule(case);
+        let (workers, floats) = self.layout(case, sched.as_ref());
+        let tables = sched.as_ref().map_or(0, |s| s.table_bytes());
+        4 * self.buffers(case, sched.as_ref()) as u64
             + Workspace::bytes(workers, floats)
             + 8 * self.table_entries(case) as u64
             + tables as u64
@@ -322,20 +326,23 @@ impl Variant for Decode {
     }
 
     fn forward_cpu(&self, case: &Case, _isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let (workers, floats) = self.layout(case);
-        match self.kind {
-            Kind::Naive => {
-                let mut scores = try_zeroed(self.buffers(case), "decode-naive score matrix S")?;
+        // The schedule once per call: the workers' layout and the items both read it.
+        let sched = self.schedule(case);
+        let (workers, floats) = self.layout(case, sched.as_ref());
+        match (self.kind, sched) {
+            (Kind::Naive, _) => {
+                let scores = self.buffers(case, None);
+                let mut scores = try_zeroed(scores, "decode-naive score matrix S")?;
                 let ws = Workspace::new(workers, floats, "decode-naive workspace")?;
                 naive(case, inputs, &mut scores, &ws, out);
             }
-            Kind::Online => {
+            // decode-online, the kind left with no schedule.
+            (_, None) => {
                 let ws = Workspace::new(workers, floats, "decode-online state")?;
                 online(case, inputs, &ws, out);
             }
-            Kind::Split | Kind::Paged => {
+            (_, Some(sched)) => {
                 let name = self.info.name;
-                let sched = Schedule::of(case, self.splits(case), self.kind == Kind::Paged);
                 // The block table as element offsets of the pages (head 0), once per call.
                 let pool = match self.kind {
                     Kind::Paged => Some(pool_of(case, inputs)?),

@@ -18,10 +18,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::decode::Geometry;
+use super::decode::{attended, Geometry};
 use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{
-    attend, attend_paged_heads, scratch_len, span, Keys, Pages, RowState, GEMM_MIN_ROWS, KV_BLOCK,
+    attend, attend_paged_heads, scratch_len, Keys, Pages, RowState, GEMM_MIN_ROWS, KV_BLOCK,
 };
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, Workspace};
@@ -95,13 +95,6 @@ fn tile_tokens(group: usize, q: usize) -> usize {
     (ITEM_ROWS / group.max(1)).max(1).min(q.max(1))
 }
 
-/// The keys sequence `b`'s rows attend (their union).
-fn attended(case: &Case, seqs: &SeqLayout, b: usize) -> Range<usize> {
-    let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
-    let geo = Geometry::of_sequence(case, q, kv);
-    span(geo.rows, &|r| geo.range(q, r, 0, kv)).0
-}
-
 impl Schedule {
     pub fn of(case: &Case, splits: usize, paged: bool) -> Schedule {
         let s = &case.shape;
@@ -139,16 +132,22 @@ impl Schedule {
                 parts.extend(even_chunks(r.clone(), n));
                 first.push(parts.len());
             }
-            let per_part = |b: usize| {
+            // (whole sequence, KV heads per item, query tokens per tile) of sequence b.
+            let cut = |b: usize| {
                 let q = seqs.q_len(b);
-                let heads = if paged && whole_sequence(s, q) {
-                    1
-                } else {
-                    s.kv_heads
-                };
-                q.div_ceil(tile_tokens(s.group(), q)) * heads
+                let whole = paged && whole_sequence(s, q);
+                (
+                    whole,
+                    if whole { s.kv_heads } else { 1 },
+                    tile_tokens(s.group(), q),
+                )
             };
-            let n_items = (0..seqs.len()).map(|b| counts[b] * per_part(b)).sum();
+            let n_items = (0..seqs.len())
+                .map(|b| {
+                    let (_, per_item, tile) = cut(b);
+                    counts[b] * seqs.q_len(b).div_ceil(tile) * (s.kv_heads / per_item)
+                })
+                .sum();
             let mut block = vec![0; parts.len()];
             let mut items = Vec::with_capacity(n_items);
             let most = counts.iter().copied().max();
@@ -157,9 +156,7 @@ impl Schedule {
                 for b in (0..seqs.len()).filter(|&b| p < counts[b]) {
                     let q = seqs.q_len(b);
                     block[first[b] + p] = row;
-                    let whole = paged && whole_sequence(s, q);
-                    let per_item = if whole { s.kv_heads } else { 1 };
-                    let tile = tile_tokens(s.group(), q);
+                    let (whole, per_item, tile) = cut(b);
                     for q_start in (0..q).step_by(tile) {
                         let q_len = tile.min(q - q_start);
                         for g in (0..s.kv_heads).step_by(per_item) {
