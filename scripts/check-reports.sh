@@ -2,7 +2,7 @@
 # Regenerates the report of every committed results directory (each folder under results/
 # holding a runs.csv) into a scratch folder and compares it byte for byte with the
 # committed one: report/ where one is committed, and the derived files beside runs.csv
-# (decode.md, bpt.md, tree_vs_ring.*).
+# (decode.md, paging.svg, prefill.md, prefill.svg, bpt.md, tree_vs_ring.*).
 # Prints each file that differs or is missing; exits 1 if any.
 # Usage: scripts/check-reports.sh [ATTNBENCH_BINARY]   (default ./target/release/attnbench)
 set -euo pipefail
@@ -11,7 +11,7 @@ bin="${1:-./target/release/attnbench}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
-derived="decode.md bpt.md tree_vs_ring.md tree_vs_ring.svg tree_vs_ring_latency.csv"
+derived="decode.md paging.svg prefill.md prefill.svg bpt.md tree_vs_ring.md tree_vs_ring.svg tree_vs_ring_latency.csv"
 while IFS= read -r csv; do
     dir="$(dirname "$csv")"
     out="$tmp/$dir"

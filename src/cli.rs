@@ -81,6 +81,7 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
         Command::Compare(a) => return commands::compare::command(a),
         Command::Ab(a) => return commands::ab::command(a),
         Command::Worker(a) => {
+            crate::run::serve::prepare(a.plugin.as_deref());
             let stdin = std::io::stdin().lock();
             crate::run::serve::serve(stdin, std::io::stdout().lock(), a.plugin.as_deref())
         }

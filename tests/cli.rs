@@ -1244,3 +1244,75 @@ fn serving_sweep_writes_paging_and_chunked_prefill_rows_and_reports() {
             .stderr(predicate::str::contains(key));
     }
 }
+
+/// A sweep that runs CPU cases records decode's loop choice in meta.json: measured (a probe
+/// per dtype, a crossover of at least 16 rows) by default, or pinned by
+/// `run.decode_gemm_rows`, with no probe and the pinned rows for every dtype.
+#[test]
+fn sweep_records_the_decode_loop_measured_or_pinned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        r#"
+[run]
+name = "loop"
+warmup = 0
+min_reps = 1
+max_reps = 1
+calibrate = false
+
+[axes]
+variant = "flash-decoding"
+mode = "decode"
+seq_len = 4
+seq_kv = 64
+heads = 4
+kv_heads = 1
+head_dim = 16
+"#,
+    );
+    let meta_of = |out: &Path| -> serde_json::Value {
+        serde_json::from_str(&fs::read_to_string(out.join("meta.json")).unwrap()).unwrap()
+    };
+    let measured = tmp.path().join("measured");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&measured)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("decode loop: SGEMM from"));
+    let path = &meta_of(&measured)["cpu_decode_path"];
+    let dtypes = path["dtypes"].as_array().expect("a choice per dtype");
+    assert_eq!(dtypes.len(), 3, "{path}");
+    assert!(path.get("pinned").is_none(), "{path}");
+    for c in dtypes {
+        assert!(c["gemm_min_rows"].as_u64().unwrap() >= 16, "{c}");
+        let probe = c["probe"].as_array().unwrap();
+        assert_eq!(probe.len(), 4, "{c}");
+        for p in probe {
+            assert!(p["vecops_s"].as_f64().unwrap() > 0.0, "{p}");
+            assert!(p["sgemm_s"].as_f64().unwrap() > 0.0, "{p}");
+        }
+    }
+
+    let pinned = tmp.path().join("pinned");
+    attnbench()
+        .args(["sweep", "--set", "run.decode_gemm_rows=48", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&pinned)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "SGEMM from 48 (f32), 48 (bf16), 48 (f16) query rows per KV head; dot products below (pinned by run.decode_gemm_rows)",
+        ));
+    let path = &meta_of(&pinned)["cpu_decode_path"];
+    assert_eq!(path["pinned"], true, "{path}");
+    for c in path["dtypes"].as_array().unwrap() {
+        assert_eq!(c["gemm_min_rows"], 48, "{c}");
+        assert!(c["probe"].as_array().unwrap().is_empty(), "{c}");
+    }
+    assert_eq!(meta_of(&pinned)["config"]["run"]["decode_gemm_rows"], 48);
+}

@@ -116,6 +116,11 @@ pub fn list() -> String {
         cache::pass_rows(4096, ReadPath::F32.kv_bytes(128, false)),
     );
     s += &format!(
+        "  cpu decode loop (measured now, d = {}): {}\n",
+        crate::backend::cpu::decode_path::PROBE_HEAD_DIM,
+        crate::backend::cpu::decode_path::measure().summary()
+    );
+    s += &format!(
         "  mpi   {}\n",
         match (cfg!(feature = "mpi"), crate::dist::active()) {
             (_, true) => format!(

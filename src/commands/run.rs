@@ -273,6 +273,9 @@ pub fn command(args: &RunArgs) -> Result<()> {
     if let Some(path) = &args.save_output {
         npy::refuse_existing(path)?;
     }
+    if case.device == Device::Cpu {
+        crate::backend::cpu::decode_path::measure_once();
+    }
     let outcome = run_case(&case, &settings, given)?;
     // Under mpirun every rank ran the case; rank 0 alone prints and writes files.
     if !crate::dist::is_root() {

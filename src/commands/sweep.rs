@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::backend::cpu::decode_path::{self, DecodePath};
 use crate::config::Config;
 use crate::dist;
 use crate::error::{Error, Result};
@@ -151,10 +152,31 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         serde_json::to_value(&config)
             .map_err(|e| Error::Runtime(format!("serializing the config: {e}")))
     };
+    // Decode's loop choice is measured before the first case (each rank runs its own
+    // kernels); a resumed run keeps the choice its first rows ran with.
+    let runs_cpu = todo.iter().any(|c| c.device == Device::Cpu);
+    let measure_decode_path = || {
+        runs_cpu.then(|| {
+            let p = match config.run.decode_gemm_rows {
+                Some(rows) => {
+                    let p = DecodePath::pinned(rows);
+                    p.install();
+                    p
+                }
+                None => decode_path::measure_once().clone(),
+            };
+            eprintln!("decode loop: {}", p.summary());
+            p
+        })
+    };
     let calibration = if !root {
+        measure_decode_path();
         Vec::new()
     } else if args.resume && meta_path.exists() {
         let mut meta = Meta::read(&meta_path)?;
+        if let Some(p) = &meta.cpu_decode_path {
+            p.install();
+        }
         if !todo.is_empty() {
             meta.resumed.push(Resumed::now(resolved()?, &meta.config));
             meta.write(&meta_path)?;
@@ -172,6 +194,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             Vec::new()
         };
         let mut meta = Meta::collect(resolved()?, threads, calibration.clone());
+        meta.cpu_decode_path = measure_decode_path();
         if todo.iter().any(|c| c.device == Device::Cuda) {
             meta.gpu = crate::backend::cuda::gpu_info();
         }

@@ -8,6 +8,7 @@ use super::axis::Axis;
 use super::schema::RawRun;
 use super::size::ByteSize;
 use super::source::{Section, Source};
+use crate::backend::cpu::decode::GEMM_MIN_ROWS;
 use crate::error::Result;
 use crate::problem::VariantId;
 
@@ -65,6 +66,12 @@ pub struct RunConfig {
     /// differ only in variant, threads, mask, chunks ...) are timed in alternation, one call
     /// of each per round, instead of one case after the other (`interleave.rs`).
     pub interleave: bool,
+    /// CPU decode loops: the SGEMM from this many query rows per KV head, dot products
+    /// below, for every dtype; `None` (the default, "measured"): the machine's probe decides
+    /// (`backend::cpu::decode_path`). A pinned value keeps memory figures byte-identical
+    /// from run to run, which the CI gate's exact memory comparison needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_gemm_rows: Option<usize>,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -108,6 +115,7 @@ impl RunConfig {
             tf32: false,
             innermost: Vec::new(),
             interleave: false,
+            decode_gemm_rows: None,
         }
     }
 }
@@ -222,6 +230,20 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
             ))
         }
     };
+    let decode_gemm_rows = match &raw.decode_gemm_rows {
+        None => None,
+        Some(Value::String(s)) if s == "measured" => None,
+        Some(Value::Integer(n)) if *n >= GEMM_MIN_ROWS as i64 => Some(*n as usize),
+        Some(v) => {
+            return Err(f.err(
+                "decode_gemm_rows",
+                format!(
+                    "expected \"measured\" or a number of query rows per KV head of at least {GEMM_MIN_ROWS}, got {}",
+                    show(v)
+                ),
+            ))
+        }
+    };
     let memory_budget = raw
         .memory_budget
         .as_ref()
@@ -277,6 +299,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         tf32,
         innermost,
         interleave,
+        decode_gemm_rows,
     })
 }
 

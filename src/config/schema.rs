@@ -69,6 +69,7 @@ pub(super) struct RawRun {
     pub tf32: Option<Value>,
     pub innermost: Option<Value>,
     pub interleave: Option<Value>,
+    pub decode_gemm_rows: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -82,7 +83,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 21] = [
+pub(super) const RUN_KEYS: [&str; 22] = [
     "name",
     "seed",
     "warmup",
@@ -104,6 +105,7 @@ pub(super) const RUN_KEYS: [&str; 21] = [
     "tf32",
     "innermost",
     "interleave",
+    "decode_gemm_rows",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and

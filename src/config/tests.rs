@@ -885,3 +885,23 @@ fn innermost_must_name_each_axis_once() {
         assert!(msg.contains(want), "{value}: {msg}");
     }
 }
+
+#[test]
+fn decode_gemm_rows_is_measured_by_default_or_pinned_at_16_or_more() {
+    assert_eq!(cfg(MIN).run.decode_gemm_rows, None);
+    let measured =
+        "[run]\nname = \"t\"\ndecode_gemm_rows = \"measured\"\n[axes]\nvariant = \"naive\"\nseq_len = 8\n";
+    assert_eq!(cfg(measured).run.decode_gemm_rows, None);
+    let c = load(MIN, &["run.decode_gemm_rows=64"]).unwrap();
+    assert_eq!(c.run.decode_gemm_rows, Some(64));
+    for bad in ["8", "-1", "\"fast\"", "true"] {
+        let text = format!(
+            "[run]\nname = \"t\"\ndecode_gemm_rows = {bad}\n[axes]\nvariant = \"naive\"\nseq_len = 8\n"
+        );
+        let msg = config_err(&text, &[]);
+        assert!(
+            msg.starts_with("run.decode_gemm_rows (line 3)") && msg.contains("at least 16"),
+            "{bad}: {msg}"
+        );
+    }
+}

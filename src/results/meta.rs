@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::backend::cpu::cache;
+use crate::backend::cpu::decode_path::DecodePath;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cuda::plan::GpuInfo;
 use crate::error::{Error, Result};
@@ -47,6 +48,11 @@ pub struct Meta {
     pub cpu_l3_bytes: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_cache_sizes_read: Option<bool>,
+    /// The measured crossover of decode's two loops (dot products or SGEMM) per storage
+    /// dtype and the probe behind it (`backend::cpu::decode_path`); a `--resume` runs with
+    /// it again. Absent in runs made before it was measured (16 rows took the SGEMM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_decode_path: Option<DecodePath>,
     pub logical_cpus: usize,
     pub threads: Vec<usize>,
     pub started_unix_s: u64,
@@ -124,6 +130,7 @@ impl Meta {
             cpu_l2_bytes: Some(cache::l2_bytes()),
             cpu_l3_bytes: Some(cache::l3_bytes()),
             cpu_cache_sizes_read: Some(cache::sizes_known()),
+            cpu_decode_path: None,
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             threads,
             started_unix_s: unix_now(),

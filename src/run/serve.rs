@@ -11,11 +11,20 @@ use std::io::{BufRead, Write};
 
 use std::path::Path;
 
+use crate::backend::cpu::decode_path::{self, DecodePath};
 use crate::error::{Error, Result};
 use crate::plugin::abi::Plugin;
 use crate::plugin::host::Host;
 use crate::run::{run_case, Settings};
 use crate::worker::protocol::{Hello, Released, Reply, Request, RunReply, PROTOCOL};
+
+/// What `attnbench worker` does before serving: an attnbench worker (no plugin) measures
+/// this machine's decode loop choice, so that no timed call pays for the probe.
+pub fn prepare(plugin: Option<&Path>) {
+    if plugin.is_none() {
+        decode_path::measure_once();
+    }
+}
 
 /// Serves requests from `input` to `output`, one reply line per request line; `plugin`:
 /// the library whose calls `prepare`, `call` and `check` make.
@@ -85,7 +94,17 @@ fn answer(request: Request, host: &mut Option<std::result::Result<Host, String>>
             stop,
             error_rows,
             memory_budget,
+            decode_gemm_rows,
         } => {
+            match decode_gemm_rows {
+                Some(rows) => DecodePath::pinned(rows).install(),
+                // The choice this worker measured at its start (`attnbench worker`).
+                None => {
+                    if let Some(p) = decode_path::measured() {
+                        p.install();
+                    }
+                }
+            }
             let settings = Settings {
                 run_name: "worker".into(),
                 stop,
@@ -145,6 +164,7 @@ pub fn hello() -> Hello {
         git_revision,
         git_dirty,
         cpu_kernel_path: Some(crate::backend::cpu::isa::Isa::detect().name().to_string()),
+        cpu_decode_loop: decode_path::measured().map(DecodePath::summary),
     }
 }
 
@@ -191,6 +211,7 @@ mod tests {
             },
             error_rows: 8,
             memory_budget: None,
+            decode_gemm_rows: None,
         })
         .unwrap();
         let replies = served(&[

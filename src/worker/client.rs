@@ -110,12 +110,14 @@ impl Worker {
         stop: &crate::measure::timer::StopRule,
         error_rows: usize,
         memory_budget: Option<u64>,
+        decode_gemm_rows: Option<usize>,
     ) -> std::result::Result<RunReply, Failure> {
         self.request(&Request::Run {
             case: Box::new(case.clone()),
             stop: stop.clone(),
             error_rows,
             memory_budget,
+            decode_gemm_rows,
         })
     }
 

@@ -4,7 +4,8 @@
 //! free. A worker exits when its stdin closes or on `quit`.
 //!
 //! - `{"op":"hello","protocol":1}` -> `{"ok":true,"protocol":1,"implementation":...,...}`
-//! - `{"op":"run","case":CASE,"stop":RULE,"error_rows":N,"memory_budget":BYTES|null}` ->
+//! - `{"op":"run","case":CASE,"stop":RULE,"error_rows":N,"memory_budget":BYTES|null}`
+//!   (and `"decode_gemm_rows":N` where the config pins decode's loop choice) ->
 //!   `{"ok":true,"status":"ok","reason":"","samples":[s, ...],"mem_overhead_bytes":B,
 //!   "max_abs_err":E}`: the case measured by the worker's run sequence under that
 //!   stopping rule (its warm-up, timed calls, checked call and oracle check).
@@ -53,6 +54,10 @@ pub enum Request {
         error_rows: usize,
         #[serde(default)]
         memory_budget: Option<u64>,
+        /// The config's `run.decode_gemm_rows` where it pins decode's loop choice; absent:
+        /// the worker's own measured choice.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decode_gemm_rows: Option<usize>,
     },
     Prepare {
         case: Box<Case>,
@@ -124,6 +129,9 @@ pub struct Hello {
     /// The CPU kernel path it runs (attnbench workers).
     #[serde(default)]
     pub cpu_kernel_path: Option<String>,
+    /// Its measured decode loop choice (`DecodePath::summary`), attnbench workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_decode_loop: Option<String>,
 }
 
 /// The reply to `run`: the case's status (a `runs.csv` status: ok, oom, skipped, error,
@@ -195,6 +203,7 @@ mod tests {
             stop: StopRule::default(),
             error_rows: 16,
             memory_budget: Some(1 << 30),
+            decode_gemm_rows: None,
         };
         let line = serde_json::to_string(&req).unwrap();
         assert!(!line.contains('\n'));
@@ -218,6 +227,7 @@ mod tests {
             stop: StopRule::default(),
             error_rows: 1,
             memory_budget: None,
+            decode_gemm_rows: None,
         })
         .unwrap();
         v["case"]["variant"] = "not-a-variant".into();

@@ -193,6 +193,22 @@ impl Keys<'_> {
         }
     }
 
+    /// Over a paged cache, where the run that ends at key `next` was just started: the first
+    /// lines of the page `PAGES_AHEAD` on (no further than key `end`), to start the hardware
+    /// prefetcher on that page's stream before it is read. Nothing for a contiguous run.
+    #[inline]
+    fn kick_page_ahead(&self, next: usize, end: usize, d: usize) {
+        let Some(p) = self.pages else {
+            return;
+        };
+        let ahead = (next + (PAGES_AHEAD - 1) * p.size).min(end);
+        if let Some(at) = self.offset_of(ahead, d) {
+            let line = 64 / self.k.dtype().size_bytes();
+            vecops::prefetch(self.k, at, PAGE_KICK_LINES * line, false);
+            vecops::prefetch(self.v, at, PAGE_KICK_LINES * line, false);
+        }
+    }
+
     /// Element offset of key `i` of the run, if the run has it.
     fn offset_of(&self, i: usize, d: usize) -> Option<usize> {
         (i < self.len).then(|| match self.pages {
@@ -250,7 +266,8 @@ pub fn span(rows: usize, range: &impl Fn(usize) -> Range<usize>) -> (Range<usize
 
 /// Folds the keys of `keys` that each row may see (`range(r)`, indices into the run) into
 /// the running `state`, key block by key block (FA2's inner loop). `q` holds the `rows`
-/// rows (f32, `rows x d`); scores are scaled by `scale`.
+/// rows (f32, `rows x d`); scores are scaled by `scale`. The loop (dot products or SGEMM)
+/// is this machine's measured choice for the rows (`decode_path::gemm_rows`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
@@ -263,6 +280,28 @@ pub fn attend(
     state: &mut RowState,
     scratch: &mut [f32],
 ) {
+    let gemm_from = super::decode_path::gemm_rows(keys.k.dtype());
+    attend_with(
+        q, rows, range, keys, d, scale, bk, state, scratch, gemm_from,
+    );
+}
+
+/// `attend` with the SGEMM from `gemm_from` rows on (at least `GEMM_MIN_ROWS`, which sized
+/// the scratch; `usize::MAX`: dot products always).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_with(
+    q: &[f32],
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    d: usize,
+    scale: f32,
+    bk: usize,
+    state: &mut RowState,
+    scratch: &mut [f32],
+    gemm_from: usize,
+) {
+    let gemm = rows >= gemm_from.max(GEMM_MIN_ROWS);
     let widen_kv = keys.k.dtype().size_bytes() != 4;
     let copies = copies_kv(rows, widen_kv, keys.paged());
     let w = if copies { bk * d } else { 0 };
@@ -272,7 +311,7 @@ pub fn attend(
     // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
     // products, exact products and f32 sums like the path below.
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if rows < GEMM_MIN_ROWS && vecops::has_bf16_dot() => {
+        crate::problem::Tensor::Bf16(_) if !gemm && vecops::has_bf16_dot() => {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,
@@ -281,7 +320,7 @@ pub fn attend(
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
         let s = &mut sc[..rows * kn];
-        if rows >= GEMM_MIN_ROWS {
+        if gemm {
             let k = gather(&keys, keys.k, k0, kn, d, ks);
             sgemm(
                 scale,
@@ -298,6 +337,7 @@ pub fn attend(
             // A paged run is read page by page (paged-decode itself sends decode rows
             // through `attend_paged_heads`, which reads whole pages).
             keys.for_each_run(k0, kn, d, |j0, off, len| {
+                keys.kick_page_ahead(k0 + j0 + len, k0 + kn, d);
                 let mut j = 0;
                 while j < len {
                     let n = PREFETCH_KEYS.min(len - j);
@@ -320,7 +360,7 @@ pub fn attend(
             });
         }
         fold_scores(s, kn, k0, range, state, d);
-        if rows >= GEMM_MIN_ROWS {
+        if gemm {
             let v = gather(&keys, keys.v, k0, kn, d, vs);
             sgemm(
                 1.0,
@@ -377,19 +417,12 @@ pub fn attend_paged_heads(
         crate::problem::Tensor::Bf16(_) if vecops::has_bf16_dot() => vecops::to_bf16_bits(q, qs),
         _ => None,
     };
-    let page = keys.pages.map_or(1, |p| p.size);
     let mut k0 = span.start;
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
         let s = &mut sc[..total * kn];
         keys.for_each_run(k0, kn, d, |j0, off, len| {
-            // The page PAGES_AHEAD on: its first lines, to start the prefetcher there.
-            let ahead = (k0 + j0 + len + (PAGES_AHEAD - 1) * page).min(k0 + kn);
-            if let Some(at) = keys.offset_of(ahead, d) {
-                let line = 64 / keys.k.dtype().size_bytes();
-                vecops::prefetch(keys.k, at, PAGE_KICK_LINES * line, false);
-                vecops::prefetch(keys.v, at, PAGE_KICK_LINES * line, false);
-            }
+            keys.kick_page_ahead(k0 + j0 + len, k0 + kn, d);
             for h in 0..heads {
                 let (qh, sh) = (&q[h * rows * d..(h + 1) * rows * d], h * rows * kn);
                 let mut j = 0;
@@ -591,6 +624,121 @@ pub fn attend_materialized(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both loops of `attend` (forced), over contiguous and shuffled-page keys of every
+    /// dtype, rows on both sides of the crossover, each row with its own visible range:
+    /// every output within the dtype's tolerance of an f64 softmax of the same values.
+    #[test]
+    fn both_loops_attend_like_the_f64_softmax() {
+        use crate::problem::DType;
+        let (d, n, page, bk): (usize, usize, usize, usize) = (24, 300, 16, 64);
+        let vals = |seed: u32, len: usize| crate::backend::cpu::kernel_paths::values(len, seed);
+        // The pool: page p of the run at physical slot pages - 1 - p (reversed order).
+        let widened = |t: &Tensor| {
+            let mut out = Vec::new();
+            t.for_each_f32(|x| out.push(x));
+            out
+        };
+        let pages = n.div_ceil(page);
+        let offsets: Vec<usize> = (0..pages).map(|p| (pages - 1 - p) * page * d).collect();
+        for dtype in DType::ALL {
+            let (kf, vf) = (vals(1, n * d), vals(2, n * d));
+            let (k, v) = (Tensor::from_f32(kf, dtype), Tensor::from_f32(vf, dtype));
+            let (kr, vr) = (widened(&k), widened(&v));
+            let mut pk = vec![0.0f32; pages * page * d];
+            let mut pv = pk.clone();
+            for i in 0..n {
+                let at = offsets[i / page] + (i % page) * d;
+                pk[at..at + d].copy_from_slice(&kr[i * d..(i + 1) * d]);
+                pv[at..at + d].copy_from_slice(&vr[i * d..(i + 1) * d]);
+            }
+            let (pk, pv) = (Tensor::from_f32(pk, dtype), Tensor::from_f32(pv, dtype));
+            for rows in [15, 16, 40] {
+                let q = widened(&Tensor::from_f32(vals(3 + rows as u32, rows * d), dtype));
+                let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
+                let scale = 0.3;
+                for paged in [false, true] {
+                    let keys = if paged {
+                        Keys {
+                            k: &pk,
+                            v: &pv,
+                            base: 0,
+                            len: n,
+                            pages: Some(Pages {
+                                size: page,
+                                offsets: &offsets,
+                                first: 0,
+                            }),
+                        }
+                    } else {
+                        Keys {
+                            k: &k,
+                            v: &v,
+                            base: 0,
+                            len: n,
+                            pages: None,
+                        }
+                    };
+                    for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {
+                        let widen = dtype != DType::F32;
+                        let mut scratch = vec![0.0f32; scratch_len(rows, bk, d, widen, paged)];
+                        let (mut acc, mut m, mut l) = (
+                            vec![0.0f32; rows * d],
+                            vec![0.0f32; rows],
+                            vec![0.0f32; rows],
+                        );
+                        let mut state = RowState {
+                            acc: &mut acc,
+                            m: &mut m,
+                            l: &mut l,
+                        };
+                        state.reset();
+                        attend_with(
+                            &q,
+                            rows,
+                            &range,
+                            keys,
+                            d,
+                            scale,
+                            bk,
+                            &mut state,
+                            &mut scratch,
+                            gemm_from,
+                        );
+                        state.finish(None);
+                        for r in 0..rows {
+                            let qr = &q[r * d..(r + 1) * d];
+                            let s: Vec<f64> = range(r)
+                                .map(|j| {
+                                    let kj = &kr[j * d..(j + 1) * d];
+                                    qr.iter()
+                                        .zip(kj)
+                                        .map(|(a, b)| *a as f64 * *b as f64)
+                                        .sum::<f64>()
+                                        * scale as f64
+                                })
+                                .collect();
+                            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                            let sum: f64 = w.iter().sum();
+                            for c in 0..d {
+                                let want: f64 = range(r)
+                                    .zip(&w)
+                                    .map(|(j, p)| p * vr[j * d + c] as f64)
+                                    .sum::<f64>()
+                                    / sum;
+                                let got = acc[r * d + c] as f64;
+                                assert!(
+                                    (got - want).abs() <= 1e-4,
+                                    "{dtype:?} rows {rows} paged {paged} gemm_from {gemm_from}: row {r} col {c}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn contiguous_visibility_matches_the_shapes_key_range() {

@@ -1,5 +1,6 @@
 //! Test support: every path one CPU kernel can take on a shape (input dtype x the ISAs this
-//! CPU has x causal mask x exact or fast exp), and a pool of a given size to run it on.
+//! CPU has x causal mask x exact or fast exp), a pool of a given size to run it on, and
+//! deterministic test values.
 
 use super::isa::Isa;
 use crate::problem::{DType, InputDist, Inputs, Shape};
@@ -52,4 +53,17 @@ pub fn on_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         .build()
         .expect("a test thread pool")
         .install(f)
+}
+
+/// Deterministic values in [-1, 1) with a few exact zeros and repeats.
+pub fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
 }

@@ -11,6 +11,7 @@ pub mod chunked;
 pub mod chunked_bwd;
 pub mod combine;
 pub mod decode;
+pub mod decode_path;
 pub mod flash;
 pub mod flash_bwd;
 pub mod gemm;

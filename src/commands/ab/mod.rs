@@ -226,6 +226,7 @@ fn run(args: &AbArgs, config: &Config) -> Result<Outcome> {
         stop,
         error_rows: config.run.error_rows,
         budget: config.run.memory_budget.map(|b| b.bytes()),
+        decode_gemm_rows: config.run.decode_gemm_rows,
     };
     let mut rows: Vec<CaseRun> = cases.iter().map(CaseRun::new).collect();
     let started = Instant::now();
@@ -290,7 +291,11 @@ fn describe(w: &Worker) -> String {
             };
             format!("git {short}{dirty}")
         });
-    format!("`{}` ({}, {rev})", w.label, h.implementation)
+    let decode = h
+        .cpu_decode_loop
+        .as_deref()
+        .map_or(String::new(), |d| format!("; decode loop: {d}"));
+    format!("`{}` ({}, {rev}{decode})", w.label, h.implementation)
 }
 
 /// The two worker programs.
@@ -320,6 +325,8 @@ struct Block {
     stop: StopRule,
     error_rows: usize,
     budget: Option<u64>,
+    /// The config's pin of decode's loop choice, sent to both sides.
+    decode_gemm_rows: Option<usize>,
 }
 
 /// A case while its rounds are timed.
@@ -371,7 +378,13 @@ impl CaseRun {
         let mut medians = [0.0; 2];
         let mut failure: [Option<String>; 2] = [None, None];
         for side in [first, 1 - first] {
-            match sides[side].run(case, &block.stop, block.error_rows, block.budget) {
+            match sides[side].run(
+                case,
+                &block.stop,
+                block.error_rows,
+                block.budget,
+                block.decode_gemm_rows,
+            ) {
                 Ok(reply) if reply.status == "ok" && !reply.samples.is_empty() => {
                     if self.pairs.is_empty() {
                         self.first_round_figures(side, &reply);

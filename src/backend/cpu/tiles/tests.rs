@@ -2,6 +2,7 @@
 //! (partial register tiles, partial vectors, k beyond one partial sum), on every kernel
 //! path this CPU has; a path it lacks is skipped with a note.
 
+use crate::backend::cpu::kernel_paths::values;
 use half::bf16;
 
 use super::*;
@@ -17,19 +18,6 @@ fn paths() -> Vec<Isa> {
                 println!("note: kernel path {i} not available on this CPU, skipped");
             }
             ok
-        })
-        .collect()
-}
-
-/// Deterministic values in [-1, 1) with a few exact zeros and repeats.
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2001) as f32 / 1000.0 - 1.0
         })
         .collect()
 }
