@@ -230,6 +230,21 @@ fn bad_flags_exit_2() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("--seq-len"));
+    // A pool of 100000 spinning workers once took minutes to stop: refused before it starts.
+    attnbench()
+        .args([
+            "run",
+            "--variant",
+            "flash",
+            "--seq-len",
+            "8",
+            "--threads",
+            "100000",
+        ])
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--threads: 100000 is more than"));
     attnbench()
         .args([
             "run",
@@ -740,7 +755,8 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
     sweep(&["--resume"]).assert().success().stderr(
         predicate::str::contains("runs.csv was unfinished")
             .and(predicate::str::contains("samples.csv was unfinished"))
-            .and(predicate::str::contains("1 to run")),
+            .and(predicate::str::contains("1 to run"))
+            .and(predicate::str::contains("warning: --resume").not()),
     );
     assert_eq!(csv_lines(&csv).len(), rows);
     assert_eq!(last_id(&csv), torn_id);
@@ -765,6 +781,14 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
     );
     assert_eq!(csv_lines(&csv).len(), rows);
     assert_eq!(last_id(&csv), torn_id);
+    // A resume with another grid says which keys differ (the rows before it were made
+    // under the first config); a resume with the same config said nothing.
+    sweep(&["--resume", "--set", "seq_len=16,33,48"])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "warning: --resume with a config that differs from the run's first in axes.seq_len:",
+        ));
     // An unreadable meta.json is not ignored (the resume would lose its run name and
     // calibration): refused, naming the file.
     fs::write(out.join("meta.json"), "{\"config\": ").unwrap();
@@ -834,6 +858,17 @@ fn bpt_memory_model_prints_the_papers_layout_and_rejects_unknown_models() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("gpt-1b"));
+    // Memory past 64-bit byte counts printed saturated ("16777216.00 TiB"): refused.
+    attnbench()
+        .args(["model", "bpt-memory", "--model", "gpt-70b"])
+        .args(["--seq-len", "8192,1000000000000000000"])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("--seq-len 1000000000000000000").and(
+                predicate::str::contains("past what 64-bit byte counts hold"),
+            ),
+        );
 }
 
 const DECODE: &str = r#"
@@ -1315,4 +1350,43 @@ head_dim = 16
         assert!(c["probe"].as_array().unwrap().is_empty(), "{c}");
     }
     assert_eq!(meta_of(&pinned)["config"]["run"]["decode_gemm_rows"], 48);
+}
+
+/// Inputs too large for the machine are an `oom` row with the tensor named, in `run` and in
+/// a sweep (where an interleave group then runs case by case), never an abort.
+#[test]
+fn inputs_that_cannot_be_allocated_are_oom_rows_not_aborts() {
+    attnbench()
+        .args(["run", "--variant", "flash", "-n", "64", "-d", "10000000000"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("oom").and(predicate::str::contains(
+                "input Q: 2560000000000 bytes could not be allocated",
+            )),
+        );
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[run]\nname = \"big\"\ncalibrate = false\ninterleave = true\n[axes]\nvariant = [\"flash\", \"naive\"]\nseq_len = 64\nhead_dim = 10000000000\n",
+    );
+    let out = tmp.path().join("out");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let records: Vec<attnbench::results::record::Record> =
+        csv::Reader::from_path(out.join("runs.csv"))
+            .unwrap()
+            .deserialize()
+            .map(|x| x.unwrap())
+            .collect();
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r.status.name(), "oom", "{}", r.case_id);
+        assert!(r.reason.contains("could not be allocated"), "{}", r.reason);
+    }
 }

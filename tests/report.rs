@@ -193,6 +193,50 @@ fn rows_with_an_empty_or_repeated_case_id_are_refused_exiting_2() {
     );
 }
 
+/// A negative, NaN or infinite time is refused naming the row and column, exit 2 (it was
+/// drawn as "-1 s" or "NaN s", and left out of the plots without a word).
+#[test]
+fn times_that_are_not_times_are_refused_naming_row_and_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    fs::create_dir_all(&dir).unwrap();
+    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
+    let text = fs::read_to_string(quick).unwrap();
+    let mut lines: Vec<Vec<String>> = text
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    let col = lines[0].iter().position(|h| h == "time_max_s").unwrap();
+    for bad in ["-1", "NaN", "inf"] {
+        lines[3][col] = bad.to_string();
+        let csv: Vec<String> = lines.iter().map(|l| l.join(",")).collect();
+        fs::write(dir.join("runs.csv"), csv.join("\n") + "\n").unwrap();
+        report(&dir, &tmp.path().join("out"), &[])
+            .code(2)
+            .stderr(predicate::str::contains(format!(
+                "row 4, column time_max_s: {bad} is not a time"
+            )));
+    }
+}
+
+/// A meta.json that is not JSON, or not even UTF-8, is malformed input: exit 2 naming it.
+#[test]
+fn a_malformed_meta_json_is_refused_exiting_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    fs::create_dir_all(&dir).unwrap();
+    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
+    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    for bytes in [&b"{\"config\": "[..], &[0xff, 0xfe, 0x00][..]] {
+        fs::write(dir.join("meta.json"), bytes).unwrap();
+        report(&dir, &tmp.path().join("out"), &[])
+            .code(2)
+            .stderr(predicate::str::contains(
+                "meta.json: not a meta.json written by attnbench",
+            ));
+    }
+}
+
 #[test]
 fn report_needs_no_meta_json_and_reads_csvs_from_before_the_new_columns() {
     let tmp = tempfile::tempdir().unwrap();

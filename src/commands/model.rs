@@ -87,6 +87,28 @@ fn bpt_memory(a: &BptMemoryArgs) -> crate::error::Result<()> {
                 .into(),
         ));
     }
+    // A table cell holds whole bytes: a size past 2^64 would print saturated as a value.
+    for &s in &a.seq_len {
+        let most = crate::problem::Design::ALL
+            .iter()
+            .map(|&d| {
+                crate::model::bpt_memory::model_memory(
+                    &model,
+                    d,
+                    a.batch as f64,
+                    s as f64,
+                    a.block as f64,
+                    a.activation_bytes as f64,
+                )
+                .total()
+            })
+            .fold(0.0, f64::max);
+        if most >= u64::MAX as f64 {
+            return Err(Error::Usage(format!(
+                "--seq-len {s}: the model's memory at that length ({most:.3e} bytes) is past what 64-bit byte counts hold; give lengths whose memory is below 16 EiB"
+            )));
+        }
+    }
     print!(
         "{}",
         crate::model::bpt_calculator::render(&crate::model::bpt_calculator::Query {

@@ -151,6 +151,12 @@ pub fn command(args: &RunArgs) -> Result<()> {
             return Err(usage(format!("{flag} must be at least 1")));
         }
     }
+    if let Some(why) = args.threads.and_then(config::threads_refused) {
+        return Err(usage(format!("--threads: {why}")));
+    }
+    if let Some(t) = args.threads {
+        warn_oversubscribed(t);
+    }
     if args.min_reps > args.max_reps {
         return Err(usage(format!(
             "--min-reps ({}) is larger than --max-reps ({})",
@@ -300,4 +306,15 @@ pub fn command(args: &RunArgs) -> Result<()> {
         eprintln!("output written to {}", path.display());
     }
     Ok(())
+}
+
+/// A warning on stderr when `threads` exceeds this machine's logical CPUs: the workers
+/// then share cores, and the times measure that.
+pub fn warn_oversubscribed(threads: usize) {
+    let cpus = config::default_threads();
+    if threads > cpus {
+        eprintln!(
+            "warning: threads = {threads} is more than this machine's {cpus} logical CPUs: the workers share cores, and the times measure that"
+        );
+    }
 }

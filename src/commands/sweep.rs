@@ -147,6 +147,11 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    if root {
+        if let Some(&most) = threads.last() {
+            super::run::warn_oversubscribed(most);
+        }
+    }
     let meta_path = dir.join(META_NAME);
     let resolved = || {
         serde_json::to_value(&config)
@@ -178,7 +183,15 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             p.install();
         }
         if !todo.is_empty() {
-            meta.resumed.push(Resumed::now(resolved()?, &meta.config));
+            let now = resolved()?;
+            let keys = differing_keys(&meta.config, &now);
+            if !keys.is_empty() {
+                eprintln!(
+                    "warning: --resume with a config that differs from the run's first in {}: the rows before and after this resume were made under different settings (meta.json's `resumed` records this config)",
+                    keys.join(", ")
+                );
+            }
+            meta.resumed.push(Resumed::now(now, &meta.config));
             meta.write(&meta_path)?;
         }
         meta.calibration
@@ -490,6 +503,34 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
     Ok(())
 }
 
+/// The `section.key` paths whose values differ between two resolved configs (keys of
+/// either; a section that is not a table counts as one key).
+fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let obj = |v: &serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let (a, b) = (obj(a), obj(b));
+    let sections: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let mut out = Vec::new();
+    for s in sections {
+        let (x, y) = (a.get(s), b.get(s));
+        match (x.and_then(|v| v.as_object()), y.and_then(|v| v.as_object())) {
+            (Some(_), _) | (_, Some(_)) => {
+                let x = x.and_then(|v| v.as_object()).unwrap_or(&empty);
+                let y = y.and_then(|v| v.as_object()).unwrap_or(&empty);
+                let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                out.extend(
+                    keys.into_iter()
+                        .filter(|k| x.get(*k) != y.get(*k))
+                        .map(|k| format!("{s}.{k}")),
+                );
+            }
+            _ if x != y => out.push(s.clone()),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// `--resume` continues the run in the directory: a config of another run name would
 /// append its rows to that run's CSV, so it is refused (a `--set` that widens or narrows
 /// the grid of the same run is recorded in `meta.json` instead).
@@ -690,5 +731,23 @@ impl Progress {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differing_keys;
+    use serde_json::json;
+
+    #[test]
+    fn differing_keys_name_each_changed_key_of_each_section() {
+        let first =
+            json!({"run": {"name": "r", "max_reps": 5}, "axes": {"seq_len": [1, 2]}, "zip": []});
+        assert!(differing_keys(&first, &first).is_empty());
+        let now = json!({"run": {"name": "r", "max_reps": 9, "interleave": true}, "axes": {"seq_len": [1, 2]}, "zip": [1]});
+        assert_eq!(
+            differing_keys(&first, &now),
+            ["run.interleave", "run.max_reps", "zip"]
+        );
     }
 }

@@ -63,6 +63,23 @@ impl ZipGroup {
     }
 }
 
+/// The values of the `threads` axis within `run::max_threads` (other axes pass).
+fn check_threads(
+    axis: Axis,
+    values: Vec<AxisValue>,
+) -> std::result::Result<Vec<AxisValue>, String> {
+    if axis == Axis::Threads {
+        for v in &values {
+            if let AxisValue::Size(n) = v {
+                if let Some(why) = super::run::threads_refused(*n) {
+                    return Err(why);
+                }
+            }
+        }
+    }
+    Ok(values)
+}
+
 /// Check and resolve `[axes]` and the zip groups; `threads` is `run.threads`.
 pub(super) fn resolve_axes(
     axes: Option<RawAxes>,
@@ -73,8 +90,9 @@ pub(super) fn resolve_axes(
     let mut owner: BTreeMap<Axis, Section> = BTreeMap::new();
     let mut resolved = Axes::default();
     for (axis, value) in axes.unwrap_or_default().into_entries() {
-        let values =
-            parse_axis(axis, &value).map_err(|m| src.err(Section::Axes, axis.name(), m))?;
+        let values = parse_axis(axis, &value)
+            .and_then(|v| check_threads(axis, v))
+            .map_err(|m| src.err(Section::Axes, axis.name(), m))?;
         owner.insert(axis, Section::Axes);
         resolved.values.insert(axis, values);
     }
@@ -95,7 +113,9 @@ pub(super) fn resolve_axes(
                     format!("axis also set in {prev}; an axis belongs to [axes] or to one [[zip]] group"),
                 ));
             }
-            let v = parse_axis(axis, &value).map_err(|m| src.err(section, axis.name(), m))?;
+            let v = parse_axis(axis, &value)
+                .and_then(|v| check_threads(axis, v))
+                .map_err(|m| src.err(section, axis.name(), m))?;
             owner.insert(axis, section);
             values.insert(axis, v);
         }

@@ -90,6 +90,27 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The most worker threads a case may ask for: 8 per logical CPU, at least 64. Beyond it a
+/// pool of spinning workers measures only oversubscription (100000 of them took minutes to
+/// stop), so it is refused, naming the key.
+pub fn max_threads() -> usize {
+    (8 * default_threads()).max(64)
+}
+
+/// Why `threads` is refused, if it is.
+pub fn threads_refused(threads: usize) -> Option<String> {
+    if threads == 0 {
+        Some("must be at least 1".into())
+    } else if threads > max_threads() {
+        Some(format!(
+            "{threads} is more than {} (8 per logical CPU of this machine, at least 64)",
+            max_threads()
+        ))
+    } else {
+        None
+    }
+}
+
 impl RunConfig {
     /// All defaults, with this name (for single-case runs that have no config file).
     pub fn new(name: impl Into<String>) -> RunConfig {
@@ -274,8 +295,8 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     if error_rows == 0 {
         return Err(f.err("error_rows", "must be at least 1"));
     }
-    if threads == 0 {
-        return Err(f.err("threads", "must be at least 1"));
+    if let Some(why) = threads_refused(threads) {
+        return Err(f.err("threads", why));
     }
     Ok(RunConfig {
         name,

@@ -905,3 +905,26 @@ fn decode_gemm_rows_is_measured_by_default_or_pinned_at_16_or_more() {
         );
     }
 }
+
+#[test]
+fn threads_beyond_eight_per_cpu_are_refused_naming_the_key() {
+    let max = super::run::max_threads();
+    assert!(max >= 64);
+    assert_eq!(
+        load(MIN, &[&format!("axes.threads={max}")])
+            .unwrap()
+            .run
+            .threads,
+        { super::run::default_threads() }
+    );
+    for (set, key) in [
+        (format!("axes.threads=1,{}", max + 1), "axes.threads"),
+        (format!("run.threads={}", max + 1), "run.threads"),
+    ] {
+        let e = load(MIN, &[&set]).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains(&format!("{} is more than {max}", max + 1)),
+            "{set}: {e}"
+        );
+    }
+}

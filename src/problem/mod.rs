@@ -893,6 +893,21 @@ impl Tensor {
 
     /// Round f32 values into `dtype` storage as they come (no f32 buffer of the whole
     /// tensor unless the storage is f32; a `Vec`'s own iterator is collected in place).
+    /// `collect_f32` of `len` values into storage reserved fallibly: `OutOfMemory` naming
+    /// `what` where the allocator refuses (a case's inputs are a row's `oom`, not an abort).
+    pub fn try_collect_f32(
+        len: usize,
+        values: impl Iterator<Item = f32>,
+        dtype: DType,
+        what: &str,
+    ) -> crate::error::Result<Tensor> {
+        Ok(match dtype {
+            DType::F32 => Tensor::F32(try_collect(len, values, what)?),
+            DType::Bf16 => Tensor::Bf16(try_collect(len, values.map(bf16::from_f32), what)?),
+            DType::F16 => Tensor::F16(try_collect(len, values.map(f16::from_f32), what)?),
+        })
+    }
+
     pub fn collect_f32(values: impl Iterator<Item = f32>, dtype: DType) -> Tensor {
         match dtype {
             DType::F32 => Tensor::F32(values.collect()),
@@ -956,10 +971,21 @@ impl Inputs {
     /// Seeded inputs. The stream depends on (seed, shape, dtype, dist, scale) only, never on
     /// the variant, so every variant of a sweep sees the same Q, K, V.
     pub fn generate(shape: Shape, dtype: DType, dist: InputDist, scale: f64, seed: u64) -> Inputs {
+        Inputs::try_generate(shape, dtype, dist, scale, seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `generate`, with `OutOfMemory` where a tensor cannot be allocated.
+    pub fn try_generate(
+        shape: Shape,
+        dtype: DType,
+        dist: InputDist,
+        scale: f64,
+        seed: u64,
+    ) -> crate::error::Result<Inputs> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // Each value is rounded into the storage dtype as it is drawn (`collect_f32`: a
         // 2 GiB bf16 cache does not pass through 4 GiB of f32).
-        let mut gen = |n: usize, scaled: bool| -> Tensor {
+        let mut gen = |n: usize, scaled: bool, what: &str| {
             let f = if scaled { scale as f32 } else { 1.0 };
             let mut draw = || {
                 let x: f32 = match dist {
@@ -968,43 +994,54 @@ impl Inputs {
                 };
                 x * f
             };
-            Tensor::collect_f32((0..n).map(|_| draw()), dtype)
+            Tensor::try_collect_f32(n, (0..n).map(|_| draw()), dtype, what)
         };
-        let q = gen(shape.q_len(), true);
-        let k = gen(shape.kv_len(), true);
-        let v = gen(shape.kv_len(), false);
-        Inputs {
+        let q = gen(shape.q_len(), true, "input Q")?;
+        let k = gen(shape.kv_len(), true, "input K")?;
+        let v = gen(shape.kv_len(), false, "input V")?;
+        Ok(Inputs {
             shape,
             q,
             k,
             v,
             paged: Vec::new(),
-        }
+        })
     }
 
     /// The inputs of `case`: generated from its seed, with the page pool its paging needs.
     pub fn for_case(case: &Case) -> Inputs {
-        let x = Inputs::generate(
+        Inputs::try_for_case(case).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `for_case`, with `OutOfMemory` where a tensor or the pool cannot be allocated (what
+    /// a measured case's row reports as `oom`).
+    pub fn try_for_case(case: &Case) -> crate::error::Result<Inputs> {
+        Inputs::try_generate(
             case.shape,
             case.dtype,
             case.input_dist,
             case.input_scale,
             case.seed,
-        );
-        x.paged_for(case)
+        )?
+        .try_paged_for(case)
     }
 
     /// These inputs with the page pool `case` reads (built from `k` and `v` unless they
     /// have it already); unchanged for a case of a contiguous cache.
-    pub fn paged_for(mut self, case: &Case) -> Inputs {
+    pub fn paged_for(self, case: &Case) -> Inputs {
+        self.try_paged_for(case).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `paged_for`, with `OutOfMemory` where the pool cannot be allocated.
+    pub fn try_paged_for(mut self, case: &Case) -> crate::error::Result<Inputs> {
         if let Some(p) = case.paging {
             if self.pool(p).is_none() {
                 let seqs = case.seq_layout();
-                let pool = PagedKv::build(&self.shape, &seqs, &self.k, &self.v, p, case.seed);
+                let pool = PagedKv::build(&self.shape, &seqs, &self.k, &self.v, p, case.seed)?;
                 self.paged.push(pool);
             }
         }
-        self
+        Ok(self)
     }
 
     /// The pool of paging `p`, if these inputs hold it.
@@ -1015,6 +1052,23 @@ impl Inputs {
     pub fn dtype(&self) -> DType {
         self.q.dtype()
     }
+}
+
+/// `len` values of `values` in a vector reserved fallibly (`OutOfMemory` naming `what`).
+pub fn try_collect<T>(
+    len: usize,
+    values: impl Iterator<Item = T>,
+    what: &str,
+) -> crate::error::Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        crate::error::Error::OutOfMemory(format!(
+            "{what}: {} bytes could not be allocated",
+            len as u128 * std::mem::size_of::<T>() as u128
+        ))
+    })?;
+    v.extend(values.take(len));
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ impl PagedKv {
         v: &Tensor,
         paging: Paging,
         seed: u64,
-    ) -> PagedKv {
+    ) -> crate::error::Result<PagedKv> {
         let n = paging.table_len(seqs);
         let mut indptr = vec![0];
         for b in 0..seqs.len() {
@@ -154,13 +154,13 @@ impl PagedKv {
             table: &table,
             indptr: &indptr,
         };
-        PagedKv {
+        Ok(PagedKv {
             paging,
-            k: place.scatter(k),
-            v: place.scatter(v),
+            k: place.scatter(k, "page pool K")?,
+            v: place.scatter(v, "page pool V")?,
             table,
             indptr,
-        }
+        })
     }
 
     /// Element offset in the pool of kv head `g`'s first token of physical page `page`.
@@ -180,18 +180,19 @@ struct Placement<'a> {
 
 impl Placement<'_> {
     /// The logical cache copied into the pool's pages; unfilled slots NaN.
-    fn scatter(&self, src: &Tensor) -> Tensor {
-        match src {
-            Tensor::F32(x) => Tensor::F32(self.fill(x, f32::NAN)),
-            Tensor::Bf16(x) => Tensor::Bf16(self.fill(x, half::bf16::NAN)),
-            Tensor::F16(x) => Tensor::F16(self.fill(x, half::f16::NAN)),
-        }
+    fn scatter(&self, src: &Tensor, what: &str) -> crate::error::Result<Tensor> {
+        Ok(match src {
+            Tensor::F32(x) => Tensor::F32(self.fill(x, f32::NAN, what)?),
+            Tensor::Bf16(x) => Tensor::Bf16(self.fill(x, half::bf16::NAN, what)?),
+            Tensor::F16(x) => Tensor::F16(self.fill(x, half::f16::NAN, what)?),
+        })
     }
 
-    fn fill<T: Copy>(&self, src: &[T], nan: T) -> Vec<T> {
+    fn fill<T: Copy>(&self, src: &[T], nan: T, what: &str) -> crate::error::Result<Vec<T>> {
         let (s, seqs) = (self.shape, self.seqs);
         let (p, d) = (self.paging.page_size, s.head_dim);
-        let mut pool = vec![nan; self.paging.pool_len(s, seqs)];
+        let len = self.paging.pool_len(s, seqs);
+        let mut pool = super::try_collect(len, std::iter::repeat(nan), what)?;
         for b in 0..seqs.len() {
             let len = seqs.kv_len(b);
             for g in 0..s.kv_heads {
@@ -205,7 +206,7 @@ impl Placement<'_> {
                 }
             }
         }
-        pool
+        Ok(pool)
     }
 }
 
@@ -243,7 +244,7 @@ mod tests {
             for order in PageOrder::ALL {
                 for page_size in [1, 4, 16, 37] {
                     let paging = Paging { page_size, order };
-                    let kv = PagedKv::build(&s, &seqs, &x.k, &x.v, paging, 9);
+                    let kv = PagedKv::build(&s, &seqs, &x.k, &x.v, paging, 9).unwrap();
                     let n = paging.table_len(&seqs);
                     let mut sorted = kv.table.clone();
                     sorted.sort();
@@ -286,7 +287,7 @@ mod tests {
             page_size: 1,
             order: PageOrder::Shuffled,
         };
-        let build = |seed| PagedKv::build(&s, &seqs, &x.k, &x.v, p, seed);
+        let build = |seed| PagedKv::build(&s, &seqs, &x.k, &x.v, p, seed).unwrap();
         let a = build(9);
         assert_eq!(a, build(9));
         assert_ne!(a.table, build(10).table);

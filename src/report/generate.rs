@@ -78,8 +78,7 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
         plots: &plots,
     });
     let tables = out.join(TABLES_NAME);
-    std::fs::write(&tables, md)
-        .map_err(|e| Error::io(format!("cannot write {}", tables.display()), e))?;
+    crate::results::durable::write_atomic(&tables, md.as_bytes())?;
     let mut files = vec![TABLES_NAME.to_string()];
     for img in plots.iter().flat_map(|p| &p.images) {
         let stem = img

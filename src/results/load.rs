@@ -68,8 +68,14 @@ impl Results {
         let records = read_csv(&dir.join(CSV_NAME))?;
         let meta_path = dir.join(META_NAME);
         let meta = if meta_path.exists() {
-            let text = std::fs::read_to_string(&meta_path)
-                .map_err(|e| Error::io(format!("cannot read {}", meta_path.display()), e))?;
+            // Bytes that are not UTF-8 are a malformed file (exit 2), not a failed read.
+            let text = std::fs::read_to_string(&meta_path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => Error::Input {
+                    path: meta_path.clone(),
+                    msg: format!("not a meta.json written by attnbench: {e}"),
+                },
+                _ => Error::io(format!("cannot read {}", meta_path.display()), e),
+            })?;
             Some(serde_json::from_str(&text).map_err(|e| Error::Input {
                 path: meta_path.clone(),
                 msg: format!("not a meta.json written by attnbench: {e}"),

@@ -123,6 +123,25 @@ pub fn parse(path: &Path, input: impl std::io::Read) -> Result<Vec<Record>> {
         if rec.case_id.is_empty() {
             return Err(bad(format!("row {row}: empty case_id")));
         }
+        // A time is a finite number of seconds, 0 or more: a report would draw "-1 s" or
+        // "NaN s", and its plots would drop the row without a word.
+        let times = [
+            ("time_median_s", rec.time_median_s),
+            ("time_min_s", rec.time_min_s),
+            ("time_max_s", rec.time_max_s),
+            ("time_mad_s", rec.time_mad_s),
+            ("time_bwd_median_s", rec.time_bwd_median_s),
+            ("comm_time_s", rec.comm_time_s),
+            ("comm_time_min_s", rec.comm_time_min_s),
+            ("step_max_median_s", rec.step_max_median_s),
+        ];
+        for (col, t) in times {
+            if let Some(t) = t.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+                return Err(bad(format!(
+                    "row {row}, column {col}: {t} is not a time (a finite number of seconds, 0 or more)"
+                )));
+            }
+        }
         if let Some(first) = seen.insert(rec.case_id.clone(), row) {
             return Err(bad(format!(
                 "row {row}: case_id `{}` appears again: it already appears in row {first} \

@@ -160,9 +160,13 @@ pub fn run_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
 fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let first = cases[0];
     // One logical cache for all, and the pool of each paging its members use.
-    let inputs = cases
-        .iter()
-        .fold(Inputs::for_case(first), |x, c| x.paged_for(c));
+    // Inputs that do not fit: each case alone, which makes its row `oom`.
+    let inputs = Inputs::try_for_case(first)
+        .and_then(|x| cases.iter().try_fold(x, |x, c| x.try_paged_for(c)));
+    let inputs = match inputs {
+        Ok(x) => x,
+        Err(_) => return cases.iter().map(|c| run_case(c, settings, None)).collect(),
+    };
     let mut members: Vec<Member> = cases
         .iter()
         .map(|&case| {

@@ -324,9 +324,18 @@ fn measure(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Outcome {
-    let inputs = (!case.mode.is_layer()).then(|| case_inputs(case, given));
     let mut record = record_for(&settings.run_name, case, Status::Ok, "");
     record.mem_predicted_bytes = Some(predicted);
+    let inputs = match (!case.mode.is_layer())
+        .then(|| case_inputs(case, given))
+        .transpose()
+    {
+        Ok(x) => x,
+        Err(e) => {
+            fail(&mut record, e);
+            return Outcome::not_run(record);
+        }
+    };
     let measured = (|| {
         let mut step = backend.step(case, settings, inputs.as_ref())?;
         let stop = stop_rule(case, &settings.stop);
@@ -448,7 +457,15 @@ fn measure_extrapolated(
         // Memory is never extrapolated: this variant's workspace depends on the query rows.
         return measure(backend, case, settings, given, predicted);
     }
-    let inputs = case_inputs(case, given);
+    let inputs = match case_inputs(case, given) {
+        Ok(x) => x,
+        Err(e) => {
+            let mut record = record_for(&settings.run_name, case, Status::Ok, "");
+            record.mem_predicted_bytes = Some(predicted);
+            fail(&mut record, e);
+            return Outcome::not_run(record);
+        }
+    };
     let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
     let slow = time_one_call(backend, &part, settings, &part_inputs)
         .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
@@ -487,10 +504,10 @@ fn time_one_call(
 
 /// The given inputs (`run --inputs`) or the case's seeded ones, with the page pool a case
 /// of a paged cache reads.
-fn case_inputs(case: &Case, given: Option<Inputs>) -> Inputs {
+fn case_inputs(case: &Case, given: Option<Inputs>) -> Result<Inputs> {
     match given {
-        Some(x) => x.paged_for(case),
-        None => Inputs::for_case(case),
+        Some(x) => x.try_paged_for(case),
+        None => Inputs::try_for_case(case),
     }
 }
 

@@ -118,8 +118,9 @@ pub fn write(
 }
 
 pub(super) fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
+    // Replaced at once: a full disk keeps the previous file, never a truncated one.
     let p = dir.join(name);
-    std::fs::write(&p, text).map_err(|e| Error::io(format!("cannot write {}", p.display()), e))?;
+    crate::results::durable::write_atomic(&p, text.as_bytes())?;
     Ok(p)
 }
 

@@ -80,7 +80,9 @@ pub(crate) fn register_font() -> Result<()> {
     }
 }
 
-/// Writes `plot` as `dir/stem.EXT` in every format; returns the file names written.
+/// Writes `plot` as `dir/stem.EXT` in every format; returns the file names written. Each
+/// file is drawn beside its name and renamed into place once whole, so a full disk leaves
+/// the previous file (or none), never a truncated one.
 pub fn save(plot: &Plot, dir: &Path, stem: &str, formats: &[Format]) -> Result<Vec<String>> {
     register_font()?;
     let mut names = Vec::new();
@@ -88,18 +90,28 @@ pub fn save(plot: &Plot, dir: &Path, stem: &str, formats: &[Format]) -> Result<V
     for &f in formats {
         let name = format!("{stem}.{}", f.ext());
         let path = dir.join(&name);
+        // The extension last: the PNG backend picks its encoder by it.
+        let tmp = dir.join(format!(".{stem}.{}.tmp.{}", std::process::id(), f.ext()));
         let fail = |e: String| Error::Runtime(format!("drawing {}: {e}", path.display()));
-        match f {
+        let drawn = match f {
             Format::Png => {
-                let root = BitMapBackend::new(&path, size).into_drawing_area();
-                plot.draw(&root).map_err(fail)?;
-                root.present().map_err(|e| fail(e.to_string()))?;
+                let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+                plot.draw(&root)
+                    .and_then(|()| root.present().map_err(|e| e.to_string()))
             }
             Format::Svg => {
-                let root = SVGBackend::new(&path, size).into_drawing_area();
-                plot.draw(&root).map_err(fail)?;
-                root.present().map_err(|e| fail(e.to_string()))?;
+                let root = SVGBackend::new(&tmp, size).into_drawing_area();
+                plot.draw(&root)
+                    .and_then(|()| root.present().map_err(|e| e.to_string()))
             }
+        };
+        let placed = drawn.map_err(fail).and_then(|()| {
+            std::fs::rename(&tmp, &path)
+                .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+        });
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         names.push(name);
     }
