@@ -46,13 +46,13 @@ fn sig3(v: f64) -> String {
     }
 }
 
-/// Scientific notation with 2 significant digits: "1.5e-7".
+/// Scientific notation with 2 significant digits: "1.5e-7", "5.0e0" (Rust writes the
+/// exponent without padding, so nothing is stripped: stripping "e0" once printed "5.0e").
 pub fn sci(x: f64) -> String {
     if x == 0.0 {
         return "0".into();
     }
-    let s = format!("{x:.1e}");
-    s.replace("e-0", "e-").replace("e0", "e")
+    format!("{x:.1e}")
 }
 
 /// A relative difference as a signed percentage: "+2%", "-8%".
@@ -136,6 +136,9 @@ mod tests {
         assert_eq!(sci(1.5e-7), "1.5e-7");
         assert_eq!(sci(6.54e-7), "6.5e-7");
         assert_eq!(sci(2.0e12), "2.0e12");
+        assert_eq!(sci(5.0), "5.0e0");
+        assert_eq!(sci(-3.25), "-3.2e0");
+        assert_eq!(sci(1.0e-10), "1.0e-10");
         assert_eq!(percent(0.02), "+2%");
         assert_eq!(percent(-0.081), "-8%");
         assert_eq!((pow2(16384), pow2(1000)), ("2^14".into(), "1000".into()));

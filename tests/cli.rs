@@ -670,14 +670,22 @@ fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
         .nth(1)
         .and_then(|rest| rest.split('`').next())
         .unwrap_or_else(|| panic!("no resume command in: {said}"));
+    // It names this binary by its path (`attnbench` need not be on PATH), relative to the
+    // directory it ran in where the binary lies below it.
+    let (program, rest) = resume.split_once(' ').unwrap();
+    assert_eq!(
+        fs::canonicalize(program).unwrap(),
+        fs::canonicalize(&bin).unwrap(),
+        "{resume}"
+    );
     assert!(
-        resume.starts_with("attnbench sweep --config")
+        rest.starts_with("sweep --config")
             && resume.contains("--set ")
             && resume.contains("head_dim=16")
             && resume.ends_with("--resume"),
         "{resume}"
     );
-    let script = format!("{} {}", bin.display(), &resume["attnbench ".len()..]);
+    let script = resume.to_string();
     let status = std::process::Command::new("sh")
         .args(["-c", &script])
         .stdout(Stdio::null())

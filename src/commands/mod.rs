@@ -9,3 +9,22 @@ pub mod model;
 pub mod report;
 pub mod run;
 pub mod sweep;
+
+/// How to run this program again from the current directory, for the commands a message
+/// suggests: its path (relative when under the current directory, `./target/release/attnbench`
+/// in the README's `cargo run` workflow, where `attnbench` is not on PATH), shell-quoted;
+/// `attnbench` when the path cannot be read.
+pub fn this_program() -> String {
+    let Ok(exe) = std::env::current_exe() else {
+        return "attnbench".into();
+    };
+    let shown = match std::env::current_dir()
+        .ok()
+        .and_then(|d| exe.strip_prefix(d).ok())
+    {
+        Some(rel) => std::path::Path::new(".").join(rel),
+        None => exe.clone(),
+    };
+    let text = shown.to_string_lossy().into_owned();
+    shlex::try_quote(&text).map_or(text.clone(), |q| q.into_owned())
+}

@@ -437,7 +437,7 @@ fn interrupted_on_any_rank() -> Result<bool> {
 fn resume_command(args: &SweepArgs, dir: &Path) -> String {
     let quote = |s: &str| shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned());
     let mut words = vec![
-        "attnbench sweep --config".to_string(),
+        format!("{} sweep --config", super::this_program()),
         quote(&args.config.to_string_lossy()),
         "--out".into(),
         quote(&dir.to_string_lossy()),
@@ -459,8 +459,9 @@ fn report_at_end(dir: &Path) -> Result<()> {
     generate::run(dir, None, &formats).map_err(|e| {
         Error::Runtime(format!(
             "the sweep finished and its rows are in {}, but the report failed: {e}; \
-             retry with `attnbench report {}`",
+             retry with `{} report {}`",
             dir.join(CSV_NAME).display(),
+            super::this_program(),
             dir.display()
         ))
     })
