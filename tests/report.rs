@@ -219,6 +219,26 @@ fn times_that_are_not_times_are_refused_naming_row_and_column() {
     }
 }
 
+/// A report of a directory a sweep is still writing says so (and still reports the rows).
+#[test]
+fn a_report_of_a_directory_being_written_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    fs::create_dir_all(&dir).unwrap();
+    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
+    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    let note = "a sweep is writing";
+    report(&dir, &tmp.path().join("out"), &["--format", "svg"])
+        .success()
+        .stderr(predicate::str::contains(note).not());
+    // The lock a sweep holds while it writes (`.attnbench.lock`).
+    let lock = fs::File::create(dir.join(".attnbench.lock")).unwrap();
+    lock.lock().unwrap();
+    report(&dir, &tmp.path().join("out"), &["--format", "svg"])
+        .success()
+        .stderr(predicate::str::contains(note));
+}
+
 /// A meta.json that is not JSON, or not even UTF-8, is malformed input: exit 2 naming it.
 #[test]
 fn a_malformed_meta_json_is_refused_exiting_2() {

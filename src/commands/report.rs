@@ -32,5 +32,16 @@ impl ValueEnum for Format {
 }
 
 pub fn command(a: &ReportArgs) -> crate::error::Result<()> {
+    let dir = if a.dir.is_file() {
+        a.dir.parent().unwrap_or(&a.dir)
+    } else {
+        &a.dir
+    };
+    if crate::results::durable::being_written(dir) {
+        eprintln!(
+            "note: a sweep is writing {} now: this report shows the rows written so far; report again when it finishes",
+            dir.display()
+        );
+    }
     crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format)
 }

@@ -153,9 +153,31 @@ impl DirLock {
     }
 }
 
+/// Whether a sweep holds `dir`'s lock now (it is writing rows there). False where there is
+/// no lock file or the file system cannot lock.
+pub fn being_written(dir: &Path) -> bool {
+    let Ok(file) = File::open(dir.join(LOCK_NAME)) else {
+        return false;
+    };
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_lock_says_the_directory_is_being_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!being_written(tmp.path()), "no lock file");
+        let lock = DirLock::acquire(tmp.path()).unwrap();
+        assert!(being_written(tmp.path()));
+        drop(lock);
+        assert!(!being_written(tmp.path()), "released");
+    }
 
     #[test]
     fn an_unfinished_last_row_is_cut_and_whole_files_stay() {
