@@ -17,6 +17,15 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report")
 }
 
+/// `within/run` holding a copy of the committed quick run's runs.csv (no meta.json).
+fn quick_run(within: &Path) -> PathBuf {
+    let dir = within.join("run");
+    fs::create_dir_all(&dir).unwrap();
+    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
+    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    dir
+}
+
 /// Runs the report from an unrelated working directory (no configs/ there), into `out`.
 fn report(dir: &Path, out: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
     let cwd = tempfile::tempdir().unwrap();
@@ -198,10 +207,8 @@ fn rows_with_an_empty_or_repeated_case_id_are_refused_exiting_2() {
 #[test]
 fn times_that_are_not_times_are_refused_naming_row_and_column() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("run");
-    fs::create_dir_all(&dir).unwrap();
-    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
-    let text = fs::read_to_string(quick).unwrap();
+    let dir = quick_run(tmp.path());
+    let text = fs::read_to_string(dir.join("runs.csv")).unwrap();
     let mut lines: Vec<Vec<String>> = text
         .lines()
         .map(|l| l.split(',').map(str::to_string).collect())
@@ -223,10 +230,7 @@ fn times_that_are_not_times_are_refused_naming_row_and_column() {
 #[test]
 fn a_report_of_a_directory_being_written_says_so() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("run");
-    fs::create_dir_all(&dir).unwrap();
-    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
-    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    let dir = quick_run(tmp.path());
     let note = "a sweep is writing";
     report(&dir, &tmp.path().join("out"), &["--format", "svg"])
         .success()
@@ -243,10 +247,7 @@ fn a_report_of_a_directory_being_written_says_so() {
 #[test]
 fn a_malformed_meta_json_is_refused_exiting_2() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("run");
-    fs::create_dir_all(&dir).unwrap();
-    let quick = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/quick/runs.csv");
-    fs::copy(quick, dir.join("runs.csv")).unwrap();
+    let dir = quick_run(tmp.path());
     for bytes in [&b"{\"config\": "[..], &[0xff, 0xfe, 0x00][..]] {
         fs::write(dir.join("meta.json"), bytes).unwrap();
         report(&dir, &tmp.path().join("out"), &[])

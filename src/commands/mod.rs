@@ -25,6 +25,10 @@ pub fn this_program() -> String {
         Some(rel) => std::path::Path::new(".").join(rel),
         None => exe.clone(),
     };
-    let text = shown.to_string_lossy().into_owned();
-    shlex::try_quote(&text).map_or(text.clone(), |q| q.into_owned())
+    shell_quote(&shown.to_string_lossy())
+}
+
+/// `s` quoted for a POSIX shell where it needs it (single quotes where shlex refuses it).
+pub fn shell_quote(s: &str) -> String {
+    shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned())
 }

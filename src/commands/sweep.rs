@@ -170,7 +170,9 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
                 }
                 None => decode_path::measure_once().clone(),
             };
-            eprintln!("decode loop: {}", p.summary());
+            if root {
+                eprintln!("decode loop: {}", p.summary());
+            }
             p
         })
     };
@@ -435,7 +437,7 @@ fn interrupted_on_any_rank() -> Result<bool> {
 /// The command that continues this sweep: its config, every `--set` (they shape the grid),
 /// `--no-report` if given, quoted for a POSIX shell.
 fn resume_command(args: &SweepArgs, dir: &Path) -> String {
-    let quote = |s: &str| shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned());
+    let quote = super::shell_quote;
     let mut words = vec![
         format!("{} sweep --config", super::this_program()),
         quote(&args.config.to_string_lossy()),
@@ -507,26 +509,35 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
 /// The `section.key` paths whose values differ between two resolved configs (keys of
 /// either; a section that is not a table counts as one key).
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
-    let empty = serde_json::Map::new();
-    let obj = |v: &serde_json::Value| v.as_object().cloned().unwrap_or_default();
-    let (a, b) = (obj(a), obj(b));
-    let sections: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    use serde_json::{Map, Value};
+    let empty = Map::new();
+    fn table(v: Option<&Value>) -> Option<&Map<String, Value>> {
+        v.and_then(Value::as_object)
+    }
+    let (a, b) = (
+        table(Some(a)).unwrap_or(&empty),
+        table(Some(b)).unwrap_or(&empty),
+    );
+    let keys = |x: &Map<String, Value>, y: &Map<String, Value>| -> BTreeSet<String> {
+        x.keys().chain(y.keys()).cloned().collect()
+    };
     let mut out = Vec::new();
-    for s in sections {
-        let (x, y) = (a.get(s), b.get(s));
-        match (x.and_then(|v| v.as_object()), y.and_then(|v| v.as_object())) {
-            (Some(_), _) | (_, Some(_)) => {
-                let x = x.and_then(|v| v.as_object()).unwrap_or(&empty);
-                let y = y.and_then(|v| v.as_object()).unwrap_or(&empty);
-                let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+    for s in keys(a, b) {
+        let (x, y) = (a.get(&s), b.get(&s));
+        if x == y {
+            continue;
+        }
+        match (table(x), table(y)) {
+            (None, None) => out.push(s),
+            (x, y) => {
+                let (x, y) = (x.unwrap_or(&empty), y.unwrap_or(&empty));
                 out.extend(
-                    keys.into_iter()
-                        .filter(|k| x.get(*k) != y.get(*k))
+                    keys(x, y)
+                        .into_iter()
+                        .filter(|k| x.get(k) != y.get(k))
                         .map(|k| format!("{s}.{k}")),
                 );
             }
-            _ if x != y => out.push(s.clone()),
-            _ => {}
         }
     }
     out

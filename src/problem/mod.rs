@@ -891,8 +891,6 @@ impl Tensor {
         Tensor::collect_f32(values.into_iter(), dtype)
     }
 
-    /// Round f32 values into `dtype` storage as they come (no f32 buffer of the whole
-    /// tensor unless the storage is f32; a `Vec`'s own iterator is collected in place).
     /// `collect_f32` of `len` values into storage reserved fallibly: `OutOfMemory` naming
     /// `what` where the allocator refuses (a case's inputs are a row's `oom`, not an abort).
     pub fn try_collect_f32(
@@ -908,6 +906,8 @@ impl Tensor {
         })
     }
 
+    /// Round f32 values into `dtype` storage as they come (no f32 buffer of the whole
+    /// tensor unless the storage is f32; a `Vec`'s own iterator is collected in place).
     pub fn collect_f32(values: impl Iterator<Item = f32>, dtype: DType) -> Tensor {
         match dtype {
             DType::F32 => Tensor::F32(values.collect()),

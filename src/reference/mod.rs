@@ -82,8 +82,9 @@ pub fn reference_row_ragged(
     exact_row(inputs, q_off, kv_off, seq.key_range(causal, window, i))
 }
 
-/// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`.
-fn exact_row(
+/// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`
+/// (scores scaled by 1/sqrt(d)).
+pub fn exact_row(
     inputs: &Inputs,
     q_off: usize,
     kv_off: usize,

@@ -324,18 +324,15 @@ fn measure(
     given: Option<Inputs>,
     predicted: u64,
 ) -> Outcome {
-    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
-    record.mem_predicted_bytes = Some(predicted);
     let inputs = match (!case.mode.is_layer())
         .then(|| case_inputs(case, given))
         .transpose()
     {
         Ok(x) => x,
-        Err(e) => {
-            fail(&mut record, e);
-            return Outcome::not_run(record);
-        }
+        Err(e) => return inputs_failed(case, settings, predicted, e),
     };
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
+    record.mem_predicted_bytes = Some(predicted);
     let measured = (|| {
         let mut step = backend.step(case, settings, inputs.as_ref())?;
         let stop = stop_rule(case, &settings.stop);
@@ -459,12 +456,7 @@ fn measure_extrapolated(
     }
     let inputs = match case_inputs(case, given) {
         Ok(x) => x,
-        Err(e) => {
-            let mut record = record_for(&settings.run_name, case, Status::Ok, "");
-            record.mem_predicted_bytes = Some(predicted);
-            fail(&mut record, e);
-            return Outcome::not_run(record);
-        }
+        Err(e) => return inputs_failed(case, settings, predicted, e),
     };
     let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
     let slow = time_one_call(backend, &part, settings, &part_inputs)
@@ -500,6 +492,14 @@ fn time_one_call(
     let t0 = Instant::now();
     step.call()?;
     Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The row of a case whose inputs could not be made (`oom` where they did not fit).
+fn inputs_failed(case: &Case, settings: &Settings, predicted: u64, e: Error) -> Outcome {
+    let mut record = record_for(&settings.run_name, case, Status::Ok, "");
+    record.mem_predicted_bytes = Some(predicted);
+    fail(&mut record, e);
+    Outcome::not_run(record)
 }
 
 /// The given inputs (`run --inputs`) or the case's seeded ones, with the page pool a case

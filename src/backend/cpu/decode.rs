@@ -625,20 +625,22 @@ pub fn attend_materialized(
 mod tests {
     use super::*;
 
-    /// Both loops of `attend` (forced), over contiguous and shuffled-page keys of every
+    /// Both loops of `attend` (forced), over contiguous and reversed-page keys of every
     /// dtype, rows on both sides of the crossover, each row with its own visible range:
-    /// every output within the dtype's tolerance of an f64 softmax of the same values.
+    /// every output within 1e-4 of the f64 oracle (`reference::exact_row`) on the same
+    /// dtype-rounded values.
     #[test]
     fn both_loops_attend_like_the_f64_softmax() {
-        use crate::problem::DType;
+        use crate::problem::{DType, Inputs, Shape};
+        use crate::reference::exact_row;
         let (d, n, page, bk): (usize, usize, usize, usize) = (24, 300, 16, 64);
         let vals = |seed: u32, len: usize| crate::backend::cpu::kernel_paths::values(len, seed);
-        // The pool: page p of the run at physical slot pages - 1 - p (reversed order).
         let widened = |t: &Tensor| {
             let mut out = Vec::new();
             t.for_each_f32(|x| out.push(x));
             out
         };
+        // The pool: page p of the run at physical slot pages - 1 - p (reversed order).
         let pages = n.div_ceil(page);
         let offsets: Vec<usize> = (0..pages).map(|p| (pages - 1 - p) * page * d).collect();
         for dtype in DType::ALL {
@@ -654,9 +656,23 @@ mod tests {
             }
             let (pk, pv) = (Tensor::from_f32(pk, dtype), Tensor::from_f32(pv, dtype));
             for rows in [15, 16, 40] {
-                let q = widened(&Tensor::from_f32(vals(3 + rows as u32, rows * d), dtype));
+                let oracle = Inputs {
+                    shape: Shape {
+                        batch: 1,
+                        heads: 1,
+                        kv_heads: 1,
+                        seq_q: rows,
+                        seq_kv: n,
+                        head_dim: d,
+                    },
+                    q: Tensor::from_f32(vals(3 + rows as u32, rows * d), dtype),
+                    k: k.clone(),
+                    v: v.clone(),
+                    paged: Vec::new(),
+                };
+                let q = widened(&oracle.q);
                 let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
-                let scale = 0.3;
+                let scale = 1.0 / (d as f32).sqrt();
                 for paged in [false, true] {
                     let keys = if paged {
                         Keys {
@@ -707,26 +723,8 @@ mod tests {
                         );
                         state.finish(None);
                         for r in 0..rows {
-                            let qr = &q[r * d..(r + 1) * d];
-                            let s: Vec<f64> = range(r)
-                                .map(|j| {
-                                    let kj = &kr[j * d..(j + 1) * d];
-                                    qr.iter()
-                                        .zip(kj)
-                                        .map(|(a, b)| *a as f64 * *b as f64)
-                                        .sum::<f64>()
-                                        * scale as f64
-                                })
-                                .collect();
-                            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                            let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-                            let sum: f64 = w.iter().sum();
-                            for c in 0..d {
-                                let want: f64 = range(r)
-                                    .zip(&w)
-                                    .map(|(j, p)| p * vr[j * d + c] as f64)
-                                    .sum::<f64>()
-                                    / sum;
+                            let exact = exact_row(&oracle, r * d, 0, range(r));
+                            for (c, want) in exact.into_iter().enumerate() {
                                 let got = acc[r * d + c] as f64;
                                 assert!(
                                     (got - want).abs() <= 1e-4,

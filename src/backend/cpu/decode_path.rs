@@ -103,8 +103,8 @@ impl DecodePath {
     /// Makes this the choice of every later `attend` call in this process.
     pub fn install(&self) {
         for c in &self.dtypes {
-            if let Some(t) = DType::ALL.iter().find(|t| t.name() == c.dtype) {
-                GEMM_ROWS[slot(*t)].store(c.gemm_min_rows.max(GEMM_MIN_ROWS), Ordering::Relaxed);
+            if let Ok(t) = c.dtype.parse::<DType>() {
+                GEMM_ROWS[slot(t)].store(c.gemm_min_rows.max(GEMM_MIN_ROWS), Ordering::Relaxed);
             }
         }
     }
