@@ -71,6 +71,13 @@ pub trait Variant: Sync {
         single_device_full_attention(self.info(), case)
     }
 
+    /// Whether the variant runs on several devices (`devices` > 1: ring, tree and their MPI
+    /// forms); a case of several devices for any other variant is a combination it does not
+    /// have (`variant::impossible`), left out of a sweep.
+    fn multi_device(&self) -> bool {
+        false
+    }
+
     /// The default number of split-KV parts for this shape and thread count, for variants
     /// that split the cache (flash-decoding); `None` means the `splits` axis does not apply.
     fn default_splits(&self, _shape: &Shape, _threads: usize) -> Option<usize> {

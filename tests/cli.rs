@@ -916,7 +916,10 @@ fn decode_sweep_fills_the_decode_and_device_columns_and_writes_the_model_files()
         .arg(&out)
         .assert()
         .success()
-        .stdout(predicate::str::contains("tree_vs_ring.md"));
+        .stdout(predicate::str::contains("tree_vs_ring.md"))
+        .stderr(predicate::str::contains(
+            "4 combinations the variants do not have left out",
+        ));
     let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
     let h = r.headers().unwrap().clone();
     let col = |name: &str| h.iter().position(|x| x == name).unwrap();
@@ -948,12 +951,15 @@ fn decode_sweep_fills_the_decode_and_device_columns_and_writes_the_model_files()
     let ring = find("ring-decode", "3", "");
     // Broadcast of q in 2 binomial rounds, then 2 rotations.
     assert_eq!(&ring[col("comm_steps")], "4");
-    // Unsupported combinations are skipped rows with the reason.
-    let single = find("flash-decoding", "3", "");
-    assert_eq!(&single[col("status")], "skipped");
-    assert!(single[col("reason")].contains("one device"));
-    let naive = find("naive", "1", "");
-    assert!(naive[col("reason")].contains("decode"));
+    // Combinations a variant does not have (several devices for a one-device variant, a
+    // mode it lacks) are not cases: no row. A legal case it declines is a skipped row.
+    let any = |variant: &str, devices: &str| {
+        rows.iter()
+            .any(|x| &x[col("variant")] == variant && &x[col("devices")] == devices)
+    };
+    assert!(!any("flash-decoding", "3"));
+    assert!(!any("decode-online", "3"));
+    assert!(!any("naive", "1"), "naive has no mode decode");
     let ragged = find("tree-decode", "3", "two-level:2");
     assert_eq!(&ragged[col("status")], "skipped");
     assert!(ragged[col("reason")].contains("whole nodes"));
@@ -1234,7 +1240,10 @@ fn serving_sweep_writes_paging_and_chunked_prefill_rows_and_reports() {
         .success();
     let rows = attnbench::results::runs::read(&out.join("runs.csv")).unwrap();
     let of = |v: &'static str| rows.iter().filter(move |r| r.variant == v);
-    let paged: Vec<_> = of("paged-decode").filter(|r| r.mode == "decode").collect();
+    // A mode a variant lacks is left out of the grid: no row.
+    assert!(of("paged-decode").all(|r| r.mode == "decode"));
+    assert!(of("chunked-prefill").all(|r| r.mode == "fwd"));
+    let paged: Vec<_> = of("paged-decode").collect();
     assert_eq!(paged.len(), 2);
     let ok = paged.iter().find(|r| r.page_size == Some(8)).unwrap();
     assert_eq!(ok.status.name(), "ok", "{}", ok.reason);
@@ -1256,9 +1265,10 @@ fn serving_sweep_writes_paging_and_chunked_prefill_rows_and_reports() {
         .find(|r| r.prefill_chunk == Some(64))
         .unwrap();
     assert!(c64.reason.contains("prefill_chunk 64"), "{}", c64.reason);
-    // flash-decoding and flash read neither axis: one row per mode each.
+    // flash-decoding and flash read neither axis: one row each, in the one mode each has.
     assert!(of("flash-decoding").all(|r| r.page_size.is_none() && r.prefill_chunk.is_none()));
-    assert_eq!(of("flash").count(), 2);
+    assert_eq!(of("flash-decoding").count(), 1);
+    assert_eq!(of("flash").count(), 1);
     let decode = fs::read_to_string(out.join("decode.md")).unwrap();
     assert!(decode.contains("## Paging") && decode.contains("paged-decode (page 8, shuffled)"));
     let prefill = fs::read_to_string(out.join("prefill.md")).unwrap();
@@ -1397,4 +1407,66 @@ fn inputs_that_cannot_be_allocated_are_oom_rows_not_aborts() {
         assert_eq!(r.status.name(), "oom", "{}", r.case_id);
         assert!(r.reason.contains("could not be allocated"), "{}", r.reason);
     }
+}
+
+/// Combinations a variant does not have are not cases: `--dry-run` lists them per variant
+/// (and `--json` in its first object), and a grid of nothing else is exit 2 saying so.
+#[test]
+fn combinations_a_variant_does_not_have_are_left_out_and_listed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[run]\nname = \"lo\"\n[axes]\nvariant = [\"naive\", \"flash-decoding\"]\nmode = [\"fwd\", \"decode\"]\ndevices = [1, 2]\nseq_len = 16\nheads = 2\nhead_dim = 8\n",
+    );
+    let out = attnbench()
+        .args(["sweep", "--dry-run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    // naive: fwd on 1 device runs; decode (x2 devices) and fwd on 2 devices do not.
+    // flash-decoding: decode on 1 device runs; fwd (x2) and decode on 2 devices do not.
+    assert!(text.contains("run lo: 2 cases"), "{text}");
+    assert!(text.contains("left out: 6 combinations"), "{text}");
+    assert!(
+        text.contains(
+            "naive: 3 (one device only (devices = 2); no mode decode (it has: fwd, fwd+bwd))"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "flash-decoding: 3 (no mode fwd (it has: decode); one device only (devices = 2))"
+        ),
+        "{text}"
+    );
+    let json = attnbench()
+        .args(["sweep", "--dry-run", "--json", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let first: serde_json::Value =
+        serde_json::from_slice(json.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
+    let left_out = first["left_out"].as_array().unwrap();
+    assert_eq!(left_out.len(), 2);
+    assert_eq!(left_out[0]["variant"], "naive");
+    assert_eq!(left_out[0]["count"], 3);
+    // A grid of nothing else: exit 2 naming the file and what was left out.
+    let none = write_config(
+        tmp.path(),
+        "[run]\nname = \"none\"\n[axes]\nvariant = \"naive\"\nmode = \"decode\"\nseq_len = 16\n",
+    );
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&none)
+        .arg("--out")
+        .arg(tmp.path().join("none"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "only combinations its variants do not have",
+        ))
+        .stderr(predicate::str::contains("naive: 1 (no mode decode"));
+    assert!(!tmp.path().join("none").exists());
 }

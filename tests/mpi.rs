@@ -74,19 +74,12 @@ fn check_run(p: usize) {
 
     let rows = records(&out);
     let ok: Vec<&Record> = rows.iter().filter(|r| r.status == Status::Ok).collect();
-    // Every variant runs every case of its own mode; the other mode's cases are skipped.
+    // Every variant runs every case of its own mode; the other mode's combinations are
+    // left out of the sweep (no rows).
     for r in &rows {
-        if r.status != Status::Ok {
-            assert!(
-                r.status == Status::Skipped && r.reason.contains("does not implement mode"),
-                "p {p} {}: {} {}",
-                r.case_id,
-                r.status,
-                r.reason
-            );
-        }
+        assert_eq!(r.status, Status::Ok, "p {p} {}: {}", r.case_id, r.reason);
     }
-    assert_eq!(ok.len(), rows.len() / 2, "p {p}");
+    assert!(!ok.is_empty(), "p {p}");
     for r in &ok {
         assert_eq!(r.devices, p);
         // The bound for f32: 1e-6 relative to the f64 oracle; bf16 keeps its dtype's.

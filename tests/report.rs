@@ -587,3 +587,111 @@ fn report_regenerates_decode_md_and_bpt_md_beside_runs_csv() {
         assert!(got == want, "{dir}/{name} does not regenerate:\n{got}");
     }
 }
+
+/// The summary heads tables.md and the terminal output: on the committed Rabe–Staats
+/// Table 2 run, rabe-staats against naive at the largest n both ran, with naive's first
+/// oom and how far rabe-staats went; `--reference` names another, and one without timed
+/// rows is exit 2 naming the flag.
+#[test]
+fn the_summary_compares_each_variant_with_the_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t2");
+    fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/rabe_staats_table2");
+    for f in ["runs.csv", "meta.json"] {
+        fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let out = tmp.path().join("out");
+    let printed = report(&dir, &out, &["--format", "svg"]).success();
+    let stdout = String::from_utf8_lossy(&printed.get_output().stdout).into_owned();
+    assert!(
+        stdout.contains("summary against naive (the default"),
+        "{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("rabe-staats:"))
+        .unwrap_or_else(|| panic!("no rabe-staats line in {stdout}"));
+    assert!(line.contains("the speed of naive at n = 16384"), "{line}");
+    assert!(line.contains("of its memory overhead"), "{line}");
+    assert!(line.contains("naive oom from n = 65536"), "{line}");
+    let md = fs::read_to_string(out.join("tables.md")).unwrap();
+    let summary = md.find("## Summary").expect("a summary section");
+    assert!(summary < md.find("## Provenance").unwrap());
+    assert!(md.contains("| rabe-staats | n = 16384 |"), "{md}");
+    // Against rabe-staats instead.
+    let other = tmp.path().join("other");
+    let printed = report(
+        &dir,
+        &other,
+        &["--format", "svg", "--reference", "rabe-staats"],
+    )
+    .success();
+    let stdout = String::from_utf8_lossy(&printed.get_output().stdout).into_owned();
+    assert!(
+        stdout.contains("summary against rabe-staats (named by --reference)")
+            && stdout.contains("naive: "),
+        "{stdout}"
+    );
+    report(&dir, &other, &["--reference", "flash"])
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--reference: `flash` has no timed rows",
+        ));
+}
+
+/// `sweep --json` prints its closing summary as one JSON object on stdout (rows per status,
+/// the report's files and summary), the human lines on stderr.
+#[test]
+fn sweep_json_prints_one_closing_object() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("c.toml");
+    fs::write(
+        &cfg,
+        "[run]\nname = \"j\"\nwarmup = 0\nmin_reps = 1\nmax_reps = 1\nmax_time_s = 0.05\ncalibrate = false\nthreads = 1\n[axes]\nvariant = [\"naive\", \"flash\"]\nmode = [\"fwd\", \"decode\"]\nseq_len = [64]\nheads = 2\nhead_dim = 16\n[report]\nreference = \"flash\"\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("res");
+    let o = attnbench()
+        .args(["sweep", "--json", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+    assert_eq!(v["run"], "j");
+    assert_eq!(v["rows"], 2);
+    assert_eq!(v["statuses"]["ok"], 2);
+    assert_eq!(v["statuses"]["oom"], 0);
+    assert_eq!(v["left_out"].as_array().unwrap().len(), 2, "{v}");
+    let summary = &v["report"]["summary"];
+    assert_eq!(summary["reference"], "flash");
+    assert_eq!(summary["chosen"], "config");
+    assert_eq!(summary["lines"][0]["variant"], "naive");
+    assert_eq!(summary["lines"][0]["at"], 64);
+    assert!(summary["lines"][0]["speed"]["geomean"].as_f64().unwrap() > 0.0);
+    let files = v["report"]["files"].as_array().unwrap();
+    assert!(files.iter().any(|f| f == "tables.md"));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("rows written to"), "{stderr}");
+    // A reference the grid does not run is refused when the config loads.
+    let bad = tmp.path().join("bad.toml");
+    fs::write(
+        &bad,
+        "[run]\nname = \"j\"\n[axes]\nvariant = \"naive\"\nseq_len = 64\n[report]\nreference = \"flash\"\n",
+    )
+    .unwrap();
+    attnbench()
+        .args(["sweep", "--dry-run", "--config"])
+        .arg(&bad)
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("report.reference").and(predicate::str::contains(
+                "`flash` is not a variant of the grid (it has: naive)",
+            )),
+        );
+}

@@ -18,6 +18,10 @@ pub struct ReportArgs {
     /// Output directory [default: RESULTS_DIR/report].
     #[arg(long, short = 'o', value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// The variant the summary compares every other with [default: the run's `[report]
+    /// reference`, else naive, else the first variant with timed rows].
+    #[arg(long, value_name = "VARIANT")]
+    pub reference: Option<String>,
 }
 
 /// The plot formats as command-line values (`png`, `svg`).
@@ -43,5 +47,5 @@ pub fn command(a: &ReportArgs) -> crate::error::Result<()> {
             dir.display()
         );
     }
-    crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format)
+    crate::report::generate::run(&a.dir, a.out.as_deref(), &a.format, a.reference.as_deref())
 }

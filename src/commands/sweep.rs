@@ -4,7 +4,7 @@
 //! continues. At the end the report (tables.md, plots, checks) is written to `DIR/report/`
 //! unless `--no-report`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -31,6 +31,7 @@ use crate::run::extrapolate::Extrapolation;
 use crate::run::interleave;
 use crate::run::{run_case, GpuSettings, Settings, INTERRUPTED};
 use crate::units;
+use crate::variant::impossible::LeftOut;
 use clap::Args;
 
 use crate::results::{CSV_NAME, META_NAME, SAMPLES_NAME};
@@ -50,10 +51,13 @@ pub struct SweepArgs {
     /// Print the number of cases and the grid, run nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// With --dry-run: print the resolved config and the columns of runs.csv and
-    /// samples.csv, then every case (with its case_id, flops and io_bytes), one JSON object
-    /// per line: what the peer scripts (scripts/peers/) read.
-    #[arg(long, requires = "dry_run")]
+    /// Machine-readable output on stdout. With --dry-run: the resolved config, the columns
+    /// of runs.csv and samples.csv and the combinations left out, then every case (with its
+    /// case_id, flops and io_bytes), one JSON object per line: what the peer scripts
+    /// (scripts/peers/) read. Without: the closing summary as one JSON object (rows per
+    /// status, where they went, what was left out, the report's files, checks and summary);
+    /// progress stays on stderr.
+    #[arg(long)]
     pub json: bool,
     /// Continue an interrupted sweep: skip cases already in DIR/runs.csv.
     #[arg(long, conflicts_with = "force")]
@@ -86,12 +90,28 @@ pub fn command(a: &SweepArgs) -> Result<()> {
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
     let config = Config::load(&args.config, &args.sets)?;
-    let cases = config.expand();
+    let expansion = config.expansion();
+    if expansion.cases.is_empty() && !expansion.left_out.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}: the grid holds only combinations its variants do not have ({} left out):\n{}",
+            args.config.display(),
+            expansion.left_out_count(),
+            left_out_lines(&expansion.left_out)
+        )));
+    }
+    let cases = &expansion.cases;
     if args.dry_run {
         if args.json {
-            return print_cases_json(&config, &cases);
+            return print_cases_json(&config, cases, &expansion.left_out);
         }
-        print_plan(&config, &cases);
+        print_plan(&config, cases);
+        if !expansion.left_out.is_empty() {
+            println!(
+                "left out: {} combinations the variants do not have (not cases):\n{}",
+                expansion.left_out_count(),
+                left_out_lines(&expansion.left_out)
+            );
+        }
         return Ok(());
     }
     let dir = args
@@ -131,6 +151,13 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         Default::default()
     };
     let todo: Vec<&Case> = cases.iter().filter(|c| !done.contains(&c.id())).collect();
+    if root && !expansion.left_out.is_empty() {
+        eprintln!(
+            "{} cases; {} combinations the variants do not have left out (--dry-run lists them)",
+            cases.len(),
+            expansion.left_out_count()
+        );
+    }
     if args.resume {
         eprintln!(
             "resume: {} of {} cases already in {}, {} to run",
@@ -310,8 +337,16 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     if !root {
         return Ok(());
     }
+    // With --json, stdout carries the one JSON object: the lines for people go to stderr.
+    let say = |line: String| {
+        if args.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     if !records.is_empty() {
-        println!("{}", summary_table(&records));
+        say(summary_table(&records));
     }
     let skipped = records
         .iter()
@@ -322,15 +357,22 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             "note: all {skipped} cases were skipped, nothing was measured (the rows say why)"
         );
     }
-    println!(
-        "{} rows written to {} in {}",
+    let seconds = started.elapsed().as_secs_f64();
+    say(format!(
+        "{} rows written to {} in {}{}",
         records.len(),
         csv_path.display(),
-        units::seconds_3dp(started.elapsed().as_secs_f64())
-    );
+        units::seconds_3dp(seconds),
+        match expansion.left_out_count() {
+            0 => String::new(),
+            n => format!(" ({n} combinations the variants do not have left out)"),
+        }
+    ));
+    let mut derived = Vec::new();
     if !INTERRUPTED.load(Ordering::Relaxed) {
-        for p in write_derived(&dir, &config, &csv_path)? {
-            println!("wrote {}", p.display());
+        derived = write_derived(&dir, &config, &csv_path)?;
+        for p in &derived {
+            say(format!("wrote {}", p.display()));
         }
     }
     if INTERRUPTED.load(Ordering::Relaxed) {
@@ -346,10 +388,86 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             csv_path.display(),
         )));
     }
-    if !args.no_report {
-        report_at_end(&dir)?;
+    let report = if args.no_report {
+        None
+    } else {
+        Some(report_at_end(&dir, !args.json)?)
+    };
+    if args.json {
+        let closing = Closing {
+            run: &config.run.name,
+            dir: &dir,
+            rows: records.len(),
+            statuses: statuses(&records),
+            seconds,
+            left_out: &expansion.left_out,
+            derived: &derived,
+            report: report.as_ref().map(|g| ClosingReport {
+                dir: &g.out,
+                files: &g.files,
+                checks: g
+                    .checks
+                    .iter()
+                    .map(|c| ClosingCheck {
+                        name: &c.name,
+                        verdict: c.verdict.to_string(),
+                        ours: &c.ours,
+                        paper: &c.paper,
+                    })
+                    .collect(),
+                summary: g.summary.as_ref(),
+            }),
+        };
+        let text = serde_json::to_string(&closing)
+            .map_err(|e| Error::Runtime(format!("serializing the summary: {e}")))?;
+        println!("{text}");
     }
     Ok(())
+}
+
+/// `sweep --json`'s closing summary: one object on stdout.
+#[derive(serde::Serialize)]
+struct Closing<'a> {
+    run: &'a str,
+    dir: &'a Path,
+    /// Rows written by this invocation (a resumed sweep's earlier rows not counted).
+    rows: usize,
+    /// Rows per status, every status named.
+    statuses: BTreeMap<&'static str, usize>,
+    seconds: f64,
+    left_out: &'a [LeftOut],
+    derived: &'a [PathBuf],
+    report: Option<ClosingReport<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ClosingReport<'a> {
+    dir: &'a Path,
+    files: &'a [String],
+    checks: Vec<ClosingCheck<'a>>,
+    summary: Option<&'a crate::report::summary::Summary>,
+}
+
+#[derive(serde::Serialize)]
+struct ClosingCheck<'a> {
+    name: &'a str,
+    verdict: String,
+    ours: &'a str,
+    paper: &'a str,
+}
+
+/// How many rows have each status (0 for the statuses none has).
+fn statuses(records: &[Record]) -> BTreeMap<&'static str, usize> {
+    [
+        Status::Ok,
+        Status::Oom,
+        Status::Skipped,
+        Status::Timeout,
+        Status::Error,
+    ]
+    .into_iter()
+    .map(|s| (s.name(), records.iter().filter(|r| r.status == s).count()))
+    .collect()
 }
 
 /// What a finished sweep writes beside its CSV: for a config with `[model]`, the
@@ -454,11 +572,12 @@ fn resume_command(args: &SweepArgs, dir: &Path) -> String {
     words.join(" ")
 }
 
-/// The report of a finished sweep. Its failure is an error, but the rows are already safe in
-/// runs.csv, and the message says how to make the report again.
-fn report_at_end(dir: &Path) -> Result<()> {
+/// The report of a finished sweep, printed when `print` (not under --json). Its
+/// failure is an error, but the rows are already safe in runs.csv, and the message says how
+/// to make the report again.
+fn report_at_end(dir: &Path, print: bool) -> Result<generate::Generated> {
     let formats = [Format::Png, Format::Svg];
-    generate::run(dir, None, &formats).map_err(|e| {
+    let made = generate::generate(dir, None, &formats, None).map_err(|e| {
         Error::Runtime(format!(
             "the sweep finished and its rows are in {}, but the report failed: {e}; \
              retry with `{} report {}`",
@@ -466,7 +585,25 @@ fn report_at_end(dir: &Path) -> Result<()> {
             super::this_program(),
             dir.display()
         ))
-    })
+    })?;
+    if print {
+        generate::print(&made);
+    }
+    Ok(made)
+}
+
+/// The left-out combinations, one indented line per variant.
+fn left_out_lines(left_out: &[LeftOut]) -> String {
+    left_out
+        .iter()
+        .map(|l| {
+            let id = crate::problem::VariantId::ALL
+                .into_iter()
+                .find(|v| v.name() == l.variant);
+            format!("  {}", l.line(id))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn print_plan(config: &Config, cases: &[Case]) {
@@ -480,7 +617,7 @@ fn print_plan(config: &Config, cases: &[Case]) {
 /// "columns": {"runs.csv": [...], "samples.csv": [...]}}`: peers write rows in these
 /// formats without keeping a copy), then one `{"case_id", "flops", "io_bytes", "case"}`
 /// object per case, one per line.
-fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
+fn print_cases_json(config: &Config, cases: &[Case], left_out: &[LeftOut]) -> Result<()> {
     use std::io::Write;
     let ser = |e: serde_json::Error| Error::Runtime(format!("serializing the cases: {e}"));
     let mut out = std::io::stdout().lock();
@@ -494,6 +631,7 @@ fn print_cases_json(config: &Config, cases: &[Case]) -> Result<()> {
             CSV_NAME: crate::results::record::header(),
             SAMPLES_NAME: crate::results::samples::HEADER,
         },
+        "left_out": serde_json::to_value(left_out).map_err(ser)?,
     }))?;
     for c in cases {
         line(serde_json::json!({

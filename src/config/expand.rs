@@ -1,6 +1,7 @@
 //! Axis expansion: the cartesian product of the independent axes and the zip groups (each
 //! group one axis, placed at its innermost member), normalized into `Case`s and deduplicated.
 
+use crate::variant::impossible::{impossible, LeftOut};
 use crate::variant::Registry;
 use std::collections::HashSet;
 
@@ -41,20 +42,39 @@ fn dims(axes: &Axes, zip: &[ZipGroup], order: &[Axis]) -> Vec<Dim> {
     dims
 }
 
-/// Every case of the grid, in expansion order, without duplicates (first kept).
+/// What a grid expands to: its cases, and the combinations no variant has
+/// (`variant::impossible`), left out and counted per variant.
+#[derive(Clone, Debug, Default)]
+pub struct Expansion {
+    /// In expansion order, without duplicates (first kept).
+    pub cases: Vec<Case>,
+    /// One entry per variant with left-out combinations, in first-seen order; each distinct
+    /// combination (case id) counted once.
+    pub left_out: Vec<LeftOut>,
+}
+
+impl Expansion {
+    /// How many combinations were left out in all.
+    pub fn left_out_count(&self) -> usize {
+        self.left_out.iter().map(|l| l.count).sum()
+    }
+}
+
+/// Every case of the grid, in expansion order, without duplicates (first kept); the
+/// combinations their variant does not have are left out and counted.
 pub(super) fn expand(
     axes: &Axes,
     zip: &[ZipGroup],
     seed: u64,
     threads: usize,
     innermost: &[Axis],
-) -> Vec<Case> {
+) -> Expansion {
     let dims = dims(axes, zip, &expansion_order(innermost));
+    let mut out = Expansion::default();
     if dims.iter().any(Vec::is_empty) {
-        return Vec::new();
+        return out;
     }
     let mut seen = HashSet::new();
-    let mut cases = Vec::new();
     let mut idx = vec![0; dims.len()];
     loop {
         let point = dims
@@ -63,14 +83,31 @@ pub(super) fn expand(
             .flat_map(|(d, &i)| d[i].iter().copied());
         if let Some(case) = build(point, seed, threads) {
             if seen.insert(case.id()) {
-                cases.push(case);
+                match impossible(&case) {
+                    None => out.cases.push(case),
+                    Some(why) => {
+                        let name = case.variant_name();
+                        let i = match out.left_out.iter().position(|l| l.variant == name) {
+                            Some(i) => i,
+                            None => {
+                                out.left_out.push(LeftOut {
+                                    variant: name.to_string(),
+                                    count: 0,
+                                    reasons: Vec::new(),
+                                });
+                                out.left_out.len() - 1
+                            }
+                        };
+                        out.left_out[i].add(why);
+                    }
+                }
             }
         }
         // Odometer: the last factor turns fastest.
         let mut k = dims.len();
         loop {
             if k == 0 {
-                return cases;
+                return out;
             }
             k -= 1;
             idx[k] += 1;

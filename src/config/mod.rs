@@ -8,7 +8,7 @@
 //! ranges expanded, which is what `meta.json` records.
 
 mod axis;
-mod expand;
+pub mod expand;
 mod externals;
 mod grid;
 mod model;
@@ -99,12 +99,19 @@ impl Config {
             path: path.to_path_buf(),
         };
         config.check_external_names(&src)?;
+        config.check_reference(&src)?;
         Ok(config)
     }
 
     /// The cartesian product of the axes (each zip group one axis), as cases in expansion
-    /// order (variant outermost, seq_len innermost), duplicates after normalization dropped.
+    /// order (variant outermost, seq_len innermost), duplicates after normalization dropped,
+    /// combinations a variant does not have left out (`Config::expansion` counts them).
     pub fn expand(&self) -> Vec<Case> {
+        self.expansion().cases
+    }
+
+    /// `expand`, with the combinations it left out (`variant::impossible`) per variant.
+    pub fn expansion(&self) -> expand::Expansion {
         expand::expand(
             &self.axes,
             &self.zip,
@@ -149,6 +156,29 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `[report] reference` names a variant the grid runs.
+    fn check_reference(&self, src: &Source) -> Result<()> {
+        let Some(reference) = &self.report.reference else {
+            return Ok(());
+        };
+        let names: Vec<String> = std::iter::once(self.axes.get(Axis::Variant))
+            .chain(self.zip.iter().map(|g| g.get(Axis::Variant)))
+            .flat_map(|values| values.unwrap_or_default())
+            .map(|v| v.to_string())
+            .collect();
+        if names.iter().any(|n| n == reference) {
+            return Ok(());
+        }
+        Err(src.err(
+            source::Section::Report,
+            "reference",
+            format!(
+                "`{reference}` is not a variant of the grid (it has: {})",
+                names.join(", ")
+            ),
+        ))
     }
 
     /// (axis name, values as shown) for `--dry-run`.

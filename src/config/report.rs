@@ -21,6 +21,10 @@ pub struct ReportConfig {
     /// Its contents, parsed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paper: Option<PaperTable>,
+    /// The variant the report's summary compares the others with (`report::summary`); one
+    /// of the grid's variants, checked when the config loads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// Check `[report]` and read the paper table it names. A relative `paper_table` is looked
@@ -28,9 +32,26 @@ pub struct ReportConfig {
 /// then from the config file's directory.
 pub(super) fn resolve_report(raw: Option<RawReport>, src: &Source) -> Result<ReportConfig> {
     let raw = raw.unwrap_or_default();
+    let reference = match raw.reference {
+        None => None,
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(s),
+        Some(v) => {
+            return Err(src.err(
+                Section::Report,
+                "reference",
+                format!(
+                    "expected the name of a variant of the grid, e.g. \"naive\", got {} {v}",
+                    v.type_str()
+                ),
+            ))
+        }
+    };
     let err = |msg: String| src.err(Section::Report, "paper_table", msg);
     let Some(value) = raw.paper_table else {
-        return Ok(ReportConfig::default());
+        return Ok(ReportConfig {
+            reference,
+            ..ReportConfig::default()
+        });
     };
     let written = match &value {
         Value::String(s) if !s.trim().is_empty() => s.clone(),
@@ -53,5 +74,6 @@ pub(super) fn resolve_report(raw: Option<RawReport>, src: &Source) -> Result<Rep
     Ok(ReportConfig {
         paper_table: Some(written),
         paper: Some(paper),
+        reference,
     })
 }

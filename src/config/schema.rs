@@ -77,10 +77,11 @@ pub(super) struct RawRun {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawReport {
     pub paper_table: Option<Value>,
+    pub reference: Option<Value>,
 }
 
 /// The keys of `[report]`, for `--set report.KEY=...`.
-pub(super) const REPORT_KEYS: [&str; 1] = ["paper_table"];
+pub(super) const REPORT_KEYS: [&str; 2] = ["paper_table", "reference"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
 pub(super) const RUN_KEYS: [&str; 22] = [

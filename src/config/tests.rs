@@ -574,7 +574,8 @@ fn decode_defaults_one_new_token_and_reads_the_device_axes() {
     let c = cfg(
         "[run]\nname = \"t\"\nthreads = 2\n[axes]\nvariant = [\"flash-decoding\", \"tree-decode\", \"naive\"]\nmode = \"decode\"\nseq_kv = 100\nkv_heads = 1\nheads = 4\ndevices = [1, 4]\nallreduce = [\"ring\", \"two-level:2\"]\nsplits = [3]\n",
     );
-    let cases = c.expand();
+    let expansion = c.expansion();
+    let cases = &expansion.cases;
     assert!(cases
         .iter()
         .all(|k| k.shape.seq_q == 1 && k.mode == Mode::Decode));
@@ -582,8 +583,16 @@ fn decode_defaults_one_new_token_and_reads_the_device_axes() {
         .iter()
         .filter(|k| k.variant == VariantId::FlashDecoding)
         .collect();
-    // allreduce is dropped for flash-decoding: 2 device counts, not 4 cases.
-    assert_eq!(flash.len(), 2);
+    // allreduce is dropped for flash-decoding, and it runs on one device: 1 case, not 4;
+    // naive has no decode mode: none of its (2) combinations is a case.
+    assert_eq!(flash.len(), 1);
+    let left: Vec<(&str, usize)> = expansion
+        .left_out
+        .iter()
+        .map(|l| (l.variant.as_str(), l.count))
+        .collect();
+    assert_eq!(left, [("flash-decoding", 1), ("naive", 2)]);
+    assert_eq!(expansion.left_out_count(), 3);
     assert!(flash
         .iter()
         .all(|k| k.splits == Some(3) && k.allreduce.is_none()));
@@ -712,12 +721,17 @@ fn batch_spec_packs_a_ragged_batch_for_flash_varlen() {
         (1, 2051, 3548)
     );
     assert!(k.id().ends_with("|bs2xq1024+3xq1kv500"), "{}", k.id());
-    // The others run one length per batch: a skipped row that says why.
-    let flash = cases
-        .iter()
-        .find(|k| k.variant == VariantId::Flash)
-        .unwrap();
-    let why = crate::run::skip_reason(flash).unwrap();
+    // The others run one length per batch: not cases, and `run` says why.
+    assert!(cases.iter().all(|k| k.variant == VariantId::FlashVarlen));
+    let left = c.expansion().left_out;
+    assert_eq!(left.len(), 1);
+    assert_eq!((left[0].variant.as_str(), left[0].count), ("flash", 2));
+    assert_eq!(left[0].reasons[0].0, "batch_spec");
+    let flash = Case {
+        variant: VariantId::Flash,
+        ..k.clone()
+    };
+    let why = crate::run::skip_reason(&flash).unwrap();
     assert!(
         why.contains("batch_spec") && why.contains("flash-varlen"),
         "{why}"
@@ -768,11 +782,12 @@ fn split_kv_variants_take_a_batch_spec_in_decode() {
         assert_eq!(splits(v, "q1kv8192+3xq1kv1024"), Some(8));
         assert_eq!(splits(v, "q1kv2048"), Some(2));
     }
-    let online = cases
-        .iter()
-        .find(|k| k.variant == VariantId::DecodeOnline)
-        .unwrap();
-    let why = crate::run::skip_reason(online).unwrap();
+    assert!(cases.iter().all(|k| k.variant != VariantId::DecodeOnline));
+    let online = Case {
+        variant: VariantId::DecodeOnline,
+        ..cases[0].clone()
+    };
+    let why = crate::run::skip_reason(&online).unwrap();
     assert!(
         why.contains("flash-decoding") && why.contains("paged-decode"),
         "{why}"

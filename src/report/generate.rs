@@ -13,6 +13,7 @@ use super::figures::{is_plot_file, write_all};
 use super::plot::Format;
 use super::select::{layout_of, rs_rows, TABLE2};
 use super::series::chunk_grids;
+use super::summary::{choose, summarize, Summary};
 use super::tables_md::{render, Inputs};
 use crate::error::{Error, Result};
 use crate::results::load::{Results, CSV_NAME};
@@ -32,11 +33,19 @@ pub struct Generated {
     /// them, or in `out` when it was given.
     pub derived: Vec<PathBuf>,
     pub checks: Vec<Check>,
+    /// Each variant against the reference (`report::summary`); None when nothing was timed.
+    pub summary: Option<Summary>,
 }
 
 /// The report of the results directory `dir` (or of the directory of `dir`, a `runs.csv`)
-/// into `out` [default: `dir/report`].
-pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Generated> {
+/// into `out` [default: `dir/report`]; the summary against `reference` [default: the run's
+/// `[report] reference`, else naive, else the first variant timed].
+pub fn generate(
+    dir: &Path,
+    out: Option<&Path>,
+    formats: &[Format],
+    reference: Option<&str>,
+) -> Result<Generated> {
     let dir = match dir.parent() {
         Some(parent) if dir.is_file() && dir.file_name() == Some(CSV_NAME.as_ref()) => {
             if parent.as_os_str().is_empty() {
@@ -48,6 +57,9 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
         _ => dir,
     };
     let results = Results::read(dir)?;
+    let summary = choose(&results.records, reference, results.reference().as_deref())
+        .map_err(Error::Usage)?
+        .map(|(name, chosen)| summarize(&results.records, &name, chosen));
     let derived_dir = out.unwrap_or(dir).to_path_buf();
     let out = out.map_or_else(|| dir.join(REPORT_DIR), Path::to_path_buf);
     if out.exists() && !out.is_dir() {
@@ -76,6 +88,7 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
         checks: &checks,
         grids: &grids,
         plots: &plots,
+        summary: summary.as_ref(),
     });
     let tables = out.join(TABLES_NAME);
     crate::results::durable::write_atomic(&tables, md.as_bytes())?;
@@ -104,6 +117,7 @@ pub fn generate(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<Ge
         files,
         derived,
         checks,
+        summary,
     })
 }
 
@@ -136,9 +150,20 @@ fn remove_old_plots(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `attnbench report DIR`: generate, then print where it went and the checks.
-pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
-    let g = generate(dir, out, formats)?;
+/// `attnbench report DIR`: generate, then print where it went, the checks and the summary.
+pub fn run(
+    dir: &Path,
+    out: Option<&Path>,
+    formats: &[Format],
+    reference: Option<&str>,
+) -> Result<()> {
+    let g = generate(dir, out, formats, reference)?;
+    print(&g);
+    Ok(())
+}
+
+/// Where a report went, its checks and its summary, on stdout.
+pub fn print(g: &Generated) {
     println!(
         "report written to {}: {}",
         g.out.display(),
@@ -150,5 +175,7 @@ pub fn run(dir: &Path, out: Option<&Path>, formats: &[Format]) -> Result<()> {
     if !g.checks.is_empty() {
         println!("derived checks:\n{}", checks_text(&g.checks));
     }
-    Ok(())
+    if let Some(summary) = &g.summary {
+        print!("{}", summary.text());
+    }
 }

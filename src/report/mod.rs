@@ -9,5 +9,6 @@ pub mod plot;
 pub mod run_config;
 pub mod select;
 pub mod series;
+pub mod summary;
 pub mod tables_md;
 pub mod terminal;

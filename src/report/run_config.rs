@@ -18,6 +18,8 @@ pub trait RunConfig {
     /// `[model]`, the Tree-vs-Ring model, when the config had one. `Err` when meta.json
     /// holds one this attnbench cannot read.
     fn model(&self) -> Result<Option<ModelConfig>>;
+    /// `[report] reference`: the variant the summary compares the others with.
+    fn reference(&self) -> Option<String>;
 }
 
 impl RunConfig for Results {
@@ -41,6 +43,11 @@ impl RunConfig for Results {
     fn model_layers(&self) -> Option<usize> {
         let v = self.meta.as_ref()?.config.get("run")?.get("model_layers")?;
         serde_json::from_value(v.clone()).ok()
+    }
+
+    fn reference(&self) -> Option<String> {
+        let v = self.meta.as_ref()?.config.get("report")?.get("reference")?;
+        v.as_str().map(str::to_string)
     }
 
     fn model(&self) -> Result<Option<ModelConfig>> {

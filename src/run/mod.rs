@@ -175,17 +175,9 @@ pub fn backend_for(case: &Case) -> &'static dyn Backend {
 pub fn skip_reason(case: &Case) -> Option<String> {
     let info = case.variant.info();
     let s = &case.shape;
-    if case.devices == 0 {
-        return Some("devices must be at least 1".into());
-    }
-    if !info.modes.contains(&case.mode) {
-        let modes: Vec<&str> = info.modes.iter().map(|m| m.name()).collect();
-        return Some(format!(
-            "variant {} does not implement mode {} (it has: {})",
-            info.name,
-            case.mode,
-            modes.join(", ")
-        ));
+    // A combination the variant does not have (a sweep leaves these out), in its words.
+    if let Some(why) = crate::variant::impossible::impossible(case) {
+        return Some(why.message(case.variant, case.variant_name()));
     }
     // Byte and FLOP counts (4 b h n_q n_kv bytes of scores, 4 b h n_q n_kv d FLOPs) must
     // not wrap: a shape past them is refused before any count is taken.
@@ -205,17 +197,6 @@ pub fn skip_reason(case: &Case) -> Option<String> {
             "shape too large to count: batch x heads x seq_q x seq_kv x head_dim = {} x {} x {} x {} x {}{} overflows 64-bit byte and FLOP counts",
             s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim,
             if layer { " (and a layer's hidden^2 x tokens)" } else { "" }
-        ));
-    }
-    if case.batch_spec.is_some() && !case.variant.get().ragged() {
-        let ragged: Vec<&str> = VariantId::in_process()
-            .filter(|v| v.get().ragged())
-            .map(|v| v.name())
-            .collect();
-        return Some(format!(
-            "variant {} runs sequences of one length: a batch_spec (ragged batch) needs one of {}",
-            info.name,
-            ragged.join(", ")
         ));
     }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {

@@ -7,6 +7,7 @@ mod decode;
 mod external;
 mod flash;
 mod flash_varlen;
+pub mod impossible;
 mod layer;
 mod mpi;
 mod naive;

@@ -143,6 +143,10 @@ impl Mpi {
 }
 
 impl Variant for Mpi {
+    fn multi_device(&self) -> bool {
+        true
+    }
+
     fn info(&self) -> &'static VariantInfo {
         self.info
     }

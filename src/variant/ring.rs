@@ -88,6 +88,10 @@ impl Ring {
 }
 
 impl Variant for Ring {
+    fn multi_device(&self) -> bool {
+        true
+    }
+
     /// The decode kernels (`backend::cpu::decode`) run their score and value products
     /// through the packing SGEMM.
     fn uses_packing_gemm(&self, _case: &Case) -> bool {

@@ -44,6 +44,10 @@ fn spec(case: &Case) -> Spec {
 }
 
 impl Variant for Tree {
+    fn multi_device(&self) -> bool {
+        true
+    }
+
     /// The decode kernels (`backend::cpu::decode`) run their score and value products
     /// through the packing SGEMM.
     fn uses_packing_gemm(&self, _case: &Case) -> bool {

@@ -43,26 +43,51 @@ pub struct Sources<'a> {
     pub measured: Option<&'a Measured>,
 }
 
-/// Whether two rows ran the same problem on the same inputs: everything but the variant and
-/// its own settings (chunks, splits, pages, prefill chunk). The derived tables set a
-/// variant against another with it (paged-decode against flash-decoding, chunked prefill
-/// against flash).
+/// What two rows share when they ran the same problem on the same inputs: everything but
+/// the variant and its own settings (chunks, splits, pages, prefill chunk). The derived
+/// tables set a variant against another by it (paged-decode against flash-decoding,
+/// chunked prefill against flash), and the report's summary each variant against its
+/// reference.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Problem<'a> {
+    run: &'a str,
+    device: &'a str,
+    dtype: &'a str,
+    mode: &'a str,
+    /// batch, heads, kv_heads, seq_q, seq_kv, head_dim.
+    shape: [usize; 6],
+    batch_spec: &'a str,
+    causal: bool,
+    window: Option<usize>,
+    threads: usize,
+    devices: usize,
+    seed: u64,
+    input_dist: &'a str,
+    input_scale_bits: u64,
+}
+
+/// The problem `r` ran.
+pub fn problem(r: &Record) -> Problem<'_> {
+    Problem {
+        run: &r.run,
+        device: &r.device,
+        dtype: &r.dtype,
+        mode: &r.mode,
+        shape: [r.batch, r.heads, r.kv_heads, r.seq_q, r.seq_kv, r.head_dim],
+        batch_spec: &r.batch_spec,
+        causal: r.causal,
+        window: r.window,
+        threads: r.threads,
+        devices: r.devices,
+        seed: r.seed,
+        input_dist: &r.input_dist,
+        input_scale_bits: r.input_scale.to_bits(),
+    }
+}
+
+/// Whether two rows ran the same problem on the same inputs (`Problem`).
 pub fn same_problem(a: &Record, b: &Record) -> bool {
-    (
-        a.run.as_str(),
-        a.device.as_str(),
-        a.dtype.as_str(),
-        a.mode.as_str(),
-    ) == (
-        b.run.as_str(),
-        b.device.as_str(),
-        b.dtype.as_str(),
-        b.mode.as_str(),
-    ) && (a.batch, a.heads, a.kv_heads, a.seq_q, a.seq_kv, a.head_dim)
-        == (b.batch, b.heads, b.kv_heads, b.seq_q, b.seq_kv, b.head_dim)
-        && (a.causal, a.window, a.threads, a.devices) == (b.causal, b.window, b.threads, b.devices)
-        && (a.seed, a.input_dist.as_str(), a.input_scale.to_bits())
-            == (b.seed, b.input_dist.as_str(), b.input_scale.to_bits())
+    problem(a) == problem(b)
 }
 
 /// Writes the derived files into `dir`: `decode.md` when there are decode rows, `bpt.md`
