@@ -695,3 +695,233 @@ fn sweep_json_prints_one_closing_object() {
             )),
         );
 }
+
+/// The markdown tables of `md`: (tables, rows including each header row). A table is a
+/// header line, then its `|---|` separator, then its rows, every line starting with `|`.
+fn md_tables(md: &str) -> (usize, usize) {
+    let lines: Vec<&str> = md.lines().map(str::trim).collect();
+    let separator =
+        |l: &str| l.starts_with('|') && l.contains('-') && l.chars().all(|c| "|-: ".contains(c));
+    let tables = lines.iter().filter(|l| separator(l)).count();
+    let rows = lines
+        .iter()
+        .filter(|l| l.starts_with('|') && !separator(l))
+        .count();
+    (tables, rows)
+}
+
+/// The names of the files in `dir` ending in `.ext`.
+fn files_with_ext(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The page loads nothing from elsewhere: no script, no stylesheet link, no remote URL
+/// in a `src` or `href`, and every `src` a data URI.
+fn assert_self_contained(page: &str) {
+    for bad in [
+        "src=\"http",
+        "href=\"http",
+        "src='http",
+        "href='http",
+        "<script",
+        "<link",
+    ] {
+        assert!(!page.contains(bad), "index.html has {bad}");
+    }
+    for (at, _) in page.match_indices("src=\"") {
+        assert!(
+            page[at..].starts_with("src=\"data:"),
+            "a src that is not a data URI: {}",
+            &page[at..(at + 80).min(page.len())]
+        );
+    }
+}
+
+/// A Chromium on PATH (`chromium`, else `chromium-browser`).
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser"].iter().find_map(|name| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Runs headless Chromium on `page` with `args`, its own fresh profile and no network
+/// chatter, killed after 60 s; returns its stdout.
+fn headless(browser: &Path, page: &Path, args: &[String]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, err) = (tmp.path().join("stdout"), tmp.path().join("stderr"));
+    let mut child = std::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            tmp.path().join("profile").display()
+        ))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(fs::File::create(&out).unwrap())
+        .stderr(fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("chromium starts");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "chromium {args:?} ran past 60 s; stderr:\n{}",
+                fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        status.success(),
+        "chromium {args:?}: {status}; stderr:\n{}",
+        fs::read_to_string(&err).unwrap_or_default()
+    );
+    fs::read_to_string(&out).unwrap()
+}
+
+/// index.html (issue 37): the whole report on one page that loads nothing from elsewhere,
+/// every table of tables.md a <table>, every plot an inline <svg>; then, where Chromium is
+/// installed (required with ATTNBENCH_REQUIRE_BROWSER=1, as in .ci/run), the page as a
+/// browser parses it (title, tables, SVG elements in the DOM) and draws it (a screenshot
+/// that decodes and is not blank).
+#[test]
+fn html_report_is_self_contained_and_renders_in_a_browser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = quick_run(tmp.path());
+    let out = tmp.path().join("report");
+    report(&run, &out, &[])
+        .success()
+        .stdout(predicate::str::contains("index.html"));
+    let html_path = out.join("index.html");
+    let page = fs::read_to_string(&html_path).unwrap();
+    let md = fs::read_to_string(out.join("tables.md")).unwrap();
+    assert_self_contained(&page);
+    assert!(page.starts_with("<!DOCTYPE html>") && page.trim_end().ends_with("</html>"));
+    assert!(page.contains("<style>"), "no inline style");
+    // The title: tables.md's first heading (plain text, so it appears verbatim).
+    let title = md.lines().next().unwrap().strip_prefix("# ").unwrap();
+    assert!(!title.contains(['&', '<', '>', '"']), "{title}");
+    assert!(page.contains(&format!("<title>{title}</title>")));
+    // Every plot inline, as the SVG written beside it, once; no PNG needed with an SVG.
+    let svgs = files_with_ext(&out, "svg");
+    assert!(svgs.len() >= 4, "{svgs:?}");
+    assert_eq!(page.matches("<svg").count(), svgs.len());
+    for svg in &svgs {
+        let markup = fs::read_to_string(svg).unwrap();
+        assert_eq!(page.matches(markup.trim()).count(), 1, "{}", svg.display());
+    }
+    assert!(!page.contains(".png") && !page.contains("<img"));
+    // Every table of tables.md, row for row.
+    let (tables, rows) = md_tables(&md);
+    assert!(tables >= 1 && rows > tables, "{tables} tables, {rows} rows");
+    assert_eq!(page.matches("<table>").count(), tables);
+    assert_eq!(page.matches("<tr>").count(), rows);
+
+    let Some(browser) = chromium() else {
+        let why = "no chromium or chromium-browser on PATH";
+        assert!(
+            std::env::var_os("ATTNBENCH_REQUIRE_BROWSER").is_none_or(|v| v != "1"),
+            "ATTNBENCH_REQUIRE_BROWSER=1 but {why}"
+        );
+        eprintln!("skipping the browser half: {why}");
+        return;
+    };
+    let dom = headless(&browser, &html_path, &["--dump-dom".into()]);
+    assert!(
+        dom.contains(&format!("<title>{title}</title>")),
+        "{dom:.2000}"
+    );
+    assert_eq!(dom.matches("<table>").count(), tables);
+    assert_eq!(dom.matches("<tr>").count(), rows);
+    // Parsed as SVG elements, with their drawing, not as text.
+    assert_eq!(dom.matches("<svg").count(), svgs.len());
+    assert!(dom.matches("<polyline").count() + dom.matches("<path").count() >= svgs.len());
+    let shots = tempfile::tempdir().unwrap();
+    let shot = shots.path().join("shot.png");
+    headless(
+        &browser,
+        &html_path,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,4000".into(),
+        ],
+    );
+    let img = image::open(&shot)
+        .unwrap_or_else(|e| panic!("{}: {e}", shot.display()))
+        .to_rgb8();
+    assert_eq!(img.dimensions(), (1280, 4000));
+    let colours: std::collections::HashSet<[u8; 3]> = img.pixels().map(|p| p.0).collect();
+    assert!(
+        colours.len() >= 64,
+        "the screenshot is blank: {} colours",
+        colours.len()
+    );
+    if let Some(dir) = std::env::var_os("ATTNBENCH_KEEP_SCREENSHOT") {
+        fs::copy(&shot, Path::new(&dir).join("index.png")).unwrap();
+    }
+}
+
+/// index.html of a report with PNG plots only and a derived file: each PNG as a data URI
+/// holding its bytes, then decode.md rendered with its paging figure inline.
+#[test]
+fn html_report_inlines_pngs_and_the_derived_files() {
+    use base64::Engine as _;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    common::copy_run(&root.join("results/serving/ragged"), &run);
+    let out = tmp.path().join("out");
+    report(&run, &out, &["--format", "png"]).success();
+    let page = fs::read_to_string(out.join("index.html")).unwrap();
+    assert_self_contained(&page);
+    let pngs = files_with_ext(&out, "png");
+    assert!(!pngs.is_empty());
+    assert_eq!(
+        page.matches("src=\"data:image/png;base64,").count(),
+        pngs.len()
+    );
+    for png in &pngs {
+        let data = base64::engine::general_purpose::STANDARD.encode(fs::read(png).unwrap());
+        assert!(page.contains(&data), "{} not inline", png.display());
+    }
+    // decode.md after tables.md, then its figure: the one SVG on the page.
+    let decode = fs::read_to_string(out.join("decode.md")).unwrap();
+    let heading = decode.lines().next().unwrap().strip_prefix("# ").unwrap();
+    let paging = fs::read_to_string(out.join("paging.svg")).unwrap();
+    let at = |needle: &str| {
+        page.find(needle)
+            .unwrap_or_else(|| panic!("no {needle:.80}"))
+    };
+    assert!(at("<h1>attnbench report") < at(&format!("<h1>{heading}</h1>")));
+    assert!(at(&format!("<h1>{heading}</h1>")) < at(paging.trim()));
+    assert_eq!(page.matches("<svg").count(), 1);
+    let (tables, _) = md_tables(&fs::read_to_string(out.join("tables.md")).unwrap());
+    assert_eq!(
+        page.matches("<table>").count(),
+        tables + md_tables(&decode).0
+    );
+}

@@ -1,8 +1,8 @@
-//! `attnbench report`: reads a results directory (runs.csv, meta.json), writes tables.md and
-//! the plots into `DIR/report/` (or `--out`), regenerates the derived files (`decode.md`,
-//! `bpt.md`, `tree_vs_ring.*`) beside runs.csv (or in `--out`), and prints the derived
-//! checks. `sweep` calls
-//! it at the end unless `--no-report`.
+//! `attnbench report`: reads a results directory (runs.csv, meta.json), writes tables.md,
+//! the plots and index.html (all of it on one page) into `DIR/report/` (or `--out`),
+//! regenerates the derived files (`decode.md`, `bpt.md`, `tree_vs_ring.*`) beside runs.csv
+//! (or in `--out`), and prints the derived checks. `sweep` calls it at the end unless
+//! `--no-report`.
 
 use crate::report::run_config::RunConfig;
 use std::path::{Path, PathBuf};
@@ -112,6 +112,14 @@ pub fn generate(
             measured: measured.as_ref(),
         },
     )?;
+    // The one-page view of all of it (index.html), after the files it inlines.
+    super::html::write(&super::html::Sources {
+        out: &out,
+        tables_md: &md,
+        plots: &files[1..],
+        derived: &derived,
+    })?;
+    files.push(super::html::HTML_NAME.to_string());
     Ok(Generated {
         out,
         files,

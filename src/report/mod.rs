@@ -5,6 +5,7 @@ pub mod checks;
 pub mod derived;
 pub mod figures;
 pub mod generate;
+pub mod html;
 pub mod plot;
 pub mod run_config;
 pub mod select;
