@@ -186,11 +186,11 @@ pub const GROUPS: &[Group] = &[
                 columns: &["timed_rows", "extrapolated"],
                 render: |r| match (r.timed_rows, r.extrapolated) {
                     (Some(n), true) => Some(format!(
-                        "{n} query rows a head, times extrapolated to all {}",
+                        "{n} per head, times extrapolated to all {}",
                         r.seq_q
                     )),
                     (None, true) => Some("times extrapolated".into()),
-                    (Some(n), false) => Some(format!("{n} query rows a head")),
+                    (Some(n), false) => Some(format!("{n} per head")),
                     (None, false) => None,
                 },
             },
