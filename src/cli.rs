@@ -32,7 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Run every case of a config's grid and write DIR/runs.csv and DIR/meta.json.
     Sweep(SweepArgs),
-    /// Run one case and print it as a table (the same fields as a CSV row).
+    /// Run one case and print it as a table with units, or with --json every CSV column as
+    /// one JSON object.
     Run(Box<RunArgs>),
     /// Tables (tables.md), plots and derived checks from a results directory's runs.csv and
     /// meta.json alone.

@@ -449,7 +449,7 @@ fn list_shows_every_variant_and_the_devices() {
 
 #[test]
 fn unsafe_softmax_failure_is_reported_honestly() {
-    attnbench()
+    let out = attnbench()
         .args([
             "run",
             "-v",
@@ -463,12 +463,13 @@ fn unsafe_softmax_failure_is_reported_honestly() {
         ])
         .args(["--warmup", "0", "--min-reps", "1", "--max-time-s", "0.1"])
         .assert()
-        .success()
-        .stdout(
-            predicate::str::contains("status")
-                .and(predicate::str::contains("error"))
-                .and(predicate::str::contains("NaN or infinite")),
-        );
+        .success();
+    let table = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert_eq!(table_value(&table, "status"), "error", "{table}");
+    assert!(
+        table_value(&table, "reason").contains("NaN or infinite"),
+        "{table}"
+    );
 }
 
 fn run_args(extra: &[&str]) -> Vec<String> {
@@ -519,16 +520,19 @@ fn saved_inputs_reproduce_the_output_bit_for_bit() {
             ]))
             .assert()
             .success();
-        attnbench()
+        let run = attnbench()
             .args(run_args(&[
                 "--inputs",
                 &p(&format!("in-{dtype}")),
                 "--save-output",
                 &p(&format!("b-{dtype}.npy")),
+                "--json",
             ]))
             .assert()
-            .success()
-            .stdout(predicate::str::contains(dtype));
+            .success();
+        // The dtype comes from the files.
+        let row: serde_json::Value = serde_json::from_slice(&run.get_output().stdout).unwrap();
+        assert_eq!(row["dtype"], dtype);
         let a = fs::read(p(&format!("a-{dtype}.npy"))).unwrap();
         let b = fs::read(p(&format!("b-{dtype}.npy"))).unwrap();
         assert!(a.len() > 128 && a == b, "{dtype}: outputs differ");
@@ -1469,4 +1473,148 @@ fn combinations_a_variant_does_not_have_are_left_out_and_listed() {
         ))
         .stderr(predicate::str::contains("naive: 1 (no mode decode"));
     assert!(!tmp.path().join("none").exists());
+}
+
+/// The value on the line labelled `label` of `run`'s table (`  LABEL  VALUE`).
+fn table_value(table: &str, label: &str) -> String {
+    table
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("  ")?
+                .strip_prefix(label)?
+                .strip_prefix("  ")
+                .map(str::trim)
+        })
+        .unwrap_or_else(|| panic!("no line `{label}` in:\n{table}"))
+        .to_string()
+}
+
+/// A JSON object's members in the order the text gives them (a `serde_json::Value` may
+/// sort its keys).
+struct Ordered(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Ordered, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Ordered(members))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
+/// `run --json` prints one JSON object: the CSV header's columns as its keys, in order, each
+/// typed (counts as integers, times as numbers, flags as booleans, empty fields null).
+#[test]
+fn run_json_is_every_csv_column_in_order_typed() {
+    let out = attnbench()
+        .args(run_args(&["--json", "--dtype", "bf16"]))
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert_eq!(text.lines().count(), 1, "one object on one line:\n{text}");
+    let Ordered(members) = serde_json::from_str(&text).unwrap();
+    let keys: Vec<&str> = members.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, DOCUMENTED_HEADER.split(',').collect::<Vec<_>>());
+    let row: std::collections::HashMap<&str, &serde_json::Value> =
+        members.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    for k in [
+        "batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "reps", "io_bytes",
+    ] {
+        assert!(row[k].is_u64(), "{k}: {}", row[k]);
+    }
+    assert_eq!(
+        (
+            row["heads"],
+            row["kv_heads"],
+            row["seq_q"],
+            row["seq_kv"],
+            row["head_dim"]
+        ),
+        (&4.into(), &2.into(), &40.into(), &56.into(), &24.into())
+    );
+    for k in [
+        "time_median_s",
+        "time_min_s",
+        "time_max_s",
+        "max_abs_err",
+        "flops",
+    ] {
+        assert!(row[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {}", row[k]);
+    }
+    assert!(row["input_scale"].is_number());
+    assert!(row["time_min_s"].as_f64() <= row["time_median_s"].as_f64());
+    assert_eq!(row["causal"], &serde_json::Value::Bool(true));
+    assert_eq!(row["extrapolated"], &serde_json::Value::Bool(false));
+    assert_eq!(row["status"], "ok");
+    assert_eq!(row["dtype"], "bf16");
+    // Empty CSV fields: null, not "" or 0.
+    for k in [
+        "reason",
+        "window",
+        "comm_bytes",
+        "batch_spec",
+        "d_out",
+        "time_bwd_median_s",
+    ] {
+        assert!(row[k].is_null(), "{k}: {}", row[k]);
+    }
+    assert!(row["case_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("flash|fwd|cpu|bf16|b1h4kv2|"));
+}
+
+/// `run`'s default output is a table grouped by case, timing, memory and accuracy, with
+/// units, that leaves out what the case does not have.
+#[test]
+fn run_prints_a_grouped_table_with_units() {
+    let out = attnbench().args(run_args(&[])).assert().success();
+    let table = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let titles: Vec<&str> = table
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with(' '))
+        .collect();
+    assert_eq!(titles, ["case", "timing", "memory", "accuracy"], "{table}");
+    assert_eq!(table_value(&table, "status"), "ok");
+    assert_eq!(table_value(&table, "kernel"), "flash fwd on cpu, f32");
+    assert_eq!(table_value(&table, "mask"), "causal");
+    let has_unit = |v: &str, units: &[&str]| {
+        let (number, unit) = v.split_once(' ').unwrap_or((v, ""));
+        number.parse::<f64>().is_ok() && units.contains(&unit)
+    };
+    let median = table_value(&table, "median");
+    assert!(
+        has_unit(&median, &["ns", "µs", "ms", "s"]),
+        "median `{median}`"
+    );
+    let io = table_value(&table, "inputs, output");
+    assert!(has_unit(&io, &["B", "KiB", "MiB"]), "io `{io}`");
+    let err = table_value(&table, "max abs error");
+    assert!(err.ends_with(" (tolerance 1e-5)"), "error `{err}`");
+    for absent in [
+        "reason",
+        "ragged batch",
+        "splits",
+        "backward",
+        "communication",
+    ] {
+        assert!(
+            !table.lines().any(|l| l.trim_start().starts_with(absent)),
+            "`{absent}` shown for a case without it:\n{table}"
+        );
+    }
 }

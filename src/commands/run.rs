@@ -1,7 +1,8 @@
-//! `attnbench run`: one case from flags, measured like a sweep case and printed as a table
-//! with the CSV's fields; NumPy interop (`--inputs`, `--save-inputs`, `--save-output`). A
-//! case that cannot run here (a sweep's `skipped` row) is an error, exit 2; `oom` by the
-//! budget and `error` (e.g. an overflowing softmax) are results, printed with their reason.
+//! `attnbench run`: one case from flags, measured like a sweep case and printed as a
+//! grouped table with units, or with `--json` as one JSON object of every CSV column; NumPy
+//! interop (`--inputs`, `--save-inputs`, `--save-output`). A case that cannot run here (a
+//! sweep's `skipped` row) is an error, exit 2; `oom` by the budget and `error` (e.g. an
+//! overflowing softmax) are results, printed with their reason.
 
 use crate::config::{self, ByteSize};
 use crate::error::{Error, Result};
@@ -11,6 +12,7 @@ use crate::problem::{
     Allreduce, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad, VariantId,
 };
 use crate::report::terminal::record_table;
+use crate::results::record::RecordJson;
 use crate::run::{run_case, skip_reason, Settings};
 use crate::variant::Registry;
 use clap::Args;
@@ -121,6 +123,10 @@ pub struct RunArgs {
     /// Write the output (f32, [batch, heads, seq_q, head_dim]) to FILE.npy.
     #[arg(long, value_name = "FILE")]
     pub save_output: Option<PathBuf>,
+    /// Print the result as one JSON object instead of the table: every CSV column in CSV
+    /// order, numbers as numbers, true/false, null for an empty field.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn command(args: &RunArgs) -> Result<()> {
@@ -287,7 +293,13 @@ pub fn command(args: &RunArgs) -> Result<()> {
     if !crate::dist::is_root() {
         return Ok(());
     }
-    print!("{}", record_table(&outcome.record));
+    if args.json {
+        let json = serde_json::to_string(&RecordJson::of(&outcome.record))
+            .map_err(|e| Error::Runtime(format!("serializing the result: {e}")))?;
+        println!("{json}");
+    } else {
+        print!("{}", record_table(&outcome.record));
+    }
     if let (Some(dir), Some(inputs)) = (&args.save_inputs, &outcome.inputs) {
         npy::save_inputs(dir, inputs)?;
         eprintln!("inputs written to {}", dir.display());

@@ -283,8 +283,6 @@ impl Record {
         }
     }
 
-    /// Every column name with this record's value as text, in CSV order (for printing one
-    /// case as a table with exactly the CSV's fields).
     /// Fills the achieved KV bandwidth against the calibrated copy bandwidth (`copy`, 10⁹
     /// B/s at the case's thread count), for rows that read a KV cache and were timed.
     pub fn set_bandwidth(&mut self, copy: Option<f64>) {
@@ -318,6 +316,8 @@ impl Record {
         self.sim_comm_max_device_bytes = stats.sim_max_device_bytes;
     }
 
+    /// Every column name with this record's value as text, in CSV order (the CSV row's
+    /// fields, empty where the row's cell is empty).
     pub fn fields(&self) -> Vec<(String, String)> {
         let mut w = ::csv::WriterBuilder::new().from_writer(Vec::new());
         // Serializing a plain struct to memory cannot fail.
@@ -345,4 +345,110 @@ pub fn header() -> Vec<String> {
         .into_iter()
         .map(|(k, _)| k)
         .collect()
+}
+
+/// One record as a JSON object for scripts (`attnbench run --json`): every CSV column, keyed
+/// by its header name and in header order, typed: counts and measurements as numbers,
+/// `causal` and `extrapolated` as booleans, text as strings, and `null` where the CSV cell
+/// is empty (a non-finite number, written `NaN` or `inf` in the CSV, is `null` as well:
+/// JSON has no such numbers).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordJson(Vec<(String, serde_json::Value)>);
+
+impl RecordJson {
+    pub fn of(record: &Record) -> RecordJson {
+        use serde_json::Value;
+        // Record's serde form is already typed; the header fixes the order (a JSON object
+        // read into a map may lose it).
+        let mut typed = match serde_json::to_value(record) {
+            Ok(Value::Object(map)) => map,
+            // A struct of plain fields always serializes to an object.
+            _ => Default::default(),
+        };
+        let columns = header()
+            .into_iter()
+            .map(|name| {
+                let value = match typed.remove(&name) {
+                    Some(Value::String(s)) if s.is_empty() => Value::Null,
+                    Some(v) => v,
+                    None => Value::Null,
+                };
+                (name, value)
+            })
+            .collect();
+        RecordJson(columns)
+    }
+
+    /// The columns, in CSV order.
+    pub fn columns(&self) -> &[(String, serde_json::Value)] {
+        &self.0
+    }
+}
+
+impl Serialize for RecordJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// The JSON form has the CSV's columns in its order, `null` exactly where the CSV cell is
+    /// empty, and each value equal to the cell it stands for.
+    #[test]
+    fn json_form_is_the_csv_row_typed() {
+        let record = Record {
+            run: "r".into(),
+            case_id: "id".into(),
+            batch: 2,
+            causal: true,
+            time_median_s: Some(9.151499999999999e-6),
+            mem_overhead_bytes: Some(53536),
+            max_abs_err: Some(f64::NAN),
+            input_scale: 1.0,
+            status: Status::Oom,
+            reason: "too big".into(),
+            ..Record::default()
+        };
+        let json = RecordJson::of(&record);
+        let names: Vec<&str> = json.columns().iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, header());
+        let text = serde_json::to_string(&json).unwrap();
+        assert!(
+            text.starts_with(r#"{"run":"r","case_id":"id","variant":null,"#),
+            "{text}"
+        );
+        for ((name, cell), (key, value)) in record.fields().iter().zip(json.columns()) {
+            assert_eq!(name, key);
+            match value {
+                Value::Null => assert!(
+                    cell.is_empty() || cell == "NaN",
+                    "{name}: null for the cell `{cell}`"
+                ),
+                Value::Bool(b) => assert_eq!(cell, &b.to_string(), "{name}"),
+                Value::Number(n) => {
+                    let x: f64 = cell.parse().unwrap_or_else(|_| panic!("{name}: `{cell}`"));
+                    assert_eq!(n.as_f64(), Some(x), "{name}");
+                }
+                Value::String(s) => assert_eq!(cell, s, "{name}"),
+                other => panic!("{name}: {other}"),
+            }
+        }
+        let get = |k: &str| &json.columns().iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(get("batch"), &Value::from(2u64));
+        assert!(get("batch").is_u64() && get("mem_overhead_bytes").is_u64());
+        assert_eq!(get("time_median_s").as_f64(), Some(9.151499999999999e-6));
+        assert_eq!(get("causal"), &Value::Bool(true));
+        assert_eq!(get("status"), &Value::from("oom"));
+        assert!(get("max_abs_err").is_null() && get("window").is_null());
+        assert!(get("input_scale").is_f64());
+    }
 }
