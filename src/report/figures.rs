@@ -127,10 +127,11 @@ fn key_value<'s>(series: &'s Series, col: &str) -> Option<&'s str> {
 }
 
 /// Splits `members` (indices into `series`) until each part has at most `max` series:
-/// by the column of `FACET_KEYS` with the fewest distinct values among them (at least 2;
-/// ties go to the earlier column), one part per value in first-seen order, then again
-/// within each part that is still too big, until it fits or no column is left. Up to `max`
-/// members: one facet with no values.
+/// by the column of `FACET_KEYS` with the fewest distinct values among them (at least 2
+/// that apply; ties go to the earlier column), one part per value that applies in
+/// first-seen order, the series it does not apply to in every part, then again within each
+/// part that is still too big, until it fits or no column is left. Up to `max` members: one
+/// facet with no values.
 pub fn facets(series: &[Series], members: Vec<usize>, max: usize) -> Vec<Facet> {
     let mut out = Vec::new();
     split(
@@ -172,14 +173,17 @@ fn split(series: &[Series], facet: Facet, max: usize, out: &mut Vec<Facet>) {
         out.push(facet);
         return;
     };
-    for v in values {
+    // A series the column does not apply to (flash-decoding beside paged caches' page
+    // orders) is no value of it: it goes into every part, the reference each is read against.
+    let everywhere = |i: usize| key_value(&series[i], col).is_none_or(|v| not_applicable(col, v));
+    for v in values.into_iter().filter(|v| !not_applicable(col, v)) {
         let mut values = facet.values.clone();
         values.push((col, v.to_string()));
         let members = facet
             .members
             .iter()
             .copied()
-            .filter(|&i| key_value(&series[i], col) == Some(v))
+            .filter(|&i| key_value(&series[i], col) == Some(v) || everywhere(i))
             .collect();
         split(series, Facet { values, members }, max, out);
     }
@@ -800,6 +804,9 @@ fn chart_plots(
                 .collect()
         })
         .collect();
+    // Styles are chosen over the distinct labels: a chart of few of them (a variant each,
+    // or a handful of page sizes repeated in every panel) gets a colour per label; the
+    // panel's title says the dtype, so it picks no marker.
     let keys: Vec<Key> = parts
         .iter()
         .zip(&labels)
@@ -809,10 +816,23 @@ fn chart_plots(
             if by_variant {
                 (k.group, k.rest) = ("", label.as_str());
             }
+            (k.dtype, k.device) = ("", "");
             k
         })
         .collect();
-    let mut panel_styles = style::assign_grouped(&keys).into_iter();
+    let mut distinct: Vec<Key> = Vec::new();
+    let slot: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            let same = |d: &Key| (d.group, d.rest) == (k.group, k.rest);
+            distinct.iter().position(same).unwrap_or_else(|| {
+                distinct.push(*k);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let chosen = style::assign(&distinct);
+    let mut panel_styles = slot.into_iter().map(|i| chosen[i]);
     let mut figs: Vec<(String, Figure)> = parts
         .iter()
         .zip(labels.iter())

@@ -331,10 +331,11 @@ impl Figure {
             for run in self.band_runs(l) {
                 let fill = l.color.mix(0.16).filled();
                 if let [(x, lo, hi)] = run[..] {
-                    // A single point: a short bar.
+                    // A single point: a thin bar, so bars at one x stay apart.
                     let ((a, top), (_, bottom)) = (pixel((x, hi)), pixel((x, lo)));
                     let (a, top, bottom) = (a.round() as i32, top.round() as i32, bottom.round() as i32);
-                    root.draw(&Rectangle::new([(a - 5, top), (a + 5, bottom)], fill))
+                    let bar = l.color.mix(0.35).filled();
+                    root.draw(&Rectangle::new([(a - 1, top), (a + 1, bottom)], bar))
                         .map_err(err)?;
                     continue;
                 }
