@@ -441,22 +441,26 @@ fn growth_anchors(lines: &[Line]) -> Option<((f64, f64), (f64, f64))> {
                 .collect();
             let first = *pts.iter().min_by(|a, b| a.0.total_cmp(&b.0))?;
             let last = *pts.iter().max_by(|a, b| a.0.total_cmp(&b.0))?;
-            let slope = (last.0 > first.0).then(|| (last.1 / first.1).ln() / (last.0 / first.0).ln());
+            let slope =
+                (last.0 > first.0).then(|| (last.1 / first.1).ln() / (last.0 / first.0).ln());
             Some((first, slope))
         })
         .collect();
-    let sloped: Vec<((f64, f64), f64)> = spans
-        .iter()
-        .filter_map(|&(a, s)| Some((a, s?)))
-        .collect();
+    let sloped: Vec<((f64, f64), f64)> = spans.iter().filter_map(|&(a, s)| Some((a, s?))).collect();
     if let (Some(fast), Some(slow)) = (
         sloped.iter().max_by(|a, b| a.1.total_cmp(&b.1)),
         sloped.iter().min_by(|a, b| a.1.total_cmp(&b.1)),
     ) {
         return Some((fast.0, slow.0));
     }
-    let high = spans.iter().map(|s| s.0).max_by(|a, b| a.1.total_cmp(&b.1))?;
-    let low = spans.iter().map(|s| s.0).min_by(|a, b| a.1.total_cmp(&b.1))?;
+    let high = spans
+        .iter()
+        .map(|s| s.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let low = spans
+        .iter()
+        .map(|s| s.0)
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
     Some((high, low))
 }
 
@@ -712,7 +716,11 @@ fn gflops(p: &Part) -> Figure {
     notes.extend(extrapolation_note(&p.records));
     // A log axis when a roofline is drawn: the peaks sit far above attention's rates, and on
     // a linear axis from 0 the data would be a flat line at the bottom.
-    let roofline = !p.results.calibration().is_empty();
+    let roofline = p
+        .results
+        .calibration()
+        .iter()
+        .any(|c| c.fma_peak_gflops > 0.0);
     Figure {
         title: format!("Throughput vs {x_name}"),
         caption: p.caption.clone(),
@@ -1240,7 +1248,7 @@ mod tests {
         let all = big_sweep();
         let forty: Vec<usize> = (0..40).collect();
         assert_eq!(
-            facets(&all, forty.clone(), MAX_SERIES),
+            facets(&all, forty.clone(), 40),
             vec![Facet {
                 values: Vec::new(),
                 members: forty
@@ -1254,13 +1262,18 @@ mod tests {
     }
 
     /// 3 variants x threads (1, 2) x dtype x causal x heads x head_dim at two n: 96 series,
-    /// each facet (threads x dtype) on its own scale (times grow with the threads' index).
+    /// each thread count on its own scale (times grow with the threads' index); calibrated
+    /// f32 FMA and bf16 peaks for both thread counts.
     fn sweep_results() -> Results {
         let mut meta: crate::results::meta::Meta =
             serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
+        meta.calibration[0].fma_peak_gflops = 400.0;
+        meta.calibration[0].bf16_peak_gflops = Some(900.0);
         let mut two = meta.calibration[0].clone();
         two.threads = 2;
         two.sgemm_gflops = 180.0;
+        two.fma_peak_gflops = 800.0;
+        two.bf16_peak_gflops = Some(1600.0);
         meta.calibration.push(two);
         let mut records = Vec::new();
         for (k, v) in ["naive", "rabe-staats", "flash"].iter().enumerate() {
@@ -1297,35 +1310,172 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sibling_facets_share_their_axes_and_keep_their_own_peaks() {
-        let results = sweep_results();
-        let grouping = group(results.records.iter());
-        assert_eq!(grouping.series.len(), 96);
-        let st = styles(&grouping.series);
-        for chart in Chart::ALL {
-            let plots = chart_plots(
-                chart,
-                &results,
-                &grouping.series,
-                &st,
-                &grouping.caption,
-                40,
-            );
-            let stems: Vec<&str> = plots.iter().map(|p| p.0.as_str()).collect();
-            let c = chart.stem();
-            assert_eq!(
-                stems,
-                [
-                    format!("{c}__threads-1__dtype-f32"),
-                    format!("{c}__threads-1__dtype-bf16"),
-                    format!("{c}__threads-2__dtype-f32"),
-                    format!("{c}__threads-2__dtype-bf16"),
-                ]
-            );
-            let ranges: Vec<(f64, f64, f64, f64)> = plots
+    fn images(chart: Chart, results: &Results, max: usize) -> Vec<ChartImage> {
+        let grouping = group(
+            results
+                .records
                 .iter()
-                .map(|(_, _, f)| {
+                .filter(|r| matches!(r.status, Status::Ok | Status::Oom)),
+        );
+        let st = styles(&grouping.series);
+        chart_plots(
+            chart,
+            results,
+            &grouping.series,
+            &st,
+            &grouping.caption,
+            max,
+        )
+    }
+
+    fn grid(p: &Plot) -> &Grid {
+        match p {
+            Plot::Grid(g) => g,
+            _ => panic!("not a grid"),
+        }
+    }
+
+    fn single(p: &Plot) -> &Figure {
+        match p {
+            Plot::Chart(f) => f,
+            _ => panic!("not a single figure"),
+        }
+    }
+
+    fn results_of(records: Vec<Record>) -> Results {
+        let meta: crate::results::meta::Meta =
+            serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
+        Results {
+            dir: std::path::PathBuf::from("t"),
+            records,
+            meta: Some(meta),
+        }
+    }
+
+    /// A measured row of `variant` in `dtype` at n (1 thread), changed by `edit`.
+    fn row(variant: &str, dtype: DType, n: usize, edit: impl FnOnce(&mut Record)) -> Record {
+        let id: VariantId = variant.parse().unwrap();
+        let case = Case::cpu_fwd(id, Shape::self_attention(4, n, 64), dtype, 1);
+        let mut r = Record::for_case("t", &case, Status::Ok, "");
+        r.time_median_s = Some(1e-6 * n as f64);
+        r.gflops = Some(10.0);
+        r.mem_overhead_bytes = Some((n * n) as u64);
+        r.max_abs_err = Some(1e-7);
+        edit(&mut r);
+        r
+    }
+
+    #[test]
+    fn panels_hold_at_most_8_series_and_one_variant_each_past_8_variants() {
+        let all = big_sweep();
+        let parts = panels(&all, (0..all.len()).collect(), MAX_SERIES);
+        // 120 series: dtype, causal and heads (2 values each) then threads (3) leave the 5
+        // variants of one setting per panel: 24 panels.
+        assert_eq!(parts.len(), 24);
+        assert!(parts.iter().all(|f| f.members.len() == 5));
+        assert!(parts.iter().all(|f| f.values.len() == 4));
+        // Ten variants: too many to compare in one panel, so a panel per variant, its
+        // settings split further until at most 8 remain.
+        let mut many = Vec::new();
+        for v in 0..10 {
+            for d in ["f32", "bf16"] {
+                for c in ["causal", "non-causal"] {
+                    many.push(keyed(
+                        &format!("v{v}"),
+                        &[("dtype", d.into()), ("causal", c.into())],
+                    ));
+                }
+            }
+        }
+        let parts = panels(&many, (0..many.len()).collect(), MAX_SERIES);
+        assert_eq!(parts.len(), 10);
+        for (k, f) in parts.iter().enumerate() {
+            assert_eq!(f.values, vec![("variant", format!("v{k}"))]);
+            assert_eq!(f.members.len(), 4);
+            assert!(f
+                .members
+                .iter()
+                .all(|&i| many[i].variant == format!("v{k}")));
+        }
+        // Series a panel cannot tell apart by any key are cut into pieces of at most 8.
+        let same: Vec<Series> = (0..8).map(|i| keyed(&format!("v{i}"), &[])).collect();
+        let parts = panels(&same, (0..8).collect(), 3);
+        assert!(parts.iter().all(|f| f.members.len() <= 3), "{parts:?}");
+        let mut seen: Vec<usize> = parts.iter().flat_map(|f| f.members.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_series_a_split_column_does_not_apply_to_is_in_every_panel() {
+        let mut all: Vec<Series> = (0..6)
+            .map(|p| {
+                keyed(
+                    "paged-decode",
+                    &[
+                        ("page_size", format!("page={}", 1 << p)),
+                        ("page_order", "shuffled".into()),
+                    ],
+                )
+            })
+            .collect();
+        all.extend((0..6).map(|p| {
+            keyed(
+                "paged-decode",
+                &[
+                    ("page_size", format!("page={}", 1 << p)),
+                    ("page_order", "contiguous".into()),
+                ],
+            )
+        }));
+        all.push(keyed(
+            "flash-decoding",
+            &[
+                ("page_size", "no pages".into()),
+                ("page_order", "no pages".into()),
+            ],
+        ));
+        let parts = panels(&all, (0..all.len()).collect(), MAX_SERIES);
+        assert_eq!(
+            parts.iter().map(values).collect::<Vec<_>>(),
+            [
+                vec![("page_order", "shuffled")],
+                vec![("page_order", "contiguous")]
+            ]
+        );
+        assert!(parts
+            .iter()
+            .all(|f| f.members.len() == 7 && f.members.contains(&12)));
+    }
+
+    #[test]
+    fn a_chart_of_many_series_is_one_grid_of_panels_on_shared_axes_with_one_legend() {
+        let results = sweep_results();
+        for chart in Chart::ALL {
+            let c = chart.stem();
+            let imgs = images(chart, &results, MAX_SERIES);
+            assert_eq!(imgs.len(), 1, "{c}");
+            assert_eq!(imgs[0].stem, c);
+            let g = grid(&imgs[0].plot);
+            // 96 series: threads, dtype, causal and heads split (2 values each, in key
+            // order), leaving 3 variants x 2 head_dims per panel.
+            assert_eq!(g.panels.len(), 16, "{c}");
+            assert_eq!(g.panels[0].0, "1 thread · f32 · non-causal · h=1");
+            assert_eq!(g.panels[15].0, "2 threads · bf16 · causal · h=8");
+            assert!(g.size().0 <= 2480, "{:?}", g.size());
+            for (title, f) in &g.panels {
+                let drawn = f.lines.iter().filter(|l| !l.label.is_empty()).count();
+                assert!((1..=MAX_SERIES).contains(&drawn), "{c} {title}: {drawn}");
+                // Labels leave out what the panel's title says.
+                assert!(f.lines.iter().all(|l| !l.label.contains("thread")
+                    && !l.label.contains("bf16")
+                    && !l.label.contains("causal")
+                    && !l.label.contains("h=")));
+            }
+            let ranges: Vec<(f64, f64, f64, f64)> = g
+                .panels
+                .iter()
+                .map(|(_, f)| {
                     let (x, y) = f.ranges();
                     (x.lo, x.hi, y.lo, y.hi)
                 })
@@ -1333,65 +1483,255 @@ mod tests {
             assert!(ranges.iter().all(|r| *r == ranges[0]), "{c}: {ranges:?}");
             if chart != Chart::Memory {
                 // The panels' own data differ (1 vs 2 threads): sharing is what aligns them.
-                let own: Vec<_> = plots
+                let own: Vec<_> = g
+                    .panels
                     .iter()
-                    .map(|(_, _, f)| f.extent().unwrap().y)
+                    .map(|(_, f)| f.extent().unwrap().y)
                     .collect();
-                assert_ne!(own[0], own[2], "{c}");
+                assert_ne!(own[0], own[8], "{c}");
             }
-            for (stem, alt, f) in &plots {
-                assert_eq!(f.lines.iter().filter(|l| !l.label.is_empty()).count(), 24);
-                let threads = if stem.contains("threads-1") {
-                    "1 thread"
-                } else {
-                    "2 threads"
-                };
-                let dtype = if stem.ends_with("f32") { "f32" } else { "bf16" };
-                let values = format!("{threads} · {dtype}");
-                assert!(f.caption.starts_with(&values), "{}", f.caption);
-                assert!(f.caption.contains(&grouping.caption), "{}", f.caption);
-                assert_eq!(*alt, format!("{}: {values}", f.title));
-                // Labels leave out what the caption says.
-                assert!(f.lines.iter().all(|l| !l.label.contains("thread")
-                    && !l.label.contains("f32")
-                    && !l.label.contains("bf16")));
-                if chart == Chart::Gflops {
-                    let peaks: Vec<&str> = f.hlines.iter().map(|h| h.label.as_str()).collect();
-                    assert_eq!(peaks.len(), 1, "{stem}: {peaks:?}");
-                    assert!(
-                        peaks[0].contains(&format!("{threads}:")),
-                        "{stem}: {peaks:?}"
-                    );
-                }
-                if chart == Chart::Memory {
-                    assert_eq!(f.hlines.len(), 1, "the budget in every panel");
-                    assert_eq!(f.guides.len(), 2);
-                }
-            }
-            // A variant keeps its colour in every panel.
-            for (_, _, f) in &plots {
-                for l in &f.lines {
-                    let first = plots[0]
-                        .2
-                        .lines
-                        .iter()
-                        .find(|m| m.label == l.label)
-                        .unwrap();
-                    assert_eq!(
-                        (l.color, l.marker, l.dash),
-                        (first.color, first.marker, first.dash)
-                    );
+            // One legend: every label once, each series' look the same in every panel.
+            let entries = g.legend_entries();
+            let labels: HashSet<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+            assert_eq!(labels.len(), entries.len(), "{c}: {entries:?}");
+            for (_, f) in &g.panels {
+                for l in f.lines.iter().filter(|l| !l.label.is_empty()) {
+                    assert!(entries.iter().any(|e| e.label == l.label
+                        && e.color == l.color
+                        && e.marker == Some(l.marker)));
                 }
             }
         }
-        // Under the limit: the chart as it was, one figure under its own name.
-        let few: Vec<Series> = grouping.series[..40].to_vec();
-        let st = styles(&few);
-        let plots = chart_plots(Chart::Runtime, &results, &few, &st, &grouping.caption, 40);
-        assert_eq!(plots.len(), 1);
-        assert_eq!(plots[0].0, "runtime");
-        assert_eq!(plots[0].2.caption, grouping.caption);
-        assert!(plots[0].2.shared.is_none());
-        assert_eq!(plots[0].2.lines.len(), 40);
+        // Past 16 panels a chart goes on in parts, on the same axes.
+        let imgs = images(Chart::Runtime, &results, 4);
+        let stems: Vec<&str> = imgs.iter().map(|i| i.stem.as_str()).collect();
+        assert_eq!(stems, ["runtime", "runtime__part-2"]);
+        assert!(stems.iter().all(|s| is_plot_file(&format!("{s}.png"))));
+        let all: Vec<&Figure> = imgs
+            .iter()
+            .flat_map(|i| grid(&i.plot).panels.iter().map(|p| &p.1))
+            .collect();
+        assert_eq!(all.len(), 32);
+        assert!(imgs.iter().all(|i| grid(&i.plot).panels.len() == 16));
+        let first = all[0].ranges();
+        assert!(all.iter().all(|f| f.ranges() == first));
+        // Up to the limit: the chart as one figure under its own name.
+        let few = results_of(results.records[..8 * 2].to_vec());
+        let imgs = images(Chart::Runtime, &few, MAX_SERIES);
+        assert_eq!(imgs.len(), 1);
+        assert_eq!(imgs[0].stem, "runtime");
+        assert!(single(&imgs[0].plot).shared.is_none());
+    }
+
+    #[test]
+    fn identical_series_are_one_line_with_one_legend_entry_naming_both() {
+        let results = results_of(
+            ["naive", "naive-unsafe", "flash"]
+                .iter()
+                .flat_map(|v| [256, 1024].map(|n| row(v, DType::F32, n, |_| {})))
+                .map(|mut r| {
+                    if r.variant == "flash" {
+                        r.mem_overhead_bytes = Some(r.seq_q as u64 * 64);
+                    }
+                    r
+                })
+                .collect(),
+        );
+        let imgs = images(Chart::Memory, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        let labels: Vec<String> = f.legend_entries().into_iter().map(|e| e.label).collect();
+        assert!(
+            labels.contains(&"naive, naive-unsafe".to_string()),
+            "{labels:?}"
+        );
+        assert!(!labels.contains(&"naive".to_string()), "{labels:?}");
+        assert!(labels.contains(&"flash".to_string()), "{labels:?}");
+        assert_eq!(
+            f.lines
+                .iter()
+                .filter(|l| l.label != "oom: the predicted overhead (not run)")
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_gflops_chart_draws_the_fma_roofline_and_the_bf16_peak_only_beside_bf16() {
+        let results = sweep_results();
+        let g = images(Chart::Gflops, &results, MAX_SERIES);
+        let g = grid(&g[0].plot);
+        let cal = results.calibration();
+        for (title, f) in &g.panels {
+            let threads = if title.starts_with("1 thread") { 1 } else { 2 };
+            let c = cal.iter().find(|c| c.threads == threads).unwrap();
+            let fma: Vec<&HLine> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("f32 FMA peak"))
+                .collect();
+            assert_eq!(fma.len(), 1, "{title}");
+            assert_eq!(fma[0].y, c.fma_peak_gflops);
+            let bf16: Vec<&HLine> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("bf16 peak"))
+                .collect();
+            if title.contains("bf16") {
+                assert_eq!(bf16.len(), 1, "{title}");
+                assert_eq!(Some(bf16[0].y), c.bf16_peak_gflops);
+            } else {
+                assert!(bf16.is_empty(), "{title}");
+            }
+            assert!(f
+                .hlines
+                .iter()
+                .any(|h| h.label.starts_with("SGEMM (matrixmultiply), reference")
+                    && h.y == c.sgemm_gflops));
+            assert_eq!(f.y.scale, Scale::Log10);
+        }
+    }
+
+    #[test]
+    fn memory_guides_run_through_the_fastest_and_the_slowest_growing_series() {
+        let line = |pts: &[(f64, f64)]| Line {
+            label: "l".into(),
+            color: GUIDE,
+            marker: Marker::Circle,
+            dash: Dash::Solid,
+            width: 2,
+            connect: true,
+            points: pts
+                .iter()
+                .map(|&(x, y)| Pt {
+                    x,
+                    y,
+                    hollow: false,
+                })
+                .collect(),
+            band: Vec::new(),
+        };
+        let lines = [
+            line(&[(256.0, 4e3), (1024.0, 8e3)]), // ∝ √n
+            line(&[(1024.0, 1e6), (256.0, 1e5)]), // faster than n, listed out of order
+            line(&[(512.0, 1e9)]),                // one point: no growth
+            line(&[(256.0, 1e4), (1024.0, 4e4)]), // ∝ n
+        ];
+        assert_eq!(growth_anchors(&lines), Some(((256.0, 1e5), (256.0, 4e3))));
+        assert_eq!(
+            growth_anchors(&lines[2..3]),
+            Some(((512.0, 1e9), (512.0, 1e9)))
+        );
+        // In every panel of a chart, both anchors are points of its series.
+        let results = sweep_results();
+        let imgs = images(Chart::Memory, &results, MAX_SERIES);
+        for (title, f) in &grid(&imgs[0].plot).panels {
+            assert_eq!(f.guides.len(), 2, "{title}");
+            for g in &f.guides {
+                assert!(
+                    f.lines
+                        .iter()
+                        .flat_map(|l| &l.points)
+                        .any(|p| (p.x, p.y) == g.anchor),
+                    "{title}: {} at {:?}",
+                    g.label,
+                    g.anchor
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_error_chart_draws_one_tolerance_line_per_dtype_drawn() {
+        let rows = |dtypes: &[DType]| {
+            results_of(
+                dtypes
+                    .iter()
+                    .flat_map(|&d| [256, 1024].map(|n| row("flash", d, n, |_| {})))
+                    .collect(),
+            )
+        };
+        for dtypes in [vec![DType::F32], vec![DType::F32, DType::Bf16, DType::F16]] {
+            let results = rows(&dtypes);
+            let imgs = images(Chart::Error, &results, MAX_SERIES);
+            let f = single(&imgs[0].plot);
+            let tol: Vec<f64> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("tolerance"))
+                .map(|h| h.y)
+                .collect();
+            let mut want: Vec<f64> = dtypes.iter().map(|d| d.tolerance()).collect();
+            want.sort_by(f64::total_cmp);
+            let mut got = tol.clone();
+            got.sort_by(f64::total_cmp);
+            assert_eq!(got, want, "{dtypes:?}");
+        }
+    }
+
+    #[test]
+    fn runtime_series_get_a_spread_band_that_extrapolated_points_lack() {
+        let results = results_of(
+            ["naive", "flash"]
+                .iter()
+                .flat_map(|v| [256, 1024, 4096].map(|n| row(v, DType::F32, n, |_| {})))
+                .map(|mut r| {
+                    let t = r.time_median_s.unwrap();
+                    (r.time_min_s, r.time_max_s) = (Some(0.9 * t), Some(1.3 * t));
+                    // flash's last time extrapolated.
+                    r.extrapolated = r.variant == "flash" && r.seq_q == 4096;
+                    r
+                })
+                .collect(),
+        );
+        let imgs = images(Chart::Runtime, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        assert_eq!(f.lines.len(), 2);
+        for l in &f.lines {
+            assert!(!l.band.is_empty(), "{}", l.label);
+            for p in &l.points {
+                let band = l.band.iter().find(|b| b.0 == p.x);
+                if p.hollow {
+                    assert!(
+                        band.is_none(),
+                        "{}: extrapolated {} has a band",
+                        l.label,
+                        p.x
+                    );
+                } else {
+                    let (_, lo, hi) = band.unwrap();
+                    assert!(*lo < p.y && p.y < *hi);
+                }
+            }
+        }
+        let flash = f.lines.iter().find(|l| l.label == "flash").unwrap();
+        assert_eq!(flash.band.len(), 2);
+        assert!(flash.points.iter().any(|p| p.hollow));
+    }
+
+    #[test]
+    fn decode_rows_are_drawn_against_the_kv_cache_length() {
+        let decode = |q: usize, kv: usize| {
+            row("flash-decoding", DType::F32, kv, |r| {
+                r.mode = "decode".into();
+                (r.seq_q, r.seq_kv) = (q, kv);
+                r.time_median_s = Some(1e-7 * (q * kv) as f64);
+            })
+        };
+        let results = results_of(
+            [1, 4]
+                .iter()
+                .flat_map(|&q| [1024, 4096, 16384].map(|kv| decode(q, kv)))
+                .collect(),
+        );
+        let imgs = images(Chart::Runtime, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        assert_eq!(f.x.label, KV_AXIS);
+        assert_eq!(f.title, "Runtime vs KV cache length");
+        let labels: Vec<&str> = f.lines.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["flash-decoding · n_q=1", "flash-decoding · n_q=4"]);
+        for l in &f.lines {
+            let xs: Vec<f64> = l.points.iter().map(|p| p.x).collect();
+            assert_eq!(xs, [1024.0, 4096.0, 16384.0]);
+        }
     }
 }

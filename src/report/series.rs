@@ -457,18 +457,14 @@ mod tests {
             })
             .collect();
         // Before the split count was part of a series, these were 2 (one per n_kv), each
-        // with two points at n = 1.
+        // with two points at n = 1. Decode rows run over the cache length: one line each.
         let g = group(&rows);
         assert_eq!(
             labels(&g),
-            [
-                "flash-decoding · n_kv=4096 · splits=2",
-                "flash-decoding · n_kv=16384 · splits=2",
-                "flash-decoding · n_kv=4096 · splits=8",
-                "flash-decoding · n_kv=16384 · splits=8",
-            ]
+            ["flash-decoding · splits=2", "flash-decoding · splits=8"]
         );
-        assert!(g.series.iter().all(|s| s.records.len() == 1));
+        assert!(g.series.iter().all(|s| s.records.len() == 2
+            && s.records.iter().map(|r| r.seq_kv).collect::<Vec<_>>() == [4096, 16384]));
         assert!(!g.caption.contains("splits"), "{}", g.caption);
         // Default counts (1 at n_kv = 1024, 4 at 4096) are no difference: labels as before.
         let defaults = [1024, 4096].map(|n| row(fd, Mode::Decode, n, |_| {}));
@@ -476,19 +472,18 @@ mod tests {
             defaults.iter().map(|r| r.splits).collect::<Vec<_>>(),
             [Some(1), Some(4)]
         );
-        assert_eq!(
-            labels(&group(&defaults)),
-            ["flash-decoding · n_kv=1024", "flash-decoding · n_kv=4096"]
-        );
+        let g = group(&defaults);
+        assert_eq!(labels(&g), ["flash-decoding"]);
+        assert_eq!(g.series[0].records.len(), 2);
         // Beside a chosen count they are named by their values too.
         let mut chosen = defaults.to_vec();
         chosen.push(row(fd, Mode::Decode, 4096, |c| c.splits = Some(2)));
         assert_eq!(
             labels(&group(&chosen)),
             [
-                "flash-decoding · n_kv=1024 · splits=1",
-                "flash-decoding · n_kv=4096 · splits=4",
-                "flash-decoding · n_kv=4096 · splits=2"
+                "flash-decoding · splits=1",
+                "flash-decoding · splits=4",
+                "flash-decoding · splits=2"
             ]
         );
         // A prefill-shaped sweep over n: one line per split count.
@@ -595,9 +590,9 @@ mod tests {
             [
                 "naive",
                 "naive · fwd+bwd",
-                "flash-decoding · decode · n_kv=256",
-                "tree-decode · decode · p=4 · n_kv=256",
-                "ring-decode · decode · p=4 · n_kv=256"
+                "flash-decoding · decode · n_q=1",
+                "tree-decode · decode · p=4 · n_q=1",
+                "ring-decode · decode · p=4 · n_q=1"
             ]
         );
         assert_eq!(

@@ -171,9 +171,12 @@ impl Figure {
             .iter()
             .flat_map(|l| self.plotted(l))
             .map(|(x, y, _)| (x, y))
-            .chain(self.lines.iter().flat_map(|l| self.band_plotted(l)).flat_map(
-                |(x, lo, hi)| [(x, lo), (x, hi)],
-            ))
+            .chain(
+                self.lines
+                    .iter()
+                    .flat_map(|l| self.band_plotted(l))
+                    .flat_map(|(x, lo, hi)| [(x, lo), (x, hi)]),
+            )
             .chain(
                 self.hlines
                     .iter()
@@ -333,7 +336,8 @@ impl Figure {
                 if let [(x, lo, hi)] = run[..] {
                     // A single point: a thin bar, so bars at one x stay apart.
                     let ((a, top), (_, bottom)) = (pixel((x, hi)), pixel((x, lo)));
-                    let (a, top, bottom) = (a.round() as i32, top.round() as i32, bottom.round() as i32);
+                    let (a, top, bottom) =
+                        (a.round() as i32, top.round() as i32, bottom.round() as i32);
                     let bar = l.color.mix(0.35).filled();
                     root.draw(&Rectangle::new([(a - 1, top), (a + 1, bottom)], bar))
                         .map_err(err)?;
@@ -360,7 +364,10 @@ impl Figure {
         }
         // Over the data, so a line crossing a label cannot hide it.
         for (text, color, at, pos) in tags {
-            let style = (FONT, tag_font).into_font().color(&readable(color)).pos(pos);
+            let style = (FONT, tag_font)
+                .into_font()
+                .color(&readable(color))
+                .pos(pos);
             root.draw(&Text::new(text, at, style)).map_err(err)?;
         }
         Ok(())
@@ -544,35 +551,35 @@ pub(super) fn draw_legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     legend: &Legend,
 ) -> DrawResult<()> {
-        let text = (FONT, legend.font).into_font().color(&BLACK);
-        let small = (FONT, legend.note_font)
-            .into_font()
-            .color(&RGBColor(70, 70, 70));
-        for row in &legend.rows {
-            let (x, y) = row.at;
-            let mid = y + legend.line_h / 2 - 2;
-            let e = &row.entry;
-            if let Some(dash) = e.dash {
-                let sample = [(x as f32 + 4.0, mid as f32), (x as f32 + 64.0, mid as f32)];
-                stroke(area, &sample, dash, e.color, 2)?;
-            }
-            if let Some(m) = e.marker {
-                marker(area, (x + 34, mid), m, e.color, false)?;
-            }
-            for (k, line) in row.lines.iter().enumerate() {
-                area.draw(&Text::new(
-                    line.clone(),
-                    (x + SWATCH_W, y + k as i32 * legend.line_h),
-                    text.clone(),
-                ))
-                .map_err(err)?;
-            }
+    let text = (FONT, legend.font).into_font().color(&BLACK);
+    let small = (FONT, legend.note_font)
+        .into_font()
+        .color(&RGBColor(70, 70, 70));
+    for row in &legend.rows {
+        let (x, y) = row.at;
+        let mid = y + legend.line_h / 2 - 2;
+        let e = &row.entry;
+        if let Some(dash) = e.dash {
+            let sample = [(x as f32 + 4.0, mid as f32), (x as f32 + 64.0, mid as f32)];
+            stroke(area, &sample, dash, e.color, 2)?;
         }
-        for (line, at) in &legend.notes {
-            area.draw(&Text::new(line.clone(), *at, small.clone()))
-                .map_err(err)?;
+        if let Some(m) = e.marker {
+            marker(area, (x + 34, mid), m, e.color, false)?;
         }
-        Ok(())
+        for (k, line) in row.lines.iter().enumerate() {
+            area.draw(&Text::new(
+                line.clone(),
+                (x + SWATCH_W, y + k as i32 * legend.line_h),
+                text.clone(),
+            ))
+            .map_err(err)?;
+        }
+    }
+    for (line, at) in &legend.notes {
+        area.draw(&Text::new(line.clone(), *at, small.clone()))
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// How a figure's axes are drawn: alone on its canvas, or as a panel of a grid (smaller
@@ -833,6 +840,44 @@ mod tests {
     use super::super::axis::{Scale, Unit};
     use super::super::style::{GUIDE, PALETTE, RED};
     use super::*;
+
+    #[test]
+    fn identical_lines_merge_into_one_naming_every_label() {
+        let line = |label: &str, ys: [f64; 2]| Line {
+            label: label.into(),
+            color: PALETTE[0],
+            marker: Marker::Circle,
+            dash: Dash::Solid,
+            width: 2,
+            connect: true,
+            points: vec![
+                Pt {
+                    x: 256.0,
+                    y: ys[0],
+                    hollow: false,
+                },
+                Pt {
+                    x: 512.0,
+                    y: ys[1],
+                    hollow: false,
+                },
+            ],
+            band: Vec::new(),
+        };
+        let merged = merge_identical(vec![
+            line("naive · f32", [1.0, 2.0]),
+            line("flash · f32", [1.0, 3.0]),
+            line("naive-unsafe · f32", [1.0, 2.0]),
+        ]);
+        let labels: Vec<&str> = merged.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["naive, naive-unsafe · f32", "flash · f32"]);
+        // Labels that differ in more than one part are listed whole.
+        assert_eq!(
+            merged_label(&["a · x".into(), "b · y".into()]),
+            "a · x, b · y"
+        );
+        assert_eq!(merged_label(&["a".into()]), "a");
+    }
 
     #[test]
     fn wrap_breaks_at_spaces() {
