@@ -45,7 +45,7 @@ fn x_axis(results: &Results) -> (&'static str, &'static str) {
     };
     match (drawn().any(is_decode), drawn().all(is_decode)) {
         (true, true) => ("KV cache length", KV_AXIS),
-        (true, false) => ("length", MIXED_AXIS),
+        (true, false) => ("sequence or KV cache length", MIXED_AXIS),
         _ => ("sequence length", N_AXIS),
     }
 }
@@ -899,7 +899,9 @@ fn chart_plots(
     let mut out = Vec::new();
     let mut figs = figs.into_iter();
     for k in 0..images {
-        let panels: Vec<(String, Figure)> = figs.by_ref().take(MAX_PANELS).collect();
+        // As even as whole panels allow: no last image of a lone panel.
+        let take = count.div_ceil(images);
+        let panels: Vec<(String, Figure)> = figs.by_ref().take(take).collect();
         let part = if images > 1 {
             format!(", part {} of {images}", k + 1)
         } else {

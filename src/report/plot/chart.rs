@@ -614,7 +614,10 @@ pub fn merge_identical(lines: Vec<Line>) -> Vec<Line> {
         v
     };
     let mut out: Vec<(Line, Vec<String>)> = Vec::new();
-    let mut keys: Vec<(Vec<(u64, u64, bool)>, bool, bool, u32)> = Vec::new();
+    // What makes two lines one: their sorted points (bit-exact), connection, labelledness
+    // and width.
+    type Same = (Vec<(u64, u64, bool)>, bool, bool, u32);
+    let mut keys: Vec<Same> = Vec::new();
     for l in lines {
         let key = (sorted(&l), l.connect, l.label.is_empty(), l.width);
         match keys.iter().position(|k| *k == key && !key.0.is_empty()) {
