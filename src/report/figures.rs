@@ -21,7 +21,8 @@ use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED
 use super::plot::{save, Format, Plot};
 use super::select::TABLE2;
 use super::series::{
-    group, is_decode, join_label, not_applicable, x_len, ChunkGrid, Series, CHUNKS_PREFIX,
+    group, is_decode, join_label, not_applicable, unremarkable, x_len, ChunkGrid, Series,
+    CHUNKS_PREFIX,
 };
 use super::tables_md::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
@@ -863,12 +864,23 @@ fn chart_plots(
                 .iter()
                 .flat_map(|m| m.series.records.iter().map(|r| *r as *const Record))
                 .collect();
-            let values = f
+            // The title leaves out the defaults (`q_chunk default`, `n_kv=n`) unless they
+            // are all it has: a sibling panel names the other value.
+            let remarkable: Vec<&str> = f
                 .values
                 .iter()
+                .filter(|(c, v)| !unremarkable(c, v))
                 .map(|(_, v)| v.as_str())
-                .collect::<Vec<_>>()
-                .join(" · ");
+                .collect();
+            let values = if remarkable.is_empty() {
+                f.values
+                    .iter()
+                    .map(|(_, v)| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" · ")
+            } else {
+                remarkable.join(" · ")
+            };
             let part = Part {
                 results,
                 members,

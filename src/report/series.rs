@@ -262,7 +262,7 @@ fn identities(records: &[&Record]) -> Vec<Vec<(&'static str, String)>> {
 }
 
 /// Values that say nothing when every series has them (left out of the caption).
-fn unremarkable(col: &str, value: &str) -> bool {
+pub fn unremarkable(col: &str, value: &str) -> bool {
     matches!(
         (col, value),
         ("mode", "fwd")

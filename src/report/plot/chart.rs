@@ -710,7 +710,7 @@ pub struct Legend {
 
 /// Width of `text` in pixels in the embedded font at `size` (estimated if it is not
 /// registered).
-fn text_width(text: &str, size: i32) -> i32 {
+pub(super) fn text_width(text: &str, size: i32) -> i32 {
     (FONT, size)
         .into_font()
         .box_size(text)

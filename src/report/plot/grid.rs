@@ -6,7 +6,9 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::chart::{draw_head, draw_legend, legend_below, Entry, Figure, Frame, Legend, HEAD_H};
+use super::chart::{
+    draw_head, draw_legend, legend_below, text_width, Entry, Figure, Frame, Legend, HEAD_H,
+};
 use super::FONT;
 
 /// Most panels one image holds; a chart with more continues in further images.
@@ -108,7 +110,14 @@ impl Grid {
             let y0 = (row as u32 * PANEL_H) as i32;
             let cell = cells.clone().shrink((x0, y0), (PANEL_W, PANEL_H));
             let (band, plot) = cell.split_vertically(TITLE_H);
-            band.draw(&Text::new(title.clone(), (104, 8), title_font.clone()))
+            // Smaller type for a title too long for its cell.
+            let room = PANEL_W as i32 - 112;
+            let font = if text_width(title, 18) <= room {
+                title_font.clone()
+            } else {
+                (FONT, 14).into_font().color(&BLACK)
+            };
+            band.draw(&Text::new(title.clone(), (104, 8), font))
                 .map_err(err)?;
             // Axis names on the grid's outer edges only: the axes are the same everywhere.
             let below = k + c < self.panels.len();
