@@ -91,7 +91,16 @@ fn plots_are_valid_png_and_svg() {
         let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
             .unwrap_or_else(|e| panic!("{stem}.png does not decode: {e}"))
             .to_rgb8();
-        assert_eq!(img.dimensions(), (1400, 820));
+        if stem.starts_with("chunks") {
+            assert_eq!(img.dimensions(), (1400, 820));
+        } else {
+            // Its 10 series make each chart a grid of panels (one per dtype).
+            let (w, h) = img.dimensions();
+            assert!(
+                (1000..=2480).contains(&w) && h >= 600,
+                "{stem}.png is {w}x{h}"
+            );
+        }
         // Not blank: text and lines leave plenty of non-white pixels.
         let inked = img.pixels().filter(|p| p.0 != [255, 255, 255]).count();
         assert!(
@@ -448,7 +457,7 @@ fn many_series(dir: &Path) {
 }
 
 #[test]
-fn charts_with_too_many_series_are_split_into_facet_files_all_embedded() {
+fn charts_with_too_many_series_are_one_grid_image_each_all_embedded() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("many");
     many_series(&dir);
@@ -456,19 +465,13 @@ fn charts_with_too_many_series_are_split_into_facet_files_all_embedded() {
     report(&dir, &out, &[]).success();
     let md = fs::read_to_string(out.join("tables.md")).unwrap();
     let plots = &md[md.find("## Plots").expect("a plots section")..];
-    // 96 series: threads, dtype, causal, heads and head_dim have 2 values each; threads
-    // then dtype (the first two of the fixed order) leave 24 series per panel.
+    // 96 series: threads, dtype, causal and heads (2 values each, in the fixed order) split
+    // them into 16 panels of 3 variants x 2 head_dims, all in one image per chart.
     let panels = [
-        "threads-1__dtype-f32",
-        "threads-1__dtype-bf16",
-        "threads-2__dtype-f32",
-        "threads-2__dtype-bf16",
-    ];
-    let captions = [
-        "1 thread · f32",
-        "1 thread · bf16",
-        "2 threads · f32",
-        "2 threads · bf16",
+        "1 thread · f32 · non-causal · h=1",
+        "1 thread · bf16 · causal · h=8",
+        "2 threads · f32 · non-causal · h=1",
+        "2 threads · bf16 · causal · h=8",
     ];
     for (stem, title) in [
         ("runtime", "Runtime vs sequence length"),
@@ -476,54 +479,33 @@ fn charts_with_too_many_series_are_split_into_facet_files_all_embedded() {
         ("error", "Max abs error vs sequence length"),
         ("gflops", "Throughput vs sequence length"),
     ] {
-        assert!(
-            !out.join(format!("{stem}.png")).exists(),
-            "{stem}.png: split, not whole"
-        );
-        assert!(!md.contains(&format!("]({stem}.png)")));
-        // Under the chart's heading, one image per panel, in order.
         let section = &plots[plots.find(&format!("### {title}\n")).unwrap()..];
         let section = &section[..section[4..].find("\n### ").map_or(section.len(), |i| i + 4)];
         let images: Vec<&str> = section.lines().filter(|l| l.starts_with("![")).collect();
-        let want: Vec<String> = panels
-            .iter()
-            .zip(captions)
-            .map(|(p, c)| format!("![{title}: {c}]({stem}__{p}.png)"))
-            .collect();
-        assert_eq!(images, want, "{stem}");
-        for (p, c) in panels.iter().zip(captions) {
-            let png = out.join(format!("{stem}__{p}.png"));
-            let bytes = fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
-            let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
-                .unwrap()
-                .to_rgb8();
-            assert_eq!(img.width(), 1400);
-            let svg = fs::read_to_string(out.join(format!("{stem}__{p}.svg"))).unwrap();
-            assert!(svg.contains(c), "{stem}__{p}.svg shows its panel's values");
-            if stem == "gflops" {
-                // Each panel keeps the peak of its own thread count only.
-                let own = if p.starts_with("threads-1") {
-                    "1 thread:"
-                } else {
-                    "2 threads:"
-                };
-                let other = if p.starts_with("threads-1") {
-                    "2 threads:"
-                } else {
-                    "1 thread:"
-                };
+        assert_eq!(images, [format!("![{title}]({stem}.png)")], "{stem}");
+        assert!(section.contains("small multiples"), "{stem}");
+        let png = out.join(format!("{stem}.png"));
+        let bytes = fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
+        let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
+            .unwrap()
+            .to_rgb8();
+        assert!(img.width() <= 2480, "{stem}.png is {} wide", img.width());
+        let svg = fs::read_to_string(out.join(format!("{stem}.svg"))).unwrap();
+        for p in panels {
+            assert!(svg.contains(p), "{stem}.svg shows the panel {p}");
+        }
+        assert!(svg.contains("16 panels"), "{stem}.svg");
+        if stem == "gflops" {
+            // Each thread count's SGEMM reference, each in its own panels.
+            for t in ["1 thread:", "2 threads:"] {
                 assert!(
-                    svg.contains(&format!("calibrated SGEMM peak, {own}")),
-                    "{p}"
-                );
-                assert!(
-                    !svg.contains(&format!("calibrated SGEMM peak, {other}")),
-                    "{p}"
+                    svg.contains(&format!("SGEMM (matrixmultiply), reference, {t}")),
+                    "{t}"
                 );
             }
-            if stem == "memory" {
-                assert!(svg.contains("memory budget 8.00 GiB"), "{p}");
-            }
+        }
+        if stem == "memory" {
+            assert!(svg.contains("memory budget 8.00 GiB"));
         }
     }
     // No other image is embedded, and every embedded one exists.
@@ -532,7 +514,7 @@ fn charts_with_too_many_series_are_split_into_facet_files_all_embedded() {
         .filter(|l| l.starts_with("!["))
         .map(|l| &l[l.rfind('(').unwrap() + 1..l.len() - 1])
         .collect();
-    assert_eq!(embedded.len(), 16);
+    assert_eq!(embedded.len(), 4);
     for f in embedded {
         assert!(out.join(f).is_file(), "{f}");
     }
@@ -924,4 +906,32 @@ fn html_report_inlines_pngs_and_the_derived_files() {
         page.matches("<table>").count(),
         tables + md_tables(&decode).0
     );
+}
+
+/// Decode rows are drawn over the KV cache length: results/decode's charts are lines over
+/// n_kv (one image each, its x axis so named), not panels of single points at n = 1.
+#[test]
+fn decode_reports_draw_lines_over_the_kv_cache_length() {
+    let copy = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/decode");
+    for f in ["runs.csv", "meta.json"] {
+        fs::copy(src.join(f), copy.path().join(f)).unwrap();
+    }
+    let out = copy.path().join("out");
+    report(copy.path(), &out, &["--format", "svg"]).success();
+    for stem in ["runtime", "memory", "gflops"] {
+        let svg = fs::read_to_string(out.join(format!("{stem}.svg"))).unwrap();
+        assert!(
+            svg.contains("KV cache length (tokens, log scale)"),
+            "{stem}"
+        );
+        assert!(!svg.contains("sequence length n"), "{stem}");
+        assert!(
+            svg.contains("n_q=1"),
+            "{stem}: the query rows in the caption"
+        );
+    }
+    let md = fs::read_to_string(out.join("tables.md")).unwrap();
+    assert!(md.contains("### Runtime vs KV cache length"));
+    assert!(!md.contains("runtime__"), "one image per chart");
 }

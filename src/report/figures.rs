@@ -1,29 +1,55 @@
-//! The report's figures, built from the records: runtime, memory overhead (dashed n² and √n
-//! guides, the memory budget, `oom` cases marked), max-abs error (with paired differences
-//! and the paper's bounds), GFLOP/s against the calibrated SGEMM peak, and one heatmap per
-//! chunk sweep. Series keep one style across every figure (`plot::style`): few series get a
-//! colour each (marker: dtype, dashed: cuda); more are coloured by variant, the (marker,
-//! dash pattern) pair telling apart the rest of what varies between them. A line chart with
-//! more than `MAX_SERIES` series is split into facets (`facets`), one file per panel, all
-//! panels of a chart on the same axes.
+//! The report's figures, built from the records: runtime (each point's min–max band),
+//! memory overhead (dashed n² and √n guides through the data, the memory budget, `oom` cases
+//! marked), max-abs error (paired differences, each dtype's tolerance, the paper's bounds),
+//! GFLOP/s against the calibrated FMA rooflines (SGEMM as a reference), and one heatmap per
+//! chunk sweep. Decode rows run over the KV cache length (`series::x_len`). Series keep one
+//! style across every figure (`plot::style`): few series get a colour each (marker: dtype,
+//! dashed: cuda); more are coloured by variant, the (marker, dash pattern) pair telling
+//! apart the rest of what varies between them; series with identical points are one line
+//! (`chart::merge_identical`). A line chart with more than `MAX_SERIES` series becomes small
+//! multiples (`plot::grid`): panels split by the identity columns but the variant
+//! (`panels`), on the same axes, one legend, `grid::MAX_PANELS` panels per image.
 
 use crate::report::run_config::RunConfig;
 use std::path::Path;
 
 use super::plot::axis::{AxisSpec, Scale, Unit};
-use super::plot::chart::{Figure, Guide, HLine, Line, Pt};
+use super::plot::chart::{merge_identical, Figure, Guide, HLine, Line, Pt};
+use super::plot::grid::{Grid, MAX_PANELS};
 use super::plot::heatmap::{HeatCell, Heatmap, Panel};
 use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED};
 use super::plot::{save, Format, Plot};
 use super::select::TABLE2;
-use super::series::{group, join_label, not_applicable, ChunkGrid, Series, CHUNKS_PREFIX};
+use super::series::{
+    group, is_decode, join_label, not_applicable, unremarkable, x_len, ChunkGrid, Series,
+    CHUNKS_PREFIX,
+};
 use super::tables_md::{PlotImage, PlotLink, DAGGER};
 use crate::error::Result;
+use crate::problem::DType;
 use crate::results::load::Results;
 use crate::results::record::{Record, Status};
 use crate::units::{bytes, sci, seconds};
 
 const N_AXIS: &str = "sequence length n (tokens, log scale)";
+const KV_AXIS: &str = "KV cache length (tokens, log scale)";
+const MIXED_AXIS: &str = "sequence length n; KV cache length for decode (tokens, log scale)";
+
+/// The x axis of the line charts and what their titles say it is: the KV cache length when
+/// every row is a decode row, n when none is, both named when they are mixed.
+fn x_axis(results: &Results) -> (&'static str, &'static str) {
+    let drawn = || {
+        results
+            .records
+            .iter()
+            .filter(|r| matches!(r.status, Status::Ok | Status::Oom))
+    };
+    match (drawn().any(is_decode), drawn().all(is_decode)) {
+        (true, true) => ("KV cache length", KV_AXIS),
+        (true, false) => ("sequence or KV cache length", MIXED_AXIS),
+        _ => ("sequence length", N_AXIS),
+    }
+}
 
 /// What the style of `s`, drawn under `label`, is chosen from: its variant and the rest of
 /// the label.
@@ -44,13 +70,11 @@ fn styles(series: &[Series]) -> Vec<Style> {
     style::assign(&keys)
 }
 
-/// Most series one line chart shows. A chart with more is split into facets (`facets`).
-/// 40 is results/quick's sweep (5 variants x 8 settings), which still reads as one chart:
-/// 5 colours, 8 (marker, dash) styles, a legend of 10 rows in 4 columns. Past it the styles
-/// repeat within a colour less and less distinguishably and the legend outgrows the plot
-/// (results/cpu_perf's 210 series made a 1400x3700 image), so it is also where faceting
-/// starts: charts up to it keep their single image.
-pub const MAX_SERIES: usize = 40;
+/// Most series one plot shows. A chart with more becomes a grid of panels of at most this
+/// many (`panels`): 8 lines can still be followed one by one (results/quick's 40 in one
+/// plot were a tangle of 5 colours in 8 dash and marker styles), and each panel compares
+/// the variants of one setting.
+pub const MAX_SERIES: usize = 8;
 
 /// The identity columns a chart is split by, in the order that breaks ties between columns
 /// with equally few values: threads first (times and peaks at different thread counts are
@@ -58,7 +82,7 @@ pub const MAX_SERIES: usize = 40;
 /// mask, then the shape, then the rest. The variant is never among them: colours show it.
 /// A key that only some cases have (`series::not_applicable`) splits a chart only where two
 /// of its values apply.
-pub const FACET_KEYS: [&str; 20] = [
+pub const FACET_KEYS: [&str; 23] = [
     "threads",
     "dtype",
     "causal",
@@ -79,6 +103,9 @@ pub const FACET_KEYS: [&str; 20] = [
     "allreduce",
     "d_out",
     "seed",
+    "seq_q",
+    "page_size",
+    "page_order",
 ];
 
 /// One panel of a chart: the series that share `values`.
@@ -101,10 +128,11 @@ fn key_value<'s>(series: &'s Series, col: &str) -> Option<&'s str> {
 }
 
 /// Splits `members` (indices into `series`) until each part has at most `max` series:
-/// by the column of `FACET_KEYS` with the fewest distinct values among them (at least 2;
-/// ties go to the earlier column), one part per value in first-seen order, then again
-/// within each part that is still too big, until it fits or no column is left. Up to `max`
-/// members: one facet with no values.
+/// by the column of `FACET_KEYS` with the fewest distinct values among them (at least 2
+/// that apply; ties go to the earlier column), one part per value that applies in
+/// first-seen order, the series it does not apply to in every part, then again within each
+/// part that is still too big, until it fits or no column is left. Up to `max` members: one
+/// facet with no values.
 pub fn facets(series: &[Series], members: Vec<usize>, max: usize) -> Vec<Facet> {
     let mut out = Vec::new();
     split(
@@ -146,67 +174,67 @@ fn split(series: &[Series], facet: Facet, max: usize, out: &mut Vec<Facet>) {
         out.push(facet);
         return;
     };
-    for v in values {
+    // A series the column does not apply to (flash-decoding beside paged caches' page
+    // orders) is no value of it: it goes into every part, the reference each is read against.
+    let everywhere = |i: usize| key_value(&series[i], col).is_none_or(|v| not_applicable(col, v));
+    for v in values.into_iter().filter(|v| !not_applicable(col, v)) {
         let mut values = facet.values.clone();
         values.push((col, v.to_string()));
         let members = facet
             .members
             .iter()
             .copied()
-            .filter(|&i| key_value(&series[i], col) == Some(v))
+            .filter(|&i| key_value(&series[i], col) == Some(v) || everywhere(i))
             .collect();
         split(series, Facet { values, members }, max, out);
     }
 }
 
-/// A facet value as a file-name piece: `column-value`, lowercase ASCII letters, digits,
-/// `_` and `-` (`threads-2`, `dtype-bf16`, `causal-true`, `head_dim-128`, `q_chunk-sqrtn`,
-/// `input_scale-0p5`).
-pub fn slug(col: &str, value: &str) -> String {
-    let raw = match col {
-        "causal" => (if value == "causal" { "true" } else { "false" }).to_string(),
-        "threads" => value.split(' ').next().unwrap_or(value).to_string(),
-        _ => match value.rsplit_once('=') {
-            Some((_, v)) => v.to_string(),
-            None => value.strip_prefix(col).unwrap_or(value).to_string(),
-        },
-    };
-    let mut v = String::new();
-    for c in raw.chars() {
-        match c {
-            'a'..='z' | '0'..='9' | '_' => v.push(c),
-            'A'..='Z' => v.push(c.to_ascii_lowercase()),
-            '.' => v.push('p'),
-            '√' => v.push_str("sqrt"),
-            _ => {
-                if !v.is_empty() && !v.ends_with('-') {
-                    v.push('-');
-                }
-            }
+/// The panels of a chart of more than `max` series: by the facet keys (`facets`), so that
+/// the variants are compared within a panel; where the variants alone are more than `max`,
+/// one panel per variant first (then split further by the keys). A panel still over `max`
+/// (its series differ in nothing a panel can be split by) is cut into pieces in order.
+pub fn panels(series: &[Series], members: Vec<usize>, max: usize) -> Vec<Facet> {
+    let mut variants: Vec<&str> = Vec::new();
+    for &i in &members {
+        if !variants.contains(&series[i].variant.as_str()) {
+            variants.push(&series[i].variant);
         }
     }
-    let v = v.trim_end_matches('-');
-    format!("{col}-{}", if v.is_empty() { "x" } else { v })
-}
-
-/// The file stems of a chart's facets: `stem__col-value__col-value`, made unique in order
-/// (`_2`, `_3`, ... should two values read the same); `stem` alone for an unsplit chart.
-pub fn facet_stems(stem: &str, facets: &[Facet]) -> Vec<String> {
-    let mut seen = std::collections::HashSet::new();
-    facets
-        .iter()
-        .map(|f| {
-            let base: String = std::iter::once(stem.to_string())
-                .chain(f.values.iter().map(|(c, v)| slug(c, v)))
-                .collect::<Vec<_>>()
-                .join("__");
-            let mut name = base.clone();
-            let mut k = 2;
-            while !seen.insert(name.clone()) {
-                name = format!("{base}_{k}");
-                k += 1;
+    let mut out = Vec::new();
+    if variants.len() > max {
+        for v in variants {
+            let facet = Facet {
+                values: vec![("variant", v.to_string())],
+                members: members
+                    .iter()
+                    .copied()
+                    .filter(|&i| series[i].variant == v)
+                    .collect(),
+            };
+            split(series, facet, max, &mut out);
+        }
+    } else {
+        out = facets(series, members, max);
+    }
+    out.into_iter()
+        .flat_map(|f| {
+            let pieces = f.members.len().div_ceil(max.max(1));
+            if pieces <= 1 {
+                return vec![f];
             }
-            name
+            f.members
+                .chunks(max.max(1))
+                .enumerate()
+                .map(|(k, m)| {
+                    let mut values = f.values.clone();
+                    values.push(("piece", format!("({} of {pieces})", k + 1)));
+                    Facet {
+                        values,
+                        members: m.to_vec(),
+                    }
+                })
+                .collect()
         })
         .collect()
 }
@@ -228,21 +256,52 @@ struct Part<'s, 'a> {
     caption: String,
 }
 
-/// A line per member from the rows `value` accepts.
-fn lines(members: &[Member], value: impl Fn(&Record) -> Option<Pt>) -> Vec<Line> {
+/// A line per member from the rows `value` accepts, with the (low, high) band `band` gives
+/// at each of those rows.
+fn lines(
+    members: &[Member],
+    value: impl Fn(&Record) -> Option<Pt>,
+    band: impl Fn(&Record) -> Option<(f64, f64)>,
+) -> Vec<Line> {
     members
         .iter()
-        .map(|m| Line {
-            label: m.label.clone(),
-            color: m.style.color,
-            marker: m.style.marker,
-            dash: m.style.dash,
-            width: 2,
-            connect: true,
-            points: m.series.records.iter().filter_map(|r| value(r)).collect(),
+        .map(|m| {
+            let drawn: Vec<(&Record, Pt)> = m
+                .series
+                .records
+                .iter()
+                .filter_map(|r| Some((*r, value(r)?)))
+                .collect();
+            Line {
+                label: m.label.clone(),
+                color: m.style.color,
+                marker: m.style.marker,
+                dash: m.style.dash,
+                width: 2,
+                connect: true,
+                band: drawn
+                    .iter()
+                    .filter_map(|(r, p)| band(r).map(|(lo, hi)| (p.x, lo, hi)))
+                    .collect(),
+                points: drawn.into_iter().map(|(_, p)| p).collect(),
+            }
         })
         .filter(|l| !l.points.is_empty())
         .collect()
+}
+
+fn no_band(_: &Record) -> Option<(f64, f64)> {
+    None
+}
+
+/// The spread of a measured time: the fastest and the slowest timed call. An extrapolated
+/// time has none (its calls timed only the first query chunks).
+fn time_band(r: &Record) -> Option<(f64, f64)> {
+    if !ok(r) || r.extrapolated {
+        return None;
+    }
+    let (lo, hi) = (r.time_min_s?, r.time_max_s?);
+    (lo > 0.0 && hi >= lo).then_some((lo, hi))
 }
 
 fn ok(r: &Record) -> bool {
@@ -251,7 +310,7 @@ fn ok(r: &Record) -> bool {
 
 fn pt(r: &Record, y: Option<f64>) -> Option<Pt> {
     Some(Pt {
-        x: r.seq_q as f64,
+        x: x_len(r) as f64,
         y: y?,
         hollow: r.extrapolated,
     })
@@ -308,18 +367,22 @@ impl Chart {
         })
     }
 
+    /// The figure of `p`, series with identical points drawn as one line.
     fn figure(self, p: &Part) -> Figure {
-        match self {
+        let mut f = match self {
             Chart::Runtime => runtime(p),
             Chart::Memory => memory(p),
             Chart::Error => error(p),
             Chart::Gflops => gflops(p),
-        }
+        };
+        f.lines = merge_identical(std::mem::take(&mut f.lines));
+        f
     }
 }
 
-/// Whether `name` is a plot file a report writes: a line chart `<stem>.<ext>` or a facet
-/// `<stem>__<values>.<ext>` of it, or a chunk-sweep heatmap, in PNG or SVG.
+/// Whether `name` is a plot file a report writes: a line chart `<stem>.<ext>`, a further
+/// image of its panels `<stem>__part-N.<ext>` (or a facet `<stem>__<values>.<ext>` of an
+/// earlier report's), or a chunk-sweep heatmap, in PNG or SVG.
 pub fn is_plot_file(name: &str) -> bool {
     let Some((stem, ext)) = name.rsplit_once('.') else {
         return false;
@@ -338,38 +401,81 @@ fn extrapolation_note(records: &[&Record]) -> Option<String> {
 }
 
 fn runtime(p: &Part) -> Figure {
+    let (x_name, x_label) = x_axis(p.results);
+    let lines = lines(&p.members, |r| pt(r, time_y(r)), time_band);
+    let mut notes: Vec<String> = Vec::new();
+    if lines.iter().any(|l| !l.band.is_empty()) {
+        notes.push("Shaded: the fastest to the slowest timed call of each point.".into());
+    }
+    notes.extend(extrapolation_note(&p.records));
     Figure {
-        title: "Runtime vs sequence length".into(),
+        title: format!("Runtime vs {x_name}"),
         caption: p.caption.clone(),
-        x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
+        x: AxisSpec::new(x_label, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new(
             "median time per call (log scale)",
             Scale::Log10,
             Unit::Seconds,
         ),
-        lines: lines(&p.members, |r| pt(r, time_y(r))),
+        lines,
         hlines: Vec::new(),
         guides: Vec::new(),
-        notes: extrapolation_note(&p.records).into_iter().collect(),
+        notes,
         y_from_zero: false,
         shared: None,
     }
 }
 
+/// The first point of the series that grows fastest (highest log-log slope from its first
+/// to its last point) and of the one that grows slowest, the anchors of the memory guides:
+/// a guide through the data shows at once whether a series follows it. Series of one point
+/// have no growth; where none has two, the highest and the lowest first point.
+fn growth_anchors(lines: &[Line]) -> Option<((f64, f64), (f64, f64))> {
+    let spans: Vec<((f64, f64), Option<f64>)> = lines
+        .iter()
+        .filter_map(|l| {
+            let pts: Vec<(f64, f64)> = l
+                .points
+                .iter()
+                .filter(|p| p.x > 0.0 && p.y > 0.0)
+                .map(|p| (p.x, p.y))
+                .collect();
+            let first = *pts.iter().min_by(|a, b| a.0.total_cmp(&b.0))?;
+            let last = *pts.iter().max_by(|a, b| a.0.total_cmp(&b.0))?;
+            let slope =
+                (last.0 > first.0).then(|| (last.1 / first.1).ln() / (last.0 / first.0).ln());
+            Some((first, slope))
+        })
+        .collect();
+    let sloped: Vec<((f64, f64), f64)> = spans.iter().filter_map(|&(a, s)| Some((a, s?))).collect();
+    if let (Some(fast), Some(slow)) = (
+        sloped.iter().max_by(|a, b| a.1.total_cmp(&b.1)),
+        sloped.iter().min_by(|a, b| a.1.total_cmp(&b.1)),
+    ) {
+        return Some((fast.0, slow.0));
+    }
+    let high = spans
+        .iter()
+        .map(|s| s.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let low = spans
+        .iter()
+        .map(|s| s.0)
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    Some((high, low))
+}
+
 fn memory(p: &Part) -> Figure {
     let budget = p.results.memory_budget();
-    let mut lines = lines(&p.members, |r| pt(r, memory_y(r)));
+    let (x_name, x_label) = x_axis(p.results);
+    let mut lines = lines(&p.members, |r| pt(r, memory_y(r)), no_band);
     for l in &mut lines {
         for p in &mut l.points {
             p.hollow = false; // memory is always measured, never extrapolated
         }
     }
-    // The guides start at the smallest overhead measured at the smallest n.
-    let anchor = lines
-        .iter()
-        .flat_map(|l| l.points.iter())
-        .map(|p| (p.x, p.y))
-        .reduce(|a, b| if (b.0, b.1) < (a.0, a.1) { b } else { a });
+    // n² through the fastest-growing series, the slow guide through the slowest.
+    let anchors = growth_anchors(&lines);
     let ooms: Vec<Pt> = p
         .records
         .iter()
@@ -377,7 +483,7 @@ fn memory(p: &Part) -> Figure {
         .filter_map(|r| {
             let y = r.mem_predicted_bytes.or(budget).map(|b| b as f64)?;
             Some(Pt {
-                x: r.seq_q as f64,
+                x: x_len(r) as f64,
                 y,
                 hollow: false,
             })
@@ -392,6 +498,7 @@ fn memory(p: &Part) -> Figure {
             width: 2,
             connect: false,
             points: ooms,
+            band: Vec::new(),
         });
     }
     // Whole-layer runs grow as n (BPT, memory-efficient) or n² (vanilla); attention runs
@@ -402,26 +509,26 @@ fn memory(p: &Part) -> Figure {
     } else {
         (0.5, "∝ √n (Rabe–Staats, kv_chunk = √n)")
     };
-    let guides = anchor.map_or_else(Vec::new, |a| {
+    let guides = anchors.map_or_else(Vec::new, |(fast, slow)| {
         vec![
             Guide {
                 label: "∝ n² (standard attention)".into(),
                 color: GUIDE,
                 exponent: 2.0,
-                anchor: a,
+                anchor: fast,
             },
             Guide {
                 label: low_label.into(),
                 color: LIGHT_GUIDE,
                 exponent: low,
-                anchor: a,
+                anchor: slow,
             },
         ]
     });
     Figure {
-        title: "Memory overhead vs sequence length".into(),
+        title: format!("Memory overhead vs {x_name}"),
         caption: p.caption.clone(),
-        x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
+        x: AxisSpec::new(x_label, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new(
             "peak bytes beyond inputs and outputs (log scale)",
             Scale::Log2,
@@ -439,14 +546,25 @@ fn memory(p: &Part) -> Figure {
         guides,
         notes: vec![
             "Measured by the counting allocator during one call (never extrapolated).".into(),
+            "Guides: ∝ n² through the first point of the fastest-growing series, the other through the first point of the slowest.".into(),
         ],
         y_from_zero: false,
         shared: None,
     }
 }
 
+/// The colour of a dtype's tolerance line on the error chart.
+fn tolerance_color(d: DType) -> plotters::style::RGBColor {
+    match d {
+        DType::F32 => GUIDE,
+        DType::Bf16 => plotters::style::RGBColor(120, 60, 160),
+        DType::F16 => plotters::style::RGBColor(0, 120, 120),
+    }
+}
+
 fn error(p: &Part) -> Figure {
-    let mut all = lines(&p.members, |r| pt(r, error_y(r)));
+    let (x_name, x_label) = x_axis(p.results);
+    let mut all = lines(&p.members, |r| pt(r, error_y(r)), no_band);
     for l in &mut all {
         for p in &mut l.points {
             p.hollow = false;
@@ -458,13 +576,28 @@ fn error(p: &Part) -> Figure {
         .iter()
         .find(|r| r.max_abs_diff.is_some())
         .map_or(String::new(), |r| r.diff_variant.clone());
-    let diffs: Vec<Line> = lines(&p.members, |r| {
-        Some(Pt {
-            x: r.seq_q as f64,
-            y: diff_y(r)?,
-            hollow: false,
-        })
-    })
+    // One tolerance line per dtype drawn: where a series crosses its own, it failed.
+    let mut dtypes: Vec<DType> = Vec::new();
+    for m in &p.members {
+        let drawn = m.series.records.iter().any(|r| error_y(r).is_some());
+        if let (true, Ok(d)) = (drawn, m.series.dtype.parse::<DType>()) {
+            if !dtypes.contains(&d) {
+                dtypes.push(d);
+            }
+        }
+    }
+    dtypes.sort();
+    let diffs: Vec<Line> = lines(
+        &p.members,
+        |r| {
+            Some(Pt {
+                x: x_len(r) as f64,
+                y: diff_y(r)?,
+                hollow: false,
+            })
+        },
+        no_band,
+    )
     .into_iter()
     .map(|mut l| {
         // Explained once in a note: colour and dash say which series it belongs to.
@@ -483,23 +616,30 @@ fn error(p: &Part) -> Figure {
         ));
     }
     let paper_bounds = p.results.paper().is_some_and(|t| t.id == TABLE2.id) && has_diffs;
-    let hlines = if paper_bounds {
-        super::checks::ERROR_BOUNDS
-            .iter()
-            .enumerate()
-            .map(|(i, (dist, b))| HLine {
-                label: format!("paper bound, {dist} inputs, n = 2^14: {}", sci(*b)),
-                y: *b,
-                color: [RED, GUIDE][i % 2],
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let mut hlines: Vec<HLine> = dtypes
+        .iter()
+        .map(|d| HLine {
+            label: format!("{d} tolerance: {}", sci(d.tolerance())),
+            y: d.tolerance(),
+            color: tolerance_color(*d),
+        })
+        .collect();
+    if paper_bounds {
+        hlines.extend(
+            super::checks::ERROR_BOUNDS
+                .iter()
+                .enumerate()
+                .map(|(i, (dist, b))| HLine {
+                    label: format!("paper bound, {dist} inputs, n = 2^14: {}", sci(*b)),
+                    y: *b,
+                    color: [RED, GUIDE][i % 2],
+                }),
+        );
+    }
     Figure {
-        title: "Max abs error vs sequence length".into(),
+        title: format!("Max abs error vs {x_name}"),
         caption: p.caption.clone(),
-        x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
+        x: AxisSpec::new(x_label, Scale::Log2, Unit::Tokens),
         y: AxisSpec::new("max abs error (log scale)", Scale::Log10, Unit::Number),
         lines: all,
         hlines,
@@ -510,51 +650,107 @@ fn error(p: &Part) -> Figure {
     }
 }
 
+/// Roofline colours: the f32 FMA peak black, the bf16 peak purple, SGEMM a grey reference.
+const FMA_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(0, 0, 0);
+const BF16_PEAK_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(120, 60, 160);
+
 fn gflops(p: &Part) -> Figure {
-    let lines = lines(&p.members, |r| pt(r, gflops_y(r)));
-    // The peaks of the thread counts this chart (or facet) shows.
-    let threads: Vec<usize> = p
+    let (x_name, x_label) = x_axis(p.results);
+    let lines = lines(&p.members, |r| pt(r, gflops_y(r)), no_band);
+    // The peaks of the thread counts this chart (or panel) shows; the bf16 peak only
+    // where a bf16 series is drawn.
+    let drawn: Vec<&Record> = p
         .records
         .iter()
+        .copied()
         .filter(|r| gflops_y(r).is_some())
-        .map(|r| r.threads)
         .collect();
-    let hlines = p
+    let bf16 = drawn.iter().any(|r| r.dtype == "bf16");
+    let plural = |t: usize| if t == 1 { "" } else { "s" };
+    let mut hlines = Vec::new();
+    for c in p.results.calibration() {
+        if !drawn.iter().any(|r| r.threads == c.threads) {
+            continue;
+        }
+        let t = c.threads;
+        if c.fma_peak_gflops > 0.0 {
+            hlines.push(HLine {
+                label: format!(
+                    "roofline: f32 FMA peak, {t} thread{}: {:.1} GFLOP/s",
+                    plural(t),
+                    c.fma_peak_gflops
+                ),
+                y: c.fma_peak_gflops,
+                color: FMA_COLOR,
+            });
+        }
+        if let Some(b) = c.bf16_peak_gflops.filter(|b| bf16 && *b > 0.0) {
+            hlines.push(HLine {
+                label: format!(
+                    "roofline: bf16 peak, {t} thread{}: {b:.1} GFLOP/s",
+                    plural(t)
+                ),
+                y: b,
+                color: BF16_PEAK_COLOR,
+            });
+        }
+        if c.sgemm_gflops > 0.0 {
+            hlines.push(HLine {
+                label: format!(
+                    "SGEMM (matrixmultiply), reference, {t} thread{}: {:.1} GFLOP/s",
+                    plural(t),
+                    c.sgemm_gflops
+                ),
+                y: c.sgemm_gflops,
+                color: LIGHT_GUIDE,
+            });
+        }
+    }
+    let mut notes =
+        vec!["FLOPs by the FlashAttention convention: 4·b·h·(unmasked pairs)·d.".into()];
+    if !hlines.is_empty() {
+        notes.push(
+            "Rooflines: the calibrated FMA peaks of meta.json (independent register FMA chains on every thread)."
+                .into(),
+        );
+    }
+    notes.extend(extrapolation_note(&p.records));
+    // A log axis when a roofline is drawn: the peaks sit far above attention's rates, and on
+    // a linear axis from 0 the data would be a flat line at the bottom.
+    let roofline = p
         .results
         .calibration()
         .iter()
-        .filter(|c| threads.contains(&c.threads) && c.sgemm_gflops > 0.0)
-        .map(|c| HLine {
-            label: format!(
-                "calibrated SGEMM peak, {} thread{}: {:.1} GFLOP/s",
-                c.threads,
-                if c.threads == 1 { "" } else { "s" },
-                c.sgemm_gflops
-            ),
-            y: c.sgemm_gflops,
-            color: plotters::style::RGBColor(0, 0, 0),
-        })
-        .collect();
-    let mut notes =
-        vec!["FLOPs by the FlashAttention convention: 4·b·h·(unmasked pairs)·d.".into()];
-    notes.extend(extrapolation_note(&p.records));
+        .any(|c| c.fma_peak_gflops > 0.0);
     Figure {
-        title: "Throughput vs sequence length".into(),
+        title: format!("Throughput vs {x_name}"),
         caption: p.caption.clone(),
-        x: AxisSpec::new(N_AXIS, Scale::Log2, Unit::Tokens),
-        y: AxisSpec::new("GFLOP/s", Scale::Linear, Unit::Number),
+        x: AxisSpec::new(x_label, Scale::Log2, Unit::Tokens),
+        y: if roofline {
+            AxisSpec::new("GFLOP/s (log scale)", Scale::Log10, Unit::Number)
+        } else {
+            AxisSpec::new("GFLOP/s", Scale::Linear, Unit::Number)
+        },
         lines,
         hlines,
         guides: Vec::new(),
         notes,
-        y_from_zero: true,
+        y_from_zero: !roofline,
         shared: None,
     }
 }
 
-/// A chart's images: the whole chart under `stem` while it has at most `MAX_SERIES` series,
-/// else one figure per facet, named by `facet_stems`, captioned with the facet's values and
-/// sharing one extent (the same x and y axes in every panel). Empty: nothing to draw.
+/// One image of a chart: its file stem, alt text and plot.
+pub struct ChartImage {
+    pub stem: String,
+    pub alt: String,
+    pub plot: Plot,
+}
+
+/// A chart's images: the whole chart under `stem` while it has at most `max` series, else
+/// small multiples (`panels`): grids of up to `MAX_PANELS` panels, `stem` then
+/// `stem__part-2`, ..., every panel titled with its values and all of them sharing one extent
+/// (the same x and y axes in every panel of every part). Empty: nothing to draw.
 fn chart_plots(
     chart: Chart,
     results: &Results,
@@ -562,13 +758,12 @@ fn chart_plots(
     styles: &[Style],
     caption: &str,
     max: usize,
-) -> Vec<(String, String, Figure)> {
+) -> Vec<ChartImage> {
     let with_data: Vec<usize> = (0..series.len())
         .filter(|&i| chart.has_data(&series[i]))
         .collect();
-    let parts = facets(series, with_data, max);
-    if parts.len() <= 1 && parts.iter().all(|f| f.values.is_empty()) {
-        // Exactly as before faceting existed: every series, every row.
+    if with_data.len() <= max {
+        // One plot: every series, every row.
         let part = Part {
             results,
             members: series
@@ -586,14 +781,22 @@ fn chart_plots(
         let fig = chart.figure(&part);
         if fig.lines.iter().any(|l| !l.points.is_empty()) {
             let title = fig.title.clone();
-            return vec![(chart.stem().to_string(), title, fig)];
+            return vec![ChartImage {
+                stem: chart.stem().to_string(),
+                alt: title,
+                plot: Plot::Chart(fig),
+            }];
         }
         return Vec::new();
     }
-    let stems = facet_stems(chart.stem(), &parts);
-    // Labels without what the panel's caption says; styles over every panel at once (colour
-    // by variant, marker and dash by the rest of the label), so a series looks the same in
-    // every panel and a variant keeps its colour across them.
+    let parts = panels(series, with_data, max);
+    let by_variant = parts
+        .first()
+        .is_some_and(|f| f.values.first().is_some_and(|v| v.0 == "variant"));
+    // Labels without what the panel's title says; styles over every panel at once (colour
+    // by variant, marker and dash by the rest of the label; by the rest alone where each
+    // panel is one variant), so a series looks the same in every panel and one legend
+    // serves them all.
     let labels: Vec<Vec<String>> = parts
         .iter()
         .map(|f| {
@@ -610,20 +813,39 @@ fn chart_plots(
                 .collect()
         })
         .collect();
+    // Styles are chosen over the distinct labels: a chart of few of them (a variant each,
+    // or a handful of page sizes repeated in every panel) gets a colour per label; the
+    // panel's title says the dtype, so it picks no marker.
     let keys: Vec<Key> = parts
         .iter()
         .zip(&labels)
         .flat_map(|(f, ls)| f.members.iter().zip(ls))
-        .map(|(&i, label)| style_key(&series[i], label))
+        .map(|(&i, label)| {
+            let mut k = style_key(&series[i], label);
+            if by_variant {
+                (k.group, k.rest) = ("", label.as_str());
+            }
+            (k.dtype, k.device) = ("", "");
+            k
+        })
         .collect();
-    let mut panel_styles = style::assign_grouped(&keys).into_iter();
-    let count = parts.len();
-    let mut figs: Vec<(String, String, Figure)> = parts
+    let mut distinct: Vec<Key> = Vec::new();
+    let slot: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            let same = |d: &Key| (d.group, d.rest) == (k.group, k.rest);
+            distinct.iter().position(same).unwrap_or_else(|| {
+                distinct.push(*k);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let chosen = style::assign(&distinct);
+    let mut panel_styles = slot.into_iter().map(|i| chosen[i]);
+    let mut figs: Vec<(String, Figure)> = parts
         .iter()
         .zip(labels.iter())
-        .zip(stems)
-        .enumerate()
-        .map(|(k, ((f, ls), stem))| {
+        .map(|(f, ls)| {
             let members: Vec<Member> = f
                 .members
                 .iter()
@@ -631,23 +853,33 @@ fn chart_plots(
                 .map(|(&i, label)| Member {
                     series: &series[i],
                     style: panel_styles.next().unwrap_or(styles[i]),
-                    label: label.clone(),
+                    label: if label.is_empty() {
+                        series[i].variant.clone()
+                    } else {
+                        label.clone()
+                    },
                 })
                 .collect();
             let mine: std::collections::HashSet<*const Record> = members
                 .iter()
                 .flat_map(|m| m.series.records.iter().map(|r| *r as *const Record))
                 .collect();
-            let values = f
+            // The title leaves out the defaults (`q_chunk default`, `n_kv=n`) unless they
+            // are all it has: a sibling panel names the other value.
+            let remarkable: Vec<&str> = f
                 .values
                 .iter()
+                .filter(|(c, v)| !unremarkable(c, v))
                 .map(|(_, v)| v.as_str())
-                .collect::<Vec<_>>()
-                .join(" · ");
-            let shared = if caption.is_empty() {
-                String::new()
+                .collect();
+            let values = if remarkable.is_empty() {
+                f.values
+                    .iter()
+                    .map(|(_, v)| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" · ")
             } else {
-                format!(" · {caption}")
+                remarkable.join(" · ")
             };
             let part = Part {
                 results,
@@ -657,24 +889,73 @@ fn chart_plots(
                     .iter()
                     .filter(|r| mine.contains(&(*r as *const Record)))
                     .collect(),
-                caption: format!(
-                    "{values}{shared}   (panel {} of {count}, same axes in every panel)",
-                    k + 1
-                ),
+                caption: values.clone(),
             };
-            let fig = chart.figure(&part);
-            (stem, format!("{}: {values}", fig.title), fig)
+            (values, chart.figure(&part))
         })
-        .filter(|(_, _, fig)| fig.lines.iter().any(|l| !l.points.is_empty()))
+        .filter(|(_, fig)| fig.lines.iter().any(|l| !l.points.is_empty()))
         .collect();
     let extent = figs
         .iter()
-        .filter_map(|(_, _, f)| f.extent())
+        .filter_map(|(_, f)| f.extent())
         .reduce(|a, b| a.union(b));
-    for (_, _, f) in &mut figs {
+    for (_, f) in &mut figs {
         f.shared = extent;
     }
-    figs
+    let Some(title) = figs.first().map(|(_, f)| f.title.clone()) else {
+        return Vec::new();
+    };
+    let count = figs.len();
+    let images = count.div_ceil(MAX_PANELS);
+    let by = split_columns(&parts);
+    let mut out = Vec::new();
+    let mut figs = figs.into_iter();
+    for k in 0..images {
+        // As even as whole panels allow: no last image of a lone panel.
+        let take = count.div_ceil(images);
+        let panels: Vec<(String, Figure)> = figs.by_ref().take(take).collect();
+        let part = if images > 1 {
+            format!(", part {} of {images}", k + 1)
+        } else {
+            String::new()
+        };
+        let shared = if caption.is_empty() {
+            String::new()
+        } else {
+            format!("{caption}   ")
+        };
+        out.push(ChartImage {
+            stem: if k == 0 {
+                chart.stem().to_string()
+            } else {
+                format!("{}__part-{}", chart.stem(), k + 1)
+            },
+            alt: if images > 1 {
+                format!("{title} (part {} of {images})", k + 1)
+            } else {
+                title.clone()
+            },
+            plot: Plot::Grid(Grid {
+                title: title.clone(),
+                caption: format!(
+                    "{shared}({count} panels by {by}{part}; same axes in every panel)"
+                ),
+                panels,
+            }),
+        });
+    }
+    out
+}
+
+/// What a chart's panels are split by, outermost first: "dtype × causal".
+fn split_columns(parts: &[Facet]) -> String {
+    let mut cols: Vec<&str> = Vec::new();
+    for (c, _) in parts.iter().flat_map(|f| &f.values) {
+        if !cols.contains(c) {
+            cols.push(c);
+        }
+    }
+    cols.join(" × ")
 }
 
 fn heatmap(g: &ChunkGrid) -> Heatmap {
@@ -735,22 +1016,31 @@ pub fn write_all(
     let mut links = Vec::new();
     for chart in Chart::ALL {
         let plots = chart_plots(chart, results, series, &styles, caption, MAX_SERIES);
-        let Some((_, _, first)) = plots.first() else {
+        let Some(first) = plots.first() else {
             continue;
         };
-        let title = first.title.clone();
-        let note = (plots.len() > 1).then(|| {
-            format!(
-                "More than {MAX_SERIES} series: one panel per value of what varies least \
-                 between them, the same axes in every panel ({} panels).",
-                plots.len()
-            )
-        });
+        let title = match &first.plot {
+            Plot::Chart(f) => f.title.clone(),
+            Plot::Grid(g) => g.title.clone(),
+            Plot::Heatmap(h) => h.title.clone(),
+        };
+        let note = match &first.plot {
+            Plot::Grid(_) => Some(format!(
+                "More than {MAX_SERIES} series: small multiples, the variants compared within \
+                 each panel, the same axes in every panel, one legend{}.",
+                if plots.len() > 1 {
+                    format!(" ({} images of up to {MAX_PANELS} panels)", plots.len())
+                } else {
+                    String::new()
+                }
+            )),
+            _ => None,
+        };
         let mut images = Vec::new();
-        for (stem, alt, fig) in plots {
-            let files = save(&Plot::Chart(fig), dir, &stem, formats)?;
+        for img in plots {
+            let files = save(&img.plot, dir, &img.stem, formats)?;
             if let Some(file) = files.into_iter().next() {
-                images.push(PlotImage { alt, file });
+                images.push(PlotImage { alt: img.alt, file });
             }
         }
         if !images.is_empty() {
@@ -787,6 +1077,7 @@ mod tests {
             "runtime.png",
             "memory.svg",
             "gflops__threads-2__dtype-bf16.png",
+            "runtime__part-2.svg",
             "chunks_rabe-staats_f32_n4096.svg",
         ] {
             assert!(is_plot_file(name), "{name}");
@@ -971,7 +1262,7 @@ mod tests {
         let all = big_sweep();
         let forty: Vec<usize> = (0..40).collect();
         assert_eq!(
-            facets(&all, forty.clone(), MAX_SERIES),
+            facets(&all, forty.clone(), 40),
             vec![Facet {
                 values: Vec::new(),
                 members: forty
@@ -984,60 +1275,19 @@ mod tests {
         assert!(parts[0].values.is_empty());
     }
 
-    #[test]
-    fn facet_names_are_safe_unique_and_stable() {
-        let all = big_sweep();
-        let parts = facets(&all, (0..all.len()).collect(), 20);
-        let stems = facet_stems("gflops", &parts);
-        assert_eq!(stems, facet_stems("gflops", &parts), "deterministic");
-        assert_eq!(stems[0], "gflops__dtype-f32__causal-false__heads-1");
-        assert_eq!(stems[7], "gflops__dtype-bf16__causal-true__heads-8");
-        assert_eq!(stems.iter().collect::<HashSet<_>>().len(), stems.len());
-        for s in &stems {
-            assert!(
-                s.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c)),
-                "{s}"
-            );
-        }
-        assert_eq!(slug("threads", "2 threads"), "threads-2");
-        assert_eq!(slug("threads", "1 thread"), "threads-1");
-        assert_eq!(slug("head_dim", "d=128"), "head_dim-128");
-        assert_eq!(slug("q_chunk", "q_chunk ⌈√n⌉"), "q_chunk-sqrtn");
-        assert_eq!(slug("input_scale", "input_scale=0.5"), "input_scale-0p5");
-        assert_eq!(slug("window", "no window"), "window-no-window");
-        assert_eq!(slug("mode", "fwd+bwd"), "mode-fwd-bwd");
-        // Two values that read the same as names still get two files.
-        let clash = [
-            Facet {
-                values: vec![("mode", "fwd+bwd".into())],
-                members: vec![0],
-            },
-            Facet {
-                values: vec![("mode", "fwd-bwd".into())],
-                members: vec![1],
-            },
-        ];
-        assert_eq!(
-            facet_stems("runtime", &clash),
-            ["runtime__mode-fwd-bwd", "runtime__mode-fwd-bwd_2"]
-        );
-        // Unsplit: the chart's own name.
-        let whole = [Facet {
-            values: Vec::new(),
-            members: vec![0],
-        }];
-        assert_eq!(facet_stems("memory", &whole), ["memory"]);
-    }
-
     /// 3 variants x threads (1, 2) x dtype x causal x heads x head_dim at two n: 96 series,
-    /// each facet (threads x dtype) on its own scale (times grow with the threads' index).
+    /// each thread count on its own scale (times grow with the threads' index); calibrated
+    /// f32 FMA and bf16 peaks for both thread counts.
     fn sweep_results() -> Results {
         let mut meta: crate::results::meta::Meta =
             serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
+        meta.calibration[0].fma_peak_gflops = 400.0;
+        meta.calibration[0].bf16_peak_gflops = Some(900.0);
         let mut two = meta.calibration[0].clone();
         two.threads = 2;
         two.sgemm_gflops = 180.0;
+        two.fma_peak_gflops = 800.0;
+        two.bf16_peak_gflops = Some(1600.0);
         meta.calibration.push(two);
         let mut records = Vec::new();
         for (k, v) in ["naive", "rabe-staats", "flash"].iter().enumerate() {
@@ -1074,35 +1324,172 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sibling_facets_share_their_axes_and_keep_their_own_peaks() {
-        let results = sweep_results();
-        let grouping = group(results.records.iter());
-        assert_eq!(grouping.series.len(), 96);
-        let st = styles(&grouping.series);
-        for chart in Chart::ALL {
-            let plots = chart_plots(
-                chart,
-                &results,
-                &grouping.series,
-                &st,
-                &grouping.caption,
-                40,
-            );
-            let stems: Vec<&str> = plots.iter().map(|p| p.0.as_str()).collect();
-            let c = chart.stem();
-            assert_eq!(
-                stems,
-                [
-                    format!("{c}__threads-1__dtype-f32"),
-                    format!("{c}__threads-1__dtype-bf16"),
-                    format!("{c}__threads-2__dtype-f32"),
-                    format!("{c}__threads-2__dtype-bf16"),
-                ]
-            );
-            let ranges: Vec<(f64, f64, f64, f64)> = plots
+    fn images(chart: Chart, results: &Results, max: usize) -> Vec<ChartImage> {
+        let grouping = group(
+            results
+                .records
                 .iter()
-                .map(|(_, _, f)| {
+                .filter(|r| matches!(r.status, Status::Ok | Status::Oom)),
+        );
+        let st = styles(&grouping.series);
+        chart_plots(
+            chart,
+            results,
+            &grouping.series,
+            &st,
+            &grouping.caption,
+            max,
+        )
+    }
+
+    fn grid(p: &Plot) -> &Grid {
+        match p {
+            Plot::Grid(g) => g,
+            _ => panic!("not a grid"),
+        }
+    }
+
+    fn single(p: &Plot) -> &Figure {
+        match p {
+            Plot::Chart(f) => f,
+            _ => panic!("not a single figure"),
+        }
+    }
+
+    fn results_of(records: Vec<Record>) -> Results {
+        let meta: crate::results::meta::Meta =
+            serde_json::from_str(include_str!("../../tests/fixtures/report/meta.json")).unwrap();
+        Results {
+            dir: std::path::PathBuf::from("t"),
+            records,
+            meta: Some(meta),
+        }
+    }
+
+    /// A measured row of `variant` in `dtype` at n (1 thread), changed by `edit`.
+    fn row(variant: &str, dtype: DType, n: usize, edit: impl FnOnce(&mut Record)) -> Record {
+        let id: VariantId = variant.parse().unwrap();
+        let case = Case::cpu_fwd(id, Shape::self_attention(4, n, 64), dtype, 1);
+        let mut r = Record::for_case("t", &case, Status::Ok, "");
+        r.time_median_s = Some(1e-6 * n as f64);
+        r.gflops = Some(10.0);
+        r.mem_overhead_bytes = Some((n * n) as u64);
+        r.max_abs_err = Some(1e-7);
+        edit(&mut r);
+        r
+    }
+
+    #[test]
+    fn panels_hold_at_most_8_series_and_one_variant_each_past_8_variants() {
+        let all = big_sweep();
+        let parts = panels(&all, (0..all.len()).collect(), MAX_SERIES);
+        // 120 series: dtype, causal and heads (2 values each) then threads (3) leave the 5
+        // variants of one setting per panel: 24 panels.
+        assert_eq!(parts.len(), 24);
+        assert!(parts.iter().all(|f| f.members.len() == 5));
+        assert!(parts.iter().all(|f| f.values.len() == 4));
+        // Ten variants: too many to compare in one panel, so a panel per variant, its
+        // settings split further until at most 8 remain.
+        let mut many = Vec::new();
+        for v in 0..10 {
+            for d in ["f32", "bf16"] {
+                for c in ["causal", "non-causal"] {
+                    many.push(keyed(
+                        &format!("v{v}"),
+                        &[("dtype", d.into()), ("causal", c.into())],
+                    ));
+                }
+            }
+        }
+        let parts = panels(&many, (0..many.len()).collect(), MAX_SERIES);
+        assert_eq!(parts.len(), 10);
+        for (k, f) in parts.iter().enumerate() {
+            assert_eq!(f.values, vec![("variant", format!("v{k}"))]);
+            assert_eq!(f.members.len(), 4);
+            assert!(f
+                .members
+                .iter()
+                .all(|&i| many[i].variant == format!("v{k}")));
+        }
+        // Series a panel cannot tell apart by any key are cut into pieces of at most 8.
+        let same: Vec<Series> = (0..8).map(|i| keyed(&format!("v{i}"), &[])).collect();
+        let parts = panels(&same, (0..8).collect(), 3);
+        assert!(parts.iter().all(|f| f.members.len() <= 3), "{parts:?}");
+        let mut seen: Vec<usize> = parts.iter().flat_map(|f| f.members.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_series_a_split_column_does_not_apply_to_is_in_every_panel() {
+        let mut all: Vec<Series> = (0..6)
+            .map(|p| {
+                keyed(
+                    "paged-decode",
+                    &[
+                        ("page_size", format!("page={}", 1 << p)),
+                        ("page_order", "shuffled".into()),
+                    ],
+                )
+            })
+            .collect();
+        all.extend((0..6).map(|p| {
+            keyed(
+                "paged-decode",
+                &[
+                    ("page_size", format!("page={}", 1 << p)),
+                    ("page_order", "contiguous".into()),
+                ],
+            )
+        }));
+        all.push(keyed(
+            "flash-decoding",
+            &[
+                ("page_size", "no pages".into()),
+                ("page_order", "no pages".into()),
+            ],
+        ));
+        let parts = panels(&all, (0..all.len()).collect(), MAX_SERIES);
+        assert_eq!(
+            parts.iter().map(values).collect::<Vec<_>>(),
+            [
+                vec![("page_order", "shuffled")],
+                vec![("page_order", "contiguous")]
+            ]
+        );
+        assert!(parts
+            .iter()
+            .all(|f| f.members.len() == 7 && f.members.contains(&12)));
+    }
+
+    #[test]
+    fn a_chart_of_many_series_is_one_grid_of_panels_on_shared_axes_with_one_legend() {
+        let results = sweep_results();
+        for chart in Chart::ALL {
+            let c = chart.stem();
+            let imgs = images(chart, &results, MAX_SERIES);
+            assert_eq!(imgs.len(), 1, "{c}");
+            assert_eq!(imgs[0].stem, c);
+            let g = grid(&imgs[0].plot);
+            // 96 series: threads, dtype, causal and heads split (2 values each, in key
+            // order), leaving 3 variants x 2 head_dims per panel.
+            assert_eq!(g.panels.len(), 16, "{c}");
+            assert_eq!(g.panels[0].0, "1 thread · f32 · non-causal · h=1");
+            assert_eq!(g.panels[15].0, "2 threads · bf16 · causal · h=8");
+            assert!(g.size().0 <= 2480, "{:?}", g.size());
+            for (title, f) in &g.panels {
+                let drawn = f.lines.iter().filter(|l| !l.label.is_empty()).count();
+                assert!((1..=MAX_SERIES).contains(&drawn), "{c} {title}: {drawn}");
+                // Labels leave out what the panel's title says.
+                assert!(f.lines.iter().all(|l| !l.label.contains("thread")
+                    && !l.label.contains("bf16")
+                    && !l.label.contains("causal")
+                    && !l.label.contains("h=")));
+            }
+            let ranges: Vec<(f64, f64, f64, f64)> = g
+                .panels
+                .iter()
+                .map(|(_, f)| {
                     let (x, y) = f.ranges();
                     (x.lo, x.hi, y.lo, y.hi)
                 })
@@ -1110,65 +1497,255 @@ mod tests {
             assert!(ranges.iter().all(|r| *r == ranges[0]), "{c}: {ranges:?}");
             if chart != Chart::Memory {
                 // The panels' own data differ (1 vs 2 threads): sharing is what aligns them.
-                let own: Vec<_> = plots
+                let own: Vec<_> = g
+                    .panels
                     .iter()
-                    .map(|(_, _, f)| f.extent().unwrap().y)
+                    .map(|(_, f)| f.extent().unwrap().y)
                     .collect();
-                assert_ne!(own[0], own[2], "{c}");
+                assert_ne!(own[0], own[8], "{c}");
             }
-            for (stem, alt, f) in &plots {
-                assert_eq!(f.lines.iter().filter(|l| !l.label.is_empty()).count(), 24);
-                let threads = if stem.contains("threads-1") {
-                    "1 thread"
-                } else {
-                    "2 threads"
-                };
-                let dtype = if stem.ends_with("f32") { "f32" } else { "bf16" };
-                let values = format!("{threads} · {dtype}");
-                assert!(f.caption.starts_with(&values), "{}", f.caption);
-                assert!(f.caption.contains(&grouping.caption), "{}", f.caption);
-                assert_eq!(*alt, format!("{}: {values}", f.title));
-                // Labels leave out what the caption says.
-                assert!(f.lines.iter().all(|l| !l.label.contains("thread")
-                    && !l.label.contains("f32")
-                    && !l.label.contains("bf16")));
-                if chart == Chart::Gflops {
-                    let peaks: Vec<&str> = f.hlines.iter().map(|h| h.label.as_str()).collect();
-                    assert_eq!(peaks.len(), 1, "{stem}: {peaks:?}");
-                    assert!(
-                        peaks[0].contains(&format!("{threads}:")),
-                        "{stem}: {peaks:?}"
-                    );
-                }
-                if chart == Chart::Memory {
-                    assert_eq!(f.hlines.len(), 1, "the budget in every panel");
-                    assert_eq!(f.guides.len(), 2);
-                }
-            }
-            // A variant keeps its colour in every panel.
-            for (_, _, f) in &plots {
-                for l in &f.lines {
-                    let first = plots[0]
-                        .2
-                        .lines
-                        .iter()
-                        .find(|m| m.label == l.label)
-                        .unwrap();
-                    assert_eq!(
-                        (l.color, l.marker, l.dash),
-                        (first.color, first.marker, first.dash)
-                    );
+            // One legend: every label once, each series' look the same in every panel.
+            let entries = g.legend_entries();
+            let labels: HashSet<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+            assert_eq!(labels.len(), entries.len(), "{c}: {entries:?}");
+            for (_, f) in &g.panels {
+                for l in f.lines.iter().filter(|l| !l.label.is_empty()) {
+                    assert!(entries.iter().any(|e| e.label == l.label
+                        && e.color == l.color
+                        && e.marker == Some(l.marker)));
                 }
             }
         }
-        // Under the limit: the chart as it was, one figure under its own name.
-        let few: Vec<Series> = grouping.series[..40].to_vec();
-        let st = styles(&few);
-        let plots = chart_plots(Chart::Runtime, &results, &few, &st, &grouping.caption, 40);
-        assert_eq!(plots.len(), 1);
-        assert_eq!(plots[0].0, "runtime");
-        assert_eq!(plots[0].2.caption, grouping.caption);
-        assert!(plots[0].2.shared.is_none());
-        assert_eq!(plots[0].2.lines.len(), 40);
+        // Past 16 panels a chart goes on in parts, on the same axes.
+        let imgs = images(Chart::Runtime, &results, 4);
+        let stems: Vec<&str> = imgs.iter().map(|i| i.stem.as_str()).collect();
+        assert_eq!(stems, ["runtime", "runtime__part-2"]);
+        assert!(stems.iter().all(|s| is_plot_file(&format!("{s}.png"))));
+        let all: Vec<&Figure> = imgs
+            .iter()
+            .flat_map(|i| grid(&i.plot).panels.iter().map(|p| &p.1))
+            .collect();
+        assert_eq!(all.len(), 32);
+        assert!(imgs.iter().all(|i| grid(&i.plot).panels.len() == 16));
+        let first = all[0].ranges();
+        assert!(all.iter().all(|f| f.ranges() == first));
+        // Up to the limit: the chart as one figure under its own name.
+        let few = results_of(results.records[..8 * 2].to_vec());
+        let imgs = images(Chart::Runtime, &few, MAX_SERIES);
+        assert_eq!(imgs.len(), 1);
+        assert_eq!(imgs[0].stem, "runtime");
+        assert!(single(&imgs[0].plot).shared.is_none());
+    }
+
+    #[test]
+    fn identical_series_are_one_line_with_one_legend_entry_naming_both() {
+        let results = results_of(
+            ["naive", "naive-unsafe", "flash"]
+                .iter()
+                .flat_map(|v| [256, 1024].map(|n| row(v, DType::F32, n, |_| {})))
+                .map(|mut r| {
+                    if r.variant == "flash" {
+                        r.mem_overhead_bytes = Some(r.seq_q as u64 * 64);
+                    }
+                    r
+                })
+                .collect(),
+        );
+        let imgs = images(Chart::Memory, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        let labels: Vec<String> = f.legend_entries().into_iter().map(|e| e.label).collect();
+        assert!(
+            labels.contains(&"naive, naive-unsafe".to_string()),
+            "{labels:?}"
+        );
+        assert!(!labels.contains(&"naive".to_string()), "{labels:?}");
+        assert!(labels.contains(&"flash".to_string()), "{labels:?}");
+        assert_eq!(
+            f.lines
+                .iter()
+                .filter(|l| l.label != "oom: the predicted overhead (not run)")
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_gflops_chart_draws_the_fma_roofline_and_the_bf16_peak_only_beside_bf16() {
+        let results = sweep_results();
+        let g = images(Chart::Gflops, &results, MAX_SERIES);
+        let g = grid(&g[0].plot);
+        let cal = results.calibration();
+        for (title, f) in &g.panels {
+            let threads = if title.starts_with("1 thread") { 1 } else { 2 };
+            let c = cal.iter().find(|c| c.threads == threads).unwrap();
+            let fma: Vec<&HLine> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("f32 FMA peak"))
+                .collect();
+            assert_eq!(fma.len(), 1, "{title}");
+            assert_eq!(fma[0].y, c.fma_peak_gflops);
+            let bf16: Vec<&HLine> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("bf16 peak"))
+                .collect();
+            if title.contains("bf16") {
+                assert_eq!(bf16.len(), 1, "{title}");
+                assert_eq!(Some(bf16[0].y), c.bf16_peak_gflops);
+            } else {
+                assert!(bf16.is_empty(), "{title}");
+            }
+            assert!(f
+                .hlines
+                .iter()
+                .any(|h| h.label.starts_with("SGEMM (matrixmultiply), reference")
+                    && h.y == c.sgemm_gflops));
+            assert_eq!(f.y.scale, Scale::Log10);
+        }
+    }
+
+    #[test]
+    fn memory_guides_run_through_the_fastest_and_the_slowest_growing_series() {
+        let line = |pts: &[(f64, f64)]| Line {
+            label: "l".into(),
+            color: GUIDE,
+            marker: Marker::Circle,
+            dash: Dash::Solid,
+            width: 2,
+            connect: true,
+            points: pts
+                .iter()
+                .map(|&(x, y)| Pt {
+                    x,
+                    y,
+                    hollow: false,
+                })
+                .collect(),
+            band: Vec::new(),
+        };
+        let lines = [
+            line(&[(256.0, 4e3), (1024.0, 8e3)]), // ∝ √n
+            line(&[(1024.0, 1e6), (256.0, 1e5)]), // faster than n, listed out of order
+            line(&[(512.0, 1e9)]),                // one point: no growth
+            line(&[(256.0, 1e4), (1024.0, 4e4)]), // ∝ n
+        ];
+        assert_eq!(growth_anchors(&lines), Some(((256.0, 1e5), (256.0, 4e3))));
+        assert_eq!(
+            growth_anchors(&lines[2..3]),
+            Some(((512.0, 1e9), (512.0, 1e9)))
+        );
+        // In every panel of a chart, both anchors are points of its series.
+        let results = sweep_results();
+        let imgs = images(Chart::Memory, &results, MAX_SERIES);
+        for (title, f) in &grid(&imgs[0].plot).panels {
+            assert_eq!(f.guides.len(), 2, "{title}");
+            for g in &f.guides {
+                assert!(
+                    f.lines
+                        .iter()
+                        .flat_map(|l| &l.points)
+                        .any(|p| (p.x, p.y) == g.anchor),
+                    "{title}: {} at {:?}",
+                    g.label,
+                    g.anchor
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_error_chart_draws_one_tolerance_line_per_dtype_drawn() {
+        let rows = |dtypes: &[DType]| {
+            results_of(
+                dtypes
+                    .iter()
+                    .flat_map(|&d| [256, 1024].map(|n| row("flash", d, n, |_| {})))
+                    .collect(),
+            )
+        };
+        for dtypes in [vec![DType::F32], vec![DType::F32, DType::Bf16, DType::F16]] {
+            let results = rows(&dtypes);
+            let imgs = images(Chart::Error, &results, MAX_SERIES);
+            let f = single(&imgs[0].plot);
+            let tol: Vec<f64> = f
+                .hlines
+                .iter()
+                .filter(|h| h.label.contains("tolerance"))
+                .map(|h| h.y)
+                .collect();
+            let mut want: Vec<f64> = dtypes.iter().map(|d| d.tolerance()).collect();
+            want.sort_by(f64::total_cmp);
+            let mut got = tol.clone();
+            got.sort_by(f64::total_cmp);
+            assert_eq!(got, want, "{dtypes:?}");
+        }
+    }
+
+    #[test]
+    fn runtime_series_get_a_spread_band_that_extrapolated_points_lack() {
+        let results = results_of(
+            ["naive", "flash"]
+                .iter()
+                .flat_map(|v| [256, 1024, 4096].map(|n| row(v, DType::F32, n, |_| {})))
+                .map(|mut r| {
+                    let t = r.time_median_s.unwrap();
+                    (r.time_min_s, r.time_max_s) = (Some(0.9 * t), Some(1.3 * t));
+                    // flash's last time extrapolated.
+                    r.extrapolated = r.variant == "flash" && r.seq_q == 4096;
+                    r
+                })
+                .collect(),
+        );
+        let imgs = images(Chart::Runtime, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        assert_eq!(f.lines.len(), 2);
+        for l in &f.lines {
+            assert!(!l.band.is_empty(), "{}", l.label);
+            for p in &l.points {
+                let band = l.band.iter().find(|b| b.0 == p.x);
+                if p.hollow {
+                    assert!(
+                        band.is_none(),
+                        "{}: extrapolated {} has a band",
+                        l.label,
+                        p.x
+                    );
+                } else {
+                    let (_, lo, hi) = band.unwrap();
+                    assert!(*lo < p.y && p.y < *hi);
+                }
+            }
+        }
+        let flash = f.lines.iter().find(|l| l.label == "flash").unwrap();
+        assert_eq!(flash.band.len(), 2);
+        assert!(flash.points.iter().any(|p| p.hollow));
+    }
+
+    #[test]
+    fn decode_rows_are_drawn_against_the_kv_cache_length() {
+        let decode = |q: usize, kv: usize| {
+            row("flash-decoding", DType::F32, kv, |r| {
+                r.mode = "decode".into();
+                (r.seq_q, r.seq_kv) = (q, kv);
+                r.time_median_s = Some(1e-7 * (q * kv) as f64);
+            })
+        };
+        let results = results_of(
+            [1, 4]
+                .iter()
+                .flat_map(|&q| [1024, 4096, 16384].map(|kv| decode(q, kv)))
+                .collect(),
+        );
+        let imgs = images(Chart::Runtime, &results, MAX_SERIES);
+        let f = single(&imgs[0].plot);
+        assert_eq!(f.x.label, KV_AXIS);
+        assert_eq!(f.title, "Runtime vs KV cache length");
+        let labels: Vec<&str> = f.lines.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["flash-decoding · n_q=1", "flash-decoding · n_q=4"]);
+        for l in &f.lines {
+            let xs: Vec<f64> = l.points.iter().map(|p| p.x).collect();
+            assert_eq!(xs, [1024.0, 4096.0, 16384.0]);
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! between series (the ones that are the same everywhere go into the plot's caption
 //! instead). Chunk sizes are grouped by their rule, not their value: the paper's
 //! `min(chunk, n)` clamping and `kv_chunk = ⌈√n⌉` change the value with n but belong to one
-//! line; so are split counts (a default one changes with the cache length).
+//! line; so are split counts (a default one changes with the cache length). Decode rows
+//! run over the KV cache length instead (`x_len`), their query rows an identity column.
 
 use crate::variant::Registry;
 use std::collections::BTreeMap;
@@ -12,7 +13,6 @@ use crate::problem::VariantId;
 use crate::problem::{Device, Shape};
 use crate::results::record::Record;
 
-/// Records that form one line, sorted by sequence length.
 /// How the file stems of the chunk-sweep heatmaps begin.
 pub const CHUNKS_PREFIX: &str = "chunks_";
 
@@ -25,6 +25,7 @@ pub fn join_label<'p>(parts: impl IntoIterator<Item = &'p (&'static str, String)
         .join(" · ")
 }
 
+/// Records that form one line, sorted by the length they run over (`x_len`).
 #[derive(Clone, Debug)]
 pub struct Series<'a> {
     pub label: String,
@@ -108,14 +109,7 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
         ),
         ("input_dist", r.input_dist.clone()),
         ("input_scale", format!("input_scale={}", r.input_scale)),
-        (
-            "seq_kv",
-            if r.seq_kv == r.seq_q {
-                "n_kv=n".into()
-            } else {
-                format!("n_kv={}", r.seq_kv)
-            },
-        ),
+        other_length(r),
         ("splits", splits_rule(r)),
         (
             "allreduce",
@@ -147,6 +141,35 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
             },
         ),
     ]
+}
+
+/// Whether `r` is a decode row: its series run over the KV cache length, not n.
+pub fn is_decode(r: &Record) -> bool {
+    r.mode == "decode"
+}
+
+/// The length a series runs over (its plots' x): the KV cache length of a decode row, whose
+/// query rows are a handful of new tokens (n = 1 for every row of a decode sweep), else the
+/// sequence length n.
+pub fn x_len(r: &Record) -> usize {
+    if is_decode(r) {
+        r.seq_kv
+    } else {
+        r.seq_q
+    }
+}
+
+/// The identity column of the length a series does not run over: the query rows of a decode
+/// row (`seq_q`, `n_q=4`), else the key length (`seq_kv`, `n_kv=n` when it is n). One slot
+/// for both, so that decode and other rows line up column by column.
+fn other_length(r: &Record) -> (&'static str, String) {
+    if is_decode(r) {
+        ("seq_q", format!("n_q={}", r.seq_q))
+    } else if r.seq_kv == r.seq_q {
+        ("seq_kv", "n_kv=n".into())
+    } else {
+        ("seq_kv", format!("n_kv={}", r.seq_kv))
+    }
 }
 
 /// The values of the keys that only some cases have (flash-decoding's split count, the
@@ -239,7 +262,7 @@ fn identities(records: &[&Record]) -> Vec<Vec<(&'static str, String)>> {
 }
 
 /// Values that say nothing when every series has them (left out of the caption).
-fn unremarkable(col: &str, value: &str) -> bool {
+pub fn unremarkable(col: &str, value: &str) -> bool {
     matches!(
         (col, value),
         ("mode", "fwd")
@@ -303,7 +326,7 @@ pub fn group<'a>(records: impl IntoIterator<Item = &'a Record>) -> Grouping<'a> 
                     .map(|(kv, _)| kv.clone()),
             );
             let mut recs = members.remove(&i).unwrap_or_default();
-            recs.sort_by_key(|r| r.seq_q);
+            recs.sort_by_key(|r| x_len(r));
             Series {
                 label: join_label(&parts),
                 parts,
@@ -349,7 +372,9 @@ pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
             .into_iter()
             .filter(|(c, _)| *c != "q_chunk" && *c != "kv_chunk")
             .collect();
+        // Both lengths: a decode row's identity names its query rows, not its cache.
         key.push(("seq_q", r.seq_q.to_string()));
+        key.push(("seq_kv", r.seq_kv.to_string()));
         let i = match keys.iter().position(|k| *k == key) {
             Some(i) => i,
             None => {
@@ -432,18 +457,14 @@ mod tests {
             })
             .collect();
         // Before the split count was part of a series, these were 2 (one per n_kv), each
-        // with two points at n = 1.
+        // with two points at n = 1. Decode rows run over the cache length: one line each.
         let g = group(&rows);
         assert_eq!(
             labels(&g),
-            [
-                "flash-decoding · n_kv=4096 · splits=2",
-                "flash-decoding · n_kv=16384 · splits=2",
-                "flash-decoding · n_kv=4096 · splits=8",
-                "flash-decoding · n_kv=16384 · splits=8",
-            ]
+            ["flash-decoding · splits=2", "flash-decoding · splits=8"]
         );
-        assert!(g.series.iter().all(|s| s.records.len() == 1));
+        assert!(g.series.iter().all(|s| s.records.len() == 2
+            && s.records.iter().map(|r| r.seq_kv).collect::<Vec<_>>() == [4096, 16384]));
         assert!(!g.caption.contains("splits"), "{}", g.caption);
         // Default counts (1 at n_kv = 1024, 4 at 4096) are no difference: labels as before.
         let defaults = [1024, 4096].map(|n| row(fd, Mode::Decode, n, |_| {}));
@@ -451,19 +472,18 @@ mod tests {
             defaults.iter().map(|r| r.splits).collect::<Vec<_>>(),
             [Some(1), Some(4)]
         );
-        assert_eq!(
-            labels(&group(&defaults)),
-            ["flash-decoding · n_kv=1024", "flash-decoding · n_kv=4096"]
-        );
+        let g = group(&defaults);
+        assert_eq!(labels(&g), ["flash-decoding"]);
+        assert_eq!(g.series[0].records.len(), 2);
         // Beside a chosen count they are named by their values too.
         let mut chosen = defaults.to_vec();
         chosen.push(row(fd, Mode::Decode, 4096, |c| c.splits = Some(2)));
         assert_eq!(
             labels(&group(&chosen)),
             [
-                "flash-decoding · n_kv=1024 · splits=1",
-                "flash-decoding · n_kv=4096 · splits=4",
-                "flash-decoding · n_kv=4096 · splits=2"
+                "flash-decoding · splits=1",
+                "flash-decoding · splits=4",
+                "flash-decoding · splits=2"
             ]
         );
         // A prefill-shaped sweep over n: one line per split count.
@@ -570,9 +590,9 @@ mod tests {
             [
                 "naive",
                 "naive · fwd+bwd",
-                "flash-decoding · decode · n_kv=256",
-                "tree-decode · decode · p=4 · n_kv=256",
-                "ring-decode · decode · p=4 · n_kv=256"
+                "flash-decoding · decode · n_q=1",
+                "tree-decode · decode · p=4 · n_q=1",
+                "ring-decode · decode · p=4 · n_q=1"
             ]
         );
         assert_eq!(

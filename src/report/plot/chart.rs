@@ -2,7 +2,9 @@
 //! slopes, horizontal reference lines (each also labelled inside the plot), drawn with
 //! plotters on any backend. The legend lists every entry, never covering data: in a panel
 //! to the right of the axes while it fits there, else in columns under the plot, the canvas
-//! growing as tall as it needs. Title and caption sit above.
+//! growing as tall as it needs. Title and caption sit above. A series may carry a spread
+//! band (light fill in its colour); series with identical points are merged into one line
+//! (`merge_identical`). `draw_axes` draws the plot alone, so `grid` can place many of them.
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -18,11 +20,11 @@ const LEGEND_W: u32 = 400;
 /// Characters per legend line before wrapping.
 const LEGEND_CHARS: usize = 38;
 /// Title and caption band.
-const HEAD_H: u32 = 78;
+pub(super) const HEAD_H: u32 = 78;
 /// The axes' band (and the side legend's height).
 const BODY_H: u32 = HEIGHT - HEAD_H;
 /// Left and right margin of a legend under the plot.
-const MARGIN: i32 = 24;
+pub(super) const MARGIN: i32 = 24;
 /// From a legend row's left edge to its text (the line sample and marker go before).
 const SWATCH_W: i32 = 72;
 /// Most columns of a legend under the plot.
@@ -48,6 +50,9 @@ pub struct Line {
     pub connect: bool,
     /// In data units, any order.
     pub points: Vec<Pt>,
+    /// A spread band: (x, low, high) in data units at points' x values, filled lightly in
+    /// the line's colour; a point without one breaks the band there.
+    pub band: Vec<(f64, f64, f64)>,
 }
 
 /// A horizontal reference line (budget, roofline), dashed.
@@ -146,13 +151,32 @@ impl Figure {
         v
     }
 
-    /// The bounds of the points and of the horizontal lines (None: nothing to plot).
+    /// Plot coordinates of a line's band, sorted by x, skipping what the scales cannot show.
+    fn band_plotted(&self, line: &Line) -> Vec<(f64, f64, f64)> {
+        let mut v: Vec<(f64, f64, f64)> = line
+            .band
+            .iter()
+            .filter_map(|&(x, lo, hi)| {
+                Some((self.x.to_plot(x)?, self.y.to_plot(lo)?, self.y.to_plot(hi)?))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    }
+
+    /// The bounds of the points, bands and horizontal lines (None: nothing to plot).
     pub fn extent(&self) -> Option<Extent> {
         let pts: Vec<(f64, f64)> = self
             .lines
             .iter()
             .flat_map(|l| self.plotted(l))
             .map(|(x, y, _)| (x, y))
+            .chain(
+                self.lines
+                    .iter()
+                    .flat_map(|l| self.band_plotted(l))
+                    .flat_map(|(x, lo, hi)| [(x, lo), (x, hi)]),
+            )
             .chain(
                 self.hlines
                     .iter()
@@ -194,42 +218,48 @@ impl Figure {
         let legend = self.legend();
         root.fill(&WHITE).map_err(err)?;
         let (head, body) = root.split_vertically(HEAD_H);
-        head.draw(&Text::new(
-            self.title.clone(),
-            (24, 12),
-            (FONT, 28).into_font().color(&BLACK),
-        ))
-        .map_err(err)?;
-        head.draw(&Text::new(
-            self.caption.clone(),
-            (24, 48),
-            (FONT, 18).into_font().color(&RGBColor(90, 90, 90)),
-        ))
-        .map_err(err)?;
+        draw_head(&head, &self.title, &self.caption)?;
         let (plot, legend_area) = if legend.below {
             body.split_vertically(BODY_H)
         } else {
             body.split_horizontally(WIDTH - LEGEND_W)
         };
+        self.draw_axes(root, &plot, Frame::ALONE)?;
+        draw_legend(&legend_area, &legend)
+    }
+
+    /// Draws the axes, reference lines, bands and series into `plot`; `root` is the whole
+    /// canvas (pixel-placed strokes and labels go there, in its coordinates).
+    pub fn draw_axes<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        plot: &DrawingArea<DB, Shift>,
+        frame: Frame,
+    ) -> DrawResult<()> {
         let (xr, yr) = self.ranges();
-        let mut chart = ChartBuilder::on(&plot)
+        let (label_font, desc_font, tag_font) = if frame.compact {
+            (15, 17, 14)
+        } else {
+            (18, 20, TAG_FONT)
+        };
+        let mut chart = ChartBuilder::on(plot)
             .margin_left(12)
-            .margin_right(24)
+            .margin_right(if frame.compact { 14 } else { 24 })
             .margin_top(8)
-            .margin_bottom(12)
-            .x_label_area_size(64)
-            .y_label_area_size(104)
+            .margin_bottom(if frame.compact { 6 } else { 12 })
+            .x_label_area_size(if frame.compact { 52 } else { 64 })
+            .y_label_area_size(if frame.compact { 92 } else { 104 })
             .build_cartesian_2d(xr.clone(), yr.clone())
             .map_err(err)?;
         let (x, y) = (&self.x, &self.y);
         chart
             .configure_mesh()
-            .x_desc(x.label.clone())
-            .y_desc(y.label.clone())
+            .x_desc(if frame.x_desc { x.label.as_str() } else { "" })
+            .y_desc(if frame.y_desc { y.label.as_str() } else { "" })
             .x_label_formatter(&|v| x.label(*v))
             .y_label_formatter(&|v| y.label(*v))
-            .label_style((FONT, 18))
-            .axis_desc_style((FONT, 20))
+            .label_style((FONT, label_font))
+            .axis_desc_style((FONT, desc_font))
             .bold_line_style(RGBColor(205, 205, 205))
             .light_line_style(RGBColor(238, 238, 238))
             .draw()
@@ -238,7 +268,7 @@ impl Figure {
         // Reference lines first (under the data), their names written beside them.
         let (px, py) = chart.plotting_area().get_pixel_range();
         let mut tags: Vec<(String, RGBColor, (i32, i32), Pos)> = Vec::new();
-        let tag_h = 18;
+        let tag_h = tag_font + 2;
         for g in &self.guides {
             if let Some(seg) = self.guide_segment(g, &xr, &yr) {
                 chart
@@ -248,7 +278,7 @@ impl Figure {
                 let (ex, ey) = chart.backend_coord(&seg[1]);
                 let text = g.label.split(" (").next().unwrap_or(&g.label).to_string();
                 let at = if ey - 6 - tag_h < py.start {
-                    let room = px.end - ex - 12 >= text_width(&text, TAG_FONT);
+                    let room = px.end - ex - 12 >= text_width(&text, tag_font);
                     if room {
                         ((ex + 8, py.start + 4), Pos::new(HPos::Left, VPos::Top))
                     } else {
@@ -263,6 +293,7 @@ impl Figure {
                 tags.push((text, g.color, at.0, at.1));
             }
         }
+        let mut taken: Vec<(i32, i32)> = Vec::new();
         for h in &self.hlines {
             if let Some(yv) = y.to_plot(h.y) {
                 chart
@@ -273,25 +304,58 @@ impl Figure {
                         h.color.stroke_width(2),
                     ))
                     .map_err(err)?;
+                // Above the line, else below it; neither where another line's name is
+                // (close peaks): the legend names it then.
                 let (_, hy) = chart.backend_coord(&(xr.hi, yv));
-                let at = if hy - 4 - tag_h >= py.start {
-                    ((px.end - 8, hy - 4), Pos::new(HPos::Right, VPos::Bottom))
-                } else {
-                    ((px.end - 8, hy + 5), Pos::new(HPos::Right, VPos::Top))
+                let free = |top: i32| {
+                    top >= py.start
+                        && top + tag_h <= py.end
+                        && taken.iter().all(|&(t, b)| top + tag_h <= t || top >= b)
                 };
-                tags.push((h.label.clone(), h.color, at.0, at.1));
+                let spot = if free(hy - 4 - tag_h) {
+                    Some(((px.end - 8, hy - 4), VPos::Bottom, hy - 4 - tag_h))
+                } else if free(hy + 5) {
+                    Some(((px.end - 8, hy + 5), VPos::Top, hy + 5))
+                } else {
+                    None
+                };
+                if let Some((at, v, top)) = spot {
+                    taken.push((top, top + tag_h));
+                    tags.push((h.label.clone(), h.color, at, Pos::new(HPos::Right, v)));
+                }
+            }
+        }
+        let pixel = |p: (f64, f64)| {
+            let (a, b) = chart.backend_coord(&p);
+            (a as f32, b as f32)
+        };
+        // Bands under every series' line, so no fill hides another series' markers.
+        for l in &self.lines {
+            for run in self.band_runs(l) {
+                let fill = l.color.mix(0.16).filled();
+                if let [(x, lo, hi)] = run[..] {
+                    // A single point: a thin bar, so bars at one x stay apart.
+                    let ((a, top), (_, bottom)) = (pixel((x, hi)), pixel((x, lo)));
+                    let (a, top, bottom) =
+                        (a.round() as i32, top.round() as i32, bottom.round() as i32);
+                    let bar = l.color.mix(0.35).filled();
+                    root.draw(&Rectangle::new([(a - 1, top), (a + 1, bottom)], bar))
+                        .map_err(err)?;
+                    continue;
+                }
+                let outline: Vec<(i32, i32)> = run
+                    .iter()
+                    .map(|&(x, _, hi)| pixel((x, hi)))
+                    .chain(run.iter().rev().map(|&(x, lo, _)| pixel((x, lo))))
+                    .map(|(a, b)| (a.round() as i32, b.round() as i32))
+                    .collect();
+                root.draw(&Polygon::new(outline, fill)).map_err(err)?;
             }
         }
         for l in &self.lines {
             let pts = self.plotted(l);
             if l.connect && pts.len() > 1 {
-                let pixels: Vec<(f32, f32)> = pts
-                    .iter()
-                    .map(|p| {
-                        let (a, b) = chart.backend_coord(&(p.0, p.1));
-                        (a as f32, b as f32)
-                    })
-                    .collect();
+                let pixels: Vec<(f32, f32)> = pts.iter().map(|p| pixel((p.0, p.1))).collect();
                 stroke(root, &pixels, l.dash, l.color, l.width)?;
             }
             for (px, py, hollow) in pts {
@@ -300,13 +364,35 @@ impl Figure {
         }
         // Over the data, so a line crossing a label cannot hide it.
         for (text, color, at, pos) in tags {
-            let style = (FONT, TAG_FONT)
+            let style = (FONT, tag_font)
                 .into_font()
                 .color(&readable(color))
                 .pos(pos);
             root.draw(&Text::new(text, at, style)).map_err(err)?;
         }
-        self.draw_legend(&legend_area, &legend)
+        Ok(())
+    }
+
+    /// A line's band in plot coordinates, cut into runs of neighbouring points that all
+    /// have one: a point without a band (an extrapolated time) leaves a gap.
+    fn band_runs(&self, line: &Line) -> Vec<Vec<(f64, f64, f64)>> {
+        let band = self.band_plotted(line);
+        let mut runs: Vec<Vec<(f64, f64, f64)>> = Vec::new();
+        let mut current = Vec::new();
+        for (x, _, _) in self.plotted(line) {
+            match band.iter().find(|b| b.0 == x) {
+                Some(&b) => current.push(b),
+                None => {
+                    if !current.is_empty() {
+                        runs.push(std::mem::take(&mut current));
+                    }
+                }
+            }
+        }
+        if !current.is_empty() {
+            runs.push(current);
+        }
+        runs
     }
 
     /// The part of a guide inside the plot box, in plot coordinates (log-log).
@@ -390,85 +476,197 @@ impl Figure {
                 };
             }
         }
-        let (font, line_h, note_font, note_h) = (14, 18, 13, 17);
-        let usable = WIDTH as i32 - 2 * MARGIN;
-        // As many columns as make the legend shortest, labels wrapped to their width.
-        let mut best: Option<(i32, i32, Vec<Row>)> = None;
-        for columns in 1..=MAX_COLUMNS.min(entries.len().max(1)) {
-            let width = usable / columns as i32;
-            let per_column = entries.len().div_ceil(columns).max(1);
-            let mut rows = Vec::new();
-            let mut bottom = 12;
-            for (c, chunk) in entries.chunks(per_column).enumerate() {
-                let mut yy = 12;
-                for e in chunk {
-                    let lines = wrap_px(&e.label, width - SWATCH_W - 12, font);
-                    let h = lines.len() as i32 * line_h;
-                    rows.push(Row {
-                        entry: e.clone(),
-                        at: (MARGIN + c as i32 * width, yy),
-                        lines,
-                    });
-                    yy += h + 5;
-                }
-                bottom = bottom.max(yy);
-            }
-            if best.as_ref().is_none_or(|b| bottom < b.0) {
-                best = Some((bottom, width, rows));
-            }
-        }
-        let (bottom, width, rows) = best.unwrap_or((12, usable, Vec::new()));
-        let mut yy = bottom + 8;
-        let note_chars = (usable as f64 / (0.6 * note_font as f64)) as usize;
-        let notes = place_notes(&self.notes, note_chars, (MARGIN, &mut yy), note_h, 4);
-        Legend {
-            below: true,
-            height: (yy + 12) as u32,
-            width,
-            font,
-            line_h,
-            note_font,
-            note_h,
-            rows,
-            notes,
-        }
+        legend_below(&entries, &self.notes, WIDTH as i32)
     }
+}
 
-    fn draw_legend<DB: DrawingBackend>(
-        &self,
-        area: &DrawingArea<DB, Shift>,
-        legend: &Legend,
-    ) -> DrawResult<()> {
-        let text = (FONT, legend.font).into_font().color(&BLACK);
-        let small = (FONT, legend.note_font)
-            .into_font()
-            .color(&RGBColor(70, 70, 70));
-        for row in &legend.rows {
-            let (x, y) = row.at;
-            let mid = y + legend.line_h / 2 - 2;
-            let e = &row.entry;
-            if let Some(dash) = e.dash {
-                let sample = [(x as f32 + 4.0, mid as f32), (x as f32 + 64.0, mid as f32)];
-                stroke(area, &sample, dash, e.color, 2)?;
+/// The title and the caption in the band above a chart.
+pub(super) fn draw_head<DB: DrawingBackend>(
+    head: &DrawingArea<DB, Shift>,
+    title: &str,
+    caption: &str,
+) -> DrawResult<()> {
+    head.draw(&Text::new(
+        title.to_string(),
+        (24, 12),
+        (FONT, 28).into_font().color(&BLACK),
+    ))
+    .map_err(err)?;
+    head.draw(&Text::new(
+        caption.to_string(),
+        (24, 48),
+        (FONT, 18).into_font().color(&RGBColor(90, 90, 90)),
+    ))
+    .map_err(err)
+}
+
+/// A legend of `entries` and `notes` laid out under a plot `canvas_w` pixels wide, in as
+/// many columns (up to `MAX_COLUMNS`) as make it shortest, labels wrapped to their width.
+pub(super) fn legend_below(entries: &[Entry], notes: &[String], canvas_w: i32) -> Legend {
+    let (font, line_h, note_font, note_h) = (14, 18, 13, 17);
+    let usable = canvas_w - 2 * MARGIN;
+    let mut best: Option<(i32, i32, Vec<Row>)> = None;
+    for columns in 1..=MAX_COLUMNS.min(entries.len().max(1)) {
+        let width = usable / columns as i32;
+        let per_column = entries.len().div_ceil(columns).max(1);
+        let mut rows = Vec::new();
+        let mut bottom = 12;
+        for (c, chunk) in entries.chunks(per_column).enumerate() {
+            let mut yy = 12;
+            for e in chunk {
+                let lines = wrap_px(&e.label, width - SWATCH_W - 12, font);
+                let h = lines.len() as i32 * line_h;
+                rows.push(Row {
+                    entry: e.clone(),
+                    at: (MARGIN + c as i32 * width, yy),
+                    lines,
+                });
+                yy += h + 5;
             }
-            if let Some(m) = e.marker {
-                marker(area, (x + 34, mid), m, e.color, false)?;
-            }
-            for (k, line) in row.lines.iter().enumerate() {
-                area.draw(&Text::new(
-                    line.clone(),
-                    (x + SWATCH_W, y + k as i32 * legend.line_h),
-                    text.clone(),
-                ))
-                .map_err(err)?;
-            }
+            bottom = bottom.max(yy);
         }
-        for (line, at) in &legend.notes {
-            area.draw(&Text::new(line.clone(), *at, small.clone()))
-                .map_err(err)?;
+        if best.as_ref().is_none_or(|b| bottom < b.0) {
+            best = Some((bottom, width, rows));
         }
-        Ok(())
     }
+    let (bottom, width, rows) = best.unwrap_or((12, usable, Vec::new()));
+    let mut yy = bottom + 8;
+    let note_chars = (usable as f64 / (0.6 * note_font as f64)) as usize;
+    let notes = place_notes(notes, note_chars, (MARGIN, &mut yy), note_h, 4);
+    Legend {
+        below: true,
+        height: (yy + 12) as u32,
+        width,
+        font,
+        line_h,
+        note_font,
+        note_h,
+        rows,
+        notes,
+    }
+}
+
+/// Draws a laid-out legend into `area`.
+pub(super) fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    legend: &Legend,
+) -> DrawResult<()> {
+    let text = (FONT, legend.font).into_font().color(&BLACK);
+    let small = (FONT, legend.note_font)
+        .into_font()
+        .color(&RGBColor(70, 70, 70));
+    for row in &legend.rows {
+        let (x, y) = row.at;
+        let mid = y + legend.line_h / 2 - 2;
+        let e = &row.entry;
+        if let Some(dash) = e.dash {
+            let sample = [(x as f32 + 4.0, mid as f32), (x as f32 + 64.0, mid as f32)];
+            stroke(area, &sample, dash, e.color, 2)?;
+        }
+        if let Some(m) = e.marker {
+            marker(area, (x + 34, mid), m, e.color, false)?;
+        }
+        for (k, line) in row.lines.iter().enumerate() {
+            area.draw(&Text::new(
+                line.clone(),
+                (x + SWATCH_W, y + k as i32 * legend.line_h),
+                text.clone(),
+            ))
+            .map_err(err)?;
+        }
+    }
+    for (line, at) in &legend.notes {
+        area.draw(&Text::new(line.clone(), *at, small.clone()))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// How a figure's axes are drawn: alone on its canvas, or as a panel of a grid (smaller
+/// type; the axis names only where the grid's edge needs them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub x_desc: bool,
+    pub y_desc: bool,
+    pub compact: bool,
+}
+
+impl Frame {
+    pub const ALONE: Frame = Frame {
+        x_desc: true,
+        y_desc: true,
+        compact: false,
+    };
+}
+
+/// Merges lines whose points are identical (same x, y and hollowness, in any order; drawn
+/// the same way) into the first of them, labelled with every label (`merged_label`): two
+/// series drawn over each other would show one line and two legend rows, one of them
+/// naming a line that cannot be seen. Lines without a label merge only among themselves.
+pub fn merge_identical(lines: Vec<Line>) -> Vec<Line> {
+    let sorted = |l: &Line| {
+        let mut v: Vec<(u64, u64, bool)> = l
+            .points
+            .iter()
+            .map(|p| (p.x.to_bits(), p.y.to_bits(), p.hollow))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let mut out: Vec<(Line, Vec<String>)> = Vec::new();
+    // What makes two lines one: their sorted points (bit-exact), connection, labelledness
+    // and width.
+    type Same = (Vec<(u64, u64, bool)>, bool, bool, u32);
+    let mut keys: Vec<Same> = Vec::new();
+    for l in lines {
+        let key = (sorted(&l), l.connect, l.label.is_empty(), l.width);
+        match keys.iter().position(|k| *k == key && !key.0.is_empty()) {
+            Some(i) => {
+                if !out[i].1.contains(&l.label) {
+                    out[i].1.push(l.label);
+                }
+            }
+            None => {
+                keys.push(key);
+                let label = l.label.clone();
+                out.push((l, vec![label]));
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(mut l, labels)| {
+            l.label = merged_label(&labels);
+            l
+        })
+        .collect()
+}
+
+/// One label for several: where they differ in one " · " part only, that part's values
+/// joined by ", " in its place ("naive, naive-unsafe · f32"), else the labels joined.
+pub fn merged_label(labels: &[String]) -> String {
+    if labels.len() < 2 {
+        return labels.first().cloned().unwrap_or_default();
+    }
+    let parts: Vec<Vec<&str>> = labels.iter().map(|l| l.split(" · ").collect()).collect();
+    let n = parts[0].len();
+    if parts.iter().all(|p| p.len() == n) {
+        let differ: Vec<usize> = (0..n)
+            .filter(|&i| parts.iter().any(|p| p[i] != parts[0][i]))
+            .collect();
+        if let [k] = differ[..] {
+            let mut values: Vec<&str> = Vec::new();
+            for p in &parts {
+                if !values.contains(&p[k]) {
+                    values.push(p[k]);
+                }
+            }
+            let joined = values.join(", ");
+            let mut out: Vec<&str> = parts[0].clone();
+            out[k] = &joined;
+            return out.join(" · ");
+        }
+    }
+    labels.join(", ")
 }
 
 /// Font size of the names written beside reference lines and guides.
@@ -512,7 +710,7 @@ pub struct Legend {
 
 /// Width of `text` in pixels in the embedded font at `size` (estimated if it is not
 /// registered).
-fn text_width(text: &str, size: i32) -> i32 {
+pub(super) fn text_width(text: &str, size: i32) -> i32 {
     (FONT, size)
         .into_font()
         .box_size(text)
@@ -647,6 +845,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn identical_lines_merge_into_one_naming_every_label() {
+        let line = |label: &str, ys: [f64; 2]| Line {
+            label: label.into(),
+            color: PALETTE[0],
+            marker: Marker::Circle,
+            dash: Dash::Solid,
+            width: 2,
+            connect: true,
+            points: vec![
+                Pt {
+                    x: 256.0,
+                    y: ys[0],
+                    hollow: false,
+                },
+                Pt {
+                    x: 512.0,
+                    y: ys[1],
+                    hollow: false,
+                },
+            ],
+            band: Vec::new(),
+        };
+        let merged = merge_identical(vec![
+            line("naive · f32", [1.0, 2.0]),
+            line("flash · f32", [1.0, 3.0]),
+            line("naive-unsafe · f32", [1.0, 2.0]),
+        ]);
+        let labels: Vec<&str> = merged.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["naive, naive-unsafe · f32", "flash · f32"]);
+        // Labels that differ in more than one part are listed whole.
+        assert_eq!(
+            merged_label(&["a · x".into(), "b · y".into()]),
+            "a · x, b · y"
+        );
+        assert_eq!(merged_label(&["a".into()]), "a");
+    }
+
+    #[test]
     fn wrap_breaks_at_spaces() {
         assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
         assert_eq!(wrap("short", 40), ["short"]);
@@ -680,6 +916,7 @@ mod tests {
                     y: 1e6,
                     hollow: false,
                 }],
+                band: Vec::new(),
             })
             .collect();
         Figure {

@@ -1,10 +1,11 @@
-//! Plots with plotters, as PNG and SVG: line charts (`chart`) and chunk-sweep heatmaps
-//! (`heatmap`) on axes with unit-carrying ticks (`axis`). Text is rendered from DejaVu Sans
+//! Plots with plotters, as PNG and SVG: line charts (`chart`), grids of them on shared axes
+//! (`grid`) and chunk-sweep heatmaps (`heatmap`) on axes with unit-carrying ticks (`axis`). Text is rendered from DejaVu Sans
 //! embedded in the binary (assets/fonts, Bitstream Vera licence), registered with plotters'
 //! ab_glyph backend: no system font, no fontconfig.
 
 pub mod axis;
 pub mod chart;
+pub mod grid;
 pub mod heatmap;
 pub mod style;
 
@@ -43,6 +44,7 @@ impl Format {
 /// A figure of either kind.
 pub enum Plot {
     Chart(chart::Figure),
+    Grid(grid::Grid),
     Heatmap(heatmap::Heatmap),
 }
 
@@ -51,6 +53,7 @@ impl Plot {
     pub fn size(&self) -> (u32, u32) {
         match self {
             Plot::Chart(f) => f.size(),
+            Plot::Grid(g) => g.size(),
             Plot::Heatmap(_) => (WIDTH, HEIGHT),
         }
     }
@@ -61,6 +64,7 @@ impl Plot {
     ) -> Result<(), String> {
         match self {
             Plot::Chart(f) => f.draw(root),
+            Plot::Grid(g) => g.draw(root),
             Plot::Heatmap(h) => h.draw(root),
         }
     }
