@@ -304,7 +304,8 @@ impl NpyIn {
     }
 
     fn read_tensor(self, kind: Kind) -> Result<Tensor> {
-        Ok(match kind {
+        let path = self.path.clone();
+        let tensor = match kind {
             Kind::F4 => Tensor::F32(self.read_elems(|b: [u8; 4]| f32::from_le_bytes(b))?),
             Kind::F2 => {
                 Tensor::F16(self.read_elems(|b: [u8; 2]| f16::from_bits(u16::from_le_bytes(b)))?)
@@ -313,7 +314,21 @@ impl NpyIn {
                 Tensor::Bf16(self.read_elems(|b: [u8; 2]| bf16::from_bits(u16::from_le_bytes(b)))?)
             }
             Kind::F8 => Tensor::F32(self.read_elems(|b: [u8; 8]| f64::from_le_bytes(b) as f32)?),
-        })
+        };
+        // A NaN or infinite input (or an f64 past f32's range) would give a NaN output that
+        // the oracle cannot judge: refused, naming the file and the first such element.
+        let bad = match &tensor {
+            Tensor::F32(x) => x.iter().position(|v| !v.is_finite()),
+            Tensor::F16(x) => x.iter().position(|v| !v.is_finite()),
+            Tensor::Bf16(x) => x.iter().position(|v| !v.is_finite()),
+        };
+        match bad {
+            Some(i) => Err(Error::Input {
+                path,
+                msg: format!("element {i} is NaN or infinite (in the file's storage dtype); inputs must be finite"),
+            }),
+            None => Ok(tensor),
+        }
     }
 
     /// Reads every element (`N` bytes each, decoded by `conv`), checking first that the file
@@ -386,6 +401,13 @@ fn kind_of(ts: &TypeStr) -> Option<Kind> {
 /// The error `save_inputs` would give for `dir` because one of its files exists, checked
 /// before anything is measured.
 pub fn check_inputs_absent(dir: &Path) -> Result<()> {
+    // A file where the directory goes would fail only after the measurement.
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--save-inputs {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
     [Q_FILE, K_FILE, V_FILE]
         .into_iter()
         .try_for_each(|f| refuse_existing(&dir.join(f)))

@@ -122,10 +122,27 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
     if text.trim().is_empty() {
         return Err(input("the file is empty (no header, no rows)".into()));
     }
-    let mut r = ::csv::Reader::from_reader(text.as_bytes());
+    check_columns(path, text.as_bytes())?;
+    let records = super::runs::parse(path, text.as_bytes())?;
+    if records.is_empty() {
+        return Err(input(
+            "no rows: the header is there but no case was recorded".into(),
+        ));
+    }
+    Ok(records)
+}
+
+/// Refuses a `runs.csv` header without a column that reports and comparisons read (all
+/// but `OPTIONAL_COLUMNS`): a missing `time_median_s` would read as no time at all.
+pub fn check_columns(path: &Path, input: impl std::io::Read) -> Result<()> {
+    let err = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut r = ::csv::Reader::from_reader(input);
     let found: Vec<String> = r
         .headers()
-        .map_err(|e| input(format!("reading the header: {e}")))?
+        .map_err(|e| err(format!("reading the header: {e}")))?
         .iter()
         .map(str::to_string)
         .collect();
@@ -134,20 +151,13 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
         .filter(|c| !OPTIONAL_COLUMNS.contains(&c.as_str()) && !found.contains(c))
         .collect();
     if !missing.is_empty() {
-        return Err(input(format!(
-            "missing column{} {} (a report needs the columns attnbench writes; see docs/reference/results-format.md)",
+        return Err(err(format!(
+            "missing column{} {} (a report or comparison needs the columns attnbench writes; see docs/reference/results-format.md)",
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", ")
         )));
     }
-    drop(r);
-    let records = super::runs::parse(path, text.as_bytes())?;
-    if records.is_empty() {
-        return Err(input(
-            "no rows: the header is there but no case was recorded".into(),
-        ));
-    }
-    Ok(records)
+    Ok(())
 }
 
 #[cfg(test)]
