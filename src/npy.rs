@@ -560,11 +560,12 @@ mod tests {
         for dtype in DType::ALL {
             let dir = TempDir::new(dtype.name());
             let mut inputs = Inputs::generate(shape(), dtype, InputDist::Normal, 3.0, 11);
-            // Specials survive too.
+            // Finite specials survive too (NaN and inf are refused on load: see
+            // non_finite_inputs_are_refused_naming_file_and_element).
             if let Tensor::F32(v) = &mut inputs.q {
-                v[0] = f32::NAN;
+                v[0] = f32::MAX;
                 v[1] = -0.0;
-                v[2] = f32::INFINITY;
+                v[2] = f32::MIN;
                 v[3] = f32::from_bits(1); // subnormal
             }
             save_inputs(&dir.0, &inputs).unwrap();
@@ -623,6 +624,23 @@ mod tests {
         let Tensor::F32(bk) = &back.k else { panic!() };
         assert!(q.iter().zip(bq).all(|(&a, &b)| b == a as f32));
         assert!(kv.iter().zip(bk).all(|(&a, &b)| b == a as f32));
+    }
+
+    #[test]
+    fn non_finite_inputs_are_refused_naming_file_and_element() {
+        let dir = TempDir::new("nonfinite");
+        let s = shape();
+        let qs = [2, 4, 3, 8];
+        let kvs = [2, 2, 5, 8];
+        let q: Vec<f64> = vec![0.5; s.q_len()];
+        let mut kv: Vec<f64> = vec![0.25; s.kv_len()];
+        kv[7] = 1e300; // finite in f64, infinite once rounded to f32
+        write_with_npyz(&dir.0.join(Q_FILE), "<f8", &qs, Order::C, &q);
+        write_with_npyz(&dir.0.join(K_FILE), "<f8", &kvs, Order::C, &kv);
+        write_with_npyz(&dir.0.join(V_FILE), "<f8", &kvs, Order::C, &kv);
+        let (path, msg) = input_msg(load_inputs(&dir.0, &s));
+        assert!(path.ends_with(K_FILE), "{path:?}");
+        assert!(msg.contains("element 7") && msg.contains("NaN or infinite"), "{msg}");
     }
 
     #[test]

@@ -250,7 +250,7 @@ mod tests {
             ("q99999999999999999k", "too large"),
             ("16777217xq1", "more than 16777216 sequences"),
             ("9223372036854775807xq1+9223372036854775807xq1", "more than"),
-            ("2xq9223372036854775807", "overflow"),
+            ("3xq9223372036854775807", "overflow"),
         ] {
             let e = spec.parse::<BatchSpec>().unwrap_err();
             assert!(e.contains(want), "{spec}: {e}");

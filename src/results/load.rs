@@ -204,6 +204,25 @@ mod tests {
             empty.contains("row 3") && empty.contains("empty case_id"),
             "{empty}"
         );
+        // A field no run writes: named with its row and column.
+        let field = |col: &str, value: &str| {
+            let i = head.split(',').position(|c| c == col).unwrap();
+            let mut f: Vec<&str> = row.split(',').collect();
+            f[i] = value;
+            msg(&format!("{head}\n{}\n", f.join(",")))
+        };
+        for (col, value) in [
+            ("max_abs_err", "-1e-7"),
+            ("max_rel_err", "NaN"),
+            ("dtype", "f64"),
+            ("device", "tpu"),
+            ("mode", "nope"),
+            ("seq_q", "0"),
+            ("head_dim", "0"),
+        ] {
+            let m = field(col, value);
+            assert!(m.contains("row 2") && m.contains(col), "{col}={value}: {m}");
+        }
         let short = msg("run,case_id,variant\nx,y,naive\n");
         assert!(short.contains("missing columns") && short.contains("time_median_s"));
         assert!(
