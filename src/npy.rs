@@ -640,7 +640,10 @@ mod tests {
         write_with_npyz(&dir.0.join(V_FILE), "<f8", &kvs, Order::C, &kv);
         let (path, msg) = input_msg(load_inputs(&dir.0, &s));
         assert!(path.ends_with(K_FILE), "{path:?}");
-        assert!(msg.contains("element 7") && msg.contains("NaN or infinite"), "{msg}");
+        assert!(
+            msg.contains("element 7") && msg.contains("NaN or infinite"),
+            "{msg}"
+        );
     }
 
     #[test]

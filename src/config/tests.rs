@@ -46,7 +46,10 @@ fn model_shapes_too_large_to_simulate_are_refused() {
     for (model, key) in [
         ("check = [[1, 1, 1, 1000000000000000000, 1]]", "model.check"),
         ("check = [[1, 1, 1, 1048576, 1048576]]", "model.check"),
-        ("check = [[1000000000000000000, 1000000000000000000, 1, 8, 1]]", "model.check"),
+        (
+            "check = [[1000000000000000000, 1000000000000000000, 1, 8, 1]]",
+            "model.check",
+        ),
         ("devices = [1000000000000000000]", "model.devices"),
         ("tokens = [1000000000000000000]", "model.tokens"),
         ("probe_tokens = 1099511627776", "model.probe_tokens"),

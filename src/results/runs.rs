@@ -175,13 +175,13 @@ fn check_fields(rec: &Record) -> std::result::Result<(), String> {
             ));
         }
     }
-    let names: [(&str, &str, fn(&str) -> bool); 3] = [
-        ("dtype", &rec.dtype, |s| s.parse::<DType>().is_ok()),
-        ("device", &rec.device, |s| s.parse::<Device>().is_ok()),
-        ("mode", &rec.mode, |s| s.parse::<Mode>().is_ok()),
+    let names = [
+        ("dtype", &rec.dtype, rec.dtype.parse::<DType>().is_ok()),
+        ("device", &rec.device, rec.device.parse::<Device>().is_ok()),
+        ("mode", &rec.mode, rec.mode.parse::<Mode>().is_ok()),
     ];
     for (col, v, known) in names {
-        if !known(v) {
+        if !known {
             return Err(format!("column {col}: unknown `{v}`"));
         }
     }
