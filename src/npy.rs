@@ -304,7 +304,8 @@ impl NpyIn {
     }
 
     fn read_tensor(self, kind: Kind) -> Result<Tensor> {
-        Ok(match kind {
+        let path = self.path.clone();
+        let tensor = match kind {
             Kind::F4 => Tensor::F32(self.read_elems(|b: [u8; 4]| f32::from_le_bytes(b))?),
             Kind::F2 => {
                 Tensor::F16(self.read_elems(|b: [u8; 2]| f16::from_bits(u16::from_le_bytes(b)))?)
@@ -313,7 +314,21 @@ impl NpyIn {
                 Tensor::Bf16(self.read_elems(|b: [u8; 2]| bf16::from_bits(u16::from_le_bytes(b)))?)
             }
             Kind::F8 => Tensor::F32(self.read_elems(|b: [u8; 8]| f64::from_le_bytes(b) as f32)?),
-        })
+        };
+        // A NaN or infinite input (or an f64 past f32's range) would give a NaN output that
+        // the oracle cannot judge: refused, naming the file and the first such element.
+        let bad = match &tensor {
+            Tensor::F32(x) => x.iter().position(|v| !v.is_finite()),
+            Tensor::F16(x) => x.iter().position(|v| !v.is_finite()),
+            Tensor::Bf16(x) => x.iter().position(|v| !v.is_finite()),
+        };
+        match bad {
+            Some(i) => Err(Error::Input {
+                path,
+                msg: format!("element {i} is NaN or infinite (in the file's storage dtype); inputs must be finite"),
+            }),
+            None => Ok(tensor),
+        }
     }
 
     /// Reads every element (`N` bytes each, decoded by `conv`), checking first that the file
@@ -386,6 +401,13 @@ fn kind_of(ts: &TypeStr) -> Option<Kind> {
 /// The error `save_inputs` would give for `dir` because one of its files exists, checked
 /// before anything is measured.
 pub fn check_inputs_absent(dir: &Path) -> Result<()> {
+    // A file where the directory goes would fail only after the measurement.
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--save-inputs {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
     [Q_FILE, K_FILE, V_FILE]
         .into_iter()
         .try_for_each(|f| refuse_existing(&dir.join(f)))
@@ -538,11 +560,12 @@ mod tests {
         for dtype in DType::ALL {
             let dir = TempDir::new(dtype.name());
             let mut inputs = Inputs::generate(shape(), dtype, InputDist::Normal, 3.0, 11);
-            // Specials survive too.
+            // Finite specials survive too (NaN and inf are refused on load: see
+            // non_finite_inputs_are_refused_naming_file_and_element).
             if let Tensor::F32(v) = &mut inputs.q {
-                v[0] = f32::NAN;
+                v[0] = f32::MAX;
                 v[1] = -0.0;
-                v[2] = f32::INFINITY;
+                v[2] = f32::MIN;
                 v[3] = f32::from_bits(1); // subnormal
             }
             save_inputs(&dir.0, &inputs).unwrap();
@@ -601,6 +624,26 @@ mod tests {
         let Tensor::F32(bk) = &back.k else { panic!() };
         assert!(q.iter().zip(bq).all(|(&a, &b)| b == a as f32));
         assert!(kv.iter().zip(bk).all(|(&a, &b)| b == a as f32));
+    }
+
+    #[test]
+    fn non_finite_inputs_are_refused_naming_file_and_element() {
+        let dir = TempDir::new("nonfinite");
+        let s = shape();
+        let qs = [2, 4, 3, 8];
+        let kvs = [2, 2, 5, 8];
+        let q: Vec<f64> = vec![0.5; s.q_len()];
+        let mut kv: Vec<f64> = vec![0.25; s.kv_len()];
+        kv[7] = 1e300; // finite in f64, infinite once rounded to f32
+        write_with_npyz(&dir.0.join(Q_FILE), "<f8", &qs, Order::C, &q);
+        write_with_npyz(&dir.0.join(K_FILE), "<f8", &kvs, Order::C, &kv);
+        write_with_npyz(&dir.0.join(V_FILE), "<f8", &kvs, Order::C, &kv);
+        let (path, msg) = input_msg(load_inputs(&dir.0, &s));
+        assert!(path.ends_with(K_FILE), "{path:?}");
+        assert!(
+            msg.contains("element 7") && msg.contains("NaN or infinite"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
 use crate::compare::normalize::Normalize;
-use crate::compare::{self, Options, MIN_BOOTSTRAP};
+use crate::compare::{self, Options, MAX_BOOTSTRAP, MIN_BOOTSTRAP};
 use crate::config::ByteSize;
 use crate::error::{Error, Result};
 use crate::results::compared::{self, Run};
@@ -126,9 +126,9 @@ fn options(a: &CompareArgs) -> Result<Options> {
             a.err_threshold
         )));
     }
-    if a.bootstrap < MIN_BOOTSTRAP {
+    if !(MIN_BOOTSTRAP..=MAX_BOOTSTRAP).contains(&a.bootstrap) {
         return Err(Error::Usage(format!(
-            "--bootstrap must be at least {MIN_BOOTSTRAP} resamples, got {}",
+            "--bootstrap must be from {MIN_BOOTSTRAP} to {MAX_BOOTSTRAP} resamples, got {}",
             a.bootstrap
         )));
     }

@@ -77,6 +77,11 @@ fn bpt_memory(a: &BptMemoryArgs) -> crate::error::Result<()> {
         .parse::<config::ByteSize>()
         .map_err(|e| Error::Usage(format!("--device-memory: {e}")))?
         .bytes();
+    if device_bytes == 0 {
+        return Err(Error::Usage(
+            "--device-memory must be more than 0 bytes".into(),
+        ));
+    }
     if a.batch == 0
         || a.block == 0
         || a.seq_len.contains(&0)
@@ -105,7 +110,8 @@ fn bpt_memory(a: &BptMemoryArgs) -> crate::error::Result<()> {
             .fold(0.0, f64::max);
         if most >= u64::MAX as f64 {
             return Err(Error::Usage(format!(
-                "--seq-len {s}: the model's memory at that length ({most:.3e} bytes) is past what 64-bit byte counts hold; give lengths whose memory is below 16 EiB"
+                "--seq-len {s} with --batch {}: the model's memory at that length ({most:.3e} bytes) is past what 64-bit byte counts hold; give lengths whose memory is below 16 EiB",
+                a.batch
             )));
         }
     }

@@ -139,6 +139,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         ("--min-reps", args.min_reps),
         ("--max-reps", args.max_reps),
         ("--devices", args.devices),
+        ("--error-rows", args.error_rows),
     ] {
         if v == 0 {
             return Err(usage(format!("{flag} must be at least 1")));
@@ -169,15 +170,17 @@ pub fn command(args: &RunArgs) -> Result<()> {
             args.min_reps, args.max_reps
         )));
     }
-    if !(args.max_time_s > 0.0 && args.max_time_s.is_finite()) {
-        return Err(usage(
-            "--max-time-s must be a positive number of seconds".into(),
-        ));
+    // At most a day, as the config's timing keys: past it a typo (1e300) times for ever.
+    let max_s = config::MAX_TIMING_S;
+    if !(args.max_time_s > 0.0 && args.max_time_s <= max_s) {
+        return Err(usage(format!(
+            "--max-time-s must be a positive number of seconds, at most {max_s}"
+        )));
     }
-    if !(args.warmup_s.is_finite() && args.warmup_s >= 0.0) {
-        return Err(usage(
-            "--warmup-s must be a finite number of seconds >= 0".into(),
-        ));
+    if !(args.warmup_s >= 0.0 && args.warmup_s <= max_s) {
+        return Err(usage(format!(
+            "--warmup-s must be a number of seconds >= 0, at most {max_s}"
+        )));
     }
     if !(args.input_scale.is_finite() && args.input_scale >= 0.0) {
         return Err(usage("--input-scale must be a finite number >= 0".into()));
@@ -187,8 +190,12 @@ pub fn command(args: &RunArgs) -> Result<()> {
         .as_deref()
         .map(|s| {
             s.parse::<ByteSize>()
-                .map(|b| b.bytes())
                 .map_err(|e| usage(format!("--memory-budget: {e}")))
+                // A budget of 0 bytes fits no case: refused as the config's is.
+                .and_then(|b| match b.bytes() {
+                    0 => Err(usage("--memory-budget must be more than 0 bytes".into())),
+                    n => Ok(n),
+                })
         })
         .transpose()?;
 

@@ -37,6 +37,10 @@ const SAME_MEDIAN_REL: f64 = 1e-9;
 /// Resamples below this give too coarse a 95% interval to be worth reporting.
 pub const MIN_BOOTSTRAP: usize = 100;
 
+/// Resamples above this add nothing to a 95% interval and would run for hours (a typo such
+/// as 1e12 must be refused, not run).
+pub const MAX_BOOTSTRAP: usize = 1_000_000;
+
 /// What decides the verdicts (the command's flags, checked).
 #[derive(Clone, Debug, Serialize)]
 pub struct Options {

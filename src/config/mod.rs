@@ -32,7 +32,7 @@ pub use report::ReportConfig;
 pub use run::{
     default_threads, threads_refused, RunConfig, DEFAULT_ERROR_ROWS, DEFAULT_EXTRAPOLATE_Q_CHUNKS,
     DEFAULT_MAX_REPS, DEFAULT_MAX_TIME_S, DEFAULT_MIN_REPS, DEFAULT_REL_SPREAD, DEFAULT_SEED,
-    DEFAULT_WARMUP, DEFAULT_WARMUP_S,
+    DEFAULT_WARMUP, DEFAULT_WARMUP_S, MAX_TIMING_S,
 };
 pub use size::ByteSize;
 

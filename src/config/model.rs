@@ -237,6 +237,13 @@ pub(super) fn resolve_model(raw: Option<RawModel>, src: &Source) -> Result<Optio
     )? * 1e9;
 
     let probe_tokens = f.positive("probe_tokens", &raw.probe_tokens, DEFAULT_PROBE_TOKENS)?;
+    // The probe allocates and times a real cache of this length.
+    if probe_tokens > MAX_PROBE_TOKENS {
+        return Err(f.err(
+            "probe_tokens",
+            format!("{probe_tokens} is more than {MAX_PROBE_TOKENS} (a cache the probe allocates)"),
+        ));
+    }
     let compute = match f.name("compute", &raw.compute)?.as_deref() {
         None => ComputeSpec::Roofline("h100".into()),
         Some("measured") => ComputeSpec::Measured { probe_tokens },
@@ -275,6 +282,19 @@ pub(super) fn resolve_model(raw: Option<RawModel>, src: &Source) -> Result<Optio
     };
     let devices = f.list("devices", &raw.devices, &DEFAULT_DEVICES)?;
     let tokens = f.list("tokens", &raw.tokens, &DEFAULT_TOKENS)?;
+    // The prediction is analytic but keeps per-device state: bounded so a typo is refused.
+    if let Some(p) = devices.iter().find(|&&p| p > MAX_MODEL_DEVICES) {
+        return Err(f.err(
+            "devices",
+            format!("{p} is more than {MAX_MODEL_DEVICES} devices"),
+        ));
+    }
+    if let Some(n) = tokens.iter().find(|&&n| n > MAX_MODEL_TOKENS) {
+        return Err(f.err(
+            "tokens",
+            format!("{n} is more than {MAX_MODEL_TOKENS} tokens (2^40)"),
+        ));
+    }
     for &p in &devices {
         if let Some(reason) = allreduce.unsupported(p) {
             return Err(f.err("allreduce", format!("{reason} (model.devices has {p})")));
@@ -299,6 +319,17 @@ pub(super) fn resolve_model(raw: Option<RawModel>, src: &Source) -> Result<Optio
     }))
 }
 
+/// Most devices of a check shape (the defaults go to 128).
+pub const MAX_CHECK_DEVICES: usize = 4096;
+/// Most elements of one K or V of a check shape: 2^26, 3x the largest default.
+pub const MAX_CHECK_ELEMENTS: usize = 1 << 26;
+/// Most devices of a prediction (`model.devices`).
+pub const MAX_MODEL_DEVICES: usize = 1 << 20;
+/// Longest cache of a prediction (`model.tokens`), as the axes' `pow2` bound.
+pub const MAX_MODEL_TOKENS: usize = 1 << 40;
+/// Longest cache the `measured` probe times.
+pub const MAX_PROBE_TOKENS: usize = 1 << 24;
+
 /// `[[b, n_h, d_h, N, p], ...]` with N a multiple of p (t = N/p whole, as the equations
 /// assume).
 fn check_shapes(v: &Value) -> Result<Vec<CheckShape>, String> {
@@ -318,6 +349,19 @@ fn check_shapes(v: &Value) -> Result<Vec<CheckShape>, String> {
             });
             match nums.as_deref() {
                 Some(&[batch, heads, head_dim, tokens, devices]) => {
+                    // The check simulates with real tensors: bounded so that it neither
+                    // fails to allocate nor runs for minutes.
+                    let elements = [batch, heads, head_dim]
+                        .iter()
+                        .try_fold(tokens, |a, &x| a.checked_mul(x));
+                    if devices > MAX_CHECK_DEVICES
+                        || elements.is_none_or(|e| e > MAX_CHECK_ELEMENTS)
+                    {
+                        return Err(format!(
+                            "item {}: too large to simulate: at most {MAX_CHECK_DEVICES} devices and {MAX_CHECK_ELEMENTS} elements (batch x heads x head_dim x tokens)",
+                            i + 1
+                        ));
+                    }
                     if tokens % devices != 0 {
                         return Err(format!(
                             "item {}: tokens ({tokens}) must be a multiple of devices ({devices}) so that t = N/p is whole",

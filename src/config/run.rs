@@ -141,18 +141,32 @@ impl RunConfig {
     }
 }
 
+/// Longest `warmup_s`, `min_time_s` or `max_time_s` taken: past a day a typo (1e300) would
+/// time one case for ever.
+pub const MAX_TIMING_S: f64 = 86_400.0;
+
+/// A run name names the directory `results/<name>`: one path component, so no separator,
+/// no `.` or `..` (which would write into or above `results/`) and no control characters.
+pub fn is_run_name(s: &str) -> bool {
+    !s.trim().is_empty()
+        && s != "."
+        && s != ".."
+        && !s.contains(['/', '\\'])
+        && !s.chars().any(char::is_control)
+}
+
 /// Check `[run]` and fill its defaults.
 pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig> {
     let raw = raw.unwrap_or_default();
     let f = Fields(src);
     let name = match &raw.name {
         None => return Err(f.err("name", "required: the run name, e.g. name = \"quick\"")),
-        Some(Value::String(s)) if !s.trim().is_empty() && !s.contains(['/', '\\']) => s.clone(),
+        Some(Value::String(s)) if is_run_name(s) => s.clone(),
         Some(v) => {
             return Err(f.err(
                 "name",
                 format!(
-                    "expected a non-empty string without path separators, got {}",
+                    "expected a non-empty string without path separators or control characters, not `.` or `..`, got {}",
                     show(v)
                 ),
             ))
@@ -294,6 +308,15 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     }
     if error_rows == 0 {
         return Err(f.err("error_rows", "must be at least 1"));
+    }
+    for (key, s) in [
+        ("warmup_s", warmup_s),
+        ("min_time_s", min_time_s),
+        ("max_time_s", max_time_s),
+    ] {
+        if s > MAX_TIMING_S {
+            return Err(f.err(key, format!("{s} is more than {MAX_TIMING_S} s (a day)")));
+        }
     }
     if let Some(why) = threads_refused(threads) {
         return Err(f.err("threads", why));

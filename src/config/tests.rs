@@ -29,6 +29,39 @@ fn with_axes(extra: &str) -> String {
 }
 
 #[test]
+fn run_names_and_timing_keys_that_escape_or_never_end_are_refused() {
+    for name in ["..", ".", "a/b", "a\\\\b", "a\\nb", " "] {
+        let e = config_err(&MIN.replace("\"t\"", &format!("\"{name}\"")), &[]);
+        assert!(e.contains("run.name"), "{name}: {e}");
+    }
+    for key in ["warmup_s", "min_time_s", "max_time_s"] {
+        let e = config_err(MIN, &[&format!("run.{key}=1e300"), "run.max_time_s=1e300"]);
+        assert!(e.contains(key) && e.contains("a day"), "{key}: {e}");
+    }
+    assert!(load(MIN, &["run.warmup_s=86400"]).is_ok());
+}
+
+#[test]
+fn model_shapes_too_large_to_simulate_are_refused() {
+    for (model, key) in [
+        ("check = [[1, 1, 1, 1000000000000000000, 1]]", "model.check"),
+        ("check = [[1, 1, 1, 1048576, 1048576]]", "model.check"),
+        (
+            "check = [[1000000000000000000, 1000000000000000000, 1, 8, 1]]",
+            "model.check",
+        ),
+        ("devices = [1000000000000000000]", "model.devices"),
+        ("tokens = [1000000000000000000]", "model.tokens"),
+        ("probe_tokens = 1099511627776", "model.probe_tokens"),
+    ] {
+        let e = config_err(&format!("{MIN}[model]\n{model}\n"), &[]);
+        assert!(e.contains(key), "{model}: {e}");
+    }
+    // The default shapes (the largest 1 x 16 x 128 x 10000 elements) stay inside.
+    assert!(load(&format!("{MIN}[model]\n"), &[]).is_ok());
+}
+
+#[test]
 fn defaults_are_filled() {
     let c = cfg(MIN);
     let r = &c.run;

@@ -155,8 +155,31 @@ impl FromStr for BatchSpec {
             .split('+')
             .map(|p| group(p.trim()))
             .collect::<Result<Vec<_>, _>>()?;
+        check_totals(&groups)?;
         Ok(BatchSpec { groups })
     }
+}
+
+/// Most sequences in one spec: the kernels keep per-sequence offsets (`offsets`), so a
+/// count such as 1e18 would wrap the totals or fail to allocate instead of being refused.
+pub const MAX_SEQUENCES: usize = 1 << 24;
+
+/// The totals (`len`, `total_q`, `total_kv`) must fit a usize, and the sequences
+/// `MAX_SEQUENCES`: checked once here, so the unchecked sums above never wrap.
+fn check_totals(groups: &[Group]) -> Result<(), String> {
+    let sum = |f: fn(&Group) -> Option<usize>| {
+        groups
+            .iter()
+            .try_fold(0usize, |a, g| f(g).and_then(|x| a.checked_add(x)))
+    };
+    let seqs = sum(|g| Some(g.count));
+    if seqs.is_none_or(|n| n > MAX_SEQUENCES) {
+        return Err(format!("more than {MAX_SEQUENCES} sequences in one batch"));
+    }
+    if sum(|g| g.count.checked_mul(g.q)).is_none() || sum(|g| g.count.checked_mul(g.kv)).is_none() {
+        return Err("the total query or key tokens overflow a 64-bit count".into());
+    }
+    Ok(())
 }
 
 impl fmt::Display for BatchSpec {
@@ -225,6 +248,9 @@ mod tests {
             ("q2m", "`q2m`: query length `2m`"),
             ("q-1", "`q-1`: query length `-1`"),
             ("q99999999999999999k", "too large"),
+            ("16777217xq1", "more than 16777216 sequences"),
+            ("9223372036854775807xq1+9223372036854775807xq1", "more than"),
+            ("3xq9223372036854775807", "overflow"),
         ] {
             let e = spec.parse::<BatchSpec>().unwrap_err();
             assert!(e.contains(want), "{spec}: {e}");

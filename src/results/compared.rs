@@ -92,6 +92,11 @@ pub fn load(path: &Path, role: &str) -> Result<Run> {
             path.display()
         )));
     }
+    let file = std::fs::File::open(&csv_path).map_err(|e| Error::Input {
+        path: csv_path.clone(),
+        msg: e.to_string(),
+    })?;
+    super::load::check_columns(&csv_path, file)?;
     let records = super::runs::read(&csv_path)?;
     if records.is_empty() {
         // Nothing to compare against would pass every gate.

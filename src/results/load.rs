@@ -122,25 +122,7 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
     if text.trim().is_empty() {
         return Err(input("the file is empty (no header, no rows)".into()));
     }
-    let mut r = ::csv::Reader::from_reader(text.as_bytes());
-    let found: Vec<String> = r
-        .headers()
-        .map_err(|e| input(format!("reading the header: {e}")))?
-        .iter()
-        .map(str::to_string)
-        .collect();
-    let missing: Vec<String> = header()
-        .into_iter()
-        .filter(|c| !OPTIONAL_COLUMNS.contains(&c.as_str()) && !found.contains(c))
-        .collect();
-    if !missing.is_empty() {
-        return Err(input(format!(
-            "missing column{} {} (a report needs the columns attnbench writes; see docs/reference/results-format.md)",
-            if missing.len() == 1 { "" } else { "s" },
-            missing.join(", ")
-        )));
-    }
-    drop(r);
+    check_columns(path, text.as_bytes())?;
     let records = super::runs::parse(path, text.as_bytes())?;
     if records.is_empty() {
         return Err(input(
@@ -148,6 +130,38 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>> {
         ));
     }
     Ok(records)
+}
+
+/// Refuses a `runs.csv` header without a column that reports and comparisons read (all
+/// but `OPTIONAL_COLUMNS`): a missing `time_median_s` would read as no time at all.
+pub fn check_columns(path: &Path, input: impl std::io::Read) -> Result<()> {
+    let err = |msg: String| Error::Input {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut r = ::csv::Reader::from_reader(input);
+    let found: Vec<String> = r
+        .headers()
+        .map_err(|e| err(format!("reading the header: {e}")))?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    // An empty file is the row reader's to name ("empty file"), not a list of every column.
+    if found.iter().all(String::is_empty) {
+        return Ok(());
+    }
+    let missing: Vec<String> = header()
+        .into_iter()
+        .filter(|c| !OPTIONAL_COLUMNS.contains(&c.as_str()) && !found.contains(c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(err(format!(
+            "missing column{} {} (a report or comparison needs the columns attnbench writes; see docs/reference/results-format.md)",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,6 +208,25 @@ mod tests {
             empty.contains("row 3") && empty.contains("empty case_id"),
             "{empty}"
         );
+        // A field no run writes: named with its row and column.
+        let field = |col: &str, value: &str| {
+            let i = head.split(',').position(|c| c == col).unwrap();
+            let mut f: Vec<&str> = row.split(',').collect();
+            f[i] = value;
+            msg(&format!("{head}\n{}\n", f.join(",")))
+        };
+        for (col, value) in [
+            ("max_abs_err", "-1e-7"),
+            ("max_rel_err", "NaN"),
+            ("dtype", "f64"),
+            ("device", "tpu"),
+            ("mode", "nope"),
+            ("seq_q", "0"),
+            ("head_dim", "0"),
+        ] {
+            let m = field(col, value);
+            assert!(m.contains("row 2") && m.contains(col), "{col}={value}: {m}");
+        }
         let short = msg("run,case_id,variant\nx,y,naive\n");
         assert!(short.contains("missing columns") && short.contains("time_median_s"));
         assert!(

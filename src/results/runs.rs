@@ -142,6 +142,7 @@ pub fn parse(path: &Path, input: impl std::io::Read) -> Result<Vec<Record>> {
                 )));
             }
         }
+        check_fields(&rec).map_err(|m| bad(format!("row {row}, {m}")))?;
         if let Some(first) = seen.insert(rec.case_id.clone(), row) {
             return Err(bad(format!(
                 "row {row}: case_id `{}` appears again: it already appears in row {first} \
@@ -152,6 +153,53 @@ pub fn parse(path: &Path, input: impl std::io::Read) -> Result<Vec<Record>> {
         records.push(rec);
     }
     Ok(records)
+}
+
+/// The fields a report and a comparison read as numbers or names, beyond the times: an
+/// error is NaN-free and 0 or more (a negative error would pass any gate), the dtype,
+/// device and mode are ones this build knows, and no size is 0 (rates divide by them).
+fn check_fields(rec: &Record) -> std::result::Result<(), String> {
+    use crate::problem::{DType, Device, Mode};
+    let errors = [
+        ("max_abs_err", rec.max_abs_err),
+        ("max_rel_err", rec.max_rel_err),
+        ("grad_max_abs_err", rec.grad_max_abs_err),
+        ("grad_max_rel_err", rec.grad_max_rel_err),
+        ("max_abs_diff", rec.max_abs_diff),
+    ];
+    for (col, e) in errors {
+        // +inf is kept: it is how an overflowing output's error is written.
+        if let Some(e) = e.filter(|e| e.is_nan() || *e < 0.0) {
+            return Err(format!(
+                "column {col}: {e} is not an error (a number, 0 or more)"
+            ));
+        }
+    }
+    let names = [
+        ("dtype", &rec.dtype, rec.dtype.parse::<DType>().is_ok()),
+        ("device", &rec.device, rec.device.parse::<Device>().is_ok()),
+        ("mode", &rec.mode, rec.mode.parse::<Mode>().is_ok()),
+    ];
+    for (col, v, known) in names {
+        if !known {
+            return Err(format!("column {col}: unknown `{v}`"));
+        }
+    }
+    let sizes = [
+        ("batch", rec.batch),
+        ("heads", rec.heads),
+        ("kv_heads", rec.kv_heads),
+        ("seq_q", rec.seq_q),
+        ("seq_kv", rec.seq_kv),
+        ("head_dim", rec.head_dim),
+        ("devices", rec.devices),
+    ];
+    for (col, n) in sizes {
+        if n == 0 {
+            return Err(format!("column {col}: a size of 0"));
+        }
+    }
+    Ok(())
 }
 
 /// The case ids already in a CSV file (for `--resume`); empty when the file does not exist.

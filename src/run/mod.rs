@@ -179,25 +179,8 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if let Some(why) = crate::variant::impossible::impossible(case) {
         return Some(why.message(case.variant, case.variant_name()));
     }
-    // Byte and FLOP counts (4 b h n_q n_kv bytes of scores, 4 b h n_q n_kv d FLOPs) must
-    // not wrap: a shape past them is refused before any count is taken.
-    // A layer's weights and their FLOPs grow with hidden^2 (12 h^2 parameters).
-    let hidden = s.heads.saturating_mul(s.head_dim);
-    let fits = |factors: &[usize]| {
-        factors
-            .iter()
-            .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
-            .is_some_and(|p| p <= 1 << 62)
-    };
-    let layer = case.mode.is_layer();
-    if !fits(&[s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim, 16])
-        || (layer && !fits(&[hidden, hidden, 12 * 16, s.batch, s.seq_q]))
-    {
-        return Some(format!(
-            "shape too large to count: batch x heads x seq_q x seq_kv x head_dim = {} x {} x {} x {} x {}{} overflows 64-bit byte and FLOP counts",
-            s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim,
-            if layer { " (and a layer's hidden^2 x tokens)" } else { "" }
-        ));
+    if let Some(why) = too_large_to_count(case) {
+        return Some(why);
     }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
@@ -595,4 +578,30 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
             }
         })
         .fold(0.0, f64::max)
+}
+
+/// Byte and FLOP counts (4 b h n_q n_kv bytes of scores, 4 b h n_q n_kv d FLOPs) must
+/// not wrap: a shape past them is refused before any count is taken (`Case::io_bytes` and
+/// `Case::flops` are only meaningful when this is `None`).
+pub fn too_large_to_count(case: &Case) -> Option<String> {
+    let s = &case.shape;
+    // A layer's weights and their FLOPs grow with hidden^2 (12 h^2 parameters).
+    let hidden = s.heads.saturating_mul(s.head_dim);
+    let fits = |factors: &[usize]| {
+        factors
+            .iter()
+            .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
+            .is_some_and(|p| p <= 1 << 62)
+    };
+    let layer = case.mode.is_layer();
+    if !fits(&[s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim, 16])
+        || (layer && !fits(&[hidden, hidden, 12 * 16, s.batch, s.seq_q]))
+    {
+        return Some(format!(
+        "shape too large to count: batch x heads x seq_q x seq_kv x head_dim = {} x {} x {} x {} x {}{} overflows 64-bit byte and FLOP counts",
+        s.batch, s.heads, s.seq_q, s.seq_kv, s.head_dim,
+        if layer { " (and a layer's hidden^2 x tokens)" } else { "" }
+    ));
+    }
+    None
 }

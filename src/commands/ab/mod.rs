@@ -143,6 +143,11 @@ impl Outcome {
     }
 }
 
+/// Most rounds `ab` takes: far past where the interval stops narrowing.
+const MAX_ROUNDS: usize = 10_000;
+/// Longest block: an hour of timing per block is already no gate.
+const MAX_BLOCK_S: f64 = 3600.0;
+
 /// The command: runs, prints the Markdown summary, writes the files; returns the exit code.
 pub fn command(args: &AbArgs) -> Result<i32> {
     if args.rounds < 2 {
@@ -151,9 +156,25 @@ pub fn command(args: &AbArgs) -> Result<i32> {
             args.rounds
         )));
     }
-    if !(args.block_s > 0.0 && args.block_s.is_finite()) {
+    // Bounds a typo (1e12 rounds, 1e300 s blocks, 1e12 resamples) that would run for ever.
+    if args.rounds > MAX_ROUNDS {
         return Err(Error::Usage(format!(
-            "--block-s: {} is not a positive number of seconds",
+            "--rounds: {} is more than {MAX_ROUNDS}",
+            args.rounds
+        )));
+    }
+    let bootstrap = crate::compare::MIN_BOOTSTRAP..=crate::compare::MAX_BOOTSTRAP;
+    if !bootstrap.contains(&args.bootstrap) {
+        return Err(Error::Usage(format!(
+            "--bootstrap: {} is not from {} to {} resamples",
+            args.bootstrap,
+            bootstrap.start(),
+            bootstrap.end()
+        )));
+    }
+    if !(args.block_s > 0.0 && args.block_s <= MAX_BLOCK_S) {
+        return Err(Error::Usage(format!(
+            "--block-s: {} is not a number of seconds above 0, at most {MAX_BLOCK_S}",
             args.block_s
         )));
     }
