@@ -465,16 +465,10 @@ struct ClosingCheck<'a> {
 
 /// How many rows have each status (0 for the statuses none has).
 fn statuses(records: &[Record]) -> BTreeMap<&'static str, usize> {
-    [
-        Status::Ok,
-        Status::Oom,
-        Status::Skipped,
-        Status::Timeout,
-        Status::Error,
-    ]
-    .into_iter()
-    .map(|s| (s.name(), records.iter().filter(|r| r.status == s).count()))
-    .collect()
+    Status::ALL
+        .into_iter()
+        .map(|s| (s.name(), records.iter().filter(|r| r.status == s).count()))
+        .collect()
 }
 
 /// What a finished sweep writes beside its CSV: for a config with `[model]`, the
@@ -603,12 +597,7 @@ fn report_at_end(dir: &Path, print: bool) -> Result<generate::Generated> {
 fn left_out_lines(left_out: &[LeftOut]) -> String {
     left_out
         .iter()
-        .map(|l| {
-            let id = crate::problem::VariantId::ALL
-                .into_iter()
-                .find(|v| v.name() == l.variant);
-            format!("  {}", l.line(id))
-        })
+        .map(|l| format!("  {}", l.line()))
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -90,11 +90,7 @@ pub(super) fn expand(
                         let i = match out.left_out.iter().position(|l| l.variant == name) {
                             Some(i) => i,
                             None => {
-                                out.left_out.push(LeftOut {
-                                    variant: name.to_string(),
-                                    count: 0,
-                                    reasons: Vec::new(),
-                                });
+                                out.left_out.push(LeftOut::of(&case));
                                 out.left_out.len() - 1
                             }
                         };

@@ -91,18 +91,12 @@ pub fn render(i: &Inputs) -> String {
 
 fn provenance(md: &mut String, r: &Results) {
     let n = r.records.len();
-    let mut counts: Vec<String> = [
-        Status::Ok,
-        Status::Oom,
-        Status::Skipped,
-        Status::Timeout,
-        Status::Error,
-    ]
-    .iter()
-    .map(|s| (s, r.records.iter().filter(|x| x.status == *s).count()))
-    .filter(|(_, c)| *c > 0)
-    .map(|(s, c)| format!("{c} {s}"))
-    .collect();
+    let mut counts: Vec<String> = Status::ALL
+        .iter()
+        .map(|s| (s, r.records.iter().filter(|x| x.status == *s).count()))
+        .filter(|(_, c)| *c > 0)
+        .map(|(s, c)| format!("{c} {s}"))
+        .collect();
     let extrapolated = r.records.iter().filter(|x| x.extrapolated).count();
     if extrapolated > 0 {
         counts.push(format!("{extrapolated} with extrapolated time {DAGGER}"));

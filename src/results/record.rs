@@ -23,6 +23,15 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in the order reports list them.
+    pub const ALL: [Status; 5] = [
+        Status::Ok,
+        Status::Oom,
+        Status::Skipped,
+        Status::Timeout,
+        Status::Error,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Status::Ok => "ok",

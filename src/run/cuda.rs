@@ -9,9 +9,10 @@
 use crate::backend::cuda::plan;
 use crate::error::Result;
 use crate::measure::timer::{StopRule, Timing};
-use crate::problem::{Case, Inputs, VariantId};
+use crate::problem::{Case, Inputs};
 use crate::results::record::Record;
 use crate::run::{Backend, Settings, Step};
+use crate::variant::impossible::Impossible;
 use crate::variant::Registry;
 
 /// NVIDIA GPUs, through `backend::cuda`.
@@ -21,17 +22,9 @@ pub struct Cuda;
 /// take the case, or there is no usable GPU here (no `cuda` feature, driver, device, NVRTC
 /// or cuBLAS). The case's own reasons come first, so they read the same on every machine.
 pub fn skip_reason(case: &Case) -> Option<String> {
+    // The runner checks `variant::impossible` first; its words again for any other caller.
     let Some(algo) = case.variant.get().cuda() else {
-        let gpu: Vec<&str> = VariantId::ALL
-            .iter()
-            .filter(|v| v.get().cuda().is_some())
-            .map(|v| v.name())
-            .collect();
-        return Some(format!(
-            "variant {} has no CUDA kernels (on the GPU: {})",
-            case.variant,
-            gpu.join(", ")
-        ));
+        return Some(Impossible::NoCuda.message(case.variant, case.variant_name()));
     };
     plan::unsupported(algo, case).or_else(crate::backend::cuda::unavailable_reason)
 }

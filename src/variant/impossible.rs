@@ -105,9 +105,22 @@ pub struct LeftOut {
     pub count: usize,
     /// (kind, values in first-seen order), kinds in first-seen order.
     pub reasons: Vec<(String, Vec<String>)>,
+    /// The modes the variant has, for the line (`modes_of`).
+    #[serde(skip)]
+    pub modes: String,
 }
 
 impl LeftOut {
+    /// Nothing left out yet for the variant of `case`.
+    pub fn of(case: &Case) -> LeftOut {
+        LeftOut {
+            variant: case.variant_name().to_string(),
+            count: 0,
+            reasons: Vec::new(),
+            modes: modes_of(case.variant),
+        }
+    }
+
     /// Counts one left-out combination of this variant.
     pub fn add(&mut self, why: Impossible) {
         self.count += 1;
@@ -132,16 +145,12 @@ impl LeftOut {
 
     /// One line: "naive: 192 (no mode decode, layer-fwd (it has: fwd, fwd+bwd); one device
     /// only (devices = 2))".
-    pub fn line(&self, variant: Option<VariantId>) -> String {
+    pub fn line(&self) -> String {
         let parts: Vec<String> = self
             .reasons
             .iter()
             .map(|(kind, values)| match kind.as_str() {
-                "mode" => format!(
-                    "no mode {}{}",
-                    values.join(", "),
-                    variant.map_or(String::new(), |v| format!(" (it has: {})", modes_of(v)))
-                ),
+                "mode" => format!("no mode {} (it has: {})", values.join(", "), self.modes),
                 "devices" => format!("one device only (devices = {})", values.join(", ")),
                 "cuda" => "no CUDA kernels (device = cuda)".into(),
                 "batch_spec" => "sequences of one length only (batch_spec)".into(),
@@ -250,11 +259,7 @@ mod tests {
 
     #[test]
     fn a_left_out_line_groups_reasons_and_values() {
-        let mut l = LeftOut {
-            variant: "naive".into(),
-            count: 0,
-            reasons: Vec::new(),
-        };
+        let mut l = LeftOut::of(&base(VariantId::Naive));
         for why in [
             Impossible::Mode(Mode::Decode),
             Impossible::OneDevice(2),
@@ -265,7 +270,7 @@ mod tests {
         }
         assert_eq!(l.count, 4);
         assert_eq!(
-            l.line(Some(VariantId::Naive)),
+            l.line(),
             "naive: 4 (no mode decode, layer-fwd (it has: fwd, fwd+bwd); one device only (devices = 2))"
         );
     }
