@@ -68,6 +68,7 @@ fn case(
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     }
 }
 

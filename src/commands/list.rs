@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::backend::cpu::cache;
-use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::isa::{Isa, PathChoice};
 use crate::backend::cpu::tiles::ReadPath;
 use crate::problem::VariantId;
 use crate::problem::{DType, Mode};
@@ -12,8 +12,9 @@ use crate::variant::Registry;
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    /// Print only the CPU kernel path this machine runs (avx512-bf16, avx512, avx2 or
-    /// portable), e.g. to pick the CI baseline measured on the same path.
+    /// Print only the CPU kernel path this machine runs by default (avx512-bf16, avx512,
+    /// avx2 or portable; measured, see `cpu kernel path choice`), e.g. to pick the CI
+    /// baseline measured on the same path.
     #[arg(long)]
     pub kernel_path: bool,
     /// Print only this machine's key: CPU vendor, family, model and kernel path (e.g.
@@ -93,7 +94,7 @@ pub fn list() -> String {
         .iter()
         .map(|i| {
             let state = if *i == Isa::detect() {
-                "used"
+                "default"
             } else if i.available() {
                 "available"
             } else {
@@ -102,7 +103,14 @@ pub fn list() -> String {
             format!("{} ({state})", i.name())
         })
         .collect();
-    s += &format!("  cpu kernel paths: {}\n", paths.join(", "));
+    s += &format!(
+        "  cpu kernel paths: {} (a case forces one with kernel_path / --kernel-path)\n",
+        paths.join(", ")
+    );
+    s += &format!(
+        "  cpu kernel path choice: {}\n",
+        PathChoice::of_this_cpu().summary()
+    );
     let known = if cache::sizes_known() {
         ""
     } else {

@@ -4,6 +4,7 @@
 //! sweep's `skipped` row) is an error, exit 2; `oom` by the budget and `error` (e.g. an
 //! overflowing softmax) are results, printed with their reason.
 
+use crate::backend::cpu::isa::Isa;
 use crate::config::{self, ByteSize};
 use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
@@ -82,6 +83,10 @@ pub struct RunArgs {
     /// Worker threads [default: all logical CPUs].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// CPU kernel path (avx512-bf16, avx512, avx2, portable; one this CPU runs) [default:
+    /// this CPU's measured choice, `attnbench list`].
+    #[arg(long, value_name = "PATH", value_parser = parse_kernel_path)]
+    pub kernel_path: Option<Isa>,
     /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
     #[arg(long, default_value = "normal")]
     pub input_dist: InputDist,
@@ -261,6 +266,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: args.kernel_path.filter(|_| args.device == Device::Cpu),
     };
     let settings = Settings {
         run_name: "run".into(),
@@ -325,6 +331,11 @@ pub fn command(args: &RunArgs) -> Result<()> {
         eprintln!("output written to {}", path.display());
     }
     Ok(())
+}
+
+/// `--kernel-path`: a path this CPU runs (clap reports the error, exit 2).
+pub(crate) fn parse_kernel_path(s: &str) -> std::result::Result<Isa, String> {
+    Isa::parse_available(s)
 }
 
 /// A warning on stderr when `threads` exceeds this machine's logical CPUs: the workers

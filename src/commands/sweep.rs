@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::cpu::decode_path::{self, DecodePath};
+use crate::backend::cpu::isa::Isa;
 use crate::config::Config;
 use crate::dist;
 use crate::error::{Error, Result};
@@ -48,6 +49,12 @@ pub struct SweepArgs {
     /// a `run.`, `report.` or `model.` key (`run.max_time_s=0.5`). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUES")]
     pub sets: Vec<String>,
+    /// Run every CPU case on this kernel path (avx512-bf16, avx512, avx2, portable; one
+    /// this CPU runs), as `--set run.kernel_path=PATH` [default: the config's, else this
+    /// CPU's measured choice, `attnbench list`]. To compare paths in one sweep, give the
+    /// `kernel_path` axis a list.
+    #[arg(long, value_name = "PATH", value_parser = super::run::parse_kernel_path)]
+    pub kernel_path: Option<Isa>,
     /// Print the number of cases and the grid, run nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -96,7 +103,11 @@ pub fn command(a: &SweepArgs) -> Result<()> {
 }
 
 pub fn sweep(args: &SweepArgs) -> Result<()> {
-    let config = Config::load(&args.config, &args.sets)?;
+    let mut sets = args.sets.clone();
+    if let Some(p) = args.kernel_path {
+        sets.push(format!("run.kernel_path={p}"));
+    }
+    let config = Config::load(&args.config, &sets)?;
     let expansion = config.expansion();
     if expansion.cases.is_empty() && !expansion.left_out.is_empty() {
         return Err(Error::Usage(format!(
@@ -217,6 +228,20 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         let mut meta = Meta::read(&meta_path)?;
         if let Some(p) = &meta.cpu_decode_path {
             p.install();
+        }
+        // The default path is measured per process: a resume that measures another one
+        // would mix paths in one run unless the config forces it.
+        let now_path = Isa::detect().name();
+        if meta
+            .cpu_kernel_path
+            .as_deref()
+            .is_some_and(|p| p != now_path)
+            && !todo.is_empty()
+        {
+            eprintln!(
+                "warning: --resume on kernel path {now_path}, but the run's first rows ran on {} (meta.json): set run.kernel_path to keep one path",
+                meta.cpu_kernel_path.as_deref().unwrap_or("?")
+            );
         }
         if !todo.is_empty() {
             let now = resolved()?;
@@ -565,6 +590,9 @@ fn resume_command(args: &SweepArgs, dir: &Path) -> String {
     ];
     for set in &args.sets {
         words.push(format!("--set {}", quote(set)));
+    }
+    if let Some(p) = args.kernel_path {
+        words.push(format!("--kernel-path {p}"));
     }
     if args.no_report {
         words.push("--no-report".into());

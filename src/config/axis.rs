@@ -5,6 +5,7 @@ use serde::{Serialize, Serializer};
 use std::fmt;
 use toml::Value;
 
+use crate::backend::cpu::isa::Isa;
 use crate::problem::{BatchSpec, DType, Device, InputDist, Mode, PageOrder, UpstreamGrad};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
@@ -22,6 +23,7 @@ pub enum Axis {
     DOut,
     Causal,
     Threads,
+    KernelPath,
     Devices,
     Allreduce,
     Batch,
@@ -52,6 +54,8 @@ enum Kind {
     Allreduce,
     PageOrder,
     BatchSpec,
+    /// A CPU kernel path this CPU runs.
+    KernelPath,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -82,7 +86,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 25] = [
+    pub const ALL: [Axis; 26] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -92,6 +96,7 @@ impl Axis {
         Axis::DOut,
         Axis::Causal,
         Axis::Threads,
+        Axis::KernelPath,
         Axis::Devices,
         Axis::Allreduce,
         Axis::Batch,
@@ -122,6 +127,7 @@ impl Axis {
             Axis::DOut => "d_out",
             Axis::Causal => "causal",
             Axis::Threads => "threads",
+            Axis::KernelPath => "kernel_path",
             Axis::Devices => "devices",
             Axis::Allreduce => "allreduce",
             Axis::Batch => "batch",
@@ -161,6 +167,7 @@ impl Axis {
             Axis::Allreduce => Kind::Allreduce,
             Axis::PageOrder => Kind::PageOrder,
             Axis::BatchSpec => Kind::BatchSpec,
+            Axis::KernelPath => Kind::KernelPath,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Devices
@@ -192,6 +199,7 @@ impl Axis {
                 | Kind::Allreduce
                 | Kind::PageOrder
                 | Kind::BatchSpec
+                | Kind::KernelPath
         )
     }
 
@@ -226,6 +234,9 @@ impl Axis {
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
             Axis::Window => Derived("none"),
+            Axis::KernelPath => {
+                Derived("this CPU's measured choice (attnbench list), or run.kernel_path")
+            }
         }
     }
 
@@ -256,6 +267,15 @@ impl Axis {
                 "a batch spec such as 2xq2k+32xq1kv1k ([COUNTx]qLEN[kvLEN], + between groups)"
                     .into()
             }
+            Kind::KernelPath => format!(
+                "a CPU kernel path this CPU runs ({})",
+                names(
+                    Isa::available_paths()
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect()
+                )
+            ),
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -293,6 +313,7 @@ pub enum AxisValue {
     PageOrder(PageOrder),
     /// A ragged batch; lives as long as the process, like the config it came from.
     BatchSpec(&'static BatchSpec),
+    KernelPath(Isa),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -311,6 +332,7 @@ impl fmt::Display for AxisValue {
             AxisValue::Allreduce(v) => v.fmt(f),
             AxisValue::PageOrder(v) => v.fmt(f),
             AxisValue::BatchSpec(v) => v.fmt(f),
+            AxisValue::KernelPath(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -413,6 +435,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::Allreduce => AxisValue::Allreduce(name()?.parse()?),
         Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
         Kind::BatchSpec => AxisValue::BatchSpec(Box::leak(Box::new(name()?.parse()?))),
+        Kind::KernelPath => AxisValue::KernelPath(Isa::parse_available(name()?)?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

@@ -143,7 +143,7 @@ fn build(
         (None, None, None, None, None);
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     let (mut external, mut page_size, mut page_order) = (None, None, None);
-    let (mut prefill_chunk, mut batch_spec) = (None, None);
+    let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -159,6 +159,7 @@ fn build(
             (Axis::DOut, AxisValue::DOut(x)) => d_out = x,
             (Axis::Causal, AxisValue::Bool(x)) => causal = x,
             (Axis::Threads, AxisValue::Size(x)) => threads = x,
+            (Axis::KernelPath, AxisValue::KernelPath(x)) => kernel_path = Some(x),
             (Axis::Batch, AxisValue::Size(x)) => batch = x,
             (Axis::Heads, AxisValue::Size(x)) => heads = x,
             (Axis::KvHeads, AxisValue::Size(x)) => kv_heads = Some(x),
@@ -249,6 +250,10 @@ fn build(
             .default_prefill_chunk()
             .map(|d| prefill_chunk.unwrap_or(d.min(seq_q))),
         batch_spec,
+        // Only attnbench's own CPU kernels have paths; elsewhere the key would only split
+        // one measurement into identical rows.
+        kernel_path: kernel_path
+            .filter(|_| device == Device::Cpu && variant != VariantId::External),
     })
 }
 

@@ -84,9 +84,10 @@ fn check_threads(
 pub(super) fn resolve_axes(
     axes: Option<RawAxes>,
     zips: Vec<RawAxes>,
-    threads: usize,
+    run: &super::RunConfig,
     src: &Source,
 ) -> Result<(Axes, Vec<ZipGroup>)> {
+    let threads = run.threads;
     let mut owner: BTreeMap<Axis, Section> = BTreeMap::new();
     let mut resolved = Axes::default();
     for (axis, value) in axes.unwrap_or_default().into_entries() {
@@ -192,7 +193,12 @@ pub(super) fn resolve_axes(
             AxisDefault::Fixed(v) => {
                 resolved.values.insert(axis, vec![v]);
             }
-            AxisDefault::Derived(_) => {}
+            // run.kernel_path stands for the axis the config leaves out.
+            AxisDefault::Derived(_) => {
+                if let (Axis::KernelPath, Some(isa)) = (axis, run.kernel_path) {
+                    resolved.values.insert(axis, vec![AxisValue::KernelPath(isa)]);
+                }
+            }
         }
     }
     Ok((resolved, groups))

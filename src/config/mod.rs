@@ -85,7 +85,7 @@ impl Config {
             .try_into()
             .map_err(|e| src.config_err(format!("after --set: {e}")))?;
         let run = run::resolve_run(raw.run, &src)?;
-        let (axes, zip) = grid::resolve_axes(raw.axes, raw.zip, run.threads, &src)?;
+        let (axes, zip) = grid::resolve_axes(raw.axes, raw.zip, &run, &src)?;
         let report = report::resolve_report(raw.report, &src)?;
         let model = model::resolve_model(raw.model, &src)?;
         let externals = externals::resolve_externals(raw.plugins, raw.python, &src)?;

@@ -9,6 +9,7 @@ use super::schema::RawRun;
 use super::size::ByteSize;
 use super::source::{Section, Source};
 use crate::backend::cpu::decode::GEMM_MIN_ROWS;
+use crate::backend::cpu::isa::Isa;
 use crate::error::Result;
 use crate::problem::VariantId;
 
@@ -72,6 +73,11 @@ pub struct RunConfig {
     /// from run to run, which the CI gate's exact memory comparison needs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decode_gemm_rows: Option<usize>,
+    /// CPU cases: the kernel path every case forces unless the `kernel_path` axis names
+    /// its own (the axis's default, as `threads` is of its axis); `None`: this CPU's
+    /// measured choice (`backend::cpu::isa`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<Isa>,
 }
 
 pub const DEFAULT_SEED: u64 = 0;
@@ -137,6 +143,7 @@ impl RunConfig {
             innermost: Vec::new(),
             interleave: false,
             decode_gemm_rows: None,
+            kernel_path: None,
         }
     }
 }
@@ -279,6 +286,22 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
             ))
         }
     };
+    let kernel_path = match &raw.kernel_path {
+        None => None,
+        Some(Value::String(s)) => {
+            Some(Isa::parse_available(s).map_err(|m| f.err("kernel_path", m))?)
+        }
+        Some(v) => {
+            return Err(f.err(
+                "kernel_path",
+                format!(
+                    "expected a kernel path name ({}), got {}",
+                    Isa::names().join(", "),
+                    show(v)
+                ),
+            ))
+        }
+    };
     let memory_budget = raw
         .memory_budget
         .as_ref()
@@ -344,6 +367,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         innermost,
         interleave,
         decode_gemm_rows,
+        kernel_path,
     })
 }
 

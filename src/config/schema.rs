@@ -70,6 +70,7 @@ pub(super) struct RawRun {
     pub innermost: Option<Value>,
     pub interleave: Option<Value>,
     pub decode_gemm_rows: Option<Value>,
+    pub kernel_path: Option<Value>,
 }
 
 /// `[report]`: what reports join with the measured rows.
@@ -84,7 +85,7 @@ pub(super) struct RawReport {
 pub(super) const REPORT_KEYS: [&str; 2] = ["paper_table", "reference"];
 
 /// The keys of `[run]`, for `--set run.KEY=...` (kept equal to `RawRun`'s fields by a test).
-pub(super) const RUN_KEYS: [&str; 22] = [
+pub(super) const RUN_KEYS: [&str; 23] = [
     "name",
     "seed",
     "warmup",
@@ -107,6 +108,7 @@ pub(super) const RUN_KEYS: [&str; 22] = [
     "innermost",
     "interleave",
     "decode_gemm_rows",
+    "kernel_path",
 ];
 
 /// `[axes]` and each `[[zip]]` group: every key is optional here; required axes and
@@ -132,6 +134,7 @@ pub(super) struct RawAxes {
     pub input_scale: Option<Value>,
     pub d_out: Option<Value>,
     pub threads: Option<Value>,
+    pub kernel_path: Option<Value>,
     pub devices: Option<Value>,
     pub allreduce: Option<Value>,
     pub splits: Option<Value>,
@@ -163,6 +166,7 @@ impl RawAxes {
             (Axis::InputScale, self.input_scale),
             (Axis::DOut, self.d_out),
             (Axis::Threads, self.threads),
+            (Axis::KernelPath, self.kernel_path),
             (Axis::Devices, self.devices),
             (Axis::Allreduce, self.allreduce),
             (Axis::Splits, self.splits),

@@ -976,3 +976,60 @@ fn threads_beyond_eight_per_cpu_are_refused_naming_the_key() {
         );
     }
 }
+
+#[test]
+fn kernel_path_is_an_axis_with_a_run_default_and_only_paths_this_cpu_runs() {
+    use crate::backend::cpu::isa::Isa;
+    // Unset: no case forces a path, and ids are as before.
+    let plain = cfg(MIN).expand();
+    assert!(plain.iter().all(|c| c.kernel_path.is_none()));
+    assert!(plain.iter().all(|c| !c.id().contains("|kp")));
+    // The axis: one case per path, the path in the id.
+    let both = cfg(&with_axes("kernel_path = [\"portable\", \"avx2\"]"));
+    let paths: Vec<Option<Isa>> = both.expand().iter().map(|c| c.kernel_path).collect();
+    if Isa::Avx2.available() {
+        assert_eq!(paths, [Some(Isa::Portable), Some(Isa::Avx2)]);
+        assert!(both.expand()[1].id().ends_with("|kpavx2"));
+    }
+    // run.kernel_path is the axis's default; the axis wins where both are given.
+    let by_run = load(MIN, &["run.kernel_path=portable"]).unwrap();
+    assert_eq!(by_run.run.kernel_path, Some(Isa::Portable));
+    assert!(by_run
+        .expand()
+        .iter()
+        .all(|c| c.kernel_path == Some(Isa::Portable)));
+    let axis_wins = load(
+        &with_axes("kernel_path = \"portable\""),
+        &["run.kernel_path=portable"],
+    )
+    .unwrap();
+    assert_eq!(axis_wins.expand().len(), 1);
+    // Unknown names and paths this CPU lacks are refused, naming the key and the list.
+    let e = config_err(&with_axes("kernel_path = \"sse2\""), &[]);
+    assert!(
+        e.contains("kernel_path") && e.contains("avx512-bf16, avx512"),
+        "{e}"
+    );
+    let e = config_err(MIN, &["run.kernel_path=sse2"]);
+    assert!(e.starts_with("run.kernel_path"), "{e}");
+    for isa in Isa::ALL.into_iter().filter(|i| !i.available()) {
+        let e = config_err(&with_axes(&format!("kernel_path = \"{isa}\"")), &[]);
+        assert!(e.contains("not available on this CPU"), "{e}");
+    }
+    // The GPU and multi-device variants take no path: a GPU case keeps its plain id, and a
+    // ring case forced onto a path is left out, saying why.
+    let gpu = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"flash\"\ndevice = \"cuda\"\nseq_len = 64\nkernel_path = \"portable\"\n",
+    );
+    assert!(gpu.expand().iter().all(|c| c.kernel_path.is_none()));
+    let ring = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"ring-prefill\"\ndevices = 2\nseq_len = 64\nkernel_path = \"portable\"\n",
+    );
+    let x = ring.expansion();
+    assert!(x.cases.is_empty());
+    assert!(
+        x.left_out[0].line().contains("default kernel path only"),
+        "{:?}",
+        x.left_out
+    );
+}

@@ -52,6 +52,7 @@ fn case_in(
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     }
 }
 

@@ -44,14 +44,16 @@ pub struct Calibration {
     pub copy_bytes: u64,
     /// Wall time the calibration took.
     pub seconds: f64,
-    /// Kernel instruction-set path the peaks were measured with (`attnbench list`).
+    /// The kernels' default instruction-set path (`attnbench list`); the peaks are those of
+    /// the widest path, whose FMA loop it shares.
     #[serde(default)]
     pub kernel_isa: String,
     /// f32 FMA peak: independent register FMA chains on every thread, 2 FLOPs per
     /// multiply-add, in 10⁹ FLOP/s. "Percent of peak" in reports is relative to this.
     #[serde(default)]
     pub fma_peak_gflops: f64,
-    /// bf16 pair peak (`vdpbf16ps`, AVX512_BF16 only), 2 FLOPs per multiply-add.
+    /// bf16 pair peak (`vdpbf16ps`, AVX512_BF16 only, whether or not the default path
+    /// uses it), 2 FLOPs per multiply-add.
     #[serde(default)]
     pub bf16_peak_gflops: Option<f64>,
 }
@@ -134,7 +136,9 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
         2.0 * copy_bytes as f64 / copy_best / 1e9
     };
 
-    let isa = Isa::detect();
+    // The peaks of the widest path: its FMA loop is the default path's, and the bf16 pair
+    // peak is measured wherever the instruction exists, chosen or not (`isa::choose`).
+    let isa = Isa::widest();
     let peak = |bf16: bool, iters: usize| {
         let mut best = f64::INFINITY;
         let mut flops = 0.0;
@@ -167,7 +171,7 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
         copy_gbytes_per_s,
         copy_bytes,
         seconds: start.elapsed().as_secs_f64(),
-        kernel_isa: isa.name().to_string(),
+        kernel_isa: Isa::detect().name().to_string(),
         fma_peak_gflops,
         bf16_peak_gflops,
     }

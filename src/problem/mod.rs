@@ -12,9 +12,11 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub mod batch_spec;
+pub mod isa;
 pub mod layout;
 pub mod paged;
 pub use batch_spec::BatchSpec;
+pub use isa::Isa;
 pub use layout::SeqLayout;
 pub use paged::{PageOrder, PagedKv, Paging};
 
@@ -690,6 +692,10 @@ pub struct Case {
     /// rows consecutive in every head); `None` for a batch of equal lengths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_spec: Option<BatchSpec>,
+    /// The CPU kernel path the case forces (the `kernel_path` axis); `None`: this CPU's
+    /// default (`backend::cpu::isa`, measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<Isa>,
 }
 
 impl Case {
@@ -743,6 +749,9 @@ impl Case {
                 .batch_spec
                 .as_ref()
                 .map_or(String::new(), |b| format!("|bs{b}"))
+            + &self
+                .kernel_path
+                .map_or(String::new(), |p| format!("|kp{p}"))
     }
 
     /// Where each sequence sits in Q, K, V and O (packed for a ragged batch).

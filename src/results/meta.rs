@@ -8,7 +8,7 @@ use std::process::Command;
 
 use crate::backend::cpu::cache;
 use crate::backend::cpu::decode_path::DecodePath;
-use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::isa::{Isa, PathChoice};
 use crate::backend::cuda::plan::GpuInfo;
 use crate::error::{Error, Result};
 use crate::measure::calibrate::Calibration;
@@ -38,6 +38,12 @@ pub struct Meta {
     /// recorded (their `calibration[].kernel_isa` says it when they calibrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_kernel_path: Option<String>,
+    /// How `cpu_kernel_path` was chosen: the widest path the instructions allow and the
+    /// one-core FMA and bf16 pair rates behind the choice (`backend::cpu::isa::PathChoice`).
+    /// Cases that force a path (`kernel_path`, in their case id) ran on that one instead.
+    /// Absent in runs made before the choice was measured (the widest path ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_kernel_path_choice: Option<PathChoice>,
     /// The per-core L2 and the L3 sizes the CPU kernels blocked for (`backend::cpu::cache`:
     /// naive's and Rabe–Staats' rows per pass), bytes; `cpu_cache_sizes_read` false when
     /// they could not be read and were assumed. Absent in runs made before they were
@@ -127,6 +133,7 @@ impl Meta {
                 .and_then(|t| cpuinfo_field(t, "model name")),
             cpu_id: cpuinfo.as_deref().and_then(cpu_id),
             cpu_kernel_path: Some(Isa::detect().name().to_string()),
+            cpu_kernel_path_choice: Some(PathChoice::of_this_cpu().clone()),
             cpu_l2_bytes: Some(cache::l2_bytes()),
             cpu_l3_bytes: Some(cache::l3_bytes()),
             cpu_cache_sizes_read: Some(cache::sizes_known()),

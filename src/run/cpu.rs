@@ -354,7 +354,7 @@ impl<'a> LayerStep<'a> {
             out,
             dx,
             dp,
-            isa: Isa::detect(),
+            isa: kernel_path(case),
             threads: pool(case.threads)?,
             plan: crate::variant::layer_plan(case)?,
         })
@@ -406,10 +406,15 @@ impl Step for LayerStep<'_> {
     }
 }
 
-/// One forward call of the case's variant into `out`, inside its thread pool, with the
-/// fastest kernel path of this CPU.
+/// The kernel path a case runs on: the one it forces, else this CPU's measured choice.
+pub fn kernel_path(case: &Case) -> Isa {
+    case.kernel_path.unwrap_or_else(Isa::detect)
+}
+
+/// One forward call of the case's variant into `out`, inside its thread pool, on the
+/// case's kernel path ([`kernel_path`]).
 pub fn forward(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-    forward_with(case, Isa::detect(), inputs, out)
+    forward_with(case, kernel_path(case), inputs, out)
 }
 
 /// [`forward`] on a given kernel path (tests run every path the CPU has).
@@ -427,7 +432,7 @@ pub fn forward_steps(
     out: &mut [f32],
     step_s: &mut [f64],
 ) -> Result<()> {
-    let isa = Isa::detect();
+    let isa = kernel_path(case);
     check_call(case, isa, inputs)?;
     let variant = case.variant.get();
     pool(case.threads)?.install(|| variant.forward_cpu_steps(case, isa, inputs, out, step_s))
@@ -455,7 +460,7 @@ fn check_call(case: &Case, isa: Isa, inputs: &Inputs) -> Result<()> {
 
 /// `forward`, returning the simulated devices' counters of multi-device variants.
 pub fn forward_counted(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<Option<SimStats>> {
-    let isa = Isa::detect();
+    let isa = kernel_path(case);
     check_call(case, isa, inputs)?;
     let variant = case.variant.get();
     pool(case.threads)?.install(|| variant.forward_counted(case, isa, inputs, out))
@@ -463,7 +468,7 @@ pub fn forward_counted(case: &Case, inputs: &Inputs, out: &mut [f32]) -> Result<
 
 /// The output of one case, computed once without measuring (for tests and `--save-output`).
 pub fn output(case: &Case, inputs: &Inputs) -> Result<Vec<f32>> {
-    output_with(case, Isa::detect(), inputs)
+    output_with(case, kernel_path(case), inputs)
 }
 
 /// [`output`] on a given kernel path.
@@ -482,7 +487,7 @@ pub fn train_step(
     out: &mut [f32],
     grads: &mut Grads,
 ) -> Result<f64> {
-    train_step_with(case, Isa::detect(), inputs, d_out, out, grads)
+    train_step_with(case, kernel_path(case), inputs, d_out, out, grads)
 }
 
 /// [`train_step`] with the forward on a given kernel path.
@@ -518,7 +523,7 @@ pub fn packing_bytes(case: &Case) -> u64 {
 pub fn predicted_bytes(case: &Case) -> u64 {
     let variant = case.variant.get();
     match case.mode {
-        Mode::FwdBwd => variant.predict_train_workspace_bytes(case, Isa::detect()),
-        _ => variant.predict_workspace_bytes(case, Isa::detect()),
+        Mode::FwdBwd => variant.predict_train_workspace_bytes(case, kernel_path(case)),
+        _ => variant.predict_workspace_bytes(case, kernel_path(case)),
     }
 }

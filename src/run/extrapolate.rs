@@ -189,6 +189,7 @@ mod tests {
             paging: None,
             prefill_chunk: None,
             batch_spec: None,
+            kernel_path: None,
         }
     }
 

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::backend::cpu::gemm::PACK_BYTES_MAX;
-use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::workspace::try_zeroed;
 use crate::error::{Error, Result};
 use crate::layer;
@@ -549,7 +548,7 @@ fn paired_diff(
     b.kv_chunk = info.default_kv_chunk.map(|c| c.min(b.shape.seq_kv));
     record.diff_variant = base.name().to_string();
     if let Some(budget) = settings.memory_budget {
-        let need = base.get().predict_workspace_bytes(&b, Isa::detect())
+        let need = base.get().predict_workspace_bytes(&b, cpu::kernel_path(&b))
             + b.io_bytes()
             + 4 * b.shape.out_len() as u64
             + b.threads as u64 * PACK_BYTES_MAX;

@@ -160,6 +160,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     }
 }
 

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::blocks::{blocks_per_head, head_row_blocks};
 use crate::backend::cpu::decode::{attend, scratch_len, span, Keys, Mask, Positions, RowState};
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, Workspace};
 use crate::problem::{DType, Shape, Tensor};
@@ -47,6 +48,8 @@ impl<'a> KvRef<'a> {
             base: self.base0 + head * self.head_stride,
             len: self.len,
             pages: None,
+            // Simulated devices run this CPU's default path (`variant::impossible`).
+            bf16_dot: Isa::detect().bf16_dot(),
         }
     }
 }

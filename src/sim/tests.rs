@@ -53,6 +53,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

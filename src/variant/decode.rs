@@ -325,7 +325,7 @@ impl Variant for Decode {
         Some(kv_read_bytes(case))
     }
 
-    fn forward_cpu(&self, case: &Case, _isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         // The schedule once per call: the workers' layout and the items both read it.
         let sched = self.schedule(case);
         let (workers, floats) = self.layout(case, sched.as_ref());
@@ -334,12 +334,12 @@ impl Variant for Decode {
                 let scores = self.buffers(case, None);
                 let mut scores = try_zeroed(scores, "decode-naive score matrix S")?;
                 let ws = Workspace::new(workers, floats, "decode-naive workspace")?;
-                naive(case, inputs, &mut scores, &ws, out);
+                naive(case, isa, inputs, &mut scores, &ws, out);
             }
             // decode-online, the kind left with no schedule.
             (_, None) => {
                 let ws = Workspace::new(workers, floats, "decode-online state")?;
-                online(case, inputs, &ws, out);
+                online(case, isa, inputs, &ws, out);
             }
             (_, Some(sched)) => {
                 let name = self.info.name;
@@ -357,7 +357,16 @@ impl Variant for Decode {
                     (Some(pool), Some(offsets)) => Cache::Paged { pool, offsets },
                     _ => Cache::Contiguous,
                 };
-                split_kv::run(case, inputs, &sched, cache, &mut part_o, &mut part_lse, &ws);
+                split_kv::run(
+                    case,
+                    isa,
+                    inputs,
+                    &sched,
+                    cache,
+                    &mut part_o,
+                    &mut part_lse,
+                    &ws,
+                );
                 let d = case.shape.head_dim;
                 split_kv::combine_parts(&sched, d, &part_o, &part_lse, out);
             }
@@ -374,7 +383,14 @@ fn group_offsets(s: &Shape, gi: usize) -> (usize, usize) {
     (q, kv)
 }
 
-fn naive(case: &Case, inputs: &Inputs, scores: &mut [f32], ws: &Workspace, out: &mut [f32]) {
+fn naive(
+    case: &Case,
+    isa: Isa,
+    inputs: &Inputs,
+    scores: &mut [f32],
+    ws: &Workspace,
+    out: &mut [f32],
+) {
     let s = &case.shape;
     let geo = Geometry::of(case);
     let (d, rows) = (s.head_dim, geo.rows);
@@ -399,13 +415,14 @@ fn naive(case: &Case, inputs: &Inputs, scores: &mut [f32], ws: &Workspace, out: 
                 base: kv_off,
                 len: s.seq_kv,
                 pages: None,
+                bf16_dot: isa.bf16_dot(),
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             attend_materialized(q, rows, &range, keys, d, s.scale(), sc, o, scratch);
         });
 }
 
-fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
+fn online(case: &Case, isa: Isa, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
     let s = &case.shape;
     let geo = Geometry::of(case);
     let (d, rows) = (s.head_dim, geo.rows);
@@ -431,6 +448,7 @@ fn online(case: &Case, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
                 base: kv_off,
                 len: s.seq_kv,
                 pages: None,
+                bf16_dot: isa.bf16_dot(),
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             let mut state = RowState { acc: o, m, l };

@@ -1,6 +1,7 @@
 //! Combinations a variant does not have, whatever the machine: a mode it does not implement,
 //! several devices for a one-device variant, the GPU for a variant without CUDA kernels, a
-//! ragged batch for a variant of equal lengths, zero devices. A sweep's expansion leaves
+//! ragged batch for a variant of equal lengths, zero devices, a forced kernel path for a
+//! variant whose simulated devices run the default one. A sweep's expansion leaves
 //! them out (they are not cases: no machine could run them), `run` refuses them, and the
 //! runner's skip reason starts with the same words. Legal cases this machine cannot run
 //! (no GPU, no mpirun, a page longer than the cache) are not among them: they stay
@@ -22,6 +23,9 @@ pub enum Impossible {
     NoCuda,
     /// A `batch_spec` (ragged batch) for a variant of sequences of one length.
     NotRagged,
+    /// A forced `kernel_path` for a multi-device variant, whose simulated devices run this
+    /// CPU's default path.
+    DefaultPathOnly,
 }
 
 impl Impossible {
@@ -33,6 +37,7 @@ impl Impossible {
             Impossible::OneDevice(_) => "devices",
             Impossible::NoCuda => "cuda",
             Impossible::NotRagged => "batch_spec",
+            Impossible::DefaultPathOnly => "kernel_path",
         }
     }
 
@@ -54,6 +59,10 @@ impl Impossible {
             Impossible::NotRagged => format!(
                 "variant {name} runs sequences of one length: a batch_spec (ragged batch) needs one of {}",
                 names(|v| v.get().ragged())
+            ),
+            Impossible::DefaultPathOnly => format!(
+                "variant {name} runs this CPU's default kernel path only: a kernel_path applies to {}",
+                names(|v| !v.get().multi_device())
             ),
         }
     }
@@ -94,6 +103,9 @@ pub fn impossible(case: &Case) -> Option<Impossible> {
     if case.batch_spec.is_some() && !v.ragged() {
         return Some(Impossible::NotRagged);
     }
+    if case.kernel_path.is_some() && v.multi_device() {
+        return Some(Impossible::DefaultPathOnly);
+    }
     None
 }
 
@@ -127,7 +139,10 @@ impl LeftOut {
         let value = match why {
             Impossible::Mode(m) => m.name().to_string(),
             Impossible::OneDevice(d) => d.to_string(),
-            Impossible::NoDevices | Impossible::NoCuda | Impossible::NotRagged => String::new(),
+            Impossible::NoDevices
+            | Impossible::NoCuda
+            | Impossible::NotRagged
+            | Impossible::DefaultPathOnly => String::new(),
         };
         let kind = why.kind().to_string();
         match self.reasons.iter_mut().find(|(k, _)| *k == kind) {
@@ -154,6 +169,7 @@ impl LeftOut {
                 "devices" => format!("one device only (devices = {})", values.join(", ")),
                 "cuda" => "no CUDA kernels (device = cuda)".into(),
                 "batch_spec" => "sequences of one length only (batch_spec)".into(),
+                "kernel_path" => "the default kernel path only (kernel_path)".into(),
                 other => other.to_string(),
             })
             .collect();
@@ -218,6 +234,15 @@ mod tests {
             ..naive
         };
         assert_eq!(impossible(&ragged), Some(Impossible::NotRagged));
+        let forced = |v| Case {
+            kernel_path: Some(crate::problem::Isa::Portable),
+            ..base(v)
+        };
+        assert_eq!(impossible(&forced(VariantId::Flash)), None);
+        assert_eq!(
+            impossible(&forced(VariantId::RingPrefill)),
+            Some(Impossible::DefaultPathOnly)
+        );
     }
 
     /// `multi_device` agrees with what each variant's own check says of two devices: a

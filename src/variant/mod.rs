@@ -155,6 +155,7 @@ impl DefaultCase for Case {
             paging: v.default_paging(),
             prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
             batch_spec,
+            kernel_path: None,
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{
     attend, attend_paged_heads, scratch_len, Keys, Pages, RowState, GEMM_MIN_ROWS, KV_BLOCK,
 };
+use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, Workspace};
 use crate::error::{Error, Result};
@@ -387,6 +388,7 @@ fn pool_keys<'a>(
     b: usize,
     base: usize,
     part: &Range<usize>,
+    isa: Isa,
 ) -> Keys<'a> {
     Keys {
         k: &pool.k,
@@ -398,6 +400,7 @@ fn pool_keys<'a>(
             offsets: &offsets[pool.indptr[b]..pool.indptr[b + 1]],
             first: part.start,
         }),
+        bf16_dot: isa.bf16_dot(),
     }
 }
 
@@ -429,8 +432,10 @@ fn query_rows<'a>(
 }
 
 /// Runs every item into its partial rows of `part_o` (`partial_rows x d`) and `part_lse`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     case: &Case,
+    isa: Isa,
     inputs: &Inputs,
     sched: &Schedule,
     cache: Cache,
@@ -440,7 +445,7 @@ pub(super) fn run(
 ) {
     let d = case.shape.head_dim;
     let one = |i: usize, o: &mut [f32], lse: &mut [f32]| {
-        run_item(case, inputs, sched, cache, sched.item(i), o, lse, ws)
+        run_item(case, isa, inputs, sched, cache, sched.item(i), o, lse, ws)
     };
     match sched.equal_rows() {
         Some(rows) => part_o
@@ -483,6 +488,7 @@ fn split_run(
 #[allow(clippy::too_many_arguments)]
 fn run_item(
     case: &Case,
+    isa: Isa,
     inputs: &Inputs,
     sched: &Schedule,
     cache: Cache,
@@ -520,7 +526,7 @@ fn run_item(
     state.reset();
     match cache {
         Cache::Paged { pool, offsets } if item.whole => {
-            let keys = pool_keys(pool, offsets, b, 0, &part);
+            let keys = pool_keys(pool, offsets, b, 0, &part, isa);
             let stride = pool.paging.page_size * d;
             let (h, scale) = (s.kv_heads, s.scale());
             attend_paged_heads(
@@ -531,7 +537,7 @@ fn run_item(
             let keys = match cache {
                 Cache::Paged { pool, offsets } => {
                     let base = item.kv_head * pool.paging.page_size * d;
-                    pool_keys(pool, offsets, b, base, &part)
+                    pool_keys(pool, offsets, b, base, &part, isa)
                 }
                 Cache::Contiguous => Keys {
                     k: &inputs.k,
@@ -539,6 +545,7 @@ fn run_item(
                     base: sched.seqs.kv_base(b, item.kv_head) + part.start * d,
                     len: part.len(),
                     pages: None,
+                    bf16_dot: isa.bf16_dot(),
                 },
             };
             let scale = s.scale();

@@ -425,6 +425,7 @@ fn decode_case(
         }),
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     }
 }
 

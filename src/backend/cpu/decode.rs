@@ -161,6 +161,9 @@ pub struct Keys<'a> {
     pub base: usize,
     pub len: usize,
     pub pages: Option<Pages<'a>>,
+    /// bf16 keys are multiplied as bf16 pairs (`vdpbf16ps`) by the dot-product loop: the
+    /// kernel path's choice (`Isa::bf16_dot`); false: widened to f32.
+    pub bf16_dot: bool,
 }
 
 /// Where the keys of a run sit in a pool of pages (`problem::paged`): key i is token
@@ -311,7 +314,7 @@ pub fn attend_with(
     // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
     // products, exact products and f32 sums like the path below.
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if !gemm && vecops::has_bf16_dot() => {
+        crate::problem::Tensor::Bf16(_) if !gemm && keys.bf16_dot && vecops::has_bf16_dot() => {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,
@@ -414,7 +417,9 @@ pub fn attend_paged_heads(
     let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, total * bk]);
     let (span, _) = span(rows, range);
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if vecops::has_bf16_dot() => vecops::to_bf16_bits(q, qs),
+        crate::problem::Tensor::Bf16(_) if keys.bf16_dot && vecops::has_bf16_dot() => {
+            vecops::to_bf16_bits(q, qs)
+        }
         _ => None,
     };
     let mut k0 = span.start;
@@ -673,7 +678,10 @@ mod tests {
                 let q = widened(&oracle.q);
                 let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
                 let scale = 1.0 / (d as f32).sqrt();
-                for paged in [false, true] {
+                // Both bf16 loops: pairs (where the CPU has them) and widened.
+                for (paged, bf16_dot) in
+                    [(false, false), (false, true), (true, false), (true, true)]
+                {
                     let keys = if paged {
                         Keys {
                             k: &pk,
@@ -685,6 +693,7 @@ mod tests {
                                 offsets: &offsets,
                                 first: 0,
                             }),
+                            bf16_dot,
                         }
                     } else {
                         Keys {
@@ -693,6 +702,7 @@ mod tests {
                             base: 0,
                             len: n,
                             pages: None,
+                            bf16_dot,
                         }
                     };
                     for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {
@@ -728,7 +738,7 @@ mod tests {
                                 let got = acc[r * d + c] as f64;
                                 assert!(
                                     (got - want).abs() <= 1e-4,
-                                    "{dtype:?} rows {rows} paged {paged} gemm_from {gemm_from}: row {r} col {c}: {got} vs {want}"
+                                    "{dtype:?} rows {rows} paged {paged} bf16_dot {bf16_dot} gemm_from {gemm_from}: row {r} col {c}: {got} vs {want}"
                                 );
                             }
                         }

@@ -20,6 +20,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::decode::{attend_with, scratch_len, Keys, RowState, GEMM_MIN_ROWS, KV_BLOCK};
+use super::isa::Isa;
 use crate::problem::{DType, Tensor};
 
 /// Query rows per KV head the probe times (powers of two from `GEMM_MIN_ROWS`).
@@ -210,6 +211,7 @@ fn probe_dtype(dtype: DType, d: usize, n: usize) -> Vec<ProbeRow> {
         base: 0,
         len: n,
         pages: None,
+        bf16_dot: Isa::detect().bf16_dot(),
     };
     let widen = dtype != DType::F32;
     PROBE_ROWS

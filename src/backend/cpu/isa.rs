@@ -1,38 +1,32 @@
-//! Instruction-set paths of the CPU kernels, chosen at run time (`is_x86_feature_detected!`)
-//! and passed down explicitly, so tests can run every path the machine has. Nothing but the
-//! CPU decides the default: environment variables never change which path runs.
+//! Instruction-set paths of the CPU kernels: which ones this CPU can run
+//! (`is_x86_feature_detected!`) and which one runs by default, chosen by what the core
+//! measures, not by which instructions exist. Paths are passed down explicitly, so tests
+//! run every path the machine has and a case may force one (`kernel_path`). Nothing but
+//! the CPU decides the default: environment variables never change which path runs.
+//!
+//! The choice: where AVX512_BF16 exists, bf16 inputs are multiplied either as bf16 pairs
+//! (`vdpbf16ps`) or widened to f32 and multiplied with FMA. Zen 4 and 5 run `vdpbf16ps` at
+//! twice the FMA's FLOP rate, a Xeon of family 6 model 207 at half of it (85 against 172
+//! GFLOP/s per core), where the widening path is 1.6 to 1.9x faster. A short probe times
+//! both peak loops on one core (interleaved, best of [`PROBE_RUNS`], about 10 ms, once per
+//! process) and [`choose`] keeps the pair path only where its rate is at least the FMA's.
 
-use std::fmt;
 use std::sync::OnceLock;
+use std::time::Instant;
 
-/// One implementation of the microkernels and softmax pieces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Isa {
-    /// AVX-512 (F, BW, VL) f32 kernels, and `vdpbf16ps` (AVX512_BF16) for bf16 inputs: bf16
-    /// pairs multiplied exactly and accumulated in f32.
-    Avx512Bf16,
-    /// AVX-512 (F, BW, VL) f32 kernels; bf16/f16 inputs widened to f32 tile by tile.
-    Avx512,
-    /// AVX2 + FMA (and F16C for f16 inputs) f32 kernels, 8 lanes.
-    Avx2,
-    /// Plain Rust (no intrinsics), the same tiles and loop order: the reference path and
-    /// the fallback on any other CPU.
-    Portable,
-}
+use serde::{Deserialize, Serialize};
+
+pub use crate::problem::Isa;
+
+/// Rounds of each peak loop per probe run (about 1 ms at 100 GFLOP/s).
+const PROBE_ITERS: usize = 200_000;
+/// Timed runs of each loop (best kept), after one warm-up each.
+const PROBE_RUNS: usize = 7;
+/// The pair path is kept where its FLOP rate is at least this fraction of the FMA's: at
+/// equal rates it still reads half the bytes of a packed K panel and skips the widening.
+pub const BF16_DOT_MIN_RATIO: f64 = 1.0;
 
 impl Isa {
-    /// Every path, fastest first.
-    pub const ALL: [Isa; 4] = [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Portable];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Avx512Bf16 => "avx512-bf16",
-            Isa::Avx512 => "avx512",
-            Isa::Avx2 => "avx2",
-            Isa::Portable => "portable",
-        }
-    }
-
     /// Whether this CPU can run the path (asked of the CPU once; every kernel call checks
     /// its path, several times per row block).
     #[inline]
@@ -75,34 +69,120 @@ impl Isa {
         }
     }
 
-    /// The fastest available path (detected once).
+    /// The paths this CPU runs, widest first.
+    pub fn available_paths() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.available()).collect()
+    }
+
+    /// The widest path this CPU's instructions allow.
+    pub fn widest() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.available())
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// The path kernels run unless a case forces one: the measured choice
+    /// ([`PathChoice::of_this_cpu`], probed the first time it is asked).
     pub fn detect() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            Isa::ALL
-                .into_iter()
-                .find(|i| i.available())
-                .unwrap_or(Isa::Portable)
-        })
+        PathChoice::of_this_cpu().chosen
     }
 
-    /// Whether bf16 inputs are multiplied as bf16 pairs (`vdpbf16ps`) on this path.
-    pub fn bf16_dot(self) -> bool {
-        self == Isa::Avx512Bf16
-    }
-
-    /// f32 lanes of one vector register: the granularity tiles are padded to.
-    pub fn lanes(self) -> usize {
-        match self {
-            Isa::Avx512Bf16 | Isa::Avx512 => 16,
-            Isa::Avx2 | Isa::Portable => 8,
+    /// `name` as a path this CPU runs; the error lists the ones it does.
+    pub fn parse_available(name: &str) -> Result<Isa, String> {
+        let isa: Isa = name.parse()?;
+        if isa.available() {
+            Ok(isa)
+        } else {
+            Err(format!(
+                "kernel path '{isa}' is not available on this CPU (it runs {})",
+                Isa::available_paths()
+                    .iter()
+                    .map(|i| i.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         }
     }
 }
 
-impl fmt::Display for Isa {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+/// The default path of this CPU and the one-core rates behind it (`meta.json`'s
+/// `cpu_kernel_path_choice`, `attnbench list`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PathChoice {
+    /// The widest path the instructions allow.
+    pub widest: Isa,
+    /// The path kernels run by default.
+    pub chosen: Isa,
+    /// f32 FMA peak of one core on the widest path, GFLOP/s (2 per multiply-add).
+    pub fma_gflops: f64,
+    /// bf16 pair (`vdpbf16ps`) peak of one core, GFLOP/s; only where the widest path has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bf16_dot_gflops: Option<f64>,
+}
+
+impl PathChoice {
+    /// This CPU's choice, probed once per process.
+    pub fn of_this_cpu() -> &'static PathChoice {
+        static CHOICE: OnceLock<PathChoice> = OnceLock::new();
+        CHOICE.get_or_init(PathChoice::probe)
+    }
+
+    /// Times the FMA and (where the widest path has it) the bf16 pair peak loops on the
+    /// calling thread, interleaved, and chooses.
+    fn probe() -> PathChoice {
+        let widest = Isa::widest();
+        let rate = |bf16: bool| {
+            let t0 = Instant::now();
+            let (flops, v) = super::tiles::peak_loop(widest, bf16, PROBE_ITERS);
+            let dt = t0.elapsed().as_secs_f64();
+            std::hint::black_box(v);
+            flops / dt.max(1e-9) / 1e9
+        };
+        let (mut fma, mut dot) = (0.0f64, 0.0f64);
+        for run in 0..=PROBE_RUNS {
+            let f = rate(false);
+            let d = if widest.bf16_dot() { rate(true) } else { 0.0 };
+            if run > 0 {
+                fma = fma.max(f);
+                dot = dot.max(d);
+            }
+        }
+        let bf16_dot_gflops = widest.bf16_dot().then_some(dot);
+        PathChoice {
+            widest,
+            chosen: choose(widest, fma, bf16_dot_gflops),
+            fma_gflops: fma,
+            bf16_dot_gflops,
+        }
+    }
+
+    /// One line for `attnbench list` and logs.
+    pub fn summary(&self) -> String {
+        let why = match self.bf16_dot_gflops {
+            Some(dot) if self.chosen.bf16_dot() => format!(
+                "bf16 pairs (vdpbf16ps) at {dot:.0} GFLOP/s per core against f32 FMA at {:.0}: bf16 multiplied as pairs",
+                self.fma_gflops
+            ),
+            Some(dot) => format!(
+                "bf16 pairs (vdpbf16ps) at {dot:.0} GFLOP/s per core against f32 FMA at {:.0}: bf16 widened to f32",
+                self.fma_gflops
+            ),
+            None => format!(
+                "the widest this CPU runs (f32 FMA at {:.0} GFLOP/s per core)",
+                self.fma_gflops
+            ),
+        };
+        format!("{} by default, measured: {why}", self.chosen)
+    }
+}
+
+/// The default path: the widest, except that bf16 is widened to f32 (`avx512`) where the
+/// pair instruction's rate is below [`BF16_DOT_MIN_RATIO`] of the FMA's.
+pub fn choose(widest: Isa, fma_gflops: f64, bf16_dot_gflops: Option<f64>) -> Isa {
+    match bf16_dot_gflops {
+        Some(dot) if widest.bf16_dot() && dot < BF16_DOT_MIN_RATIO * fma_gflops => Isa::Avx512,
+        _ => widest,
     }
 }
 
@@ -113,10 +193,38 @@ mod tests {
     #[test]
     fn detected_path_is_available_and_portable_always_is() {
         assert!(Isa::detect().available());
+        assert!(Isa::widest().available());
         assert!(Isa::Portable.available());
-        println!(
-            "kernel paths here: {:?}",
-            Isa::ALL.map(|i| (i, i.available()))
-        );
+        println!("kernel paths here: {:?}", Isa::available_paths());
+        println!("{}", PathChoice::of_this_cpu().summary());
+    }
+
+    #[test]
+    fn pairs_are_kept_where_they_are_faster_and_widened_where_slower() {
+        // Zen 4's calibration (results/cpu_perf_zen4/meta.json, one core): 117.5 GFLOP/s FMA,
+        // 235.7 bf16 pairs.
+        assert_eq!(choose(Isa::Avx512Bf16, 117.5, Some(235.7)), Isa::Avx512Bf16);
+        // The Xeon of family 6 model 207: 172 FMA, 85 pairs.
+        assert_eq!(choose(Isa::Avx512Bf16, 172.0, Some(85.0)), Isa::Avx512);
+        // At equal rates the pairs stay (half the bytes, no widening).
+        assert_eq!(choose(Isa::Avx512Bf16, 100.0, Some(100.0)), Isa::Avx512Bf16);
+        // Without the instruction the widest path is the choice, whatever the rates.
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            assert_eq!(choose(isa, 50.0, None), isa);
+        }
+    }
+
+    #[test]
+    fn a_path_this_cpu_lacks_is_refused_with_the_list() {
+        for isa in Isa::ALL {
+            match Isa::parse_available(isa.name()) {
+                Ok(i) => assert!(i.available() && i == isa),
+                Err(e) => {
+                    assert!(!isa.available());
+                    assert!(e.contains("not available") && e.contains("portable"), "{e}");
+                }
+            }
+        }
+        assert!(Isa::parse_available("sse2").is_err());
     }
 }

@@ -36,6 +36,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         paging: None,
         prefill_chunk: None,
         batch_spec: None,
+        kernel_path: None,
     }
 }
 
