@@ -576,8 +576,8 @@ fn malformed_or_misshaped_inputs_are_clear_errors() {
         .stderr(predicate::str::contains("k.npy"));
 }
 
-/// 8 cases of 0.3 s each (rel_spread 0 never converges and max_reps is out of reach, so the
-/// time cap stops every case): a signal lands mid-sweep.
+/// 12 cases of at least 0.3 s each (rel_spread 0 never converges and max_reps is out of
+/// reach, so the time cap stops every case; nothing stops one sooner): 3.6 s or more in all.
 const SLOW: &str = r#"
 [run]
 name = "slow"
@@ -590,9 +590,12 @@ calibrate = false
 
 [axes]
 variant = ["flash", "naive"]
-seq_len = [64, 96, 128, 160]
+seq_len = [64, 96, 128, 160, 192, 224]
 head_dim = [16]
 "#;
+
+/// The cases of [`SLOW`].
+const SLOW_CASES: usize = 12;
 
 /// Waits until `csv` has `lines` lines (header included).
 #[cfg(unix)]
@@ -631,6 +634,36 @@ fn send_signal(child: &std::process::Child, signal: libc::c_int) {
     assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
 }
 
+/// Stops `child` (SIGSTOP) and waits until it has stopped: from then on nothing the sweep
+/// does depends on how long the test takes. A signal sent while it is stopped stays pending
+/// and is handled when [`resume`] continues it. Panics, naming the cause, if the sweep
+/// exited first (it cannot have: the test stops it right after reading the CSV, with
+/// seconds of cases still to run).
+#[cfg(unix)]
+fn stop(child: &std::process::Child) {
+    send_signal(child, libc::SIGSTOP);
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own unreaped child; WUNTRACED reports the stop without
+    // reaping it (`Child::wait` still collects the exit later).
+    let got = unsafe { libc::waitpid(child.id() as libc::pid_t, &mut status, libc::WUNTRACED) };
+    assert_eq!(
+        got,
+        child.id() as libc::pid_t,
+        "waitpid: {}",
+        std::io::Error::last_os_error()
+    );
+    assert!(
+        libc::WIFSTOPPED(status),
+        "the sweep exited (wait status {status:#x}) before the test could stop it"
+    );
+}
+
+/// Continues a child [`stop`] stopped.
+#[cfg(unix)]
+fn resume(child: &std::process::Child) {
+    send_signal(child, libc::SIGCONT);
+}
+
 #[cfg(unix)]
 #[test]
 fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
@@ -646,6 +679,11 @@ fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
         .unwrap();
     let csv = out.join("runs.csv");
     wait_for_lines(&csv, 3);
+    // Stopped with at least 10 cases (3 s) to go, the sweep is interrupted mid-run however
+    // long the refused sweep below takes on a loaded machine.
+    stop(&child);
+    let at_stop = csv_lines_if_any(&csv);
+    assert!(at_stop < SLOW_CASES, "{at_stop} lines when stopped");
     // A second sweep into the directory meanwhile is refused, not interleaved.
     attnbench()
         .args(["sweep", "--resume", "--config"])
@@ -656,10 +694,15 @@ fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
         .code(2)
         .stderr(predicate::str::contains("another attnbench sweep"));
     send_signal(&child, libc::SIGINT);
+    resume(&child);
     let code = child.wait().unwrap().code();
     assert_eq!(code, Some(130), "interrupted sweep exit code");
+    // The case under way when stopped, and at most one more, may still finish.
     let kept = csv_lines_if_any(&csv);
-    assert!((3..1 + 8).contains(&kept), "{kept} lines kept");
+    assert!(
+        (at_stop..=at_stop + 2).contains(&kept),
+        "{kept} lines kept, {at_stop} at stop"
+    );
     // Every kept line is a whole row.
     let n_cols = DOCUMENTED_HEADER.split(',').count();
     let mut r = csv::Reader::from_path(&csv).unwrap();
@@ -697,7 +740,7 @@ fn ctrl_c_keeps_written_rows_and_resume_finishes_the_rest() {
         .status()
         .unwrap();
     assert!(status.success(), "{script}");
-    assert_eq!(csv_lines(&csv).len(), 1 + 8);
+    assert_eq!(csv_lines(&csv).len(), 1 + SLOW_CASES);
 }
 
 /// SIGTERM (what `timeout` and CI runners send) stops a sweep as Ctrl-C does; a SIGHUP that
@@ -709,7 +752,12 @@ fn sigterm_stops_like_ctrl_c_and_a_nohup_sweep_survives_a_hangup() {
     use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
     let (mut cmd, _, out) = slow_sweep(tmp.path());
-    cmd.arg("--no-report").stderr(Stdio::null());
+    // 40 cases (12 s or more): the sweep is stopped and signalled long before its end.
+    let lens: Vec<String> = (1..=20).map(|i| (16 * i).to_string()).collect();
+    let cases = 2 * lens.len();
+    cmd.args(["--no-report", "--set"])
+        .arg(format!("seq_len={}", lens.join(",")))
+        .stderr(Stdio::null());
     // SAFETY: between fork and exec only signal(2), which is async-signal-safe, as nohup does.
     unsafe {
         cmd.pre_exec(|| {
@@ -724,11 +772,18 @@ fn sigterm_stops_like_ctrl_c_and_a_nohup_sweep_survives_a_hangup() {
     // Two more rows after the hangup: it went on.
     let at_hangup = csv_lines_if_any(&csv);
     wait_for_lines(&csv, at_hangup + 2);
+    stop(&child);
+    let at_stop = csv_lines_if_any(&csv);
+    assert!(at_stop + 2 < 1 + cases, "{at_stop} lines when stopped");
     assert!(child.try_wait().unwrap().is_none(), "exited after SIGHUP");
     send_signal(&child, libc::SIGTERM);
+    resume(&child);
     assert_eq!(child.wait().unwrap().code(), Some(130));
     let kept = csv_lines_if_any(&csv);
-    assert!((at_hangup + 2..1 + 8).contains(&kept), "{kept} lines kept");
+    assert!(
+        (at_stop..=at_stop + 2).contains(&kept),
+        "{kept} lines kept, {at_stop} at stop"
+    );
 }
 
 /// What a crash, a full disk or a hand edit leaves at the end of the files, and a damaged

@@ -1,12 +1,17 @@
 //! Every registered variant against the f64 oracle: ragged shapes, GQA/MQA, causal masks
 //! with seq_q != seq_kv, every dtype, random shapes (proptest), and large logits; each on
-//! every kernel path (`Isa`) this CPU has (a missing path is skipped with a note).
+//! every kernel path (`Isa`) this CPU has. Each test asserts that the (variant, dtype, path)
+//! combinations that ran are exactly those expected here (written out from the registry's
+//! declared support; a path the CPU lacks is not expected, and named on stdout).
+
+use std::collections::BTreeSet;
 
 use super::{DefaultCase, Registry};
 use proptest::prelude::*;
 
 use super::VariantId;
 use crate::backend::cpu::isa::Isa;
+use crate::backend::cpu::tiles::ReadPath;
 use crate::problem::{
     Case, DType, Device, Grads, InputDist, Inputs, Mode, PageOrder, Paging, Shape, Tensor,
     UpstreamGrad,
@@ -58,18 +63,9 @@ fn case(v: VariantId, s: &Setup) -> Case {
     }
 }
 
-/// The kernel paths available here; the others are reported once per test as skipped.
+/// The kernel paths expected here: `Isa::ALL` less those this CPU lacks (named on stdout).
 fn paths() -> Vec<Isa> {
-    Isa::ALL
-        .into_iter()
-        .filter(|i| {
-            let ok = i.available();
-            if !ok {
-                println!("note: kernel path {i} not available on this CPU, skipped");
-            }
-            ok
-        })
-        .collect()
+    crate::backend::cpu::kernel_paths::expected_isas()
 }
 
 fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
@@ -79,8 +75,33 @@ fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
     crate::reference::check_case(&c, &inputs, &out, &rows_to_check(&c.shape, usize::MAX))
 }
 
-/// The variants a full-attention `fwd` setup applies to (prefill variants that shard
-/// queries and keys alike need seq_q = seq_kv).
+/// The variants a full-attention `fwd` setup must run, written out from what each declares
+/// it supports (not asked of `Variant::unsupported`, so a variant that declines a case it
+/// should run fails the test instead of dropping out of it): every single-device forward
+/// variant (flash-varlen on the batch packed as sequences of equal length); those that shard
+/// queries and keys alike (ring and stripe prefill) and the prompt prefill in steps
+/// (chunked-prefill, causal only) where seq_q = seq_kv. Not here: ring-prefill-mpi (runs
+/// under mpirun, tests/mpi.rs) and external (needs a plugin name).
+fn expected_fwd(s: &Setup) -> BTreeSet<VariantId> {
+    use VariantId::*;
+    let mut v = BTreeSet::from([
+        Naive,
+        NaiveUnsafe,
+        RabeStaats,
+        RabeStaatsSeq,
+        Flash,
+        FlashVarlen,
+    ]);
+    if s.shape.seq_q == s.shape.seq_kv {
+        v.extend([RingPrefill, StripePrefill]);
+        if s.causal {
+            v.insert(ChunkedPrefill);
+        }
+    }
+    v
+}
+
+/// The variants with a `fwd` mode that take the setup's case (declining nothing).
 fn fwd_variants(s: &Setup) -> Vec<VariantId> {
     VariantId::ALL
         .into_iter()
@@ -89,9 +110,30 @@ fn fwd_variants(s: &Setup) -> Vec<VariantId> {
         .collect()
 }
 
+/// Asserts that the (variant, dtype, kernel path) combinations in `ran` are exactly the
+/// expected variants on every expected kernel path.
+fn assert_ran(
+    ran: &BTreeSet<(VariantId, DType, Isa)>,
+    variants: &BTreeSet<VariantId>,
+    dtype: DType,
+    what: &str,
+) {
+    let want: BTreeSet<_> = variants
+        .iter()
+        .flat_map(|&v| paths().into_iter().map(move |i| (v, dtype, i)))
+        .collect();
+    let missing: Vec<_> = want.difference(ran).collect();
+    let extra: Vec<_> = ran.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: did not run {missing:?}; ran unexpectedly {extra:?}"
+    );
+}
+
 /// Every numerically safe variant matches the oracle within the dtype's tolerance, on
-/// every kernel path.
+/// every kernel path; and exactly the expected variants ran on every expected path.
 fn assert_all_variants(s: &Setup) {
+    let mut ran = BTreeSet::new();
     for isa in paths() {
         for v in fwd_variants(s) {
             let e = error_of(v, s, isa);
@@ -109,8 +151,14 @@ fn assert_all_variants(s: &Setup) {
                     e.max_abs
                 );
             }
+            ran.insert((v, s.dtype, isa));
         }
     }
+    let what = format!(
+        "{:?} {} causal {} chunks {:?}",
+        s.shape, s.dtype, s.causal, s.chunks
+    );
+    assert_ran(&ran, &expected_fwd(s), s.dtype, &what);
 }
 
 #[test]
@@ -207,8 +255,10 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
     let mut s = setup(40, 40, 16);
     s.scale = 12.0;
     s.chunks = Some((8, 16));
+    let mut ran = BTreeSet::new();
     for isa in paths() {
         for v in fwd_variants(&s) {
+            ran.insert((v, s.dtype, isa));
             let e = error_of(v, &s, isa);
             if v.info().numerically_safe {
                 assert_eq!(
@@ -233,6 +283,7 @@ fn large_logits_stay_finite_in_safe_variants_and_overflow_in_naive_unsafe() {
             }
         }
     }
+    assert_ran(&ran, &expected_fwd(&s), s.dtype, "large logits");
 }
 
 /// Gradient error relative to the largest exact gradient entry, of one variant.
@@ -273,15 +324,30 @@ fn grad_error_of(
 /// whatever the storage dtype, so the bound holds for bf16 and f16 inputs too.
 const GRAD_REL_TOL: f64 = 1e-4;
 
+/// The variants with a training step, written out (as `expected_fwd`): each must take
+/// every full-attention setup.
+const EXPECTED_FWD_BWD: [VariantId; 3] =
+    [VariantId::Naive, VariantId::RabeStaats, VariantId::Flash];
+
 fn assert_all_gradients(s: &Setup) {
+    let mut ran = BTreeSet::new();
     for v in VariantId::ALL
         .into_iter()
         .filter(|v| v.info().modes.contains(&Mode::FwdBwd))
     {
+        let c = Case {
+            mode: Mode::FwdBwd,
+            ..case(v, s)
+        };
+        if let Some(why) = v.get().unsupported(&c) {
+            println!("{} declines {:?}: {why}", v.name(), s.shape);
+            continue;
+        }
         for (kind, isa) in [UpstreamGrad::Random, UpstreamGrad::Ones]
             .into_iter()
             .flat_map(|k| paths().into_iter().map(move |i| (k, i)))
         {
+            ran.insert((v, s.dtype, isa));
             let e = grad_error_of(v, s, kind, isa);
             assert!(
                 e.full && e.non_finite == 0 && e.max_rel <= GRAD_REL_TOL,
@@ -297,6 +363,8 @@ fn assert_all_gradients(s: &Setup) {
             );
         }
     }
+    let what = format!("gradients {:?} {} causal {}", s.shape, s.dtype, s.causal);
+    assert_ran(&ran, &BTreeSet::from(EXPECTED_FWD_BWD), s.dtype, &what);
 }
 
 #[test]
@@ -674,7 +742,6 @@ fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> In
 /// (plus `f32_tol` for the exp polynomial and the summation order). Elsewhere both compute
 /// in f32 and agree to `f32_tol`.
 fn blocking_tolerance(dtype: DType, head_dim: usize, v: &Tensor, f32_tol: f64) -> f64 {
-    use crate::backend::cpu::tiles::ReadPath;
     match ReadPath::of(dtype, Isa::detect(), head_dim) {
         ReadPath::Bf16Dot => {
             let mut max_v = 0.0f64;
@@ -835,5 +902,321 @@ fn split_kv_variants_run_ragged_and_mixed_batches() {
 fn registry_names_match_the_ids() {
     for v in VariantId::ALL {
         assert_eq!(v.info().name, v.name(), "{v:?}");
+    }
+}
+
+/// f32's unit roundoff, 2^-24.
+const U32: f64 = 1.0 / (1u64 << 24) as f64;
+/// bf16's unit roundoff, 2^-8 (8 significant bits, rounded to nearest): the relative error
+/// of each probability that a path rounds to bf16 for PV.
+const U_BF16: f64 = 1.0 / 256.0;
+/// The relative error of the least exact exp the kernels use (the degree-4 polynomial of
+/// `simd/avx512.rs`, 2.7e-6; the others are within 2e-7).
+const EXP_REL: f64 = 2.7e-6;
+
+/// gamma_n = n u / (1 - n u): the relative bound of an f32 sum or dot product of n terms.
+fn gamma(n: usize) -> f64 {
+    let x = n as f64 * U32;
+    x / (1.0 - x)
+}
+
+/// The f64 oracle of a forward on the inputs as stored (bf16 and f16 values are exact in
+/// f64, so the inputs' own rounding is no error), with what bounds each element's error.
+struct Bounded {
+    out: Vec<f64>,
+    /// Per output element, A = sum_j p_j |v_j| (p the exact softmax): each error term below
+    /// is relative to it.
+    mass: Vec<f64>,
+    /// Per output row, the relative error of a computation in f32 (`bounded_oracle`).
+    f32_rel: Vec<f64>,
+}
+
+/// [`Bounded`] of `x`. The f32 bound of a row: each score q.k_j is a dot product of d terms
+/// (error <= gamma_d sum_k |q_k k_jk|, times the scale), the scale and the exponent's
+/// argument (x - m) c are rounded (a few u of |s_j| and |s_j - m|), and exp is within
+/// `EXP_REL`: each unnormalized p_j is off by a factor within 1 +- eta, eta = E + EXP_REL
+/// with E the row's largest score error, which moves sum p_j v_j / sum p_j by at most
+/// 2 eta A; the sums over n keys (and the online rescales, at most one per key) add
+/// 2 gamma_(n+d) A each side, the reciprocal and its product a few u.
+fn bounded_oracle(x: &Inputs, causal: bool) -> Bounded {
+    let s = x.shape;
+    let d = s.head_dim;
+    let widen = |t: &Tensor| {
+        let mut v = Vec::with_capacity(t.len());
+        t.for_each_f32(|x| v.push(f64::from(x)));
+        v
+    };
+    let (q, k, v) = (widen(&x.q), widen(&x.k), widen(&x.v));
+    let scale = 1.0 / (d as f64).sqrt();
+    let n_out = s.batch * s.heads * s.seq_q;
+    let (mut out, mut mass) = (vec![0.0; n_out * d], vec![0.0; n_out * d]);
+    let mut f32_rel = vec![0.0; n_out];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            let (qo, ko) = (s.q_head_offset(b, h), s.kv_head_offset(b, h));
+            for i in 0..s.seq_q {
+                let n = s.visible_keys(causal, i);
+                if n == 0 {
+                    continue; // no visible key: output 0, as every variant writes
+                }
+                let qi = &q[qo + i * d..][..d];
+                let (mut sc, mut err) = (Vec::with_capacity(n), Vec::with_capacity(n));
+                for j in 0..n {
+                    let kj = &k[ko + j * d..][..d];
+                    let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                    let abs: f64 = qi.iter().zip(kj).map(|(a, b)| (a * b).abs()).sum();
+                    sc.push(dot * scale);
+                    err.push(scale * gamma(d) * abs);
+                }
+                let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e = sc
+                    .iter()
+                    .zip(&err)
+                    .map(|(s, e)| e + 4.0 * U32 * (s.abs() + (s - m).abs()))
+                    .fold(0.0, f64::max);
+                let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = p.iter().sum();
+                let row = qo + i * d;
+                for c in 0..d {
+                    let (mut o, mut a) = (0.0, 0.0);
+                    for (j, pj) in p.iter().enumerate() {
+                        let vj = v[ko + j * d + c];
+                        o += pj * vj;
+                        a += pj * vj.abs();
+                    }
+                    out[row + c] = o / z;
+                    mass[row + c] = a / z;
+                }
+                f32_rel[row / d] = 2.0 * (e + EXP_REL) + 4.0 * gamma(n + d) + 4.0 * U32;
+            }
+        }
+    }
+    Bounded { out, mass, f32_rel }
+}
+
+/// Asserts every element of `got` within its bound of `want`: A times the row's f32 bound,
+/// plus 2^-8 A where the path rounds P to bf16 for PV (each p_j within 2^-8 of itself, the
+/// normalizing sum unrounded: |sum p_j v_j - sum bf16(p_j) v_j| <= 2^-8 sum p_j |v_j|).
+/// Returns the largest error / bound.
+fn assert_within_bound(got: &[f32], want: &Bounded, p_rounded: bool, what: &str) -> f64 {
+    let d = want.out.len() / want.f32_rel.len();
+    let mut worst = 0.0f64;
+    for (e, (&g, &w)) in got.iter().zip(&want.out).enumerate() {
+        let rel = want.f32_rel[e / d] + if p_rounded { U_BF16 } else { 0.0 };
+        let tol = rel * want.mass[e];
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= tol,
+            "{what}: element {e} (row {}, col {}) = {g}, oracle {w}: error {err:e} > bound {tol:e} ({rel:e} of A = {:e})",
+            e / d,
+            e % d,
+            want.mass[e]
+        );
+        worst = worst.max(if tol > 0.0 { err / tol } else { 0.0 });
+    }
+    worst
+}
+
+/// Normal inputs, V shifted by +2 (then rounded to the dtype): each output element is then
+/// near its A = sum_j p_j |v_j| (few negative values to cancel), so the bound is a fraction
+/// of the output itself and an output off by 0.5% exceeds it on every path (the bf16 bound
+/// 2^-8 A is 0.39%).
+fn bounded_inputs(shape: Shape, dtype: DType, seed: u64) -> Inputs {
+    let mut x = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, seed);
+    let mut v = Vec::with_capacity(x.v.len());
+    x.v.for_each_f32(|y| v.push(y + 2.0));
+    x.v = Tensor::from_f32(v, dtype);
+    x
+}
+
+/// Every expected forward variant of `s` on every expected kernel path, each element within
+/// its derived bound of the f64 oracle on the bf16/f16-rounded inputs; the set that ran is
+/// asserted as in `assert_all_variants`. Returns the largest error / bound per read path.
+fn assert_all_within_bound(s: &Setup) -> Vec<(ReadPath, f64)> {
+    let x = bounded_inputs(s.shape, s.dtype, 7);
+    let want = bounded_oracle(&x, s.causal);
+    let mut ran = BTreeSet::new();
+    let mut worst: Vec<(ReadPath, f64)> = Vec::new();
+    for isa in paths() {
+        let path = ReadPath::of(s.dtype, isa, s.shape.head_dim);
+        // Forward-only cases: flash rounds P to bf16 on this path at every even d, naive and
+        // rabe-staats where V's rows are whole vectors (`ReadPath::bf16_pv`); the bound allows
+        // the rounding wherever the path may do it.
+        let p_rounded = path == ReadPath::Bf16Dot;
+        for v in fwd_variants(s) {
+            let c = case(v, s);
+            let out = output_with(&c, isa, &x).expect("forward runs");
+            let what = format!(
+                "{} [{isa}, {path:?}] {:?} {} causal {} chunks {:?}",
+                v.name(),
+                s.shape,
+                s.dtype,
+                s.causal,
+                s.chunks
+            );
+            let r = assert_within_bound(&out, &want, p_rounded, &what);
+            match worst.iter_mut().find(|(p, _)| *p == path) {
+                Some(w) => w.1 = w.1.max(r),
+                None => worst.push((path, r)),
+            }
+            ran.insert((v, s.dtype, isa));
+        }
+    }
+    let what = format!("{:?} {} causal {}", s.shape, s.dtype, s.causal);
+    assert_ran(&ran, &expected_fwd(s), s.dtype, &what);
+    println!("{what}: largest error / bound {worst:?}");
+    worst
+}
+
+/// Both bf16 read paths must have run where the CPU has them: the pair path
+/// (`ReadPath::Bf16Dot`) only on AVX512_BF16, the widening path on the others.
+fn assert_bf16_paths(worst: &[(ReadPath, f64)], d: usize) {
+    let has = |p| worst.iter().any(|(q, _)| *q == p);
+    assert!(
+        has(ReadPath::Widen),
+        "bf16 d {d}: the widening path did not run"
+    );
+    let dot = Isa::Avx512Bf16.available() && d.is_multiple_of(2);
+    assert_eq!(has(ReadPath::Bf16Dot), dot, "bf16 d {d}: the pair path");
+}
+
+/// Every dtype within the derived bound at ragged shapes: rows and keys no multiple of any
+/// block (77, 130) and head dims no multiple of a vector (40, 72: the bf16 pair path then
+/// keeps P in f32), causal and not, self- and cross-attention, GQA.
+#[test]
+fn every_dtype_within_the_derived_bound_on_ragged_shapes() {
+    for (nq, nkv, d, causal) in [
+        (77, 77, 40, true),
+        (130, 130, 72, false),
+        (77, 130, 40, false),
+        (130, 77, 72, true),
+    ] {
+        for dtype in DType::ALL {
+            let mut s = setup(nq, nkv, d);
+            s.shape.kv_heads = 1;
+            s.dtype = dtype;
+            s.causal = causal;
+            let worst = assert_all_within_bound(&s);
+            if dtype == DType::Bf16 {
+                assert_bf16_paths(&worst, d);
+            }
+        }
+    }
+}
+
+/// Every dtype within the derived bound at aligned shapes with the defaults (head dims of
+/// whole vectors: bf16 P rounded for PV on AVX512_BF16), where rabe-staats takes its
+/// one-phase path (one key chunk, query chunks of whole strips; asserted).
+#[test]
+fn every_dtype_within_the_derived_bound_on_aligned_shapes() {
+    use crate::backend::cpu::chunked::{phases, Phases};
+    for (n, d, causal) in [(256, 128, true), (256, 64, false), (1024, 64, false)] {
+        for dtype in DType::ALL {
+            let mut s = setup(n, n, d);
+            s.dtype = dtype;
+            s.causal = causal;
+            let c = case(VariantId::RabeStaats, &s);
+            let chunks = (c.q_chunk.unwrap(), c.kv_chunk.unwrap());
+            assert_eq!(phases(&s.shape, chunks, s.threads), Phases::OnePerHead);
+            let worst = assert_all_within_bound(&s);
+            if dtype == DType::Bf16 {
+                assert_bf16_paths(&worst, d);
+            }
+        }
+    }
+}
+
+/// rabe-staats' per-chunk phases against the same bound: several key chunks (one ragged),
+/// and one key chunk with more workers than the query chunk has strips (no slot of their
+/// own), each asserted to take that plan.
+#[test]
+fn rabe_staats_per_chunk_phases_within_the_derived_bound() {
+    use crate::backend::cpu::chunked::{phases, Phases};
+    for (n, d, chunks, threads, causal) in [
+        (256, 64, (128, 96), 2, true),
+        (256, 64, (128, 256), 3, false),
+        (192, 32, (64, 64), 2, false),
+    ] {
+        for dtype in DType::ALL {
+            let mut s = setup(n, n, d);
+            s.dtype = dtype;
+            s.causal = causal;
+            s.chunks = Some(chunks);
+            s.threads = threads;
+            assert_eq!(phases(&s.shape, chunks, threads), Phases::PerChunk);
+            assert_all_within_bound(&s);
+        }
+    }
+}
+
+/// Every rule of the rows per pass (`cache::pass_rule`) decides on some case, asserted, and
+/// naive and rabe-staats stay within the derived bound there, on every dtype and kernel
+/// path: the cache sizes are set (`cache::with_cache_sizes`) so that small shapes land in
+/// each rule whatever this machine's caches are. 150 query rows are strips of 64, 64 and 22
+/// rows, cut by 30-row passes into 30, 30, 4 and 22; 192 rows take rabe-staats' one phase.
+#[test]
+fn every_pass_size_rule_against_the_oracle() {
+    use crate::backend::cpu::cache::{self, PassRule};
+    use crate::backend::cpu::chunked::{phases, Phases};
+    use crate::backend::cpu::kernel_paths::on_pool;
+    const BIG: usize = 1 << 40;
+    for (nq, nkv, plan) in [(150, 200, Phases::PerChunk), (192, 192, Phases::OnePerHead)] {
+        // (L2, L3) per rule over nkv keys: an L3 whose share (1/8) no K and V fit; both
+        // unbounded; an L2 whose 3/4 hold the scores of 30 rows (4 bytes a key); of 3 rows.
+        let rules = [
+            (PassRule::KvOutgrowsL3, (BIG, 8), 64),
+            (PassRule::StripFitsL2, (BIG, BIG), 64),
+            (PassRule::RowsFitL2, (160 * nkv, BIG), 30),
+            (PassRule::MinRows, (16 * nkv, BIG), cache::MIN_PASS_ROWS),
+        ];
+        for dtype in DType::ALL {
+            for causal in [false, true] {
+                let mut s = setup(nq, nkv, 32);
+                s.shape.kv_heads = 1;
+                s.dtype = dtype;
+                s.causal = causal;
+                let x = bounded_inputs(s.shape, dtype, 11);
+                let want = bounded_oracle(&x, causal);
+                let mut ran = BTreeSet::new();
+                for (rule, (l2, l3), rows) in rules {
+                    for isa in paths() {
+                        let path = ReadPath::of(dtype, isa, 32);
+                        let kv = path.kv_bytes(32, path.bf16_pv(32, false));
+                        let (got_rule, got_rows) = cache::with_cache_sizes(l2, l3, || {
+                            (cache::pass_rule(nkv, kv), cache::pass_rows(nkv, kv))
+                        });
+                        assert_eq!((got_rule, got_rows), (rule, rows), "{dtype} [{isa}]");
+                        for v in [
+                            VariantId::Naive,
+                            VariantId::NaiveUnsafe,
+                            VariantId::RabeStaats,
+                        ] {
+                            let c = case(v, &s);
+                            if v == VariantId::RabeStaats {
+                                let chunks = (c.q_chunk.unwrap(), c.kv_chunk.unwrap());
+                                assert_eq!(phases(&s.shape, chunks, s.threads), plan);
+                            }
+                            assert_eq!(v.get().unsupported(&c), None);
+                            let mut out = vec![f32::NAN; s.shape.out_len()];
+                            // The kernels ask for the rows on the pool's thread.
+                            on_pool(s.threads, || {
+                                cache::with_cache_sizes(l2, l3, || {
+                                    v.get().forward_cpu(&c, isa, &x, &mut out)
+                                })
+                            })
+                            .expect("forward runs");
+                            let what = format!(
+                                "{} [{isa}] {rule:?} ({rows} rows) {dtype} {nq}x{nkv} causal {causal}",
+                                v.name()
+                            );
+                            let p_rounded = path == ReadPath::Bf16Dot;
+                            assert_within_bound(&out, &want, p_rounded, &what);
+                            ran.insert((v, rule, isa));
+                        }
+                    }
+                }
+                assert_eq!(ran.len(), 3 * rules.len() * paths().len());
+            }
+        }
     }
 }

@@ -45,6 +45,7 @@ pub const MAX_PASS_ROWS: usize = 64;
 
 thread_local! {
     static ROWS_OVERRIDE: Cell<Option<usize>> = const { Cell::new(None) };
+    static SIZES_OVERRIDE: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
 }
 
 const SYSFS: &str = "/sys/devices/system/cpu/cpu0/cache";
@@ -82,6 +83,43 @@ pub fn with_pass_rows<R>(rows: usize, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Runs `f` with [`pass_rows`] and [`pass_rule`] computing as on a core of `l2` bytes of L2
+/// and `l3` of L3 (instead of this machine's), on this thread: each rule of the rows per
+/// pass on small shapes, in tests and tuning.
+pub fn with_cache_sizes<R>(l2: usize, l3: usize, f: impl FnOnce() -> R) -> R {
+    let old = SIZES_OVERRIDE.with(|c| c.replace(Some((l2, l3))));
+    let r = f();
+    SIZES_OVERRIDE.with(|c| c.set(old));
+    r
+}
+
+/// (L2, L3) as the rule sees them: [`with_cache_sizes`]'s, else this machine's.
+fn sizes() -> (usize, usize) {
+    SIZES_OVERRIDE
+        .with(Cell::get)
+        .unwrap_or_else(|| (l2_bytes(), l3_bytes()))
+}
+
+/// Which rule of [`pass_rows`] decides the rows per pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PassRule {
+    /// K and V take more than [`L3_SHARE`]th of L3: whole strips ([`MAX_PASS_ROWS`]).
+    KvOutgrowsL3,
+    /// The scores of [`MAX_PASS_ROWS`] rows fit 3/4 of L2: whole strips.
+    StripFitsL2,
+    /// The most rows whose scores fit, a multiple of 6 between the bounds.
+    RowsFitL2,
+    /// Fewer than [`MIN_PASS_ROWS`] rows would fit: [`MIN_PASS_ROWS`].
+    MinRows,
+}
+
+/// The rule [`pass_rows`] applies over `keys` keys of `kv_bytes` bytes each (a
+/// [`with_pass_rows`] override aside).
+pub fn pass_rule(keys: usize, kv_bytes: usize) -> PassRule {
+    let (l2, l3) = sizes();
+    rule_for(l2, l3, keys, kv_bytes).0
+}
+
 /// Query rows per pass over `keys` keys whose K and V, as the kernel holds them, take
 /// `kv_bytes` bytes per key ([`kv_bytes`]): [`MAX_PASS_ROWS`] when the keys' K and V take
 /// more than [`L3_SHARE`]th of L3 (every pass reads them again); else the most rows whose
@@ -91,9 +129,10 @@ pub fn with_pass_rows<R>(rows: usize, f: impl FnOnce() -> R) -> R {
 /// to 1536 keys, 48 at 2048, 24 at 4096, 12 at 8192 for d = 64; at d = 128 64 rows again
 /// from 8192 keys (bf16 pairs: from 16384).
 pub fn pass_rows(keys: usize, kv_bytes: usize) -> usize {
-    ROWS_OVERRIDE
-        .with(Cell::get)
-        .unwrap_or_else(|| rows_for(l2_bytes(), l3_bytes(), keys, kv_bytes))
+    ROWS_OVERRIDE.with(Cell::get).unwrap_or_else(|| {
+        let (l2, l3) = sizes();
+        rows_for(l2, l3, keys, kv_bytes)
+    })
 }
 
 /// Bytes per key of K and V at head dim `d`, with `k_bytes` and `v_bytes` per value as the
@@ -103,14 +142,24 @@ pub fn kv_bytes(d: usize, k_bytes: usize, v_bytes: usize) -> usize {
 }
 
 fn rows_for(l2: usize, l3: usize, keys: usize, kv_bytes: usize) -> usize {
+    rule_for(l2, l3, keys, kv_bytes).1
+}
+
+/// The rule that decides, and the rows per pass.
+fn rule_for(l2: usize, l3: usize, keys: usize, kv_bytes: usize) -> (PassRule, usize) {
     if keys * kv_bytes > l3 / L3_SHARE {
-        return MAX_PASS_ROWS;
+        return (PassRule::KvOutgrowsL3, MAX_PASS_ROWS);
     }
     let fit = (l2 / 4 * 3) / (4 * keys.max(1));
     if fit >= MAX_PASS_ROWS {
-        return MAX_PASS_ROWS;
+        return (PassRule::StripFitsL2, MAX_PASS_ROWS);
     }
-    (fit / 6 * 6).max(MIN_PASS_ROWS)
+    let rows = fit / 6 * 6;
+    if rows < MIN_PASS_ROWS {
+        (PassRule::MinRows, MIN_PASS_ROWS)
+    } else {
+        (PassRule::RowsFitL2, rows)
+    }
 }
 
 /// The passes (first row, rows) over `rows` rows, `per` at a time.

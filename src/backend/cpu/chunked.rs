@@ -111,10 +111,9 @@ pub fn forward_chunked(
     // bounded count of output blocks to hand out.
     // (A slot must hold a whole strip: the chunk's last, partial one cannot serve.)
     let workers = rayon::current_num_threads();
-    let own_slots = workers == 1 || workers * STRIP <= qc;
+    let own_slots = own_slots(qc, workers);
     let scratch = if own_slots { Slot::Worker } else { Slot::Strip };
-    let one_phase =
-        nkc == 1 && qc.is_multiple_of(STRIP) && own_slots && nq.div_ceil(STRIP) <= MAX_PHASE_STRIPS;
+    let one_phase = phases(&s, (qc, kc), workers) == Phases::OnePerHead;
     let npanels = kc.div_ceil(PANEL);
     // V_j as bf16 pairs takes half a widened panel's floats.
     let v_panel = if bf16_pv { PANEL * d / 2 } else { PANEL * d };
@@ -217,6 +216,37 @@ pub fn forward_chunked(
             }
         }
     });
+}
+
+/// Whether each of `workers` workers computes in a strip slot of its own (a query chunk of
+/// `qc` rows holds a whole strip for each).
+fn own_slots(qc: usize, workers: usize) -> bool {
+    workers == 1 || workers * STRIP <= qc
+}
+
+/// How `forward_chunked` hands out its strips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phases {
+    /// One key chunk, query chunks of whole strips, a strip slot per worker: after K and V
+    /// are packed, every strip of a head is one phase (summarized and combined in one item).
+    OnePerHead,
+    /// A phase per query chunk and key chunk it sees, summaries kept between them.
+    PerChunk,
+}
+
+/// The phases `forward_chunked` takes on `shape` with chunks `(qc, kc)` and `workers`
+/// workers (with the paper's defaults, n a multiple of 64 up to 4096 on at most
+/// min(n, 1024) / 64 workers: [`Phases::OnePerHead`]).
+pub fn phases(shape: &Shape, (qc, kc): (usize, usize), workers: usize) -> Phases {
+    let one = shape.seq_kv.div_ceil(kc) == 1
+        && qc.is_multiple_of(STRIP)
+        && own_slots(qc, workers)
+        && shape.seq_q.div_ceil(STRIP) <= MAX_PHASE_STRIPS;
+    if one {
+        Phases::OnePerHead
+    } else {
+        Phases::PerChunk
+    }
 }
 
 /// Most strips of one head that one phase hands out (`forward_chunked`): the output's

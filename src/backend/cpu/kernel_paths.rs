@@ -2,8 +2,38 @@
 //! CPU has x causal mask x exact or fast exp), a pool of a given size to run it on, and
 //! deterministic test values.
 
+use std::collections::BTreeSet;
+
 use super::isa::Isa;
 use crate::problem::{DType, InputDist, Inputs, Shape};
+
+/// The kernel paths expected to run on this CPU: `Isa::ALL` less those it lacks, each of
+/// which is named once on stdout (not a skip: a path the CPU lacks is simply not expected).
+/// Portable and the detected path are always among them.
+pub fn expected_isas() -> Vec<Isa> {
+    let (have, lack): (Vec<Isa>, Vec<Isa>) = Isa::ALL.into_iter().partition(|i| i.available());
+    if !lack.is_empty() {
+        println!("kernel paths not available on this CPU, so not expected: {lack:?}");
+    }
+    assert!(have.contains(&Isa::Portable) && have.contains(&Isa::detect()));
+    have
+}
+
+/// The paths `for_each_path` must call `f` on: every dtype x [`expected_isas`] x causal or
+/// not x exact or fast exp.
+pub fn expected_paths() -> BTreeSet<(DType, Isa, bool, bool)> {
+    let mut all = BTreeSet::new();
+    for dtype in DType::ALL {
+        for isa in expected_isas() {
+            for causal in [false, true] {
+                for exact in [false, true] {
+                    all.insert((dtype, isa, causal, exact));
+                }
+            }
+        }
+    }
+    all
+}
 
 /// One path of a kernel over one shape's inputs.
 pub struct KernelPath<'a> {
@@ -26,9 +56,11 @@ impl KernelPath<'_> {
 }
 
 /// Calls `f` once per path: f32, bf16 and f16 inputs (normal, drawn from `seed`), every ISA
-/// this CPU runs, causal and not, exact and fast exp.
+/// this CPU runs, causal and not, exact and fast exp; then asserts that the paths `f` ran
+/// to completion are exactly [`expected_paths`] (none dropped on the way).
 pub fn for_each_path(shape: Shape, seed: u64, mut f: impl FnMut(&KernelPath)) {
-    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+    let mut ran = BTreeSet::new();
+    for dtype in DType::ALL {
         let inputs = Inputs::generate(shape, dtype, InputDist::Normal, 1.0, seed);
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             for causal in [false, true] {
@@ -40,10 +72,12 @@ pub fn for_each_path(shape: Shape, seed: u64, mut f: impl FnMut(&KernelPath)) {
                         causal,
                         exact,
                     });
+                    ran.insert((dtype, isa, causal, exact));
                 }
             }
         }
     }
+    assert_eq!(ran, expected_paths(), "kernel paths run on {shape:?}");
 }
 
 /// Runs `f` on a fresh rayon pool of `threads` workers.
