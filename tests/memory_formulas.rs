@@ -62,7 +62,7 @@ enum Read {
 fn read(dtype: DType, isa: Isa, d: usize) -> Read {
     match dtype {
         DType::F32 => Read::F32,
-        DType::Bf16 if isa == Isa::Avx512Bf16 && d % 2 == 0 => Read::Pairs,
+        DType::Bf16 if isa == Isa::Avx512Bf16 && d.is_multiple_of(2) => Read::Pairs,
         _ => Read::Widen,
     }
 }
@@ -93,7 +93,7 @@ fn naive_worker(c: &Case, isa: Isa, exact: bool) -> usize {
         // K^T, V widened, one widened query row block, the scores
         Read::Widen => kt + nkv * d + NAIVE_ROWS * d + scores,
         // K^T as pairs (half), V as paired rows, P of one row block as bf16 pairs
-        Read::Pairs if !exact && d % LANES == 0 => {
+        Read::Pairs if !exact && d.is_multiple_of(LANES) => {
             kt / 2 + nkv.div_ceil(2) * d + NAIVE_ROWS * nkv.div_ceil(2) + scores
         }
         // K^T as pairs, V widened to f32 (P stays f32)
@@ -363,6 +363,55 @@ fn split_decode(c: &Case, paged: bool) -> u64 {
     4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), floats) + table
 }
 
+// ---- simulated ring ------------------------------------------------------------------
+
+/// ring-decode, ring-prefill and stripe-prefill on `devices` simulated devices: the
+/// devices' copies of the queries and outputs, the visiting KV shards, and one kernel
+/// scratch per worker.
+fn ring(c: &Case) -> u64 {
+    let s = &c.shape;
+    let decode = c.mode == Mode::Decode;
+    let striped = c.variant == VariantId::StripePrefill;
+    let p = c.devices.max(1);
+    let (d, g, es) = (s.head_dim, s.group(), c.dtype.size_bytes() as u64);
+    let n = s.seq_kv;
+    // tokens of device i: contiguous shards differ by at most one, stripes are k mod p
+    let shard = |i: usize| {
+        if striped {
+            (n + p - 1 - i) / p
+        } else {
+            n / p + usize::from(i < n % p)
+        }
+    };
+    let tq: Vec<usize> = (0..p)
+        .map(|i| if decode { s.seq_q } else { shard(i) })
+        .collect();
+    let bq = if decode {
+        (g * s.seq_q).max(1) // a decode item holds all rows of a KV head
+    } else {
+        c.q_chunk.unwrap_or(FLASH_BR).max(1)
+    };
+    let bk = c
+        .kv_chunk
+        .unwrap_or(if decode { DECODE_BK } else { FLASH_BC })
+        .max(1);
+    let rows = tq.iter().map(|t| (g * t).min(bq)).max().unwrap_or(0);
+    let items: usize = tq
+        .iter()
+        .map(|t| s.batch * s.kv_heads * (g * t).div_ceil(bq))
+        .sum();
+    let q_rows = (s.batch * s.heads * s.seq_q) as u64;
+    let copies = if decode { p as u64 } else { 1 }; // decode broadcasts q to every device
+    let q = copies * (q_rows * d as u64) * es; // the devices' queries
+    let o = copies * (q_rows * d as u64 + 2 * q_rows) * 4; // acc, m and l of their rows
+    let kv = 2 * (s.batch * s.kv_heads * n * d) as u64 * es; // K and V of all shards
+    let visiting = if p > 1 { kv } else { 0 }; // the shards passed around the ring
+    let own = if striped { kv } else { 0 }; // the stripes' permuted copy of their shards
+    let q_widened = if widen(c) { rows * d } else { 0 };
+    let floats = q_widened + attend_scratch(rows, bk, d, widen(c), false);
+    q + o + visiting + own + ws(c.threads.min(items).max(1), floats)
+}
+
 // ---- layers -------------------------------------------------------------------------
 
 /// The layer's own buffers (elements x bytes), BPT's per-head copies included.
@@ -479,18 +528,14 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (FlashDecoding, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, false),
         (PagedDecode, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, true),
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
+        (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
         _ => return None,
     })
 }
 
-/// In-process variants whose prediction is not pinned by a closed form here yet: the
-/// simulated multi-device ones (their host copies depend on the allreduce schedules).
-const NOT_PINNED: [VariantId; 4] = [
-    VariantId::RingDecode,
-    VariantId::TreeDecode,
-    VariantId::RingPrefill,
-    VariantId::StripePrefill,
-];
+/// In-process variants whose prediction is not pinned by a closed form here yet:
+/// tree-decode (its messages in flight follow the allreduce schedule's rounds).
+const NOT_PINNED: [VariantId; 1] = [VariantId::TreeDecode];
 
 fn predicted(c: &Case, isa: Isa) -> u64 {
     let v = c.variant.get();
@@ -542,6 +587,18 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                         }),
                         ..base.clone()
                     });
+                }
+                if v.get().multi_device() {
+                    let spread: Vec<Case> = variants
+                        .iter()
+                        .flat_map(|c| {
+                            [2, 3].map(|devices| Case {
+                                devices,
+                                ..c.clone()
+                            })
+                        })
+                        .collect();
+                    variants.extend(spread);
                 }
                 out.extend(
                     variants
