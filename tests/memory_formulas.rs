@@ -1,0 +1,765 @@
+//! Each CPU variant's workspace prediction against its closed form, written here as plain
+//! arithmetic on the case (lengths, heads, head dim, threads, chunks) with the kernels'
+//! documented block sizes as constants, not through the kernels' sizing functions: a
+//! change to a kernel's allocation that its prediction follows (or a prediction that drops
+//! a buffer) changes one side only and fails here. `tests/memory.rs` then checks the
+//! prediction against the counting allocator.
+//!
+//! No allocator counter is read here, so these may run as several tests on parallel
+//! threads (the measuring test is alone in its own binary).
+
+use std::sync::Mutex;
+
+#[path = "common/slack.rs"]
+mod slack;
+
+use attnbench::backend::cpu::isa::Isa;
+use attnbench::problem::{
+    Allreduce, BatchSpec, Case, DType, Mode, PageOrder, Paging, Shape, VariantId,
+};
+use attnbench::variant::{DefaultCase, Registry, Saved};
+
+// The kernels' documented block sizes (docs/reference/variants.md, the kernels' docs).
+/// flash's query block B_r (`flash::DEFAULT_Q_CHUNK`).
+const FLASH_BR: usize = 64;
+/// flash's key block B_c (`flash::DEFAULT_KV_CHUNK`).
+const FLASH_BC: usize = 256;
+/// Query columns of flash's transposed tiles are padded to a multiple of this (`LANES_MAX`).
+const LANES: usize = 16;
+/// naive's query rows per work item (`naive::ROW_BLOCK`), also its backward's block.
+const NAIVE_ROWS: usize = 64;
+/// Keys per packed K^T panel of naive and Rabe–Staats (`tiles::PANEL`).
+const PANEL: usize = 64;
+/// Rabe & Staats' query and key chunks (Figure 1: 1024, 4096).
+const RS_QC: usize = 1024;
+const RS_KC: usize = 4096;
+/// rabe-staats-seq's query rows per work item.
+const SEQ_ROWS: usize = 64;
+/// decode's key block (`decode::KV_BLOCK`).
+const DECODE_BK: usize = 1024;
+/// Query rows per KV head from which decode's `attend` runs the SGEMM (`GEMM_MIN_ROWS`).
+const GEMM_MIN_ROWS: usize = 16;
+/// chunked-prefill's prompt chunk when the case names none.
+const PREFILL_CHUNK: usize = 512;
+/// BPT's query block (`blockwise_parallel_v1`'s q_chunk_size).
+const BPT_BLOCK: usize = 1024;
+/// One machine word (offsets, hand-out flags, block pointers' slices are two).
+const WORD: u64 = std::mem::size_of::<usize>() as u64;
+/// One output block of a backward's split lists: a `&mut [f32]` (pointer and length).
+const SLICE: u64 = std::mem::size_of::<&mut [f32]>() as u64;
+/// One locked block of two outputs (`LockedBlocks`): a mutex over two optional slices.
+const LOCKED: u64 = std::mem::size_of::<Mutex<[Option<&mut [f32]>; 2]>>() as u64;
+
+/// How the kernels read bf16/f16 operands on a path.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Read {
+    /// f32 inputs, read in place.
+    F32,
+    /// bf16/f16 widened to f32 tile by tile.
+    Widen,
+    /// bf16 pairs (`vdpbf16ps`): only on avx512-bf16, with an even head dim.
+    Pairs,
+}
+
+fn read(dtype: DType, isa: Isa, d: usize) -> Read {
+    match dtype {
+        DType::F32 => Read::F32,
+        DType::Bf16 if isa == Isa::Avx512Bf16 && d.is_multiple_of(2) => Read::Pairs,
+        _ => Read::Widen,
+    }
+}
+
+fn widen(c: &Case) -> bool {
+    c.dtype != DType::F32
+}
+
+/// Bytes of `workers` f32 buffers of `floats` each.
+fn ws(workers: usize, floats: usize) -> u64 {
+    4 * (workers * floats) as u64
+}
+
+fn clamp(chunk: Option<usize>, default: usize, n: usize) -> usize {
+    chunk.unwrap_or(default).min(n).max(1)
+}
+
+// ---- naive -------------------------------------------------------------------------
+
+/// naive's per-worker floats; `exact`: the forward feeds the backward (no bf16 P for PV).
+fn naive_worker(c: &Case, isa: Isa, exact: bool) -> usize {
+    let s = &c.shape;
+    let (d, nkv) = (s.head_dim, s.seq_kv);
+    let kt = nkv.div_ceil(PANEL) * PANEL * d; // one head's K^T in 64-key panels
+    let scores = NAIVE_ROWS * nkv; // one row block of cached scores
+    match read(c.dtype, isa, d) {
+        Read::F32 => kt + scores,
+        // K^T, V widened, one widened query row block, the scores
+        Read::Widen => kt + nkv * d + NAIVE_ROWS * d + scores,
+        // K^T as pairs (half), V as paired rows, P of one row block as bf16 pairs
+        Read::Pairs if !exact && d.is_multiple_of(LANES) => {
+            kt / 2 + nkv.div_ceil(2) * d + NAIVE_ROWS * nkv.div_ceil(2) + scores
+        }
+        // K^T as pairs, V widened to f32 (P stays f32)
+        Read::Pairs => kt / 2 + nkv * d + scores,
+    }
+}
+
+fn naive_workers(c: &Case) -> usize {
+    let s = &c.shape;
+    c.threads
+        .min(s.batch * s.heads * s.seq_q.div_ceil(NAIVE_ROWS))
+        .max(1)
+}
+
+fn naive_fwd(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let scores = 4 * (s.batch * s.heads * s.seq_q * s.seq_kv) as u64; // S (P), all heads
+    scores + ws(naive_workers(c), naive_worker(c, isa, false))
+}
+
+fn naive_train(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let p = 4 * (s.batch * s.heads * s.seq_q * s.seq_kv) as u64; // P kept for the backward
+    let fwd = ws(naive_workers(c), naive_worker(c, isa, true)); // forward's worker buffers
+    let q_items = s.batch * s.heads * s.seq_q.div_ceil(NAIVE_ROWS);
+    let kv_items = s.batch * s.kv_heads * s.seq_kv.div_ceil(NAIVE_ROWS);
+    let items = q_items.max(kv_items);
+    let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
+    // widened K and V (row pass) or one widened Q head (column pass)
+    let bwd_floats = if widen(c) {
+        (2 * nkv * d).max(nq * d)
+    } else {
+        0
+    };
+    let bwd = p // dS
+        + ws(c.threads.min(items).max(1), bwd_floats)
+        + 2 * SLICE * items as u64; // the (dS, dQ) and (dK, dV) block lists
+    p + fwd.max(bwd)
+}
+
+// ---- flash and its kin --------------------------------------------------------------
+
+/// flash's per-worker floats for tiles (bq, bk): Q^T, K_j and V_j copies, S^T, P^T pairs,
+/// O^T and five column vectors.
+fn flash_worker(d: usize, bq: usize, bk: usize, path: Read) -> usize {
+    let nb = bq.div_ceil(LANES) * LANES; // query columns padded to the widest vector
+    let st = bk * nb; // S^T
+    let ot = d * nb; // O^T
+    let cols = 5 * nb; // block max, running max, running sum, correction, visible keys
+    match path {
+        Read::F32 => d * nb + st + ot + cols, // Q^T packed
+        // Q^T, K_j and V_j widened
+        Read::Widen => d * nb + 2 * bk * d + st + ot + cols,
+        // Q^T as pairs (half), V_j as key pairs, P^T as pairs
+        Read::Pairs => d * nb / 2 + bk.div_ceil(2) * d + st + bk.div_ceil(2) * nb + ot + cols,
+    }
+}
+
+/// flash's operand path; a forward feeding the backward keeps P in f32 (widens instead).
+fn flash_path(c: &Case, isa: Isa, exact: bool) -> Read {
+    match read(c.dtype, isa, c.shape.head_dim) {
+        Read::Pairs if exact => Read::Widen,
+        p => p,
+    }
+}
+
+fn flash_chunks(c: &Case) -> (usize, usize) {
+    let s = &c.shape;
+    (
+        clamp(c.q_chunk, FLASH_BR, s.seq_q),
+        clamp(c.kv_chunk, FLASH_BC, s.seq_kv),
+    )
+}
+
+fn flash_fwd_ws(c: &Case, isa: Isa, exact: bool) -> u64 {
+    let s = &c.shape;
+    let (bq, bk) = flash_chunks(c);
+    let workers = c
+        .threads
+        .min(s.batch * s.heads * s.seq_q.div_ceil(bq))
+        .max(1);
+    ws(
+        workers,
+        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, exact)),
+    )
+}
+
+fn flash_fwd(c: &Case, isa: Isa) -> u64 {
+    flash_fwd_ws(c, isa, false)
+}
+
+fn flash_train(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let (bq, bk) = flash_chunks(c);
+    let d = s.head_dim;
+    let rows = 4 * (s.batch * s.heads * s.seq_q) as u64; // L kept; the backward's D as many
+    let kv_items = s.batch * s.kv_heads * s.seq_kv.div_ceil(bk);
+    let (qw, kvw) = if widen(c) { (bq * d, bk * d) } else { (0, 0) };
+    // widened Q_i, K_j, V_j; S and dS tiles; dK_j, dV_j; dQ_i
+    let bwd_floats = qw + 2 * kvw + 2 * bq * bk + 2 * bk * d + bq * d;
+    let q_blocks = (s.batch * s.heads * s.seq_q.div_ceil(bq)) as u64;
+    let bwd = rows // D
+        + ws(c.threads.min(kv_items).max(1), bwd_floats)
+        + LOCKED * q_blocks // dQ's locked blocks
+        + 2 * SLICE * kv_items as u64; // dK's and dV's blocks
+    rows + flash_fwd_ws(c, isa, true).max(bwd)
+}
+
+fn flash_varlen(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let (bq, bk) = flash_chunks(c);
+    let workers = c.threads.min(s.batch * s.heads).max(1); // a worker per head at most
+    let seqs = c.batch_spec.as_ref().map_or(0, |b| b.len()) as u64;
+    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, false)))
+        + 2 * WORD * (seqs + 1) // cu_q and cu_kv offsets
+        + WORD * (s.batch * s.heads) as u64 // one hand-out flag per head
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn chunked_prefill(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let chunk = c.prefill_chunk.unwrap_or(PREFILL_CHUNK).max(1);
+    let (q_block, bk) = flash_chunks(c);
+    let bq = gcd(chunk, q_block).max(1); // steps are whole query blocks
+    let blocks = s.batch * s.heads * s.seq_q.div_ceil(bq);
+    ws(
+        c.threads.min(blocks).max(1),
+        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, false)),
+    ) + WORD * blocks as u64 // one hand-out flag per query block
+}
+
+// ---- Rabe–Staats --------------------------------------------------------------------
+
+fn rs_chunks(c: &Case) -> (usize, usize) {
+    let s = &c.shape;
+    (
+        clamp(c.q_chunk, RS_QC, s.seq_q),
+        clamp(c.kv_chunk, RS_KC, s.seq_kv),
+    )
+}
+
+/// The one chunk buffer, shared by the workers.
+fn rs_chunk_buffer(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let (qc, kc) = rs_chunks(c);
+    let d = s.head_dim;
+    let nkc = s.seq_kv.div_ceil(kc);
+    let panels = kc.div_ceil(PANEL) * PANEL * d; // K_j^T in 64-key panels
+    let (qw, kt, vw) = match read(c.dtype, isa, d) {
+        Read::F32 => (0, panels, 0),
+        // widened query chunk, K_j^T, V_j widened
+        Read::Widen => (qc * d, panels, panels),
+        // K_j^T as pairs (half), V_j as row pairs (or widened for the backward)
+        Read::Pairs => (0, panels / 2, panels),
+    };
+    let weights = qc * kc; // attn_weights of one key chunk
+    let values = nkc * qc * d; // exp_values of every key chunk
+    let stats = 2 * nkc * qc; // max_score and exp_weights of every key chunk
+    4 * (qw + kt + vw + weights + values + stats) as u64
+}
+
+fn rs_train(c: &Case, isa: Isa) -> u64 {
+    let s = &c.shape;
+    let (qc, kc) = rs_chunks(c);
+    let d = s.head_dim;
+    let nkc = s.seq_kv.div_ceil(kc);
+    let kv = if widen(c) { kc * d } else { 0 };
+    let floats = qc * d // the scaled query chunk
+        + 2 * kv // widened K_j, V_j
+        + 2 * qc * kc // S (then P) and dP (then dS) of one key chunk
+        + 2 * nkc * qc // recomputed chunk maxima and sums
+        + 2 * qc // L and D of the query chunk
+        + qc * d // dQ accumulator
+        + 2 * kc * d; // dK_j and dV_j contributions
+    let workers = c
+        .threads
+        .min(s.batch * s.heads * s.seq_q.div_ceil(qc))
+        .max(1);
+    let locks = LOCKED * (s.batch * s.kv_heads * s.seq_kv.div_ceil(kc)) as u64; // dK, dV blocks
+    rs_chunk_buffer(c, isa).max(ws(workers, floats) + locks)
+}
+
+fn rs_seq(c: &Case) -> u64 {
+    let s = &c.shape;
+    let workers = c
+        .threads
+        .min(s.batch * s.heads * s.seq_q.div_ceil(SEQ_ROWS))
+        .max(1);
+    ws(workers, 4 * s.head_dim) // v*, and widened q, k, v rows
+}
+
+// ---- decode -------------------------------------------------------------------------
+
+/// Groups (batch x KV heads): decode-naive's and decode-online's items.
+fn groups(c: &Case) -> usize {
+    c.shape.batch * c.shape.kv_heads
+}
+
+fn decode_naive(c: &Case) -> u64 {
+    let s = &c.shape;
+    let (d, rows) = (s.head_dim, s.group() * s.seq_q);
+    let scores = 4 * (s.batch * s.heads * s.seq_q * s.seq_kv) as u64; // S over the cache
+    let floats = if widen(c) {
+        rows * d + 2 * DECODE_BK * d // widened query rows; one widened K and V block
+    } else {
+        0
+    };
+    scores + ws(c.threads.min(groups(c)).max(1), floats)
+}
+
+fn decode_online(c: &Case) -> u64 {
+    let s = &c.shape;
+    let (d, rows) = (s.head_dim, s.group() * s.seq_q);
+    let q = if widen(c) { rows * d } else { 0 }; // widened query rows
+    let kv = if widen(c) { 2 * d } else { 0 }; // one widened key and value
+                                               // m and l per row; one score per row
+    ws(c.threads.min(groups(c)).max(1), q + 2 * rows + kv + rows)
+}
+
+/// `attend`'s scratch for `rows` rows and key blocks of `bk`: the copied (widened or
+/// gathered) K and V block with the rows as bf16, and the block's scores.
+fn attend_scratch(rows: usize, bk: usize, d: usize, widen: bool, gathers: bool) -> usize {
+    let copies = widen || gathers;
+    (if copies {
+        2 * bk * d + (rows * d).div_ceil(2)
+    } else {
+        0
+    }) + rows * bk
+}
+
+/// flash-decoding and paged-decode over a batch of equal lengths.
+fn split_decode(c: &Case, paged: bool) -> u64 {
+    let s = &c.shape;
+    let d = s.head_dim;
+    let splits = c.splits.expect("a split-KV case has its splits").max(1);
+    let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
+    let partials = s.batch * splits * s.heads * s.seq_q; // partial rows: (o, lse) each
+                                                         // paged decode rows take all KV heads of a sequence in one item
+    let whole = paged && s.group() * s.seq_q < GEMM_MIN_ROWS;
+    let (items, rows) = if whole {
+        (splits * s.batch, s.heads * s.seq_q)
+    } else {
+        (splits * s.batch * s.kv_heads, s.group() * s.seq_q)
+    };
+    let page = c.paging.map(|p| p.page_size).unwrap_or(1);
+    let scratch = if whole {
+        // one block shared by the KV heads, at least a page
+        let merged = (bk / s.kv_heads.max(1)).max(page).max(1);
+        attend_scratch(rows, merged, d, widen(c), false)
+    } else {
+        attend_scratch(rows, bk, d, widen(c), paged && rows >= GEMM_MIN_ROWS)
+    };
+    let q = if widen(c) { rows * d } else { 0 }; // the item's query rows, widened
+    let floats = q + 2 * rows + scratch; // + m and l per row
+    let table = if paged {
+        WORD * (s.batch * s.seq_kv.div_ceil(page)) as u64 // block table, a word a page
+    } else {
+        0
+    };
+    4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), floats) + table
+}
+
+// ---- simulated ring ------------------------------------------------------------------
+
+/// ring-decode, ring-prefill and stripe-prefill on `devices` simulated devices: the
+/// devices' copies of the queries and outputs, the visiting KV shards, and one kernel
+/// scratch per worker.
+fn ring(c: &Case) -> u64 {
+    let s = &c.shape;
+    let decode = c.mode == Mode::Decode;
+    let striped = c.variant == VariantId::StripePrefill;
+    let p = c.devices.max(1);
+    let (d, g, es) = (s.head_dim, s.group(), c.dtype.size_bytes() as u64);
+    let n = s.seq_kv;
+    // tokens of device i: contiguous shards differ by at most one, stripes are k mod p
+    let shard = |i: usize| {
+        if striped {
+            (n + p - 1 - i) / p
+        } else {
+            n / p + usize::from(i < n % p)
+        }
+    };
+    let tq: Vec<usize> = (0..p)
+        .map(|i| if decode { s.seq_q } else { shard(i) })
+        .collect();
+    let bq = if decode {
+        (g * s.seq_q).max(1) // a decode item holds all rows of a KV head
+    } else {
+        c.q_chunk.unwrap_or(FLASH_BR).max(1)
+    };
+    let bk = c
+        .kv_chunk
+        .unwrap_or(if decode { DECODE_BK } else { FLASH_BC })
+        .max(1);
+    let rows = tq.iter().map(|t| (g * t).min(bq)).max().unwrap_or(0);
+    let items: usize = tq
+        .iter()
+        .map(|t| s.batch * s.kv_heads * (g * t).div_ceil(bq))
+        .sum();
+    let q_rows = (s.batch * s.heads * s.seq_q) as u64;
+    let copies = if decode { p as u64 } else { 1 }; // decode broadcasts q to every device
+    let q = copies * (q_rows * d as u64) * es; // the devices' queries
+    let o = copies * (q_rows * d as u64 + 2 * q_rows) * 4; // acc, m and l of their rows
+    let kv = 2 * (s.batch * s.kv_heads * n * d) as u64 * es; // K and V of all shards
+    let visiting = if p > 1 { kv } else { 0 }; // the shards passed around the ring
+    let own = if striped { kv } else { 0 }; // the stripes' permuted copy of their shards
+    let q_widened = if widen(c) { rows * d } else { 0 };
+    let floats = q_widened + attend_scratch(rows, bk, d, widen(c), false);
+    q + o + visiting + own + ws(c.threads.min(items).max(1), floats)
+}
+
+/// tree-decode on `devices` simulated devices with the ring allreduce: each device's
+/// queries, numerator and row statistics, one round of allreduce messages in flight, and
+/// one kernel scratch per worker. `None` for the binomial and two-level allreduces, whose
+/// largest round follows their schedules (not pinned here).
+fn tree(c: &Case) -> Option<u64> {
+    let s = &c.shape;
+    let p = c.devices.max(1);
+    if p > 1 && c.allreduce != Some(Allreduce::Ring) {
+        return None;
+    }
+    let (d, es) = (s.head_dim, c.dtype.size_bytes() as u64);
+    let q_rows = (s.batch * s.heads * s.seq_q) as u64;
+    // q (broadcast), o then the numerator, lse then the denominator, and m
+    let per_device = q_rows * d as u64 * es + (q_rows * d as u64 + 2 * q_rows) * 4;
+    // a ring allreduce round sends every chunk once: the numerator, b·h·seq_q·d floats
+    let in_flight = if p > 1 { q_rows * d as u64 * 4 } else { 0 };
+    let rows = s.group() * s.seq_q; // an item: all rows of a KV head on one device
+    let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
+    let q_widened = if widen(c) { rows * d } else { 0 };
+    // + the item's running max and sum
+    let floats = q_widened + 2 * rows + attend_scratch(rows, bk, d, widen(c), false);
+    let items = p * s.batch * s.kv_heads;
+    Some(p as u64 * per_device + in_flight + ws(c.threads.min(items).max(1), floats))
+}
+
+// ---- layers -------------------------------------------------------------------------
+
+/// The layer's own buffers (elements x bytes), BPT's per-head copies included.
+fn layer_buffers(c: &Case, bpt: bool, train: bool) -> u64 {
+    let s = &c.shape;
+    let (b, n, d) = (s.batch, s.seq_q, s.head_dim);
+    let h = s.heads * d; // hidden width
+    let full = (b * n * h) as u64; // one full-sequence activation
+    let q_block = if bpt {
+        c.q_chunk.unwrap_or(BPT_BLOCK).clamp(1, n)
+    } else {
+        n
+    };
+    let r = if bpt { q_block } else { b * n } as u64; // rows of the largest block
+    let (h, st) = (h as u64, c.dtype.size_bytes() as u64);
+    let (cd, nd) = ((q_block * d) as u64, (n * d) as u64);
+    let mut bytes = 2 * full * st // K and V of all tokens
+        + r * h * 4 // LN1 output
+        + 2 * r * 4 // LN1 statistics
+        + r * h * st // Q of the block, by head
+        + r * h * 4 // attention output
+        + r * h * 4 // residual y
+        + r * h * 4 // LN2 output
+        + 2 * r * 4 // LN2 statistics
+        + 4 * r * h * 4 // FFN pre-activation
+        + cd * 4; // one head's projection
+    if train {
+        bytes += 4 * r * h * 4 // GELU output
+            + 2 * full * 4 // dK and dV of all tokens
+            + 4 * r * h * 4 // dZ
+            + 5 * r * h * 4; // d LN2 output, dy, dO, dQ, d LN1 output
+    }
+    if bpt {
+        bytes += cd * st + cd * 4 + 2 * nd * st; // Q and O of one head, its K and V prefix
+        if train {
+            bytes += 2 * cd * 4 + 2 * nd * 4; // dO, dQ of one head, its dK and dV prefix
+        }
+    }
+    bytes
+}
+
+/// The layer's attention at its peak: naive (vanilla) or flash over the whole sequence, or
+/// (BPT) the largest block's one-head call, training keeping every head's L of the block.
+fn layer_attention(c: &Case, isa: Isa, bpt: bool, train: bool) -> u64 {
+    let s = &c.shape;
+    let call = |shape: Shape| Case {
+        variant: if c.variant == VariantId::LayerVanilla {
+            VariantId::Naive
+        } else {
+            VariantId::Flash
+        },
+        shape,
+        q_chunk: None,
+        ..c.clone()
+    };
+    let one = |a: &Case| match (a.variant, train) {
+        (VariantId::Naive, false) => naive_fwd(a, isa),
+        (VariantId::Naive, true) => naive_train(a, isa),
+        (_, false) => flash_fwd(a, isa),
+        (_, true) => flash_train(a, isa),
+    };
+    if !bpt {
+        return one(&call(*s));
+    }
+    let cb = c.q_chunk.unwrap_or(BPT_BLOCK).clamp(1, s.seq_q);
+    let mut peak = 0;
+    for q0 in (0..s.seq_q).step_by(cb) {
+        let rows = cb.min(s.seq_q - q0);
+        let keys = if c.causal { q0 + rows } else { s.seq_kv };
+        let a = call(Shape {
+            batch: 1,
+            heads: 1,
+            kv_heads: 1,
+            seq_q: rows,
+            seq_kv: keys,
+            head_dim: s.head_dim,
+        });
+        let kept = if train {
+            // the other heads' L of the block and the list of every head's saved state
+            (s.heads as u64 - 1) * 4 * rows as u64
+                + s.heads as u64 * std::mem::size_of::<Saved>() as u64
+        } else {
+            0
+        };
+        peak = peak.max(one(&a) + kept);
+    }
+    peak
+}
+
+fn layer(c: &Case, isa: Isa) -> u64 {
+    let bpt = c.variant == VariantId::LayerBpt;
+    let train = c.mode == Mode::LayerTrain;
+    layer_buffers(c, bpt, train) + layer_attention(c, isa, bpt, train)
+}
+
+// ---- the table ----------------------------------------------------------------------
+
+/// The closed form of `c`'s workspace on kernel path `isa`; `None` for a variant whose
+/// prediction is not pinned here (named in `PARTLY_PINNED`).
+fn formula(c: &Case, isa: Isa) -> Option<u64> {
+    use VariantId::*;
+    Some(match (c.variant, c.mode) {
+        (Naive | NaiveUnsafe, Mode::Fwd) => naive_fwd(c, isa),
+        (Naive, Mode::FwdBwd) => naive_train(c, isa),
+        (RabeStaats, Mode::Fwd) => rs_chunk_buffer(c, isa),
+        (RabeStaats, Mode::FwdBwd) => rs_train(c, isa),
+        (RabeStaatsSeq, Mode::Fwd) => rs_seq(c),
+        (Flash, Mode::Fwd) => flash_fwd(c, isa),
+        (Flash, Mode::FwdBwd) => flash_train(c, isa),
+        (FlashVarlen, Mode::Fwd) => flash_varlen(c, isa),
+        (ChunkedPrefill, Mode::Fwd) => chunked_prefill(c, isa),
+        (DecodeNaive, Mode::Decode) => decode_naive(c),
+        (DecodeOnline, Mode::Decode) => decode_online(c),
+        (FlashDecoding, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, false),
+        (PagedDecode, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, true),
+        (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
+        (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
+        (TreeDecode, Mode::Decode) => return tree(c),
+        _ => return None,
+    })
+}
+
+/// Variants whose prediction is pinned only in part: tree-decode's with the ring allreduce
+/// (its binomial and two-level allreduces' messages in flight follow their schedules).
+const PARTLY_PINNED: [VariantId; 1] = [VariantId::TreeDecode];
+
+fn predicted(c: &Case, isa: Isa) -> u64 {
+    let v = c.variant.get();
+    match c.mode {
+        Mode::FwdBwd => v.predict_train_workspace_bytes(c, isa),
+        _ => v.predict_workspace_bytes(c, isa),
+    }
+}
+
+/// (n, heads, kv heads, head dim): aligned and ragged lengths, head dims of whole vectors,
+/// of half a vector and odd (no bf16 pairs).
+const SHAPES: [(usize, usize, usize, usize); 5] = [
+    (1024, 2, 2, 64),
+    (1000, 3, 3, 64),
+    (300, 4, 2, 128),
+    (77, 2, 1, 40),
+    (4500, 1, 1, 33),
+];
+const THREADS: [usize; 3] = [1, 2, 5];
+const DTYPES: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
+
+/// Every case of `v` in `mode` the formulas are checked on: the shapes x threads x dtypes,
+/// with the variant's default chunks and with explicit ragged ones, causal and not.
+fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (n, heads, kv_heads, d) in SHAPES {
+        for threads in THREADS {
+            for dtype in DTYPES {
+                let mut shape = Shape::self_attention(heads, n, d);
+                shape.kv_heads = kv_heads;
+                if mode == Mode::Decode {
+                    shape.seq_q = [1, 3, 20][n % 3];
+                }
+                let base = Case {
+                    mode,
+                    ..Case::cpu_fwd(v, shape, dtype, threads)
+                };
+                let mut variants = vec![base.clone()];
+                for causal in [false, true] {
+                    variants.push(Case {
+                        causal,
+                        q_chunk: base.q_chunk.map(|_| (n / 3).max(1)),
+                        kv_chunk: base.kv_chunk.map(|_| (n / 2 + 7).min(shape.seq_kv)),
+                        prefill_chunk: base.prefill_chunk.map(|_| (n / 4).max(1)),
+                        splits: base.splits.map(|s| s + 2),
+                        paging: base.paging.map(|_| Paging {
+                            page_size: 32,
+                            order: PageOrder::Shuffled,
+                        }),
+                        ..base.clone()
+                    });
+                }
+                if v.get().multi_device() {
+                    let spread: Vec<Case> = variants
+                        .iter()
+                        .flat_map(|c| {
+                            [2, 3].map(|devices| Case {
+                                devices,
+                                ..c.clone()
+                            })
+                        })
+                        .collect();
+                    variants.extend(spread);
+                }
+                if v.get().default_allreduce().is_some() {
+                    let ring: Vec<Case> = variants
+                        .iter()
+                        .map(|c| Case {
+                            allreduce: Some(Allreduce::Ring),
+                            ..c.clone()
+                        })
+                        .collect();
+                    variants.extend(ring);
+                }
+                out.extend(
+                    variants
+                        .into_iter()
+                        .filter(|c| v.get().unsupported(c).is_none()),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_workspace_prediction_equals_its_closed_form() {
+    let mut checked = std::collections::BTreeSet::new();
+    for v in VariantId::in_process() {
+        for &mode in v.info().modes {
+            for c in cases(v, mode) {
+                for isa in Isa::ALL {
+                    let Some(want) = formula(&c, isa) else {
+                        assert!(PARTLY_PINNED.contains(&v), "{v} {mode}: no closed form");
+                        continue;
+                    };
+                    let got = predicted(&c, isa);
+                    assert_eq!(
+                        got, want,
+                        "{v} {mode} {} {isa} threads {} shape {:?} chunks {:?}/{:?} causal {} \
+                         splits {:?}: prediction {got}, closed form {want}",
+                        c.dtype, c.threads, c.shape, c.q_chunk, c.kv_chunk, c.causal, c.splits
+                    );
+                    checked.insert((v.name(), mode.to_string()));
+                }
+            }
+        }
+    }
+    // Every variant and mode of the registry was checked.
+    let want: std::collections::BTreeSet<_> = VariantId::in_process()
+        .flat_map(|v| {
+            v.info()
+                .modes
+                .iter()
+                .map(move |m| (v.name(), m.to_string()))
+        })
+        .collect();
+    assert_eq!(checked, want);
+}
+
+/// The ragged batches of flash-varlen (its only form) against its closed form.
+#[test]
+fn flash_varlen_ragged_batches_equal_the_closed_form() {
+    for spec in ["q100+2xq33+q1kv100", "q1024+q7kv2000", "5xq64"] {
+        let spec: BatchSpec = spec.parse().unwrap();
+        for threads in THREADS {
+            for dtype in DTYPES {
+                let dense = Shape::self_attention(3, 100, 64);
+                let c = Case {
+                    shape: spec.packed(&dense),
+                    batch_spec: Some(spec.clone()),
+                    ..Case::cpu_fwd(VariantId::FlashVarlen, dense, dtype, threads)
+                };
+                for isa in Isa::ALL {
+                    assert_eq!(predicted(&c, isa), flash_varlen(&c, isa), "{spec} {isa}");
+                }
+            }
+        }
+    }
+}
+
+/// The headline formulas of docs/reference/variants.md, checked on one aligned case each,
+/// so the page and the closed forms above cannot drift apart.
+#[test]
+fn the_reference_pages_formulas_hold() {
+    let (b, h, n, d) = (1usize, 2usize, 8192usize, 64usize);
+    let case = |v| Case::cpu_fwd(v, Shape::self_attention(h, n, d), DType::F32, 1);
+    // naive: 4·b·h·n_q·n_kv bytes, + one head's K^T and 64 rows of scores per worker.
+    let naive = predicted(&case(VariantId::Naive), Isa::Avx512);
+    assert_eq!(naive, (4 * b * h * n * n + 4 * (n * d + 64 * n)) as u64);
+    // rabe-staats: q_c·k_c + (n/k_c)·q_c·(d+2) + k_c·d floats.
+    let (qc, kc) = (1024, 4096);
+    let rs = predicted(&case(VariantId::RabeStaats), Isa::Avx512);
+    assert_eq!(rs, 4 * (qc * kc + (n / kc) * qc * (d + 2) + kc * d) as u64);
+    // decode-naive: 4·b·h·n_q·n_kv bytes (f32: no widened copies).
+    let mut dec = case(VariantId::DecodeNaive);
+    dec.mode = Mode::Decode;
+    dec.shape.seq_q = 1;
+    assert_eq!(predicted(&dec, Isa::Avx512), (4 * b * h * n) as u64);
+}
+
+/// docs/methodology.md's table of what each variant allocates beyond its prediction states
+/// the figures `tests/memory.rs` allows (tests/common/slack.rs), every variant once, and the
+/// injector block beside it.
+#[test]
+fn the_methodology_states_the_memory_tests_slack() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/methodology.md"))
+        .unwrap();
+    let section = doc
+        .split("\n## Memory overhead\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Memory overhead section");
+    assert!(section.contains(&format!("injector block ({} bytes", slack::INJECTOR_BLOCK)));
+    let mut stated = std::collections::BTreeMap::new();
+    for line in section
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("| `"))
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let bytes: u64 = cells[2].parse().expect("bytes");
+        for name in cells[1].split(',').map(|n| n.trim().trim_matches('`')) {
+            assert!(
+                stated.insert(name.to_string(), bytes).is_none(),
+                "{name} twice"
+            );
+        }
+    }
+    let tested: std::collections::BTreeMap<String, u64> = slack::SLACK
+        .iter()
+        .flat_map(|&(vs, b)| vs.iter().map(move |v| (v.name().to_string(), b)))
+        .collect();
+    assert_eq!(stated, tested);
+    // Every variant the memory test measures has its figure.
+    for v in VariantId::in_process() {
+        assert_eq!(Some(&slack::slack(v)), tested.get(v.name()), "{v}");
+    }
+}
