@@ -268,7 +268,7 @@ impl Axis {
                     .into()
             }
             Kind::KernelPath => format!(
-                "a CPU kernel path this CPU runs ({})",
+                "\"all\" or a CPU kernel path this CPU runs ({})",
                 names(
                     Isa::available_paths()
                         .iter()
@@ -343,6 +343,14 @@ impl fmt::Display for AxisValue {
 /// Parse an axis's TOML value into its list of values; the error text says what was
 /// expected (the caller adds the key and line).
 pub(super) fn parse_axis(axis: Axis, value: &Value) -> Result<Vec<AxisValue>, String> {
+    // `kernel_path = "all"`: every path this CPU runs, so one config compares the paths
+    // on any machine.
+    if axis.kind() == Kind::KernelPath && value.as_str() == Some("all") {
+        return Ok(Isa::available_paths()
+            .into_iter()
+            .map(AxisValue::KernelPath)
+            .collect());
+    }
     match value {
         Value::Table(t) => {
             if axis.kind() != Kind::Size {

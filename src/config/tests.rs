@@ -991,6 +991,11 @@ fn kernel_path_is_an_axis_with_a_run_default_and_only_paths_this_cpu_runs() {
         assert_eq!(paths, [Some(Isa::Portable), Some(Isa::Avx2)]);
         assert!(both.expand()[1].id().ends_with("|kpavx2"));
     }
+    // "all": every path this CPU runs, widest first.
+    let all = cfg(&with_axes("kernel_path = \"all\""));
+    let got: Vec<Option<Isa>> = all.expand().iter().map(|c| c.kernel_path).collect();
+    let want: Vec<Option<Isa>> = Isa::available_paths().into_iter().map(Some).collect();
+    assert_eq!(got, want);
     // run.kernel_path is the axis's default; the axis wins where both are given.
     let by_run = load(MIN, &["run.kernel_path=portable"]).unwrap();
     assert_eq!(by_run.run.kernel_path, Some(Isa::Portable));

@@ -140,6 +140,14 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
                 r.page_order.clone()
             },
         ),
+        (
+            "kernel_path",
+            if r.kernel_path.is_empty() {
+                NO_KERNEL_PATH.into()
+            } else {
+                format!("path={}", r.kernel_path)
+            },
+        ),
     ]
 }
 
@@ -179,17 +187,19 @@ const NO_SPLITS: &str = "no splits";
 const NO_ALLREDUCE: &str = "no allreduce";
 const NO_D_OUT: &str = "no d_out";
 const NO_PAGES: &str = "no pages";
+const NO_KERNEL_PATH: &str = "default path";
 
 /// Identity columns shown only in the labels of series that differ in them, never in the
 /// caption: they apply to some variants or modes only (a caption speaks for every series), or
 /// say nothing while they are the same everywhere (the seed).
-pub const LABEL_ONLY: [&str; 6] = [
+pub const LABEL_ONLY: [&str; 7] = [
     "splits",
     "allreduce",
     "d_out",
     "seed",
     "page_size",
     "page_order",
+    "kernel_path",
 ];
 
 /// Whether `value` of identity column `col` says that the key does not apply to the case. Such
@@ -202,6 +212,7 @@ pub fn not_applicable(col: &str, value: &str) -> bool {
             | ("allreduce", NO_ALLREDUCE)
             | ("d_out", NO_D_OUT)
             | ("page_size" | "page_order", NO_PAGES)
+            | ("kernel_path", NO_KERNEL_PATH)
     )
 }
 

@@ -66,6 +66,11 @@ pub const GROUPS: &[Group] = &[
                 render: |r| text(&r.batch_spec),
             },
             Line {
+                label: "kernel path",
+                columns: &["kernel_path"],
+                render: |r| text(&r.kernel_path),
+            },
+            Line {
                 label: "chunks",
                 columns: &["q_chunk", "kv_chunk"],
                 render: |r| {

@@ -199,6 +199,10 @@ pub struct Record {
     /// `seq_q` and `seq_kv` are then their packed totals. Empty otherwise.
     #[serde(default)]
     pub batch_spec: String,
+    /// The CPU kernel path the case forced (`kernel_path`: `avx512-bf16`, `avx512`, `avx2`,
+    /// `portable`); empty: the run's default path (`meta.json`'s `cpu_kernel_path`).
+    #[serde(default)]
+    pub kernel_path: String,
 }
 
 impl Record {
@@ -289,6 +293,9 @@ impl Record {
                 .batch_spec
                 .as_ref()
                 .map_or(String::new(), |b| b.to_string()),
+            kernel_path: case
+                .kernel_path
+                .map_or(String::new(), |p| p.name().to_string()),
         }
     }
 
