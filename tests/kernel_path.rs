@@ -32,14 +32,9 @@ fn run_bf16(path: Isa) -> (String, f64) {
             "--kernel-path",
             path.name(),
         ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     (
         v["case_id"].as_str().unwrap().to_string(),
         v["max_abs_err"].as_f64().unwrap(),
@@ -92,8 +87,8 @@ fn a_path_this_cpu_lacks_or_does_not_know_is_exit_2_with_the_list() {
 
 #[test]
 fn list_and_meta_record_the_measured_choice() {
-    let out = attnbench().arg("list").output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = attnbench().arg("list").assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout);
     let default = Isa::detect().name();
     assert!(text.contains(&format!("{default} (default)")), "{text}");
     assert!(text.contains("cpu kernel path choice:"), "{text}");
@@ -105,19 +100,14 @@ fn list_and_meta_record_the_measured_choice() {
     )
     .unwrap();
     let out_dir = dir.path().join("out");
-    let out = attnbench()
+    attnbench()
         .args(["sweep", "--config"])
         .arg(&cfg)
         .arg("--out")
         .arg(&out_dir)
         .args(["--no-report", "--kernel-path", "portable"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .assert()
+        .success();
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("meta.json")).unwrap()).unwrap();
     assert_eq!(meta["cpu_kernel_path"], default);

@@ -85,7 +85,7 @@ pub struct RunArgs {
     pub threads: Option<usize>,
     /// CPU kernel path (avx512-bf16, avx512, avx2, portable; one this CPU runs) [default:
     /// this CPU's measured choice, `attnbench list`].
-    #[arg(long, value_name = "PATH", value_parser = parse_kernel_path)]
+    #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
     pub kernel_path: Option<Isa>,
     /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
     #[arg(long, default_value = "normal")]
@@ -331,11 +331,6 @@ pub fn command(args: &RunArgs) -> Result<()> {
         eprintln!("output written to {}", path.display());
     }
     Ok(())
-}
-
-/// `--kernel-path`: a path this CPU runs (clap reports the error, exit 2).
-pub(crate) fn parse_kernel_path(s: &str) -> std::result::Result<Isa, String> {
-    Isa::parse_available(s)
 }
 
 /// A warning on stderr when `threads` exceeds this machine's logical CPUs: the workers

@@ -53,7 +53,7 @@ pub struct SweepArgs {
     /// this CPU runs), as `--set run.kernel_path=PATH` [default: the config's, else this
     /// CPU's measured choice, `attnbench list`]. To compare paths in one sweep, give the
     /// `kernel_path` axis a list.
-    #[arg(long, value_name = "PATH", value_parser = super::run::parse_kernel_path)]
+    #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
     pub kernel_path: Option<Isa>,
     /// Print the number of cases and the grid, run nothing.
     #[arg(long)]
@@ -230,13 +230,15 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             p.install();
         }
         // The default path is measured per process: a resume that measures another one
-        // would mix paths in one run unless the config forces it.
+        // would mix paths in one run, where a case left to run takes the default.
         let now_path = Isa::detect().name();
         if meta
             .cpu_kernel_path
             .as_deref()
             .is_some_and(|p| p != now_path)
-            && !todo.is_empty()
+            && todo
+                .iter()
+                .any(|c| c.device == Device::Cpu && c.kernel_path.is_none())
         {
             eprintln!(
                 "warning: --resume on kernel path {now_path}, but the run's first rows ran on {} (meta.json): set run.kernel_path to keep one path",

@@ -203,8 +203,8 @@ impl Axis {
         )
     }
 
-    /// `threads` is the `[run]` thread count, the default of the `threads` axis.
-    pub(super) fn default(self, threads: usize) -> AxisDefault {
+    /// `[run]` gives the defaults of the `threads` and `kernel_path` axes.
+    pub(super) fn default(self, run: &super::RunConfig) -> AxisDefault {
         use AxisDefault::{Derived, Fixed, Required};
         match self {
             Axis::Variant | Axis::SeqLen => Required,
@@ -215,7 +215,7 @@ impl Axis {
             Axis::InputScale => Fixed(AxisValue::Scale(DEFAULT_INPUT_SCALE)),
             Axis::DOut => Fixed(AxisValue::DOut(DEFAULT_D_OUT)),
             Axis::Causal => Fixed(AxisValue::Bool(false)),
-            Axis::Threads => Fixed(AxisValue::Size(threads)),
+            Axis::Threads => Fixed(AxisValue::Size(run.threads)),
             Axis::Batch => Fixed(AxisValue::Size(DEFAULT_BATCH)),
             Axis::Heads => Fixed(AxisValue::Size(DEFAULT_HEADS)),
             Axis::HeadDim => Fixed(AxisValue::Size(DEFAULT_HEAD_DIM)),
@@ -234,9 +234,10 @@ impl Axis {
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
             Axis::Window => Derived("none"),
-            Axis::KernelPath => {
-                Derived("this CPU's measured choice (attnbench list), or run.kernel_path")
-            }
+            Axis::KernelPath => match run.kernel_path {
+                Some(isa) => Fixed(AxisValue::KernelPath(isa)),
+                None => Derived("this CPU's measured choice (attnbench list)"),
+            },
         }
     }
 

@@ -262,8 +262,7 @@ fn build(
 pub(super) fn grid_summary(
     axes: &Axes,
     zip: &[ZipGroup],
-    threads: usize,
-    innermost: &[Axis],
+    run: &super::RunConfig,
 ) -> Vec<(String, String)> {
     let join = |v: &[AxisValue]| {
         v.iter()
@@ -272,12 +271,12 @@ pub(super) fn grid_summary(
             .join(", ")
     };
     let mut rows = Vec::new();
-    let order = expansion_order(innermost);
+    let order = expansion_order(&run.innermost);
     for &a in &order {
         if let Some(values) = axes.get(a) {
             rows.push((a.name().to_string(), join(values)));
         } else if let (false, AxisDefault::Derived(rule)) =
-            (zip.iter().any(|g| g.get(a).is_some()), a.default(threads))
+            (zip.iter().any(|g| g.get(a).is_some()), a.default(run))
         {
             rows.push((a.name().to_string(), rule.to_string()));
         }

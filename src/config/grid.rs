@@ -80,14 +80,14 @@ fn check_threads(
     Ok(values)
 }
 
-/// Check and resolve `[axes]` and the zip groups; `threads` is `run.threads`.
+/// Check and resolve `[axes]` and the zip groups; `run` gives the defaults of `threads` and
+/// `kernel_path`.
 pub(super) fn resolve_axes(
     axes: Option<RawAxes>,
     zips: Vec<RawAxes>,
     run: &super::RunConfig,
     src: &Source,
 ) -> Result<(Axes, Vec<ZipGroup>)> {
-    let threads = run.threads;
     let mut owner: BTreeMap<Axis, Section> = BTreeMap::new();
     let mut resolved = Axes::default();
     for (axis, value) in axes.unwrap_or_default().into_entries() {
@@ -182,7 +182,7 @@ pub(super) fn resolve_axes(
             resolved.values.insert(axis, vec![AxisValue::Size(1)]);
             continue;
         }
-        match axis.default(threads) {
+        match axis.default(run) {
             AxisDefault::Required => {
                 return Err(src.err(
                     Section::Axes,
@@ -193,12 +193,7 @@ pub(super) fn resolve_axes(
             AxisDefault::Fixed(v) => {
                 resolved.values.insert(axis, vec![v]);
             }
-            // run.kernel_path stands for the axis the config leaves out.
-            AxisDefault::Derived(_) => {
-                if let (Axis::KernelPath, Some(isa)) = (axis, run.kernel_path) {
-                    resolved.values.insert(axis, vec![AxisValue::KernelPath(isa)]);
-                }
-            }
+            AxisDefault::Derived(_) => {}
         }
     }
     Ok((resolved, groups))

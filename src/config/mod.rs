@@ -183,7 +183,7 @@ impl Config {
 
     /// (axis name, values as shown) for `--dry-run`.
     pub fn grid_summary(&self) -> Vec<(String, String)> {
-        expand::grid_summary(&self.axes, &self.zip, self.run.threads, &self.run.innermost)
+        expand::grid_summary(&self.axes, &self.zip, &self.run)
     }
 }
 

@@ -160,13 +160,14 @@ impl PathChoice {
     /// One line for `attnbench list` and logs.
     pub fn summary(&self) -> String {
         let why = match self.bf16_dot_gflops {
-            Some(dot) if self.chosen.bf16_dot() => format!(
-                "bf16 pairs (vdpbf16ps) at {dot:.0} GFLOP/s per core against f32 FMA at {:.0}: bf16 multiplied as pairs",
-                self.fma_gflops
-            ),
             Some(dot) => format!(
-                "bf16 pairs (vdpbf16ps) at {dot:.0} GFLOP/s per core against f32 FMA at {:.0}: bf16 widened to f32",
-                self.fma_gflops
+                "bf16 pairs (vdpbf16ps) at {dot:.0} GFLOP/s per core against f32 FMA at {:.0}: bf16 {}",
+                self.fma_gflops,
+                if self.chosen.bf16_dot() {
+                    "multiplied as pairs"
+                } else {
+                    "widened to f32"
+                }
             ),
             None => format!(
                 "the widest this CPU runs (f32 FMA at {:.0} GFLOP/s per core)",
