@@ -376,6 +376,41 @@ impl Ctx<'_> {
 mod tests {
     use super::*;
 
+    /// The counted bytes: the attended prefix once for the batch, each request's attended
+    /// suffix once (flash-decoding: every request's whole attended cache); a window that
+    /// ends inside the suffix leaves the prefix unread.
+    #[test]
+    fn kv_read_bytes_count_the_prefix_once() {
+        use crate::problem::{Shape, VariantId};
+        use crate::variant::{DefaultCase, Registry};
+        let shape = Shape {
+            batch: 4,
+            heads: 4,
+            kv_heads: 2,
+            seq_q: 1,
+            seq_kv: 100,
+            head_dim: 8,
+        };
+        let of = |v: VariantId, prefix: Option<usize>, window: Option<usize>| {
+            let c = Case {
+                mode: Mode::Decode,
+                prefix_len: prefix,
+                window,
+                ..Case::cpu_fwd(v, shape, DType::F32, 2)
+            };
+            v.get().kv_read_bytes(&c)
+        };
+        let (cd, fd) = (VariantId::CascadeDecode, VariantId::FlashDecoding);
+        // 2 (K and V) x 2 KV heads x keys x 8 floats x 4 bytes.
+        let bytes = |keys: u64| Some(2 * 2 * keys * 8 * 4);
+        assert_eq!(of(cd, Some(60), None), bytes(60 + 4 * 40));
+        assert_eq!(of(fd, Some(60), None), bytes(4 * 100));
+        assert_eq!(of(cd, None, None), bytes(4 * 100));
+        assert_eq!(of(cd, Some(100), None), bytes(100));
+        assert_eq!(of(cd, Some(60), Some(10)), bytes(4 * 10));
+        assert_eq!(of(cd, Some(95), Some(10)), bytes(5 + 4 * 5));
+    }
+
     /// The arithmetic parts are `even_chunks`' parts, in order, covering the range.
     #[test]
     fn parts_are_the_even_chunks() {
