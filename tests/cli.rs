@@ -19,7 +19,7 @@ grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_
 allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
 critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
-probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec,kernel_path";
+probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec,kernel_path,prefix_len";
 
 const TINY: &str = r#"
 [run]
@@ -276,6 +276,116 @@ fn a_run_whose_case_cannot_run_is_an_error_not_a_skipped_table() {
             .stdout(predicate::str::is_empty())
             .stderr(predicate::str::contains("cannot run"));
     }
+}
+
+/// A shared prefix longer than the context: `run` exits 2 naming the key; in a sweep, where
+/// seq_kv varies per case, the case is a `skipped` row with the same reason (as is a prefix
+/// on a case that is no decode); a prefix of 0 tokens is a config error naming the key.
+#[test]
+fn a_shared_prefix_longer_than_the_context_is_refused() {
+    attnbench()
+        .args(["run", "-v", "cascade-decode", "--mode", "decode", "-n", "1"])
+        .args([
+            "--seq-kv",
+            "100",
+            "--batch",
+            "2",
+            "-d",
+            "8",
+            "--prefix-len",
+            "101",
+        ])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains(
+            "prefix_len (101) is longer than the context (seq_kv = 100)",
+        ));
+    attnbench()
+        .args([
+            "run",
+            "-v",
+            "flash",
+            "-n",
+            "8",
+            "-d",
+            "8",
+            "--prefix-len",
+            "4",
+        ])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("prefix_len (4)")
+                .and(predicate::str::contains("mode decode only")),
+        );
+    let tmp = tempfile::tempdir().unwrap();
+    let text = r#"
+[run]
+name = "prefix"
+warmup = 0
+min_reps = 1
+max_reps = 1
+max_time_s = 0.05
+calibrate = false
+
+[axes]
+mode = "decode"
+variant = ["cascade-decode", "flash-decoding"]
+batch = 3
+heads = 2
+kv_heads = 1
+head_dim = 8
+seq_len = 1
+seq_kv = [40, 64]
+prefix_len = 50
+"#;
+    let cfg = write_config(tmp.path(), text);
+    let out = tmp.path().join("res");
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let rows: Vec<(String, String, String, String)> = r
+        .records()
+        .map(|x| {
+            let x = x.unwrap();
+            [
+                col("seq_kv"),
+                col("status"),
+                col("reason"),
+                col("prefix_len"),
+            ]
+            .map(|i| x[i].to_string())
+            .into()
+        })
+        .collect();
+    assert_eq!(rows.len(), 4);
+    for (seq_kv, status, reason, prefix) in rows {
+        assert_eq!(prefix, "50");
+        if seq_kv == "40" {
+            assert_eq!(status, "skipped");
+            assert!(reason.contains("prefix_len (50) is longer than the context (seq_kv = 40)"));
+        } else {
+            assert_eq!((status.as_str(), reason.as_str()), ("ok", ""));
+        }
+    }
+    let cfg = write_config(
+        tmp.path(),
+        &text.replace("prefix_len = 50", "prefix_len = 0"),
+    );
+    attnbench()
+        .args(["sweep", "--dry-run", "--config"])
+        .arg(&cfg)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("prefix_len"));
 }
 
 #[test]

@@ -159,6 +159,19 @@ fn measured_overhead_matches_the_prediction() {
                     ..c.clone()
                 });
             }
+            if v == VariantId::CascadeDecode {
+                // Six requests sharing half the cache, one KV head: phase 1's 6 x heads x 3
+                // rows reach the SGEMM (its packing allowed).
+                cases.push(Case {
+                    shape: Shape {
+                        batch: 6,
+                        kv_heads: 1,
+                        ..c.shape
+                    },
+                    prefix_len: Some(c.shape.seq_kv / 2),
+                    ..c.clone()
+                });
+            }
             for &mode in &v.info().modes[1..] {
                 cases.push(Case { mode, ..c.clone() });
             }

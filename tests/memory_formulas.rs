@@ -365,6 +365,39 @@ fn split_decode(c: &Case, paged: bool) -> u64 {
     4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), floats) + table
 }
 
+/// cascade-decode over a batch sharing `prefix_len` of its cached tokens (no window: every
+/// key is attended): the prefix in parts of every request's rows of a KV head's group
+/// (phase 1, query rows always gathered), each suffix in flash-decoding's parts (phase 2);
+/// 2 items a thread per phase, no part under a key block.
+fn cascade(c: &Case) -> u64 {
+    let s = &c.shape;
+    let d = s.head_dim;
+    let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
+    let prefix = c.prefix_len.unwrap_or(0).min(s.seq_kv);
+    let suffix = s.seq_kv - prefix;
+    let parts = |keys: usize, units: usize| match keys {
+        0 => 0,
+        _ => (2 * c.threads)
+            .div_ceil(units)
+            .min(keys.div_ceil(DECODE_BK))
+            .max(1),
+    };
+    let (p1, p2) = (
+        parts(prefix, s.kv_heads),
+        parts(suffix, s.batch * s.kv_heads),
+    );
+    let (rows1, rows2) = (s.batch * s.group() * s.seq_q, s.group() * s.seq_q);
+    // the item's query rows where copied, m and l per row, attend's scratch
+    let floats =
+        |rows: usize, q: usize| q + 2 * rows + attend_scratch(rows, bk, d, widen(c), false);
+    let first = if p1 > 0 { floats(rows1, rows1 * d) } else { 0 };
+    let q2 = if widen(c) { rows2 * d } else { 0 };
+    let second = if p2 > 0 { floats(rows2, q2) } else { 0 };
+    let items = p1 * s.kv_heads + p2 * s.batch * s.kv_heads;
+    let partials = (p1 + p2) * s.batch * s.heads * s.seq_q; // (o, lse) each
+    4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), first.max(second))
+}
+
 // ---- simulated ring ------------------------------------------------------------------
 
 /// ring-decode, ring-prefill and stripe-prefill on `devices` simulated devices: the
@@ -554,6 +587,7 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (DecodeOnline, Mode::Decode) => decode_online(c),
         (FlashDecoding, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, false),
         (PagedDecode, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, true),
+        (CascadeDecode, Mode::Decode) => cascade(c),
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
         (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
         (TreeDecode, Mode::Decode) => return tree(c),
@@ -615,6 +649,23 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                         }),
                         ..base.clone()
                     });
+                }
+                if v == VariantId::CascadeDecode {
+                    // Batches of 4 sharing a third of the cache, and all of it.
+                    let shared: Vec<Case> = variants
+                        .iter()
+                        .flat_map(|c| {
+                            [n / 3, n].map(|p| Case {
+                                shape: Shape {
+                                    batch: 4,
+                                    ..c.shape
+                                },
+                                prefix_len: Some(p),
+                                ..c.clone()
+                            })
+                        })
+                        .collect();
+                    variants.extend(shared);
                 }
                 if v.get().multi_device() {
                     let spread: Vec<Case> = variants

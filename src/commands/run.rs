@@ -58,6 +58,10 @@ pub struct RunArgs {
     /// Sliding window: each query attends to the last N keys up to its causal bound.
     #[arg(long, value_name = "N")]
     pub window: Option<usize>,
+    /// Decode: the batch's requests share their first N cached tokens (batch item 0's keys
+    /// and values copied into the others; cascade-decode reads them once for all).
+    #[arg(long, value_name = "N")]
+    pub prefix_len: Option<usize>,
     /// Simulated devices the sequence is sharded over (ring-*, stripe-*, tree-* variants).
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
@@ -158,6 +162,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         ("--threads", args.threads),
         ("--window", args.window),
         ("--splits", args.splits),
+        ("--prefix-len", args.prefix_len),
     ] {
         if v == Some(0) {
             return Err(usage(format!("{flag} must be at least 1")));
@@ -267,6 +272,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: args.kernel_path.filter(|_| args.device == Device::Cpu),
+        prefix_len: args.prefix_len,
     };
     let settings = Settings {
         run_name: "run".into(),

@@ -38,6 +38,7 @@ pub enum Axis {
     PrefillChunk,
     BatchSpec,
     Window,
+    PrefixLen,
     SeqKv,
     SeqLen,
 }
@@ -86,7 +87,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 26] = [
+    pub const ALL: [Axis; 27] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -111,6 +112,7 @@ impl Axis {
         Axis::PrefillChunk,
         Axis::BatchSpec,
         Axis::Window,
+        Axis::PrefixLen,
         Axis::SeqKv,
         Axis::SeqLen,
     ];
@@ -142,6 +144,7 @@ impl Axis {
             Axis::PrefillChunk => "prefill_chunk",
             Axis::BatchSpec => "batch_spec",
             Axis::Window => "window",
+            Axis::PrefixLen => "prefix_len",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
         }
@@ -181,6 +184,7 @@ impl Axis {
             | Axis::QChunk
             | Axis::KvChunk
             | Axis::Window
+            | Axis::PrefixLen
             | Axis::SeqKv
             | Axis::SeqLen => Kind::Size,
         }
@@ -234,6 +238,7 @@ impl Axis {
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
             Axis::Window => Derived("none"),
+            Axis::PrefixLen => Derived("none (every request's cache its own)"),
             Axis::KernelPath => match run.kernel_path {
                 Some(isa) => Fixed(AxisValue::KernelPath(isa)),
                 None => Derived("this CPU's measured choice (attnbench list)"),

@@ -144,6 +144,7 @@ fn build(
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     let (mut external, mut page_size, mut page_order) = (None, None, None);
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
+    let mut prefix_len = None;
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -167,6 +168,7 @@ fn build(
             (Axis::QChunk, AxisValue::Size(x)) => q_chunk = Some(x),
             (Axis::KvChunk, AxisValue::Size(x)) => kv_chunk = Some(x),
             (Axis::Window, AxisValue::Size(x)) => window = Some(x),
+            (Axis::PrefixLen, AxisValue::Size(x)) => prefix_len = Some(x),
             (Axis::Devices, AxisValue::Size(x)) => devices = x,
             (Axis::Splits, AxisValue::Size(x)) => splits = Some(x),
             (Axis::PageSize, AxisValue::Size(x)) => page_size = Some(x),
@@ -254,6 +256,7 @@ fn build(
         // one measurement into identical rows.
         kernel_path: kernel_path
             .filter(|_| device == Device::Cpu && variant != VariantId::External),
+        prefix_len,
     })
 }
 

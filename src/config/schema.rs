@@ -142,6 +142,7 @@ pub(super) struct RawAxes {
     pub page_order: Option<Value>,
     pub prefill_chunk: Option<Value>,
     pub batch_spec: Option<Value>,
+    pub prefix_len: Option<Value>,
 }
 
 impl RawAxes {
@@ -174,6 +175,7 @@ impl RawAxes {
             (Axis::PageOrder, self.page_order),
             (Axis::PrefillChunk, self.prefill_chunk),
             (Axis::BatchSpec, self.batch_spec),
+            (Axis::PrefixLen, self.prefix_len),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

@@ -407,6 +407,7 @@ variant_ids! {
     DecodeOnline = "decode-online",
     FlashDecoding = "flash-decoding",
     PagedDecode = "paged-decode",
+    CascadeDecode = "cascade-decode",
     RingDecode = "ring-decode",
     TreeDecode = "tree-decode",
     RingPrefill = "ring-prefill",
@@ -696,6 +697,12 @@ pub struct Case {
     /// default (`backend::cpu::isa`, measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<Isa>,
+    /// A decode batch whose requests share their first `prefix_len` cached tokens (the
+    /// `prefix_len` axis: parallel sampling, RadixAttention's shared prompt): the inputs
+    /// copy batch item 0's first `prefix_len` keys and values into every other item
+    /// (`Inputs::share_prefix`); `None`: every request's cache its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_len: Option<usize>,
 }
 
 impl Case {
@@ -752,6 +759,30 @@ impl Case {
             + &self
                 .kernel_path
                 .map_or(String::new(), |p| format!("|kp{p}"))
+            + &self.prefix_len.map_or(String::new(), |n| format!("|px{n}"))
+    }
+
+    /// Why the case's `prefix_len` cannot be made (a `skipped` row, `run`'s exit 2): a
+    /// shared prefix is a decode batch's cache of equal lengths, at most the whole cache.
+    pub fn prefix_problem(&self) -> Option<String> {
+        let n = self.prefix_len?;
+        if self.mode != Mode::Decode {
+            return Some(format!(
+                "prefix_len ({n}) is a decode batch's shared cached prefix: mode decode only (this case is mode {})",
+                self.mode
+            ));
+        }
+        if self.batch_spec.is_some() {
+            return Some(format!(
+                "prefix_len ({n}) needs a batch of equal lengths, not a ragged batch_spec"
+            ));
+        }
+        (n > self.shape.seq_kv).then(|| {
+            format!(
+                "prefix_len ({n}) is longer than the context (seq_kv = {})",
+                self.shape.seq_kv
+            )
+        })
     }
 
     /// Where each sequence sits in Q, K, V and O (packed for a ragged batch).
@@ -1032,7 +1063,39 @@ impl Inputs {
             case.input_scale,
             case.seed,
         )?
+        .share_prefix(case)
         .try_paged_for(case)
+    }
+
+    /// These inputs with `case.prefix_len` cached tokens shared by the batch: batch item
+    /// 0's first `prefix_len` keys and values (every KV head) copied into every other item,
+    /// so each request's logical cache is [shared prefix | private suffix] and every
+    /// variant and the oracle read the same caches. Before any page pool is built (the pool
+    /// copies K and V). Unchanged without a prefix, for a ragged batch (a skipped case) or
+    /// a prefix longer than the cache (likewise); idempotent. O(batch x prefix x d) time.
+    pub fn share_prefix(mut self, case: &Case) -> Inputs {
+        let s = self.shape;
+        let n = match case.prefix_len {
+            Some(n) if n > 0 && n <= s.seq_kv && case.batch_spec.is_none() => n,
+            _ => return self,
+        };
+        let (row, len) = (s.seq_kv * s.head_dim, n * s.head_dim);
+        fn copy<T: Copy>(x: &mut [T], kv_heads: usize, batch: usize, row: usize, len: usize) {
+            for b in 1..batch {
+                for g in 0..kv_heads {
+                    let (src, dst) = (g * row, (b * kv_heads + g) * row);
+                    x.copy_within(src..src + len, dst);
+                }
+            }
+        }
+        for t in [&mut self.k, &mut self.v] {
+            match t {
+                Tensor::F32(x) => copy(x, s.kv_heads, s.batch, row, len),
+                Tensor::Bf16(x) => copy(x, s.kv_heads, s.batch, row, len),
+                Tensor::F16(x) => copy(x, s.kv_heads, s.batch, row, len),
+            }
+        }
+        self
     }
 
     /// These inputs with the page pool `case` reads (built from `k` and `v` unless they

@@ -66,6 +66,14 @@ pub const GROUPS: &[Group] = &[
                 render: |r| text(&r.batch_spec),
             },
             Line {
+                label: "shared prefix",
+                columns: &["prefix_len"],
+                render: |r| {
+                    r.prefix_len
+                        .map(|n| format!("{n} cached tokens shared by the batch"))
+                },
+            },
+            Line {
                 label: "kernel path",
                 columns: &["kernel_path"],
                 render: |r| text(&r.kernel_path),

@@ -203,6 +203,10 @@ pub struct Record {
     /// `portable`); empty: the run's default path (`meta.json`'s `cpu_kernel_path`).
     #[serde(default)]
     pub kernel_path: String,
+    /// Decode: cached tokens the batch's requests share (`prefix_len`); empty where each
+    /// request's cache is its own.
+    #[serde(default)]
+    pub prefix_len: Option<usize>,
 }
 
 impl Record {
@@ -296,6 +300,7 @@ impl Record {
             kernel_path: case
                 .kernel_path
                 .map_or(String::new(), |p| p.name().to_string()),
+            prefix_len: case.prefix_len,
         }
     }
 

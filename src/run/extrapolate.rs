@@ -190,6 +190,7 @@ mod tests {
             prefill_chunk: None,
             batch_spec: None,
             kernel_path: None,
+            prefix_len: None,
         }
     }
 

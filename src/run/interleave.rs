@@ -54,6 +54,7 @@ fn same_inputs_and_threads(a: &Case, b: &Case) -> bool {
         && a.input_dist == b.input_dist
         && a.input_scale == b.input_scale
         && a.seed == b.seed
+        && a.prefix_len == b.prefix_len
 }
 
 /// The groups of `cases`, in order: each maximal run of consecutive interleavable cases on

@@ -181,6 +181,9 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if let Some(why) = too_large_to_count(case) {
         return Some(why);
     }
+    if let Some(why) = case.prefix_problem() {
+        return Some(why);
+    }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",
@@ -469,7 +472,7 @@ fn inputs_failed(case: &Case, settings: &Settings, predicted: u64, e: Error) -> 
 /// of a paged cache reads.
 fn case_inputs(case: &Case, given: Option<Inputs>) -> Result<Inputs> {
     match given {
-        Some(x) => x.try_paged_for(case),
+        Some(x) => x.share_prefix(case).try_paged_for(case),
         None => Inputs::try_for_case(case),
     }
 }

@@ -236,6 +236,7 @@ mod tests {
         assert_eq!(impossible(&ragged), Some(Impossible::NotRagged));
         let forced = |v| Case {
             kernel_path: Some(crate::problem::Isa::Portable),
+            prefix_len: None,
             ..base(v)
         };
         assert_eq!(impossible(&forced(VariantId::Flash)), None);

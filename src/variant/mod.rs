@@ -2,6 +2,7 @@
 //! config validation, the runner and the tests all iterate `VariantId::ALL`, so a new variant
 //! is one file here plus one arm in `VariantId::get`.
 
+mod cascade;
 mod chunked_prefill;
 mod decode;
 mod external;
@@ -90,6 +91,7 @@ impl Registry for VariantId {
             VariantId::DecodeOnline => &decode::DECODE_ONLINE,
             VariantId::FlashDecoding => &decode::FLASH_DECODING,
             VariantId::PagedDecode => &decode::PAGED_DECODE,
+            VariantId::CascadeDecode => &cascade::CASCADE_DECODE,
             VariantId::RingDecode => &ring::RING_DECODE,
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
@@ -156,6 +158,7 @@ impl DefaultCase for Case {
             prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
             batch_spec,
             kernel_path: None,
+            prefix_len: None,
         }
     }
 }

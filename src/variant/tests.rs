@@ -494,6 +494,7 @@ fn decode_case(
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        prefix_len: None,
     }
 }
 
@@ -556,6 +557,92 @@ fn decode_variants_match_the_oracle_on_ragged_shapes() {
                 }
             }
         }
+    }
+}
+
+/// cascade-decode against the oracle on batches sharing a prefix of 0, 1, about half,
+/// seq_kv - 1 and seq_kv cached tokens (and none): odd cache lengths, MQA and GQA groups,
+/// one and several new tokens under a causal mask, a sliding window, key blocks longer and
+/// shorter than the parts, every dtype on every kernel path (phase 1's rows on both sides
+/// of the SGEMM crossover: 2 to 48 rows per KV head). Each output also equals
+/// flash-decoding's on the same caches within the dtype's tolerance, and the inputs share
+/// the prefix (request 2's first keys are request 0's) while the rest differs. No silent
+/// drop: every (dtype, path) expected ran.
+#[test]
+fn cascade_decode_matches_the_oracle_with_shared_prefixes() {
+    let cd = VariantId::CascadeDecode;
+    let mut ran = BTreeSet::new();
+    for (batch, heads, kv_heads) in [(2, 4, 4), (3, 4, 1), (4, 6, 2)] {
+        for (seq_q, causal, window) in [(1, false, None), (4, true, None), (3, true, Some(9))] {
+            for seq_kv in [1, 37, 301] {
+                let mut prefixes = vec![None, Some(0), Some(1), Some(seq_kv / 2)];
+                prefixes.extend([Some(seq_kv - 1), Some(seq_kv)]);
+                for prefix_len in prefixes {
+                    for kv_chunk in [256, 16] {
+                        for dtype in DType::ALL {
+                            let shape = Shape {
+                                batch,
+                                heads,
+                                kv_heads,
+                                seq_q,
+                                seq_kv,
+                                head_dim: 24,
+                            };
+                            let c = Case {
+                                prefix_len,
+                                ..decode_case(cd, shape, dtype, causal, window, 1, 1, kv_chunk)
+                            };
+                            assert_eq!(cd.get().unsupported(&c), None);
+                            let inputs = Inputs::for_case(&c);
+                            if let (Some(p), Tensor::F32(k)) = (prefix_len, &inputs.k) {
+                                let (row, n) = (seq_kv * 24, p * 24);
+                                let last = (batch - 1) * kv_heads * row;
+                                assert_eq!(k[..n], k[last..last + n]);
+                                assert!(p == seq_kv || k[n..row] != k[last + n..last + row]);
+                            }
+                            let fd = Case {
+                                prefix_len,
+                                ..decode_case(
+                                    VariantId::FlashDecoding,
+                                    shape,
+                                    dtype,
+                                    causal,
+                                    window,
+                                    1,
+                                    3,
+                                    kv_chunk,
+                                )
+                            };
+                            let want = output(&fd, &inputs).expect("flash-decoding runs");
+                            for isa in paths() {
+                                let out = output_with(&c, isa, &inputs).expect("cascade runs");
+                                let e = crate::reference::check_masked(
+                                    &inputs,
+                                    causal,
+                                    window,
+                                    &out,
+                                    &rows_to_check(&c.shape, usize::MAX),
+                                );
+                                let diff = crate::run::max_abs_diff(&out, &want);
+                                assert!(
+                                    e.non_finite == 0
+                                        && e.max_abs <= dtype.tolerance()
+                                        && diff <= dtype.tolerance(),
+                                    "{shape:?} {dtype} {isa} px{prefix_len:?} c{causal} \
+                                     w{window:?} kc{kv_chunk}: oracle {:e}, flash-decoding {diff:e}",
+                                    e.max_abs
+                                );
+                                ran.insert((cd, dtype, isa));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for dtype in DType::ALL {
+        let of_dtype = ran.iter().copied().filter(|r| r.1 == dtype).collect();
+        assert_ran(&of_dtype, &BTreeSet::from([cd]), dtype, "cascade-decode");
     }
 }
 

@@ -27,7 +27,14 @@ pub const SLACK: &[(&[VariantId], u64)] = &[
     (&[VariantId::Flash], 384),
     // handles and region only (their hand-out flags are in the prediction)
     (&[VariantId::ChunkedPrefill, VariantId::FlashVarlen], 128),
-    (&[VariantId::DecodeNaive, VariantId::DecodeOnline], 128),
+    (
+        &[
+            VariantId::DecodeNaive,
+            VariantId::DecodeOnline,
+            VariantId::CascadeDecode,
+        ],
+        128,
+    ),
     // + the combine's weights of the splits
     (&[VariantId::FlashDecoding, VariantId::PagedDecode], 160),
     // + the simulation's bookkeeping (devices' ledgers, links' counters, the schedules),
