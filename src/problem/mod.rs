@@ -12,10 +12,12 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub mod batch_spec;
+pub mod fp8;
 pub mod isa;
 pub mod layout;
 pub mod paged;
 pub use batch_spec::BatchSpec;
+pub use fp8::{Fp8Format, Fp8Tensor};
 pub use isa::Isa;
 pub use layout::SeqLayout;
 pub use paged::{PageOrder, PagedKv, Paging};
