@@ -1,18 +1,23 @@
 //! FP8 storage of a KV cache: the two 8-bit formats of Micikevicius et al. 2022 ("FP8
 //! Formats for Deep Learning"), E4M3 (the "fn" variant: no infinities, largest finite 448)
 //! and E5M2 (IEEE-like, largest finite 57344), as serving stores K and V to halve what
-//! decoding reads (Transformers Inference Optimization Toolset, "KV cache quantization").
+//! decoding reads (quantization is left out of the Transformers Inference Optimization
+//! Toolset; FlashAttention-3 as it presents it uses FP8 with block scales).
 //! Each group of values (one head of one sequence) is divided by its own scale, the group's
 //! largest magnitude over the format's largest finite value, and rounded to the nearest
-//! code (ties to even) by the `float8` crate; a stored value is `code x scale`. Cost: two
-//! passes over the values to quantize (the maximum, then the codes); 1 byte per value and
-//! one f32 per group.
+//! code (ties to even) by the `float8` crate; a stored value is `code x scale` rounded to
+//! f32. Cost: two passes over the values to quantize (the maximum, then the codes); 1 byte
+//! per value and one f32 per group.
 
 use std::fmt;
 use std::str::FromStr;
 
 use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
+
+use super::{try_collect, Tensor};
+use crate::error::Result;
 
 /// One of the two FP8 formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -160,16 +165,89 @@ impl Fp8Tensor {
         self.scales[i / self.group]
     }
 
-    /// Value `i` as stored (code times its group's scale), widened to f64: exact, since the
-    /// product of two f32 fits an f64's mantissa.
+    /// Value `i` as stored: its code's value times its group's scale, rounded to f32 once,
+    /// exactly as the kernels widen it (`backend::cpu::fp8::widen`), so the oracle on these
+    /// values sees what the kernels read.
     #[inline]
     pub fn get_f64(&self, i: usize) -> f64 {
-        self.format.decode(self.codes[i]) as f64 * self.scale_of(i) as f64
+        (self.format.decode(self.codes[i]) * self.scale_of(i)) as f64
     }
 
     /// Bytes stored: one per code and four per scale.
     pub fn size_bytes(&self) -> usize {
         self.codes.len() + 4 * self.scales.len()
+    }
+}
+
+impl Fp8Tensor {
+    /// `t` quantized in groups of `group` values, its storage allocated fallibly
+    /// (`OutOfMemory` naming `what`): one group's f32 values at a time, never the whole
+    /// tensor widened.
+    pub fn try_quantize(t: &Tensor, group: usize, format: Fp8Format, what: &str) -> Result<Self> {
+        let (n, group) = (t.len(), group.max(1));
+        let mut codes = try_collect(n, std::iter::empty(), what)?;
+        let mut scales = try_collect(n.div_ceil(group), std::iter::empty(), what)?;
+        let mut buf = vec![0.0f32; group.min(n)];
+        for start in (0..n).step_by(group) {
+            let len = group.min(n - start);
+            let vals = &mut buf[..len];
+            let r = start..start + len;
+            match t {
+                Tensor::F32(v) => vals.copy_from_slice(&v[r]),
+                Tensor::Bf16(v) => vals
+                    .iter_mut()
+                    .zip(&v[r])
+                    .for_each(|(o, x)| *o = bf16::to_f32(*x)),
+                Tensor::F16(v) => vals
+                    .iter_mut()
+                    .zip(&v[r])
+                    .for_each(|(o, x)| *o = f16::to_f32(*x)),
+            }
+            let q = Fp8Tensor::quantize(vals, len, format);
+            codes.extend_from_slice(&q.codes);
+            scales.extend_from_slice(&q.scales);
+        }
+        Ok(Fp8Tensor {
+            format,
+            codes,
+            scales,
+            group,
+        })
+    }
+
+    /// Every value as stored (`get_f64`'s values, in f32), allocated fallibly
+    /// (`OutOfMemory` naming `what`).
+    pub fn try_dequantized(&self, what: &str) -> Result<Vec<f32>> {
+        let values = self.format.values();
+        let it = self.codes.iter().enumerate();
+        try_collect(
+            self.len(),
+            it.map(|(i, &c)| values[c as usize] * self.scale_of(i)),
+            what,
+        )
+    }
+}
+
+/// The K and V of a case's cache in one FP8 format, one scale per (sequence, KV head),
+/// built beside the logical cache in the storage dtype (which the other variants of an
+/// interleave group and the second error column read).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fp8Kv {
+    pub k: Fp8Tensor,
+    pub v: Fp8Tensor,
+}
+
+impl Fp8Kv {
+    /// `k` and `v` (`[batch, kv_heads, seq_kv, d]`) quantized per head of `seq_kv x d`.
+    pub fn try_build(k: &Tensor, v: &Tensor, head_len: usize, format: Fp8Format) -> Result<Self> {
+        Ok(Fp8Kv {
+            k: Fp8Tensor::try_quantize(k, head_len, format, "FP8 cache K")?,
+            v: Fp8Tensor::try_quantize(v, head_len, format, "FP8 cache V")?,
+        })
+    }
+
+    pub fn format(&self) -> Fp8Format {
+        self.k.format
     }
 }
 
@@ -257,6 +335,14 @@ mod tests {
             }
             // The largest magnitude of each group maps to the largest code.
             assert_eq!(t.codes[0] & 0x7f, f.encode(f.max_finite()));
+        }
+        // From a tensor, group by group, as from the slice.
+        for f in Fp8Format::ALL {
+            let t = Tensor::from_f32(values.clone(), crate::problem::DType::F32);
+            let q = Fp8Tensor::try_quantize(&t, 300, f, "test").expect("fits");
+            assert_eq!(q, Fp8Tensor::quantize(&values, 300, f));
+            let back = q.try_dequantized("test").expect("fits");
+            assert!((0..1000).all(|i| back[i] as f64 == q.get_f64(i)));
         }
         let zeros = Fp8Tensor::quantize(&[0.0; 8], 4, Fp8Format::Fp8e4m3);
         assert_eq!(zeros.scales, vec![1.0, 1.0]);

@@ -82,7 +82,7 @@ pub const MAX_SERIES: usize = 8;
 /// mask, then the shape, then the rest. The variant is never among them: colours show it.
 /// A key that only some cases have (`series::not_applicable`) splits a chart only where two
 /// of its values apply.
-pub const FACET_KEYS: [&str; 24] = [
+pub const FACET_KEYS: [&str; 25] = [
     "threads",
     "dtype",
     "causal",
@@ -107,6 +107,7 @@ pub const FACET_KEYS: [&str; 24] = [
     "page_size",
     "page_order",
     "kernel_path",
+    "kv_dtype",
 ];
 
 /// One panel of a chart: the series that share `values`.

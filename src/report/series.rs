@@ -148,6 +148,14 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
                 format!("path={}", r.kernel_path)
             },
         ),
+        (
+            "kv_dtype",
+            if r.kv_dtype.is_empty() {
+                NO_KV_DTYPE.into()
+            } else {
+                format!("kv={}", r.kv_dtype)
+            },
+        ),
     ]
 }
 
@@ -188,11 +196,12 @@ const NO_ALLREDUCE: &str = "no allreduce";
 const NO_D_OUT: &str = "no d_out";
 const NO_PAGES: &str = "no pages";
 const NO_KERNEL_PATH: &str = "default path";
+const NO_KV_DTYPE: &str = "kv as dtype";
 
 /// Identity columns shown only in the labels of series that differ in them, never in the
 /// caption: they apply to some variants or modes only (a caption speaks for every series), or
 /// say nothing while they are the same everywhere (the seed).
-pub const LABEL_ONLY: [&str; 7] = [
+pub const LABEL_ONLY: [&str; 8] = [
     "splits",
     "allreduce",
     "d_out",
@@ -200,6 +209,7 @@ pub const LABEL_ONLY: [&str; 7] = [
     "page_size",
     "page_order",
     "kernel_path",
+    "kv_dtype",
 ];
 
 /// Whether `value` of identity column `col` says that the key does not apply to the case. Such
@@ -213,6 +223,7 @@ pub fn not_applicable(col: &str, value: &str) -> bool {
             | ("d_out", NO_D_OUT)
             | ("page_size" | "page_order", NO_PAGES)
             | ("kernel_path", NO_KERNEL_PATH)
+            | ("kv_dtype", NO_KV_DTYPE)
     )
 }
 

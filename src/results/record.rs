@@ -203,6 +203,13 @@ pub struct Record {
     /// `portable`); empty: the run's default path (`meta.json`'s `cpu_kernel_path`).
     #[serde(default)]
     pub kernel_path: String,
+    /// K and V stored as FP8 (`kv_dtype`: `fp8e4m3`, `fp8e5m2`); empty: as `dtype`.
+    #[serde(default)]
+    pub kv_dtype: String,
+    /// An FP8 cache: max abs error of the output against the f64 oracle on the unquantized
+    /// K and V (`max_abs_err` is against the cache as stored); empty otherwise.
+    #[serde(default)]
+    pub max_abs_err_unquantized: Option<f64>,
 }
 
 impl Record {
@@ -296,6 +303,8 @@ impl Record {
             kernel_path: case
                 .kernel_path
                 .map_or(String::new(), |p| p.name().to_string()),
+            kv_dtype: case.kv_dtype.map_or(String::new(), |f| f.to_string()),
+            max_abs_err_unquantized: None,
         }
     }
 

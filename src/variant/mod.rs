@@ -156,6 +156,7 @@ impl DefaultCase for Case {
             prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
             batch_spec,
             kernel_path: None,
+            kv_dtype: None,
         }
     }
 }
