@@ -147,6 +147,12 @@ pub trait Variant: Sync {
         case.mode == Mode::FwdBwd
     }
 
+    /// Whether the variant reads an FP8 KV cache (`Case::kv_dtype`); the others leave such
+    /// cases out (`variant::impossible`).
+    fn fp8_kv(&self) -> bool {
+        false
+    }
+
     /// Bytes of K and V the call must read, for the memory-bound decode variants (the
     /// denominator of their achieved bandwidth); `None` for the others.
     fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {

@@ -70,6 +70,7 @@ fn case(
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     }
 }
 

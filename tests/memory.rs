@@ -135,6 +135,7 @@ fn measured_overhead_matches_the_prediction() {
     // bf16 also on the widening AVX-512 path where the pair path is the default.
     let also = (detected == Isa::Avx512Bf16 && Isa::Avx512.available()).then_some(Isa::Avx512);
     let mut measured = BTreeSet::new();
+    let mut fp8_measured = BTreeSet::new();
     // The MPI variants' per-rank predictions are checked under mpirun (tests/mpi.rs).
     for v in VariantId::in_process() {
         for (n, heads, dtype, threads) in [
@@ -175,6 +176,18 @@ fn measured_overhead_matches_the_prediction() {
             for &mode in &v.info().modes[1..] {
                 cases.push(Case { mode, ..c.clone() });
             }
+            // The readers of an FP8 cache: the same decodes with K and V in FP8 (widened
+            // into scratch whatever the dtype).
+            if v.get().fp8_kv() {
+                let fp8: Vec<Case> = cases
+                    .iter()
+                    .map(|c| Case {
+                        kv_dtype: Some(attnbench::problem::Fp8Format::Fp8e5m2),
+                        ..c.clone()
+                    })
+                    .collect();
+                cases.extend(fp8);
+            }
             if matches!(v, VariantId::RingPrefill | VariantId::StripePrefill) {
                 // Blocks of 8 query rows: under GEMM_MIN_ROWS, no SGEMM and so no packing.
                 cases.push(Case {
@@ -198,6 +211,9 @@ fn measured_overhead_matches_the_prediction() {
                 }
                 check_prediction(c, detected);
                 measured.insert((v.name(), c.mode, dtype, detected));
+                if c.kv_dtype.is_some() {
+                    fp8_measured.insert(v.name());
+                }
                 if let Some(isa) = also.filter(|_| dtype == DType::Bf16) {
                     check_prediction(c, isa);
                     measured.insert((v.name(), c.mode, dtype, isa));
@@ -219,6 +235,9 @@ fn measured_overhead_matches_the_prediction() {
         }
     }
     assert_eq!(measured, expected);
+    // The FP8 readers, written out (a variant that stops reading one fails here).
+    let fp8_expected = BTreeSet::from(["decode-naive", "decode-online", "flash-decoding"]);
+    assert_eq!(fp8_measured, fp8_expected);
 }
 
 /// The case in the variant's own first mode: decode variants get 3 new tokens against the

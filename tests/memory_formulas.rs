@@ -15,8 +15,9 @@ mod slack;
 
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::problem::{
-    Allreduce, BatchSpec, Case, DType, Mode, PageOrder, Paging, Shape, VariantId,
+    Allreduce, BatchSpec, Case, DType, Fp8Format, Mode, PageOrder, Paging, Shape, VariantId,
 };
+use attnbench::variant::impossible::impossible;
 use attnbench::variant::{DefaultCase, Registry, Saved};
 
 // The kernels' documented block sizes (docs/reference/variants.md, the kernels' docs).
@@ -71,6 +72,11 @@ fn read(dtype: DType, isa: Isa, d: usize) -> Read {
 
 fn widen(c: &Case) -> bool {
     c.dtype != DType::F32
+}
+
+/// Whether decode widens K and V into scratch: low-precision storage, or an FP8 cache.
+fn widen_kv(c: &Case) -> bool {
+    widen(c) || c.kv_dtype.is_some()
 }
 
 /// Bytes of `workers` f32 buffers of `floats` each.
@@ -305,20 +311,17 @@ fn decode_naive(c: &Case) -> u64 {
     let s = &c.shape;
     let (d, rows) = (s.head_dim, s.group() * s.seq_q);
     let scores = 4 * (s.batch * s.heads * s.seq_q * s.seq_kv) as u64; // S over the cache
-    let floats = if widen(c) {
-        rows * d + 2 * DECODE_BK * d // widened query rows; one widened K and V block
-    } else {
-        0
-    };
-    scores + ws(c.threads.min(groups(c)).max(1), floats)
+    let q = if widen(c) { rows * d } else { 0 }; // widened query rows
+    let kv = if widen_kv(c) { 2 * DECODE_BK * d } else { 0 }; // one widened K and V block
+    scores + ws(c.threads.min(groups(c)).max(1), q + kv)
 }
 
 fn decode_online(c: &Case) -> u64 {
     let s = &c.shape;
     let (d, rows) = (s.head_dim, s.group() * s.seq_q);
     let q = if widen(c) { rows * d } else { 0 }; // widened query rows
-    let kv = if widen(c) { 2 * d } else { 0 }; // one widened key and value
-                                               // m and l per row; one score per row
+    let kv = if widen_kv(c) { 2 * d } else { 0 }; // one widened key and value
+                                                  // m and l per row; one score per row
     ws(c.threads.min(groups(c)).max(1), q + 2 * rows + kv + rows)
 }
 
@@ -351,9 +354,9 @@ fn split_decode(c: &Case, paged: bool) -> u64 {
     let scratch = if whole {
         // one block shared by the KV heads, at least a page
         let merged = (bk / s.kv_heads.max(1)).max(page).max(1);
-        attend_scratch(rows, merged, d, widen(c), false)
+        attend_scratch(rows, merged, d, widen_kv(c), false)
     } else {
-        attend_scratch(rows, bk, d, widen(c), paged && rows >= GEMM_MIN_ROWS)
+        attend_scratch(rows, bk, d, widen_kv(c), paged && rows >= GEMM_MIN_ROWS)
     };
     let q = if widen(c) { rows * d } else { 0 }; // the item's query rows, widened
     let floats = q + 2 * rows + scratch; // + m and l per row
@@ -679,6 +682,16 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                         .collect();
                     variants.extend(spread);
                 }
+                // The readers of an FP8 cache, which widen K and V whatever the dtype.
+                let fp8: Vec<Case> = variants
+                    .iter()
+                    .map(|c| Case {
+                        kv_dtype: Some(Fp8Format::Fp8e4m3),
+                        ..c.clone()
+                    })
+                    .filter(|c| impossible(c).is_none())
+                    .collect();
+                variants.extend(fp8);
                 if v.get().default_allreduce().is_some() {
                     let ring: Vec<Case> = variants
                         .iter()

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::npy;
 use crate::problem::{
-    Allreduce, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad, VariantId,
+    Allreduce, Case, DType, Device, Fp8Format, InputDist, Mode, Shape, UpstreamGrad, VariantId,
 };
 use crate::report::terminal::record_table;
 use crate::results::record::RecordJson;
@@ -91,6 +91,10 @@ pub struct RunArgs {
     /// this CPU's measured choice, `attnbench list`].
     #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
     pub kernel_path: Option<Isa>,
+    /// K and V stored as FP8 (fp8e4m3, fp8e5m2) with one scale per KV head; Q stays in
+    /// --dtype (flash-decoding, decode-online, decode-naive) [default: K and V as --dtype].
+    #[arg(long, value_name = "FORMAT")]
+    pub kv_dtype: Option<Fp8Format>,
     /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
     #[arg(long, default_value = "normal")]
     pub input_dist: InputDist,
@@ -273,6 +277,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         batch_spec: None,
         kernel_path: args.kernel_path.filter(|_| args.device == Device::Cpu),
         prefix_len: args.prefix_len,
+        kv_dtype: args.kv_dtype,
     };
     let settings = Settings {
         run_name: "run".into(),

@@ -6,7 +6,8 @@ use std::fmt;
 use toml::Value;
 
 use crate::backend::cpu::isa::Isa;
-use crate::problem::{BatchSpec, DType, Device, InputDist, Mode, PageOrder, UpstreamGrad};
+use crate::problem::UpstreamGrad;
+use crate::problem::{BatchSpec, DType, Device, Fp8Format, InputDist, Mode, PageOrder};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
@@ -18,6 +19,7 @@ pub enum Axis {
     Mode,
     Device,
     DType,
+    KvDtype,
     InputDist,
     InputScale,
     DOut,
@@ -57,6 +59,8 @@ enum Kind {
     BatchSpec,
     /// A CPU kernel path this CPU runs.
     KernelPath,
+    /// How K and V are stored: `same` as Q, or an FP8 format.
+    Fp8,
     /// Finite, >= 0.
     Scale,
     Bool,
@@ -87,11 +91,12 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 27] = [
+    pub const ALL: [Axis; 28] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
         Axis::DType,
+        Axis::KvDtype,
         Axis::InputDist,
         Axis::InputScale,
         Axis::DOut,
@@ -124,6 +129,7 @@ impl Axis {
             Axis::Mode => "mode",
             Axis::Device => "device",
             Axis::DType => "dtype",
+            Axis::KvDtype => "kv_dtype",
             Axis::InputDist => "input_dist",
             Axis::InputScale => "input_scale",
             Axis::DOut => "d_out",
@@ -164,6 +170,7 @@ impl Axis {
             Axis::Mode => Kind::Mode,
             Axis::Device => Kind::Device,
             Axis::DType => Kind::DType,
+            Axis::KvDtype => Kind::Fp8,
             Axis::InputDist => Kind::InputDist,
             Axis::InputScale => Kind::Scale,
             Axis::DOut => Kind::DOut,
@@ -204,6 +211,7 @@ impl Axis {
                 | Kind::PageOrder
                 | Kind::BatchSpec
                 | Kind::KernelPath
+                | Kind::Fp8
         )
     }
 
@@ -239,6 +247,7 @@ impl Axis {
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
             Axis::Window => Derived("none"),
             Axis::PrefixLen => Derived("none (every request's cache its own)"),
+            Axis::KvDtype => Derived("= dtype (K and V stored like Q)"),
             Axis::KernelPath => match run.kernel_path {
                 Some(isa) => Fixed(AxisValue::KernelPath(isa)),
                 None => Derived("this CPU's measured choice (attnbench list)"),
@@ -282,6 +291,9 @@ impl Axis {
                         .collect()
                 )
             ),
+            Kind::Fp8 => {
+                "how K and V are stored: same (as dtype) or an FP8 format (fp8e4m3, fp8e5m2)".into()
+            }
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
@@ -298,6 +310,44 @@ impl fmt::Display for Axis {
 impl Serialize for Axis {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.name())
+    }
+}
+
+/// A `kv_dtype` value: K and V stored like Q (`same`), or in an FP8 format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvDtype(pub Option<Fp8Format>);
+
+impl KvDtype {
+    /// The name a config gives for K and V stored like Q.
+    pub const SAME: &'static str = "same";
+
+    fn parse(s: &str) -> Result<KvDtype, String> {
+        if s == Self::SAME {
+            return Ok(KvDtype(None));
+        }
+        if s.parse::<DType>().is_ok() {
+            return Err(format!(
+                "`{s}` is a dtype: K and V are stored as dtype unless kv_dtype names an FP8 format (write `same` for that)"
+            ));
+        }
+        s.parse()
+            .map(|f| KvDtype(Some(f)))
+            .map_err(|e: String| format!("{e}, or `same` for K and V stored as dtype"))
+    }
+}
+
+impl fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(x) => x.fmt(f),
+            None => f.write_str(Self::SAME),
+        }
+    }
+}
+
+impl Serialize for KvDtype {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -320,6 +370,7 @@ pub enum AxisValue {
     /// A ragged batch; lives as long as the process, like the config it came from.
     BatchSpec(&'static BatchSpec),
     KernelPath(Isa),
+    Fp8(KvDtype),
     Bool(bool),
     Size(usize),
     Scale(f64),
@@ -339,6 +390,7 @@ impl fmt::Display for AxisValue {
             AxisValue::PageOrder(v) => v.fmt(f),
             AxisValue::BatchSpec(v) => v.fmt(f),
             AxisValue::KernelPath(v) => v.fmt(f),
+            AxisValue::Fp8(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
@@ -450,6 +502,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
         Kind::BatchSpec => AxisValue::BatchSpec(Box::leak(Box::new(name()?.parse()?))),
         Kind::KernelPath => AxisValue::KernelPath(Isa::parse_available(name()?)?),
+        Kind::Fp8 => AxisValue::Fp8(KvDtype::parse(name()?)?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {
             let n = v.as_integer().ok_or_else(wrong)?;

@@ -145,6 +145,7 @@ fn build(
     let (mut external, mut page_size, mut page_order) = (None, None, None);
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
     let mut prefix_len = None;
+    let mut kv_dtype = None;
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -155,6 +156,7 @@ fn build(
             (Axis::Mode, AxisValue::Mode(x)) => mode = x,
             (Axis::Device, AxisValue::Device(x)) => device = x,
             (Axis::DType, AxisValue::DType(x)) => dtype = x,
+            (Axis::KvDtype, AxisValue::Fp8(x)) => kv_dtype = x.0,
             (Axis::InputDist, AxisValue::InputDist(x)) => input_dist = x,
             (Axis::InputScale, AxisValue::Scale(x)) => input_scale = x,
             (Axis::DOut, AxisValue::DOut(x)) => d_out = x,
@@ -257,6 +259,7 @@ fn build(
         kernel_path: kernel_path
             .filter(|_| device == Device::Cpu && variant != VariantId::External),
         prefix_len,
+        kv_dtype,
     })
 }
 

@@ -54,6 +54,7 @@ fn case_in(
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     }
 }
 

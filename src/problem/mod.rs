@@ -12,10 +12,12 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub mod batch_spec;
+pub mod fp8;
 pub mod isa;
 pub mod layout;
 pub mod paged;
 pub use batch_spec::BatchSpec;
+pub use fp8::{Fp8Format, Fp8Kv, Fp8Tensor};
 pub use isa::Isa;
 pub use layout::SeqLayout;
 pub use paged::{PageOrder, PagedKv, Paging};
@@ -74,7 +76,12 @@ impl FromStr for DType {
         DType::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}` (expected one of: f32, bf16, f16)"))
+            .ok_or_else(|| match s.parse::<Fp8Format>() {
+                Ok(_) => format!(
+                    "dtype `{s}` is for K and V only (expected one of: f32, bf16, f16; an FP8 cache is kv_dtype = \"{s}\")"
+                ),
+                Err(_) => format!("unknown dtype `{s}` (expected one of: f32, bf16, f16)"),
+            })
     }
 }
 
@@ -703,6 +710,10 @@ pub struct Case {
     /// (`Inputs::share_prefix`); `None`: every request's cache its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_len: Option<usize>,
+    /// K and V stored as FP8 in this format, with one scale per (sequence, KV head)
+    /// (`problem::fp8`); Q stays in `dtype`. `None`: K and V in `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<Fp8Format>,
 }
 
 impl Case {
@@ -760,6 +771,7 @@ impl Case {
                 .kernel_path
                 .map_or(String::new(), |p| format!("|kp{p}"))
             + &self.prefix_len.map_or(String::new(), |n| format!("|px{n}"))
+            + &self.kv_dtype.map_or(String::new(), |f| format!("|kv{f}"))
     }
 
     /// Why the case's `prefix_len` cannot be made (a `skipped` row, `run`'s exit 2): a
@@ -852,7 +864,12 @@ impl Case {
             }
             None => (s.kv_len(), 0),
         };
-        let fwd = (s.q_len() + 2 * kv) * self.dtype.size_bytes() + s.out_len() * 4 + table;
+        // An FP8 cache is its codes and one f32 scale per (sequence, KV head) of K and of V.
+        let kv_bytes = match self.kv_dtype {
+            Some(_) => 2 * (kv + 4 * s.batch * s.kv_heads),
+            None => 2 * kv * self.dtype.size_bytes(),
+        };
+        let fwd = s.q_len() * self.dtype.size_bytes() + kv_bytes + s.out_len() * 4 + table;
         let train = match self.mode {
             Mode::FwdBwd => (s.out_len() + s.q_len() + 2 * s.kv_len()) * 4,
             _ => 0,
@@ -1005,6 +1022,9 @@ pub struct Inputs {
     /// (`Case::paging`); `k` and `v` stay the logical cache the oracle and the other
     /// variants read.
     pub paged: Vec<PagedKv>,
+    /// The same K and V in FP8, one per format the cases on these inputs use
+    /// (`Case::kv_dtype`); `k` and `v` stay the cache in the storage dtype.
+    pub fp8: Vec<Fp8Kv>,
 }
 
 impl Inputs {
@@ -1045,6 +1065,7 @@ impl Inputs {
             k,
             v,
             paged: Vec::new(),
+            fp8: Vec::new(),
         })
     }
 
@@ -1064,7 +1085,47 @@ impl Inputs {
             case.seed,
         )?
         .share_prefix(case)
-        .try_paged_for(case)
+        .try_prepared_for(case)
+    }
+
+    /// These inputs with what `case` reads beside the logical cache: its page pool
+    /// (`try_paged_for`) and its FP8 cache (`try_fp8_for`).
+    pub fn try_prepared_for(self, case: &Case) -> crate::error::Result<Inputs> {
+        self.try_paged_for(case)?.try_fp8_for(case)
+    }
+
+    /// These inputs with the FP8 cache of `case`'s `kv_dtype` (quantized from `k` and `v`
+    /// unless they have it already); unchanged for a case without one.
+    pub fn try_fp8_for(mut self, case: &Case) -> crate::error::Result<Inputs> {
+        if let Some(f) = case.kv_dtype {
+            if self.fp8_kv(f).is_none() {
+                let head = self.shape.seq_kv * self.shape.head_dim;
+                self.fp8.push(Fp8Kv::try_build(&self.k, &self.v, head, f)?);
+            }
+        }
+        Ok(self)
+    }
+
+    /// The FP8 cache in format `f`, if these inputs hold it.
+    pub fn fp8_kv(&self, f: Fp8Format) -> Option<&Fp8Kv> {
+        self.fp8.iter().find(|x| x.format() == f)
+    }
+
+    /// The inputs the oracle checks an FP8 case against: K and V as that case's kernels
+    /// read them (`Fp8Tensor::try_dequantized`, f32), Q unchanged; allocated fallibly, and an
+    /// error where these inputs hold no such cache.
+    pub fn try_dequantized(&self, f: Fp8Format) -> crate::error::Result<Inputs> {
+        let kv = self
+            .fp8_kv(f)
+            .ok_or_else(|| crate::error::Error::Runtime(format!("the inputs hold no {f} cache")))?;
+        Ok(Inputs {
+            shape: self.shape,
+            q: self.q.clone(),
+            k: Tensor::F32(kv.k.try_dequantized("the oracle's dequantized K")?),
+            v: Tensor::F32(kv.v.try_dequantized("the oracle's dequantized V")?),
+            paged: Vec::new(),
+            fp8: Vec::new(),
+        })
     }
 
     /// These inputs with `case.prefix_len` cached tokens shared by the batch: batch item

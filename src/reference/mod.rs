@@ -242,6 +242,7 @@ mod tests {
             k: Tensor::F32(vec![0.3, 0.7]),
             v: Tensor::F32(vec![5.0, -6.0]),
             paged: Vec::new(),
+            fp8: Vec::new(),
         };
         assert_eq!(reference_row(&inputs, false, (0, 0, 1)), vec![5.0, -6.0]);
         // Causal with seq_q > seq_kv: row 0 sees no key.
@@ -264,6 +265,7 @@ mod tests {
             k: Tensor::F32(vec![1.0, 2.0]),
             v: Tensor::F32(vec![1.0, 3.0]),
             paged: Vec::new(),
+            fp8: Vec::new(),
         };
         assert_eq!(reference_row(&inputs, false, (0, 0, 0)), vec![2.0]);
     }

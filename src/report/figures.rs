@@ -82,7 +82,7 @@ pub const MAX_SERIES: usize = 8;
 /// mask, then the shape, then the rest. The variant is never among them: colours show it.
 /// A key that only some cases have (`series::not_applicable`) splits a chart only where two
 /// of its values apply.
-pub const FACET_KEYS: [&str; 25] = [
+pub const FACET_KEYS: [&str; 26] = [
     "threads",
     "dtype",
     "causal",
@@ -108,6 +108,7 @@ pub const FACET_KEYS: [&str; 25] = [
     "page_order",
     "kernel_path",
     "prefix_len",
+    "kv_dtype",
 ];
 
 /// One panel of a chart: the series that share `values`.

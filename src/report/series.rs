@@ -153,6 +153,14 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
             r.prefix_len
                 .map_or(NO_PREFIX.into(), |n| format!("prefix={n}")),
         ),
+        (
+            "kv_dtype",
+            if r.kv_dtype.is_empty() {
+                NO_KV_DTYPE.into()
+            } else {
+                format!("kv={}", r.kv_dtype)
+            },
+        ),
     ]
 }
 
@@ -194,11 +202,12 @@ const NO_D_OUT: &str = "no d_out";
 const NO_PAGES: &str = "no pages";
 const NO_KERNEL_PATH: &str = "default path";
 const NO_PREFIX: &str = "no shared prefix";
+const NO_KV_DTYPE: &str = "kv as dtype";
 
 /// Identity columns shown only in the labels of series that differ in them, never in the
 /// caption: they apply to some variants or modes only (a caption speaks for every series), or
 /// say nothing while they are the same everywhere (the seed).
-pub const LABEL_ONLY: [&str; 8] = [
+pub const LABEL_ONLY: [&str; 9] = [
     "splits",
     "allreduce",
     "d_out",
@@ -207,6 +216,7 @@ pub const LABEL_ONLY: [&str; 8] = [
     "page_order",
     "kernel_path",
     "prefix_len",
+    "kv_dtype",
 ];
 
 /// Whether `value` of identity column `col` says that the key does not apply to the case. Such
@@ -221,6 +231,7 @@ pub fn not_applicable(col: &str, value: &str) -> bool {
             | ("page_size" | "page_order", NO_PAGES)
             | ("kernel_path", NO_KERNEL_PATH)
             | ("prefix_len", NO_PREFIX)
+            | ("kv_dtype", NO_KV_DTYPE)
     )
 }
 

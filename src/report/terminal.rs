@@ -79,6 +79,11 @@ pub const GROUPS: &[Group] = &[
                 render: |r| text(&r.kernel_path),
             },
             Line {
+                label: "KV cache",
+                columns: &["kv_dtype"],
+                render: |r| text(&r.kv_dtype).map(|f| format!("{f}, one scale per KV head")),
+            },
+            Line {
                 label: "chunks",
                 columns: &["q_chunk", "kv_chunk"],
                 render: |r| {
@@ -301,6 +306,14 @@ pub const GROUPS: &[Group] = &[
                 label: "max rel error",
                 columns: &["max_rel_err"],
                 render: |r| r.max_rel_err.map(units::sci),
+            },
+            Line {
+                label: "vs unquantized",
+                columns: &["max_abs_err_unquantized"],
+                render: |r| {
+                    r.max_abs_err_unquantized
+                        .map(|e| format!("{} (against K, V before FP8)", units::sci(e)))
+                },
             },
             Line {
                 label: "rows checked",

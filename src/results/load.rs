@@ -13,7 +13,7 @@ use crate::measure::calibrate::Calibration;
 pub use super::{CSV_NAME, META_NAME};
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 35] = [
+pub const OPTIONAL_COLUMNS: [&str; 37] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -49,6 +49,8 @@ pub const OPTIONAL_COLUMNS: [&str; 35] = [
     "batch_spec",
     "kernel_path",
     "prefix_len",
+    "kv_dtype",
+    "max_abs_err_unquantized",
 ];
 
 /// The contents of a results directory.

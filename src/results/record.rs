@@ -207,6 +207,13 @@ pub struct Record {
     /// request's cache is its own.
     #[serde(default)]
     pub prefix_len: Option<usize>,
+    /// K and V stored as FP8 (`kv_dtype`: `fp8e4m3`, `fp8e5m2`); empty: as `dtype`.
+    #[serde(default)]
+    pub kv_dtype: String,
+    /// An FP8 cache: max abs error of the output against the f64 oracle on the unquantized
+    /// K and V (`max_abs_err` is against the cache as stored); empty otherwise.
+    #[serde(default)]
+    pub max_abs_err_unquantized: Option<f64>,
 }
 
 impl Record {
@@ -301,6 +308,8 @@ impl Record {
                 .kernel_path
                 .map_or(String::new(), |p| p.name().to_string()),
             prefix_len: case.prefix_len,
+            kv_dtype: case.kv_dtype.map_or(String::new(), |f| f.to_string()),
+            max_abs_err_unquantized: None,
         }
     }
 

@@ -78,6 +78,7 @@ pub fn split_inputs(inputs: Inputs, rows: usize) -> (Inputs, Tensor) {
         k: inputs.k,
         v: inputs.v,
         paged: inputs.paged,
+        fp8: inputs.fp8,
     };
     (part, inputs.q)
 }
@@ -90,6 +91,7 @@ pub fn join_inputs(part: Inputs, full_q: Tensor, shape: Shape) -> Inputs {
         k: part.k,
         v: part.v,
         paged: part.paged,
+        fp8: part.fp8,
     }
 }
 
@@ -191,6 +193,7 @@ mod tests {
             batch_spec: None,
             kernel_path: None,
             prefix_len: None,
+            kv_dtype: None,
         }
     }
 

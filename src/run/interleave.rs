@@ -163,7 +163,7 @@ fn time_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     // One logical cache for all, and the pool of each paging its members use.
     // Inputs that do not fit: each case alone, which makes its row `oom`.
     let inputs = Inputs::try_for_case(first)
-        .and_then(|x| cases.iter().try_fold(x, |x, c| x.try_paged_for(c)));
+        .and_then(|x| cases.iter().try_fold(x, |x, c| x.try_prepared_for(c)));
     let inputs = match inputs {
         Ok(x) => x,
         Err(_) => return cases.iter().map(|c| run_case(c, settings, None)).collect(),

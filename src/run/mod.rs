@@ -472,7 +472,7 @@ fn inputs_failed(case: &Case, settings: &Settings, predicted: u64, e: Error) -> 
 /// of a paged cache reads.
 fn case_inputs(case: &Case, given: Option<Inputs>) -> Result<Inputs> {
     match given {
-        Some(x) => x.share_prefix(case).try_paged_for(case),
+        Some(x) => x.share_prefix(case).try_prepared_for(case),
         None => Inputs::try_for_case(case),
     }
 }
@@ -500,7 +500,24 @@ pub(crate) fn record_output_error(
     sample: usize,
 ) {
     let rows = reference::rows_to_check(&case.shape, sample);
-    let err = reference::check_case(case, inputs, out, &rows);
+    // An FP8 cache: the kernel's error against the cache as stored, and beside it what the
+    // quantization costs, against the unquantized K and V.
+    let stored = match case.kv_dtype {
+        Some(f) => match inputs.try_dequantized(f) {
+            Ok(x) => {
+                let raw = reference::check_case(case, inputs, out, &rows);
+                record.max_abs_err_unquantized = Some(raw.max_abs);
+                Some(x)
+            }
+            Err(e) => {
+                record.status = Status::Error;
+                record.reason = format!("the oracle's FP8 inputs: {e}");
+                return;
+            }
+        },
+        None => None,
+    };
+    let err = reference::check_case(case, stored.as_ref().unwrap_or(inputs), out, &rows);
     record.max_abs_err = Some(err.max_abs);
     record.max_rel_err = Some(err.max_rel);
     record.err_rows = Some(err.rows);

@@ -162,6 +162,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     }
 }
 

@@ -50,6 +50,7 @@ impl<'a> KvRef<'a> {
             pages: None,
             // Simulated devices run this CPU's default path (`variant::impossible`).
             bf16_dot: Isa::detect().bf16_dot(),
+            fp8: None,
         }
     }
 }

@@ -55,6 +55,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

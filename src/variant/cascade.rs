@@ -332,6 +332,7 @@ impl Ctx<'_> {
             len: keys.len(),
             pages: None,
             bf16_dot: self.isa.bf16_dot(),
+            fp8: None,
         };
         let mut state = RowState { acc: o, m, l };
         state.reset();

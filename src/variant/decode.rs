@@ -26,8 +26,9 @@ use crate::backend::cpu::decode::{
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
-use crate::error::Result;
-use crate::problem::{Case, DType, Device, Inputs, Mode, PageOrder, Paging, SeqLayout, Shape};
+use crate::error::{Error, Result};
+use crate::problem::Shape;
+use crate::problem::{Case, DType, Device, Fp8Kv, Inputs, Mode, PageOrder, Paging, SeqLayout};
 
 /// Which loop order.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -172,13 +173,19 @@ impl Geometry {
 
 /// Bytes of the cached keys and values the queries attend (each once, every KV head): the
 /// traffic a decode step cannot avoid; summed over the sequences of a ragged batch.
+/// An FP8 cache: 1 byte per value, and the scales of K and V (one per KV head of each
+/// row of the batch; a packed ragged batch is one row).
 pub(super) fn kv_read_bytes(case: &Case) -> u64 {
     let s = &case.shape;
     let seqs = case.seq_layout();
     let keys: usize = (0..seqs.len())
         .map(|b| attended(case, &seqs, b).len())
         .sum();
-    (2 * s.kv_heads * keys * s.head_dim * case.dtype.size_bytes()) as u64
+    let values = 2 * s.kv_heads * keys * s.head_dim;
+    match case.kv_dtype {
+        Some(_) => (values + 2 * 4 * s.kv_heads * s.batch) as u64,
+        None => (values * case.dtype.size_bytes()) as u64,
+    }
 }
 
 /// The keys sequence `b` of `seqs` attends: the union of its rows' visible ranges.
@@ -206,12 +213,12 @@ impl Decode {
         let s = &case.shape;
         let rows = s.group() * s.seq_q;
         let d = s.head_dim;
-        let widen = case.dtype != DType::F32;
+        let (widen, widen_kv) = widens(case);
         let q = if widen { rows * d } else { 0 };
         let (items, floats) = match (self.kind, sched) {
             (_, Some(sched)) => (sched.len(), sched.worker_floats(case)),
-            (Kind::Naive, _) => (0, q + materialized_scratch_len(KV_BLOCK, d, widen)),
-            _ => (0, q + 2 * rows + sequential_scratch_len(rows, d, widen)),
+            (Kind::Naive, _) => (0, q + materialized_scratch_len(KV_BLOCK, d, widen_kv)),
+            _ => (0, q + 2 * rows + sequential_scratch_len(rows, d, widen_kv)),
         };
         let items = if items == 0 {
             s.batch * s.kv_heads
@@ -282,6 +289,12 @@ impl Variant for Decode {
                 self.info.name, case.devices
             ));
         }
+        if case.kv_dtype.is_some() && case.device == Device::Cuda {
+            return Some(format!(
+                "variant {} has no CUDA kernel for an FP8 cache (kv_dtype) yet",
+                self.info.name
+            ));
+        }
         if case.batch_spec.is_some() && case.device == Device::Cuda {
             return Some(format!(
                 "variant {} has no CUDA kernel for a ragged batch (batch_spec) yet",
@@ -332,7 +345,14 @@ impl Variant for Decode {
         Some(kv_read_bytes(case))
     }
 
+    /// flash-decoding, decode-online and decode-naive read an FP8 cache (widened block by
+    /// block with its head's scale); paged-decode's pool holds the storage dtype only.
+    fn fp8_kv(&self) -> bool {
+        self.kind != Kind::Paged
+    }
+
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let fp8 = fp8_of(case, inputs)?;
         // The schedule once per call: the workers' layout and the items both read it.
         let sched = self.schedule(case);
         let (workers, floats) = self.layout(case, sched.as_ref());
@@ -341,12 +361,12 @@ impl Variant for Decode {
                 let scores = self.buffers(case, None);
                 let mut scores = try_zeroed(scores, "decode-naive score matrix S")?;
                 let ws = Workspace::new(workers, floats, "decode-naive workspace")?;
-                naive(case, isa, inputs, &mut scores, &ws, out);
+                naive(case, isa, inputs, fp8, &mut scores, &ws, out);
             }
             // decode-online, the kind left with no schedule.
             (_, None) => {
                 let ws = Workspace::new(workers, floats, "decode-online state")?;
-                online(case, isa, inputs, &ws, out);
+                online(case, isa, inputs, fp8, &ws, out);
             }
             (_, Some(sched)) => {
                 let name = self.info.name;
@@ -368,6 +388,7 @@ impl Variant for Decode {
                     case,
                     isa,
                     inputs,
+                    fp8,
                     &sched,
                     cache,
                     &mut part_o,
@@ -390,10 +411,29 @@ fn group_offsets(s: &Shape, gi: usize) -> (usize, usize) {
     (q, kv)
 }
 
+/// (Q widened into scratch, K and V widened block by block) for `case`.
+pub(super) fn widens(case: &Case) -> (bool, bool) {
+    let q = case.dtype != DType::F32;
+    (q, q || case.kv_dtype.is_some())
+}
+
+/// The FP8 cache `case` reads, if it names one; an error if the inputs lack it (a harness
+/// bug: `Inputs::try_prepared_for` builds it).
+pub(super) fn fp8_of<'a>(case: &Case, inputs: &'a Inputs) -> Result<Option<&'a Fp8Kv>> {
+    case.kv_dtype
+        .map(|f| {
+            inputs.fp8_kv(f).ok_or_else(|| {
+                Error::Runtime(format!("{}: the inputs hold no {f} cache", case.id()))
+            })
+        })
+        .transpose()
+}
+
 fn naive(
     case: &Case,
     isa: Isa,
     inputs: &Inputs,
+    fp8: Option<&Fp8Kv>,
     scores: &mut [f32],
     ws: &Workspace,
     out: &mut [f32],
@@ -407,12 +447,12 @@ fn naive(
         .for_each(|(gi, (o, sc))| {
             let (q_off, kv_off) = group_offsets(s, gi);
             let mut guard = ws.acquire();
-            let widen = inputs.q.dtype() != DType::F32;
+            let (widen, widen_kv) = widens(case);
             let [qs, scratch] = carve(
                 &mut guard,
                 [
                     if widen { rows * d } else { 0 },
-                    materialized_scratch_len(KV_BLOCK, d, widen),
+                    materialized_scratch_len(KV_BLOCK, d, widen_kv),
                 ],
             );
             let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
@@ -423,13 +463,21 @@ fn naive(
                 len: s.seq_kv,
                 pages: None,
                 bf16_dot: isa.bf16_dot(),
+                fp8,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             attend_materialized(q, rows, &range, keys, d, s.scale(), sc, o, scratch);
         });
 }
 
-fn online(case: &Case, isa: Isa, inputs: &Inputs, ws: &Workspace, out: &mut [f32]) {
+fn online(
+    case: &Case,
+    isa: Isa,
+    inputs: &Inputs,
+    fp8: Option<&Fp8Kv>,
+    ws: &Workspace,
+    out: &mut [f32],
+) {
     let s = &case.shape;
     let geo = Geometry::of(case);
     let (d, rows) = (s.head_dim, geo.rows);
@@ -438,14 +486,14 @@ fn online(case: &Case, isa: Isa, inputs: &Inputs, ws: &Workspace, out: &mut [f32
         .for_each(|(gi, o)| {
             let (q_off, kv_off) = group_offsets(s, gi);
             let mut guard = ws.acquire();
-            let widen = inputs.q.dtype() != DType::F32;
+            let (widen, widen_kv) = widens(case);
             let [qs, m, l, scratch] = carve(
                 &mut guard,
                 [
                     if widen { rows * d } else { 0 },
                     rows,
                     rows,
-                    sequential_scratch_len(rows, d, widen),
+                    sequential_scratch_len(rows, d, widen_kv),
                 ],
             );
             let q = vecops::widen(&inputs.q, q_off, rows * d, qs);
@@ -456,6 +504,7 @@ fn online(case: &Case, isa: Isa, inputs: &Inputs, ws: &Workspace, out: &mut [f32
                 len: s.seq_kv,
                 pages: None,
                 bf16_dot: isa.bf16_dot(),
+                fp8,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             let mut state = RowState { acc: o, m, l };

@@ -26,6 +26,8 @@ pub enum Impossible {
     /// A forced `kernel_path` for a multi-device variant, whose simulated devices run this
     /// CPU's default path.
     DefaultPathOnly,
+    /// An FP8 `kv_dtype` for a variant that reads K and V in the storage dtype only.
+    NoFp8Kv,
 }
 
 impl Impossible {
@@ -38,6 +40,7 @@ impl Impossible {
             Impossible::NoCuda => "cuda",
             Impossible::NotRagged => "batch_spec",
             Impossible::DefaultPathOnly => "kernel_path",
+            Impossible::NoFp8Kv => "kv_dtype",
         }
     }
 
@@ -63,6 +66,10 @@ impl Impossible {
             Impossible::DefaultPathOnly => format!(
                 "variant {name} runs this CPU's default kernel path only: a kernel_path applies to {}",
                 names(|v| !v.get().multi_device())
+            ),
+            Impossible::NoFp8Kv => format!(
+                "variant {name} reads K and V as dtype: an FP8 kv_dtype applies to {}",
+                names(|v| v.get().fp8_kv())
             ),
         }
     }
@@ -106,6 +113,9 @@ pub fn impossible(case: &Case) -> Option<Impossible> {
     if case.kernel_path.is_some() && v.multi_device() {
         return Some(Impossible::DefaultPathOnly);
     }
+    if case.kv_dtype.is_some() && !v.fp8_kv() {
+        return Some(Impossible::NoFp8Kv);
+    }
     None
 }
 
@@ -142,7 +152,8 @@ impl LeftOut {
             Impossible::NoDevices
             | Impossible::NoCuda
             | Impossible::NotRagged
-            | Impossible::DefaultPathOnly => String::new(),
+            | Impossible::DefaultPathOnly
+            | Impossible::NoFp8Kv => String::new(),
         };
         let kind = why.kind().to_string();
         match self.reasons.iter_mut().find(|(k, _)| *k == kind) {
@@ -170,6 +181,7 @@ impl LeftOut {
                 "cuda" => "no CUDA kernels (device = cuda)".into(),
                 "batch_spec" => "sequences of one length only (batch_spec)".into(),
                 "kernel_path" => "the default kernel path only (kernel_path)".into(),
+                "kv_dtype" => "K and V as dtype only (kv_dtype)".into(),
                 other => other.to_string(),
             })
             .collect();

@@ -159,6 +159,7 @@ impl DefaultCase for Case {
             batch_spec,
             kernel_path: None,
             prefix_len: None,
+            kv_dtype: None,
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, Workspace};
 use crate::error::{Error, Result};
-use crate::problem::{Case, DType, Inputs, PagedKv, SeqLayout, Shape};
+use crate::problem::{Case, Fp8Kv, Inputs, PagedKv, SeqLayout, Shape};
 use crate::sim::plan::even_chunks;
 
 /// Query rows (all heads of a KV head's group) one item of a ragged batch holds at most:
@@ -297,15 +297,15 @@ impl Schedule {
     /// Floats of one worker's workspace: the largest item's.
     pub fn worker_floats(&self, case: &Case) -> usize {
         let d = case.shape.head_dim;
-        let widen = case.dtype != DType::F32;
+        let (widen, widen_kv) = super::decode::widens(case);
         let floats = |item: Item| {
             let gathers =
                 widen || !contiguous(&self.seqs, item, item.kv_count * case.shape.group());
             let q = if gathers { item.rows * d } else { 0 };
             let scratch = if item.whole {
-                scratch_len(item.rows, merged_block(case), d, widen, false)
+                scratch_len(item.rows, merged_block(case), d, widen_kv, false)
             } else {
-                scratch_len(item.rows, bk(case), d, widen, self.paged)
+                scratch_len(item.rows, bk(case), d, widen_kv, self.paged)
             };
             q + 2 * item.rows + scratch
         };
@@ -401,6 +401,7 @@ fn pool_keys<'a>(
             first: part.start,
         }),
         bf16_dot: isa.bf16_dot(),
+        fp8: None,
     }
 }
 
@@ -437,6 +438,7 @@ pub(super) fn run(
     case: &Case,
     isa: Isa,
     inputs: &Inputs,
+    fp8: Option<&Fp8Kv>,
     sched: &Schedule,
     cache: Cache,
     part_o: &mut [f32],
@@ -445,7 +447,18 @@ pub(super) fn run(
 ) {
     let d = case.shape.head_dim;
     let one = |i: usize, o: &mut [f32], lse: &mut [f32]| {
-        run_item(case, isa, inputs, sched, cache, sched.item(i), o, lse, ws)
+        run_item(
+            case,
+            isa,
+            inputs,
+            fp8,
+            sched,
+            cache,
+            sched.item(i),
+            o,
+            lse,
+            ws,
+        )
     };
     match sched.equal_rows() {
         Some(rows) => part_o
@@ -490,6 +503,7 @@ fn run_item(
     case: &Case,
     isa: Isa,
     inputs: &Inputs,
+    fp8: Option<&Fp8Kv>,
     sched: &Schedule,
     cache: Cache,
     item: Item,
@@ -502,7 +516,7 @@ fn run_item(
     let geo = Geometry::of_sequence(case, sched.seqs.q_len(b), sched.seqs.kv_len(b));
     let part = sched.part(b, item.part);
     let heads = item.kv_head * group..(item.kv_head + item.kv_count) * group;
-    let widen = inputs.q.dtype() != DType::F32;
+    let (widen, widen_kv) = super::decode::widens(case);
     let gathers = widen || !contiguous(&sched.seqs, item, heads.len());
     let (rows, paged) = (item.rows, matches!(cache, Cache::Paged { .. }));
     let block = match cache {
@@ -517,7 +531,7 @@ fn run_item(
             if gathers { rows * d } else { 0 },
             rows,
             rows,
-            scratch_len(rows, block, d, widen, paged && !item.whole),
+            scratch_len(rows, block, d, widen_kv, paged && !item.whole),
         ],
     );
     let q = query_rows(&inputs.q, &sched.seqs, item, heads, d, qs);
@@ -546,6 +560,7 @@ fn run_item(
                     len: part.len(),
                     pages: None,
                     bf16_dot: isa.bf16_dot(),
+                    fp8,
                 },
             };
             let scale = s.scale();
@@ -580,7 +595,7 @@ pub(super) fn combine_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{BatchSpec, VariantId};
+    use crate::problem::{BatchSpec, DType, VariantId};
     use crate::variant::DefaultCase;
 
     fn case(spec: Option<&str>, kv_heads: usize, paged: bool) -> Case {

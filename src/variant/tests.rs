@@ -495,6 +495,7 @@ fn decode_case(
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     }
 }
 
@@ -644,6 +645,78 @@ fn cascade_decode_matches_the_oracle_with_shared_prefixes() {
         let of_dtype = ran.iter().copied().filter(|r| r.1 == dtype).collect();
         assert_ran(&of_dtype, &BTreeSet::from([cd]), dtype, "cascade-decode");
     }
+}
+
+/// The variants that read an FP8 cache, written out rather than asked of
+/// `Variant::fp8_kv`, so a variant that stops reading one fails here instead of dropping out.
+const FP8_READERS: [VariantId; 3] = [
+    VariantId::DecodeNaive,
+    VariantId::DecodeOnline,
+    VariantId::FlashDecoding,
+];
+
+/// Every FP8 format under every Q dtype, on caches not a multiple of the key block or the
+/// split, GQA, several new tokens with a causal mask: each reader's output against the f64
+/// oracle on the cache as stored (codes times scales) within f32's tolerance, the kernels
+/// computing in f32 on the widened values; and at least 100 times closer to it than to the
+/// oracle on the unquantized K and V, so the FP8 codes are what was read.
+#[test]
+fn fp8_caches_are_read_as_stored() {
+    use crate::problem::Fp8Format;
+    let mut ran = BTreeSet::new();
+    for format in Fp8Format::ALL {
+        for dtype in DType::ALL {
+            for (seq_q, causal, seq_kv) in [(1, false, 1), (1, false, 37), (4, true, 301)] {
+                for (splits, kv_chunk) in [(1, 256), (3, 5)] {
+                    let shape = Shape {
+                        batch: 2,
+                        heads: 4,
+                        kv_heads: 2,
+                        seq_q,
+                        seq_kv,
+                        head_dim: 24,
+                    };
+                    for v in decode_variants() {
+                        let c = Case {
+                            kv_dtype: Some(format),
+                            ..decode_case(v, shape, dtype, causal, None, 1, splits, kv_chunk)
+                        };
+                        if !FP8_READERS.contains(&v) {
+                            assert!(
+                                super::impossible::impossible(&c).is_some(),
+                                "{} takes an FP8 cache",
+                                v.name()
+                            );
+                            continue;
+                        }
+                        ran.insert(v);
+                        let inputs = Inputs::for_case(&c);
+                        let out = output(&c, &inputs).expect("decode runs");
+                        let rows = rows_to_check(&c.shape, usize::MAX);
+                        let stored = inputs.try_dequantized(format).expect("fits");
+                        let e = crate::reference::check_case(&c, &stored, &out, &rows);
+                        let raw = crate::reference::check_case(&c, &inputs, &out, &rows);
+                        let what = format!(
+                            "{} {format} {dtype} {shape:?} sp{splits} kc{kv_chunk}",
+                            v.name()
+                        );
+                        assert!(
+                            e.non_finite == 0 && e.max_abs <= DType::F32.tolerance(),
+                            "{what}: {:e} against the stored cache",
+                            e.max_abs
+                        );
+                        assert!(
+                            100.0 * e.max_abs < raw.max_abs,
+                            "{what}: {:e} against the stored cache, {:e} against the unquantized",
+                            e.max_abs,
+                            raw.max_abs
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(ran, FP8_READERS.into_iter().collect());
 }
 
 #[test]
@@ -818,6 +891,7 @@ fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> In
         k: take(&x.k, s.kv_heads, s.seq_kv, &cu_kv, kv),
         v: take(&x.v, s.kv_heads, s.seq_kv, &cu_kv, kv),
         paged: Vec::new(),
+        fp8: Vec::new(),
     }
 }
 

@@ -17,7 +17,7 @@ use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, row_max, scale_row};
 use super::vecops::{self, Dims, Elems};
 use super::workspace::carve;
-use crate::problem::Tensor;
+use crate::problem::{Fp8Kv, Tensor};
 
 /// Keys per block of `attend` in decode (B_c): 1024 keys of d = 128 f32 are 1 MiB of K and V,
 /// streamed; only the block's scores (rows x 1024) must stay in cache. Longer blocks
@@ -164,6 +164,9 @@ pub struct Keys<'a> {
     /// bf16 keys are multiplied as bf16 pairs (`vdpbf16ps`) by the dot-product loop: the
     /// kernel path's choice (`Isa::bf16_dot`); false: widened to f32.
     pub bf16_dot: bool,
+    /// The same keys and values stored as FP8 (same element offsets), which are then read
+    /// instead of `k` and `v`, widened block by block; contiguous runs only.
+    pub fp8: Option<&'a Fp8Kv>,
 }
 
 /// Where the keys of a run sit in a pool of pages (`problem::paged`): key i is token
@@ -176,7 +179,47 @@ pub struct Pages<'a> {
     pub first: usize,
 }
 
-impl Keys<'_> {
+impl<'a> Keys<'a> {
+    /// Whether the kernels widen keys and values into scratch (not f32 in place).
+    pub fn widens(&self) -> bool {
+        self.fp8.is_some() || self.k.dtype().size_bytes() != 4
+    }
+
+    /// `len` keys' elements from element `offset` as the kernels read them: FP8 codes
+    /// widened with their head's scale, else `Elems::of` the storage tensor.
+    #[inline]
+    fn k_elems<'s>(&self, offset: usize, len: usize, scratch: &'s mut [f32]) -> Elems<'s>
+    where
+        'a: 's,
+    {
+        match self.fp8 {
+            Some(x) => Elems::F32(widen_fp8(&x.k, offset, len, scratch)),
+            None => Elems::of(self.k, offset, len, scratch),
+        }
+    }
+
+    /// `k_elems` for the values.
+    #[inline]
+    fn v_elems<'s>(&self, offset: usize, len: usize, scratch: &'s mut [f32]) -> Elems<'s>
+    where
+        'a: 's,
+    {
+        match self.fp8 {
+            Some(x) => Elems::F32(widen_fp8(&x.v, offset, len, scratch)),
+            None => Elems::of(self.v, offset, len, scratch),
+        }
+    }
+
+    /// Starts loading `len` values from element `offset` into cache (the FP8 codes where
+    /// those are what is read).
+    #[inline]
+    fn prefetch_v(&self, offset: usize, len: usize) {
+        match self.fp8 {
+            Some(x) => vecops::prefetch_bytes(&x.v.codes, offset, len),
+            None => vecops::prefetch(self.v, offset, len, false),
+        }
+    }
+
     /// Calls `f(j, offset, n)` for each stretch of keys `k0..k0 + kn` that is contiguous in
     /// memory, in order: `n` keys starting with key `k0 + j` at element `offset`. One
     /// stretch for a contiguous run; a paged one breaks at every page.
@@ -305,7 +348,7 @@ pub fn attend_with(
     gemm_from: usize,
 ) {
     let gemm = rows >= gemm_from.max(GEMM_MIN_ROWS);
-    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let widen_kv = keys.widens();
     let copies = copies_kv(rows, widen_kv, keys.paged());
     let w = if copies { bk * d } else { 0 };
     let qw = if copies { (rows * d).div_ceil(2) } else { 0 };
@@ -314,7 +357,9 @@ pub fn attend_with(
     // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
     // products, exact products and f32 sums like the path below.
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if !gemm && keys.bf16_dot && vecops::has_bf16_dot() => {
+        crate::problem::Tensor::Bf16(_)
+            if !gemm && keys.bf16_dot && keys.fp8.is_none() && vecops::has_bf16_dot() =>
+        {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,
@@ -324,7 +369,7 @@ pub fn attend_with(
         let kn = bk.min(span.end - k0);
         let s = &mut sc[..rows * kn];
         if gemm {
-            let k = gather(&keys, keys.k, k0, kn, d, ks);
+            let k = gather(&keys, false, k0, kn, d, ks);
             sgemm(
                 scale,
                 MatRef::new(q, rows, d),
@@ -345,7 +390,7 @@ pub fn attend_with(
                 while j < len {
                     let n = PREFETCH_KEYS.min(len - j);
                     let (at, o) = (j0 + j, off + j * d);
-                    vecops::prefetch(keys.v, o, n * d, false);
+                    keys.prefetch_v(o, n * d);
                     let dims = Dims { rows, keys: n, d };
                     match (q_bf16, keys.k) {
                         (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
@@ -354,7 +399,7 @@ pub fn attend_with(
                         }
                         _ => {
                             let w = if widen_kv { at * d } else { 0 };
-                            let k = Elems::of(keys.k, o, n * d, &mut ks[w..]);
+                            let k = keys.k_elems(o, n * d, &mut ks[w..]);
                             vecops::scores(q, k, dims, scale, &mut s[at..], kn);
                         }
                     }
@@ -364,7 +409,7 @@ pub fn attend_with(
         }
         fold_scores(s, kn, k0, range, state, d);
         if gemm {
-            let v = gather(&keys, keys.v, k0, kn, d, vs);
+            let v = gather(&keys, true, k0, kn, d, vs);
             sgemm(
                 1.0,
                 MatRef::new(s, rows, kn),
@@ -375,12 +420,7 @@ pub fn attend_with(
             );
         } else {
             keys.for_each_run(k0, kn, d, |j, off, n| {
-                let v = Elems::of(
-                    keys.v,
-                    off,
-                    n * d,
-                    &mut vs[if widen_kv { j * d } else { 0 }..],
-                );
+                let v = keys.v_elems(off, n * d, &mut vs[if widen_kv { j * d } else { 0 }..]);
                 vecops::accumulate(&s[j..], kn, v, d, state.acc);
             });
         }
@@ -411,7 +451,7 @@ pub fn attend_paged_heads(
     scratch: &mut [f32],
 ) {
     let total = heads * rows;
-    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let widen_kv = keys.widens();
     let w = if widen_kv { bk * d } else { 0 };
     let qw = if widen_kv { (total * d).div_ceil(2) } else { 0 };
     let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, total * bk]);
@@ -443,7 +483,7 @@ pub fn attend_paged_heads(
                             vecops::scores_bf16(qb, kb, dims, scale, &mut s[sh + at..], kn);
                         }
                         _ => {
-                            let k = Elems::of(keys.k, o, n * d, &mut ks[..]);
+                            let k = keys.k_elems(o, n * d, &mut ks[..]);
                             vecops::scores(qh, k, dims, scale, &mut s[sh + at..], kn);
                         }
                     }
@@ -454,7 +494,7 @@ pub fn attend_paged_heads(
         fold_scores(s, kn, k0, &|r| range(r % rows.max(1)), state, d);
         keys.for_each_run(k0, kn, d, |j, off, n| {
             for h in 0..heads {
-                let v = Elems::of(keys.v, off + h * head_stride, n * d, &mut vs[..]);
+                let v = keys.v_elems(off + h * head_stride, n * d, &mut vs[..]);
                 let acc = &mut state.acc[h * rows * d..(h + 1) * rows * d];
                 vecops::accumulate(&s[h * rows * kn + j..], kn, v, d, acc);
             }
@@ -463,16 +503,21 @@ pub fn attend_paged_heads(
     }
 }
 
-/// Keys (or values, `t`) `k0..k0 + kn` of the run as one f32 block: in place when they are
-/// f32 in one stretch, else widened and gathered into `scratch`.
+/// Keys (or the values, `values`) `k0..k0 + kn` of the run as one f32 block: in place when
+/// they are f32 in one stretch, else widened and gathered into `scratch`.
 fn gather<'a>(
-    keys: &Keys,
-    t: &'a Tensor,
+    keys: &Keys<'a>,
+    values: bool,
     k0: usize,
     kn: usize,
     d: usize,
     scratch: &'a mut [f32],
 ) -> &'a [f32] {
+    if let Some(x) = keys.fp8 {
+        let codes = if values { &x.v } else { &x.k };
+        return widen_fp8(codes, keys.base + k0 * d, kn * d, scratch);
+    }
+    let t = if values { keys.v } else { keys.k };
     if !keys.paged() {
         return vecops::widen(t, keys.base + k0 * d, kn * d, scratch);
     }
@@ -480,6 +525,24 @@ fn gather<'a>(
         vecops::widen_into(t, off, &mut scratch[j * d..(j + n) * d]);
     });
     &scratch[..kn * d]
+}
+
+/// `len` FP8 values of `t` from element `offset` (within one head, so one scale), widened.
+#[inline]
+fn widen_fp8<'s>(
+    t: &crate::problem::Fp8Tensor,
+    offset: usize,
+    len: usize,
+    scratch: &'s mut [f32],
+) -> &'s [f32] {
+    let out = &mut scratch[..len];
+    super::fp8::widen(
+        &t.codes[offset..offset + len],
+        t.format,
+        t.scale_of(offset),
+        out,
+    );
+    out
 }
 
 /// FA2's bookkeeping of one key block: each row of scores `s` (`kn` keys from index `k0`)
@@ -538,14 +601,14 @@ pub fn attend_sequential(
     state: &mut RowState,
     scratch: &mut [f32],
 ) {
-    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let widen_kv = keys.widens();
     let w = if widen_kv { d } else { 0 };
     let [ks, vs, sc] = carve(scratch, [w, w, rows]);
     let (span, _) = span(rows, range);
     for j in span {
         let off = keys.base + j * d;
-        let k = Elems::of(keys.k, off, d, ks);
-        let v = Elems::of(keys.v, off, d, vs);
+        let k = keys.k_elems(off, d, ks);
+        let v = keys.v_elems(off, d, vs);
         vecops::scores(q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
         for (r, s) in sc.iter_mut().enumerate() {
             if !range(r).contains(&j) {
@@ -594,13 +657,13 @@ pub fn attend_materialized(
         out.fill(0.0);
         return;
     }
-    let widen_kv = keys.k.dtype().size_bytes() != 4;
+    let widen_kv = keys.widens();
     let w = if widen_kv { KV_BLOCK * d } else { 0 };
     let [ks, vs] = carve(scratch, [w, w]);
     let (span, _) = span(rows, range);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let k = Elems::of(keys.k, keys.base + k0 * d, kn * d, ks);
+        let k = keys.k_elems(keys.base + k0 * d, kn * d, ks);
         vecops::scores(
             q,
             k,
@@ -621,7 +684,7 @@ pub fn attend_materialized(
     out.fill(0.0);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let v = Elems::of(keys.v, keys.base + k0 * d, kn * d, vs);
+        let v = keys.v_elems(keys.base + k0 * d, kn * d, vs);
         vecops::accumulate(&scores[k0..], n, v, d, out);
     }
 }
@@ -674,6 +737,7 @@ mod tests {
                     k: k.clone(),
                     v: v.clone(),
                     paged: Vec::new(),
+                    fp8: Vec::new(),
                 };
                 let q = widened(&oracle.q);
                 let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
@@ -694,6 +758,7 @@ mod tests {
                                 first: 0,
                             }),
                             bf16_dot,
+                            fp8: None,
                         }
                     } else {
                         Keys {
@@ -703,6 +768,7 @@ mod tests {
                             len: n,
                             pages: None,
                             bf16_dot,
+                            fp8: None,
                         }
                     };
                     for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {

@@ -212,6 +212,7 @@ fn probe_dtype(dtype: DType, d: usize, n: usize) -> Vec<ProbeRow> {
         len: n,
         pages: None,
         bf16_dot: Isa::detect().bf16_dot(),
+        fp8: None,
     };
     let widen = dtype != DType::F32;
     PROBE_ROWS

@@ -14,6 +14,7 @@ pub mod decode;
 pub mod decode_path;
 pub mod flash;
 pub mod flash_bwd;
+pub mod fp8;
 pub mod gemm;
 pub mod isa;
 #[cfg(test)]

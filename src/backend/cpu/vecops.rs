@@ -200,18 +200,37 @@ pub fn exp_sub_sum(row: &mut [f32], m: f32) -> f32 {
 /// for the keys and values it will reach next, so memory keeps streaming while the
 /// current ones are computed on.
 pub fn prefetch(t: &Tensor, offset: usize, len: usize, near: bool) {
+    let (ptr, size, n) = match t {
+        Tensor::F32(v) => (v.as_ptr() as *const i8, 4, v.len()),
+        Tensor::Bf16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+        Tensor::F16(v) => (v.as_ptr() as *const i8, 2, v.len()),
+    };
+    prefetch_raw(ptr, size, n, offset, len, near);
+}
+
+/// `prefetch` (to L2) of `len` one-byte elements of `codes` (an FP8 cache) from `offset`.
+pub fn prefetch_bytes(codes: &[u8], offset: usize, len: usize) {
+    prefetch_raw(
+        codes.as_ptr() as *const i8,
+        1,
+        codes.len(),
+        offset,
+        len,
+        false,
+    );
+}
+
+/// Elements `offset..offset + len` (clamped to `n`) of `size` bytes each from `ptr`.
+#[inline]
+fn prefetch_raw(ptr: *const i8, size: usize, n: usize, offset: usize, len: usize, near: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (ptr, size, n) = match t {
-            Tensor::F32(v) => (v.as_ptr() as *const i8, 4, v.len()),
-            Tensor::Bf16(v) => (v.as_ptr() as *const i8, 2, v.len()),
-            Tensor::F16(v) => (v.as_ptr() as *const i8, 2, v.len()),
-        };
         let end = (offset + len).min(n) * size;
         let mut at = offset.min(n) * size;
         while at < end {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-            // SAFETY: `at` is inside the tensor's allocation; prefetch never faults anyway.
+            // SAFETY: `at` is inside the allocation of `n` elements at `ptr`; prefetch never
+            // faults anyway.
             unsafe {
                 if near {
                     _mm_prefetch::<_MM_HINT_T0>(ptr.add(at))
@@ -223,7 +242,7 @@ pub fn prefetch(t: &Tensor, offset: usize, len: usize, near: bool) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (t, offset, len, near);
+    let _ = (ptr, size, n, offset, len, near);
 }
 
 fn widen_bf16(src: &[bf16], dst: &mut [f32]) {

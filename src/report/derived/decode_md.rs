@@ -49,6 +49,7 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
             .filter(|r| {
                 r.variant == "flash-decoding"
                     && r.dtype == dtype
+                    && r.kv_dtype.is_empty()
                     && r.kv_read_bytes.unwrap_or(0) >= LARGE_CACHE_BYTES
                     && r.status.name() == "ok"
             })
@@ -84,6 +85,7 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
         s += "\n";
     }
     s += &paging_section(&rows);
+    s += &fp8_section(&rows);
     s += "## Every decode row\n\n";
     // A page column only where some row pages its cache (older reports stay as they were).
     let pages = rows.iter().any(|r| r.page_size.is_some());
@@ -98,9 +100,15 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
             if !r.batch_spec.is_empty() {
                 variant += &format!(" on {}", r.batch_spec);
             }
+            // An FP8 cache: Q's dtype and K and V's format (no column of its own, so
+            // reports without one stay as they were).
+            let dtype = match r.kv_dtype.as_str() {
+                "" => r.dtype.clone(),
+                kv => format!("{}, KV {kv}", r.dtype),
+            };
             vec![
                 variant,
-                r.dtype.clone(),
+                dtype,
                 format!("{}/{}", r.heads, r.kv_heads),
                 r.seq_q.to_string(),
                 r.seq_kv.to_string(),
@@ -214,6 +222,9 @@ fn paging_plot(rows: &[&Record]) -> String {
 /// flash-decoding's bandwidth on the same cache (the serving issue's acceptance line).
 pub const PAGED_TARGET_PAGE: usize = 16;
 pub const PAGED_TARGET: f64 = 0.9;
+/// The FP8 cache's target (issue 32): at most this fraction of the time of the same cache
+/// stored as bf16, reading half its bytes.
+pub const FP8_TARGET: f64 = 0.67;
 
 /// `## Paging`: each paged-decode row against the flash-decoding row on the same logical
 /// cache (same run, shape, dtype, mask, threads and inputs), as a bandwidth ratio; empty
@@ -238,9 +249,9 @@ fn paging_section(rows: &[&Record]) -> String {
     let body: Vec<Vec<String>> = paged
         .iter()
         .map(|r| {
-            let base = rows
-                .iter()
-                .find(|f| f.variant == "flash-decoding" && same_problem(f, r));
+            let base = rows.iter().find(|f| {
+                f.variant == "flash-decoding" && f.kv_dtype.is_empty() && same_problem(f, r)
+            });
             let gbs = |x: &Record| x.kv_gbytes_per_s.filter(|_| x.status.name() == "ok");
             let ratio = base.and_then(|f| Some(gbs(r)? / gbs(f)?));
             let verdict = match ratio {
@@ -284,6 +295,86 @@ fn paging_section(rows: &[&Record]) -> String {
             "flash-decoding GB/s",
             "ratio",
             &format!(">= {PAGED_TARGET}x"),
+        ],
+        &body,
+    );
+    s + "\n"
+}
+
+/// FP8 caches against the same logical cache in the storage dtype: each FP8 row's time
+/// over the row of the same variant and problem without `kv_dtype` (same inputs; a sweep
+/// with `run.interleave` times them in the same rounds), beside the bytes ratio, and the
+/// error the quantization costs.
+fn fp8_section(rows: &[&Record]) -> String {
+    let fp8: Vec<&Record> = rows
+        .iter()
+        .copied()
+        .filter(|r| !r.kv_dtype.is_empty())
+        .collect();
+    if fp8.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "## FP8 cache: against the same cache in the storage dtype
+
+",
+    );
+    s += &format!(
+        "`time ratio` is the FP8 row's median over the median of the same variant on the same \
+         logical cache stored as `dtype`; `bytes ratio` the same for the KV bytes read (the \
+         codes and the scales). The target is a time ratio of at most {FP8_TARGET}. `error` \
+         is against the f64 oracle on the cache as stored, `vs unquantized` against the \
+         unquantized cache.\n\n"
+    );
+    let ok = |x: &Record| x.time_median_s.filter(|_| x.status.name() == "ok");
+    let body: Vec<Vec<String>> = fp8
+        .iter()
+        .map(|r| {
+            let base = rows
+                .iter()
+                .find(|b| b.variant == r.variant && b.kv_dtype.is_empty() && same_problem(b, r));
+            let time = base.and_then(|b| Some(ok(r)? / ok(b)?));
+            let bytes = base.and_then(|b| Some(r.kv_read_bytes? as f64 / b.kv_read_bytes? as f64));
+            vec![
+                r.variant.clone(),
+                r.dtype.clone(),
+                r.kv_dtype.clone(),
+                format!("{}/{}", r.heads, r.kv_heads),
+                r.seq_q.to_string(),
+                r.seq_kv.to_string(),
+                r.kv_read_bytes.map_or("-".into(), mib),
+                r.status.to_string(),
+                ok(r).map_or("-".into(), seconds),
+                base.and_then(|b| ok(b)).map_or("-".into(), seconds),
+                time.map_or("-".into(), |x| format!("{x:.2}")),
+                bytes.map_or("-".into(), |x| format!("{x:.2}")),
+                match time {
+                    Some(x) => if x <= FP8_TARGET { "yes" } else { "no" }.into(),
+                    None => "-".into(),
+                },
+                r.max_abs_err.map_or("-".into(), |e| format!("{e:.1e}")),
+                r.max_abs_err_unquantized
+                    .map_or("-".into(), |e| format!("{e:.1e}")),
+            ]
+        })
+        .collect();
+    s += &table(
+        &[
+            "variant",
+            "dtype",
+            "KV",
+            "h/kv",
+            "new tokens",
+            "cache length",
+            "KV read",
+            "status",
+            "median",
+            "as dtype",
+            "time ratio",
+            "bytes ratio",
+            &format!("<= {FP8_TARGET}"),
+            "error",
+            "vs unquantized",
         ],
         &body,
     );

@@ -38,6 +38,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         batch_spec: None,
         kernel_path: None,
         prefix_len: None,
+        kv_dtype: None,
     }
 }
 
