@@ -241,6 +241,29 @@ pub fn single_device_full_attention(info: &VariantInfo, case: &Case) -> Option<S
     None
 }
 
+/// The support check of the single-device kernels that take a sliding window (`flash`,
+/// `naive`, `rabe-staats`, `rabe-staats-seq`): one device; a window in `fwd+bwd` only where
+/// the backward honours it (`window_backward`).
+pub fn single_device_windowed(
+    info: &VariantInfo,
+    case: &Case,
+    window_backward: bool,
+) -> Option<String> {
+    if let (Some(w), Mode::FwdBwd, false) = (case.window, case.mode, window_backward) {
+        return Some(format!(
+            "variant {} has no sliding-window backward (window = {w}): run mode fwd, or flash or naive for fwd+bwd",
+            info.name
+        ));
+    }
+    if case.devices != 1 {
+        return Some(format!(
+            "variant {} runs on one device (devices = {} requested)",
+            info.name, case.devices
+        ));
+    }
+    None
+}
+
 /// The saved state a backward expects but was not given: a harness bug, reported as such.
 pub fn wrong_saved(info: &VariantInfo) -> Error {
     Error::Runtime(format!(

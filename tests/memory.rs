@@ -195,6 +195,31 @@ fn measured_overhead_matches_the_prediction() {
                     ..c.clone()
                 });
             }
+            if matches!(
+                v,
+                VariantId::Flash
+                    | VariantId::Naive
+                    | VariantId::NaiveUnsafe
+                    | VariantId::RabeStaats
+                    | VariantId::RabeStaatsSeq
+            ) {
+                // A causal sliding window in prefill (no multiple of any block or chunk):
+                // blocks skipped, the workspace the same.
+                let windowed = Case {
+                    causal: true,
+                    window: Some(n / 3 + 1),
+                    ..c.clone()
+                };
+                for &mode in v.info().modes {
+                    let w = Case {
+                        mode,
+                        ..windowed.clone()
+                    };
+                    if v.get().unsupported(&w).is_none() {
+                        cases.push(w);
+                    }
+                }
+            }
             if v == VariantId::LayerBpt {
                 // BPT with several query blocks, the last one short.
                 for mode in [Mode::LayerFwd, Mode::LayerTrain] {

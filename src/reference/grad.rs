@@ -1,7 +1,8 @@
 //! The f64 gradient oracle: for O = softmax(QK^T/sqrt(d)) V and an upstream gradient dO,
 //! dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d),
 //! dK = dS^T Q / sqrt(d), with dK, dV summed over the query heads that share a key/value
-//! head (GQA). Computed in f64 from the same storage-rounded inputs. `grads` is exact over
+//! head (GQA), over each row's keys (`Shape::key_range`: causal bound and sliding window).
+//! Computed in f64 from the same storage-rounded inputs. `grads` is exact over
 //! every row, time O(b*h*n_q*n_kv*d); `dq_row` gives one row of dQ in O(n_kv*d).
 
 use crate::problem::Inputs;
@@ -13,15 +14,22 @@ pub struct Grads64 {
     pub dv: Vec<f64>,
 }
 
-/// Softmax probabilities of one query row over its visible keys, and the exact output row.
-fn row_probs(inputs: &Inputs, causal: bool, b: usize, h: usize, i: usize) -> (Vec<f64>, Vec<f64>) {
+/// The first key a row attends to, its softmax probabilities over its keys (from that one),
+/// and the exact output row.
+fn row_probs(
+    inputs: &Inputs,
+    mask: Mask,
+    b: usize,
+    h: usize,
+    i: usize,
+) -> (usize, Vec<f64>, Vec<f64>) {
     let s = &inputs.shape;
     let d = s.head_dim;
     let q_off = s.q_head_offset(b, h) + i * d;
-    let kv_off = s.kv_head_offset(b, h);
+    let keys = s.key_range(mask.0, mask.1, i);
+    let kv_off = s.kv_head_offset(b, h) + keys.start * d;
     let scale = 1.0 / (d as f64).sqrt();
-    let visible = s.visible_keys(causal, i);
-    let scores: Vec<f64> = (0..visible)
+    let scores: Vec<f64> = (0..keys.len())
         .map(|j| {
             scale
                 * (0..d)
@@ -39,12 +47,17 @@ fn row_probs(inputs: &Inputs, causal: bool, b: usize, h: usize, i: usize) -> (Ve
             *ox += pj * inputs.v.get_f64(kv_off + j * d + x);
         }
     }
-    (p, o)
+    (keys.start, p, o)
 }
 
+/// The causal flag and sliding window of the attention differentiated.
+pub type Mask = (bool, Option<usize>);
+
 /// dS of one query row: P * (dO V^T - rowsum(dO * O)).
+#[allow(clippy::too_many_arguments)]
 fn row_ds(
     inputs: &Inputs,
+    k0: usize,
     p: &[f64],
     o: &[f64],
     d_out: &[f32],
@@ -54,7 +67,7 @@ fn row_ds(
 ) -> Vec<f64> {
     let s = &inputs.shape;
     let d = s.head_dim;
-    let kv_off = s.kv_head_offset(b, h);
+    let kv_off = s.kv_head_offset(b, h) + k0 * d;
     let go = &d_out[s.q_head_offset(b, h) + i * d..][..d];
     let dd: f64 = go.iter().zip(o).map(|(g, x)| *g as f64 * x).sum();
     p.iter()
@@ -69,17 +82,17 @@ fn row_ds(
 }
 
 /// One row of dQ, exact. Rows that see no key have a zero gradient.
-pub fn dq_row(inputs: &Inputs, causal: bool, d_out: &[f32], id: (usize, usize, usize)) -> Vec<f64> {
+pub fn dq_row(inputs: &Inputs, mask: Mask, d_out: &[f32], id: (usize, usize, usize)) -> Vec<f64> {
     let (b, h, i) = id;
     let s = &inputs.shape;
     let d = s.head_dim;
     let mut dq = vec![0.0; d];
-    if s.visible_keys(causal, i) == 0 {
+    if s.key_range(mask.0, mask.1, i).is_empty() {
         return dq;
     }
-    let (p, o) = row_probs(inputs, causal, b, h, i);
-    let ds = row_ds(inputs, &p, &o, d_out, b, h, i);
-    let kv_off = s.kv_head_offset(b, h);
+    let (k0, p, o) = row_probs(inputs, mask, b, h, i);
+    let ds = row_ds(inputs, k0, &p, &o, d_out, b, h, i);
+    let kv_off = s.kv_head_offset(b, h) + k0 * d;
     let scale = 1.0 / (d as f64).sqrt();
     for (j, dsj) in ds.iter().enumerate() {
         for (x, g) in dq.iter_mut().enumerate() {
@@ -90,7 +103,7 @@ pub fn dq_row(inputs: &Inputs, causal: bool, d_out: &[f32], id: (usize, usize, u
 }
 
 /// All three gradients, exact, over every row (rows in parallel, dK/dV summed per head).
-pub fn grads(inputs: &Inputs, causal: bool, d_out: &[f32]) -> Grads64 {
+pub fn grads(inputs: &Inputs, mask: Mask, d_out: &[f32]) -> Grads64 {
     use rayon::prelude::*;
     let s = inputs.shape;
     let d = s.head_dim;
@@ -109,13 +122,14 @@ pub fn grads(inputs: &Inputs, causal: bool, d_out: &[f32]) -> Grads64 {
             let mut dk_h = vec![0.0; s.seq_kv * d];
             let mut dv_h = vec![0.0; s.seq_kv * d];
             for i in 0..s.seq_q {
-                if s.visible_keys(causal, i) == 0 {
+                if s.key_range(mask.0, mask.1, i).is_empty() {
                     continue;
                 }
-                let (p, o) = row_probs(inputs, causal, b, h, i);
-                let ds = row_ds(inputs, &p, &o, d_out, b, h, i);
+                let (k0, p, o) = row_probs(inputs, mask, b, h, i);
+                let ds = row_ds(inputs, k0, &p, &o, d_out, b, h, i);
                 let go = &d_out[q_off + i * d..][..d];
                 for (j, (pj, dsj)) in p.iter().zip(&ds).enumerate() {
+                    let j = k0 + j;
                     for x in 0..d {
                         dv_h[j * d + x] += pj * go[x] as f64;
                         dk_h[j * d + x] += scale * dsj * inputs.q.get_f64(q_off + i * d + x);
@@ -184,7 +198,7 @@ fn fold(acc: &mut (f64, f64, usize), got: f32, want: f64) {
 /// Compares `grads` with the oracle: everything when affordable, else `sample` dQ rows.
 pub fn check(
     inputs: &Inputs,
-    causal: bool,
+    mask: Mask,
     d_out: &[f32],
     got: &crate::problem::Grads,
     sample: usize,
@@ -194,7 +208,7 @@ pub fn check(
     let macs = 6 * (s.batch * s.heads * s.seq_q) as u64 * s.seq_kv as u64 * s.head_dim as u64;
     let mut acc = (0.0f64, 0.0f64, 0usize);
     if macs <= ALL_GRADS_MAX_MACS {
-        let exact = grads(inputs, causal, d_out);
+        let exact = grads(inputs, mask, d_out);
         for (g_t, w_t) in [
             (&got.dq, &exact.dq),
             (&got.dk, &exact.dk),
@@ -210,7 +224,7 @@ pub fn check(
     let d = s.head_dim;
     let exact: Vec<Vec<f64>> = rows
         .par_iter()
-        .map(|&id| dq_row(inputs, causal, d_out, id))
+        .map(|&id| dq_row(inputs, mask, d_out, id))
         .collect();
     for (&(b, h, i), want) in rows.iter().zip(&exact) {
         let off = s.q_head_offset(b, h) + i * d;
@@ -243,17 +257,17 @@ fn stats(
 mod tests {
     use super::*;
     use crate::problem::{DType, InputDist, Shape, Tensor};
-    use crate::reference::reference_row;
+    use crate::reference::reference_row_masked;
 
     /// L = sum(O * dO) in f64, the scalar whose gradient the oracle computes.
-    fn loss(inputs: &Inputs, causal: bool, d_out: &[f32]) -> f64 {
+    fn loss(inputs: &Inputs, (causal, window): Mask, d_out: &[f32]) -> f64 {
         let s = &inputs.shape;
         let d = s.head_dim;
         let mut l = 0.0;
         for b in 0..s.batch {
             for h in 0..s.heads {
                 for i in 0..s.seq_q {
-                    let o = reference_row(inputs, causal, (b, h, i));
+                    let o = reference_row_masked(inputs, causal, window, (b, h, i));
                     let off = s.q_head_offset(b, h) + i * d;
                     l += o
                         .iter()
@@ -276,10 +290,16 @@ mod tests {
     }
 
     /// Central differences of the f64 loss match the oracle's gradients (f32 inputs moved by
-    /// a representable step, so the perturbation is exact).
+    /// a representable step, so the perturbation is exact), with and without a mask and a
+    /// sliding window.
     #[test]
     fn oracle_matches_finite_differences() {
-        for causal in [false, true] {
+        for mask in [
+            (false, None),
+            (true, None),
+            (false, Some(2)),
+            (true, Some(2)),
+        ] {
             let shape = Shape {
                 batch: 1,
                 heads: 2,
@@ -292,7 +312,7 @@ mod tests {
             let d_out: Vec<f32> = (0..shape.q_len())
                 .map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.3)
                 .collect();
-            let g = grads(&inputs, causal, &d_out);
+            let g = grads(&inputs, mask, &d_out);
             let eps = 1.0 / 1024.0;
             let fd = |which: usize, i: usize| {
                 let mut plus = inputs.clone();
@@ -302,7 +322,7 @@ mod tests {
                     1 => (plus.k, minus.k) = (with(&inputs.k, i, eps), with(&inputs.k, i, -eps)),
                     _ => (plus.v, minus.v) = (with(&inputs.v, i, eps), with(&inputs.v, i, -eps)),
                 }
-                (loss(&plus, causal, &d_out) - loss(&minus, causal, &d_out)) / (2.0 * eps)
+                (loss(&plus, mask, &d_out) - loss(&minus, mask, &d_out)) / (2.0 * eps)
             };
             for (which, exact) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {
                 for (i, e) in exact.iter().enumerate() {
@@ -315,7 +335,7 @@ mod tests {
             }
             for i in 0..shape.seq_q {
                 for h in 0..2 {
-                    let row = dq_row(&inputs, causal, &d_out, (0, h, i));
+                    let row = dq_row(&inputs, mask, &d_out, (0, h, i));
                     let off = shape.q_head_offset(0, h) + i * 3;
                     assert_eq!(row, g.dq[off..off + 3].to_vec());
                 }

@@ -1,7 +1,8 @@
 //! `flash`: FlashAttention-2 loop order with online softmax (kernel: `backend::cpu::flash`).
-//! Extra memory O(B_r*B_c + B_r*d) per worker, independent of n.
+//! Extra memory O(B_r*B_c + B_r*d) per worker, independent of n. Takes a sliding `window`
+//! (key blocks before every row's window skipped), in the backward too.
 
-use super::{wrong_saved, Saved, Variant, VariantInfo};
+use super::{single_device_windowed, wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::flash as kernel;
 use crate::backend::cpu::flash_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
@@ -49,6 +50,11 @@ impl Variant for Flash {
         &INFO
     }
 
+    /// One device; a sliding window in both passes.
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        single_device_windowed(&INFO, case, true)
+    }
+
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         let (_, workers, floats) = layout(case, isa, false);
         Workspace::bytes(workers, floats)
@@ -57,7 +63,18 @@ impl Variant for Flash {
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let (path, workers, floats) = layout(case, isa, false);
         let ws = Workspace::new(workers, floats, "flash tile workspace")?;
-        kernel::forward(inputs, case.causal, chunks(case), path, isa, &ws, out, None);
+        let mask = (case.causal, case.window);
+        kernel::forward(
+            inputs,
+            mask.0,
+            mask.1,
+            chunks(case),
+            path,
+            isa,
+            &ws,
+            out,
+            None,
+        );
         Ok(())
     }
 
@@ -88,6 +105,7 @@ impl Variant for Flash {
         kernel::forward(
             inputs,
             case.causal,
+            case.window,
             chunks(case),
             path,
             isa,
@@ -117,6 +135,7 @@ impl Variant for Flash {
         bwd::backward(
             inputs,
             case.causal,
+            case.window,
             (bq, bk),
             out,
             d_out,

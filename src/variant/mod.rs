@@ -18,7 +18,8 @@ mod split_kv;
 mod tree;
 
 pub use crate::algorithm::{
-    single_device_full_attention, wrong_saved, Engine, Saved, Variant, VariantInfo,
+    single_device_full_attention, single_device_windowed, wrong_saved, Engine, Saved, Variant,
+    VariantInfo,
 };
 pub use crate::problem::VariantId;
 use crate::problem::{BatchSpec, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};

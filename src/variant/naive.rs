@@ -1,8 +1,8 @@
 //! `naive` and `naive-unsafe`: standard attention with the score matrix materialized
 //! (kernel: `backend::cpu::naive`). Extra memory 4*b*h*n_q*n_kv bytes: the O(n^2) baseline
-//! of every paper.
+//! of every paper. Takes a sliding `window` (panels before every row's window skipped).
 
-use super::{wrong_saved, Saved, Variant, VariantInfo};
+use super::{single_device_windowed, wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
@@ -71,6 +71,12 @@ impl Variant for Naive {
         self.info
     }
 
+    /// One device; a sliding window in both passes (the backward reads the stored P, zero
+    /// outside the window).
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        single_device_windowed(self.info, case, true)
+    }
+
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         4 * kernel::scores_len(&case.shape) as u64
             + Workspace::bytes(workers(case), worker_floats(case, isa, false))
@@ -86,6 +92,7 @@ impl Variant for Naive {
         kernel::forward(
             inputs,
             case.causal,
+            case.window,
             self.safe,
             false,
             isa,
@@ -125,6 +132,7 @@ impl Variant for Naive {
         kernel::forward(
             inputs,
             case.causal,
+            case.window,
             self.safe,
             true,
             isa,

@@ -1,7 +1,8 @@
 //! `rabe-staats` (Figure 1: chunked, per-chunk summaries) and `rabe-staats-seq` (the O(1)
-//! single-query loop), Rabe & Staats (kernels: `backend::cpu::chunked`).
+//! single-query loop), Rabe & Staats (kernels: `backend::cpu::chunked`). Both take a sliding
+//! `window` in the forward (key chunks before every row's window skipped).
 
-use super::{wrong_saved, Saved, Variant, VariantInfo};
+use super::{single_device_windowed, wrong_saved, Saved, Variant, VariantInfo};
 use crate::backend::cpu::chunked as kernel;
 use crate::backend::cpu::chunked_bwd as bwd;
 use crate::backend::cpu::isa::Isa;
@@ -54,7 +55,8 @@ fn chunk_floats(case: &Case, isa: Isa) -> usize {
 fn forward(case: &Case, isa: Isa, inputs: &Inputs, exact: bool, out: &mut [f32]) -> Result<()> {
     let mut buf = try_scratch(chunk_floats(case, isa), "rabe-staats chunk buffer")?;
     let (causal, chunks) = (case.causal, chunks(case));
-    kernel::forward_chunked(inputs, causal, exact, chunks, isa, &mut buf, out);
+    let window = case.window;
+    kernel::forward_chunked(inputs, causal, window, exact, chunks, isa, &mut buf, out);
     Ok(())
 }
 
@@ -65,6 +67,11 @@ impl Variant for RabeStaats {
 
     fn info(&self) -> &'static VariantInfo {
         &CHUNKED_INFO
+    }
+
+    /// One device; a sliding window in the forward only (the checkpointed backward has none).
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        single_device_windowed(&CHUNKED_INFO, case, false)
     }
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
@@ -137,6 +144,11 @@ impl Variant for RabeStaatsSeq {
         &SEQ_INFO
     }
 
+    /// One device; a sliding window (its only mode is the forward).
+    fn unsupported(&self, case: &Case) -> Option<String> {
+        single_device_windowed(&SEQ_INFO, case, false)
+    }
+
     fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
         Workspace::bytes(
             seq_workers(case),
@@ -152,7 +164,7 @@ impl Variant for RabeStaatsSeq {
             kernel::sequential_worker_floats(&case.shape),
             "rabe-staats-seq state",
         )?;
-        kernel::forward_sequential(inputs, case.causal, &ws, out);
+        kernel::forward_sequential(inputs, case.causal, case.window, &ws, out);
         Ok(())
     }
 }

@@ -25,6 +25,8 @@ struct Setup {
     shape: Shape,
     dtype: DType,
     causal: bool,
+    /// Sliding window (`Shape::key_range`).
+    window: Option<usize>,
     chunks: Option<(usize, usize)>,
     threads: usize,
     scale: f64,
@@ -42,6 +44,7 @@ fn setup(seq_q: usize, seq_kv: usize, head_dim: usize) -> Setup {
         },
         dtype: DType::F32,
         causal: false,
+        window: None,
         chunks: None,
         threads: 2,
         scale: 1.0,
@@ -57,6 +60,7 @@ fn case(v: VariantId, s: &Setup) -> Case {
         q_chunk: pick(s.chunks.map(|c| c.0), info.default_q_chunk, s.shape.seq_q),
         kv_chunk: pick(s.chunks.map(|c| c.1), info.default_kv_chunk, s.shape.seq_kv),
         causal: s.causal,
+        window: s.window,
         input_scale: s.scale,
         seed: 42,
         ..Case::cpu_fwd(v, s.shape, s.dtype, s.threads)
@@ -80,21 +84,19 @@ fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
 /// should run fails the test instead of dropping out of it): every single-device forward
 /// variant (flash-varlen on the batch packed as sequences of equal length); those that shard
 /// queries and keys alike (ring and stripe prefill) and the prompt prefill in steps
-/// (chunked-prefill, causal only) where seq_q = seq_kv. Not here: ring-prefill-mpi (runs
+/// (chunked-prefill, causal only) where seq_q = seq_kv. With a sliding window, those that
+/// take one: all but flash-varlen and chunked-prefill. Not here: ring-prefill-mpi (runs
 /// under mpirun, tests/mpi.rs) and external (needs a plugin name).
 fn expected_fwd(s: &Setup) -> BTreeSet<VariantId> {
     use VariantId::*;
-    let mut v = BTreeSet::from([
-        Naive,
-        NaiveUnsafe,
-        RabeStaats,
-        RabeStaatsSeq,
-        Flash,
-        FlashVarlen,
-    ]);
+    let mut v = BTreeSet::from([Naive, NaiveUnsafe, RabeStaats, RabeStaatsSeq, Flash]);
+    let full = s.window.is_none();
+    if full {
+        v.insert(FlashVarlen);
+    }
     if s.shape.seq_q == s.shape.seq_kv {
         v.extend([RingPrefill, StripePrefill]);
-        if s.causal {
+        if s.causal && full {
             v.insert(ChunkedPrefill);
         }
     }
@@ -141,11 +143,12 @@ fn assert_all_variants(s: &Setup) {
             if v.info().numerically_safe || s.scale <= 1.0 {
                 assert!(
                     e.non_finite == 0 && e.max_abs <= tol,
-                    "{} [{isa}] {:?} dtype {} causal {} chunks {:?} threads {}: max_abs_err {:e} > {tol:e}",
+                    "{} [{isa}] {:?} dtype {} causal {} window {:?} chunks {:?} threads {}: max_abs_err {:e} > {tol:e}",
                     v.name(),
                     s.shape,
                     s.dtype,
                     s.causal,
+                    s.window,
                     s.chunks,
                     s.threads,
                     e.max_abs
@@ -155,8 +158,8 @@ fn assert_all_variants(s: &Setup) {
         }
     }
     let what = format!(
-        "{:?} {} causal {} chunks {:?}",
-        s.shape, s.dtype, s.causal, s.chunks
+        "{:?} {} causal {} window {:?} chunks {:?}",
+        s.shape, s.dtype, s.causal, s.window, s.chunks
     );
     assert_ran(&ran, &expected_fwd(s), s.dtype, &what);
 }
@@ -305,19 +308,14 @@ fn grad_error_of(
         dv: vec![f32::NAN; c.shape.kv_len()],
     };
     train_step_with(&c, isa, &inputs, &d_out, &mut out, &mut g).expect("training step runs");
-    let fwd = check(
-        &inputs,
-        c.causal,
-        &out,
-        &rows_to_check(&c.shape, usize::MAX),
-    );
+    let fwd = crate::reference::check_case(&c, &inputs, &out, &rows_to_check(&c.shape, usize::MAX));
     assert!(
         fwd.max_abs <= s.dtype.tolerance(),
         "{} [{isa}]: forward error {:e}",
         v.name(),
         fwd.max_abs
     );
-    grad::check(&inputs, c.causal, &d_out, &g, usize::MAX)
+    grad::check(&inputs, (c.causal, c.window), &d_out, &g, usize::MAX)
 }
 
 /// The bound: gradients within 1e-4 of the largest gradient entry. Compute is f32
@@ -325,9 +323,10 @@ fn grad_error_of(
 const GRAD_REL_TOL: f64 = 1e-4;
 
 /// The variants with a training step, written out (as `expected_fwd`): each must take
-/// every full-attention setup.
+/// every full-attention setup; with a sliding window, those whose backward takes one.
 const EXPECTED_FWD_BWD: [VariantId; 3] =
     [VariantId::Naive, VariantId::RabeStaats, VariantId::Flash];
+const EXPECTED_FWD_BWD_WINDOWED: [VariantId; 2] = [VariantId::Naive, VariantId::Flash];
 
 fn assert_all_gradients(s: &Setup) {
     let mut ran = BTreeSet::new();
@@ -351,11 +350,12 @@ fn assert_all_gradients(s: &Setup) {
             let e = grad_error_of(v, s, kind, isa);
             assert!(
                 e.full && e.non_finite == 0 && e.max_rel <= GRAD_REL_TOL,
-                "{} [{isa}] {:?} {} causal {} chunks {:?} dO {}: grad rel err {:e} (abs {:e})",
+                "{} [{isa}] {:?} {} causal {} window {:?} chunks {:?} dO {}: grad rel err {:e} (abs {:e})",
                 v.name(),
                 s.shape,
                 s.dtype,
                 s.causal,
+                s.window,
                 s.chunks,
                 kind.name(),
                 e.max_rel,
@@ -363,8 +363,15 @@ fn assert_all_gradients(s: &Setup) {
             );
         }
     }
-    let what = format!("gradients {:?} {} causal {}", s.shape, s.dtype, s.causal);
-    assert_ran(&ran, &BTreeSet::from(EXPECTED_FWD_BWD), s.dtype, &what);
+    let what = format!(
+        "gradients {:?} {} causal {} window {:?}",
+        s.shape, s.dtype, s.causal, s.window
+    );
+    let want = match s.window {
+        None => BTreeSet::from(EXPECTED_FWD_BWD),
+        Some(_) => BTreeSet::from(EXPECTED_FWD_BWD_WINDOWED),
+    };
+    assert_ran(&ran, &want, s.dtype, &what);
 }
 
 #[test]
@@ -404,6 +411,66 @@ fn gradients_with_grouped_heads_causal_and_every_dtype() {
     }
 }
 
+/// Sliding windows in prefill: of one key, small ones that are no multiple of any block or
+/// chunk (nor of naive's 64-key panel), one that cuts mid-sequence, and ones at or past
+/// the sequence; causal or not, seq_q below, equal to and above seq_kv, every dtype; with
+/// several key blocks and chunks so that whole ones are skipped.
+#[test]
+fn sliding_windows_in_prefill_match_the_oracle() {
+    for (nq, nkv, chunks) in [
+        (77, 77, Some((16, 24))),
+        (150, 150, Some((32, 40))),
+        (40, 130, Some((7, 5))),
+        (130, 40, None),
+        (200, 200, None),
+    ] {
+        for window in [1, 3, 29, 70, 130, 500] {
+            for (causal, dtype) in [
+                (true, DType::F32),
+                (false, DType::F32),
+                (true, DType::Bf16),
+                (false, DType::F16),
+            ] {
+                let mut s = setup(nq, nkv, 32);
+                s.window = Some(window);
+                s.causal = causal;
+                s.dtype = dtype;
+                s.chunks = chunks;
+                assert_all_variants(&s);
+            }
+        }
+    }
+}
+
+/// Gradients of flash and naive with a sliding window against the f64 oracle (rabe-staats
+/// declines: its backward has no window), on ragged blocks, GQA and every dtype.
+#[test]
+fn gradients_with_sliding_windows() {
+    for (nq, nkv, chunks) in [
+        (77, 77, Some((16, 24))),
+        (40, 70, Some((8, 16))),
+        (70, 40, None),
+    ] {
+        for window in [1, 10, 33, 100] {
+            for (causal, dtype) in [
+                (true, DType::F32),
+                (false, DType::F32),
+                (true, DType::Bf16),
+                (true, DType::F16),
+            ] {
+                let mut s = setup(nq, nkv, 16);
+                s.shape.heads = 4;
+                s.shape.kv_heads = 2;
+                s.window = Some(window);
+                s.causal = causal;
+                s.dtype = dtype;
+                s.chunks = chunks;
+                assert_all_gradients(&s);
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -417,6 +484,7 @@ proptest! {
         qc in 1usize..32,
         kc in 1usize..32,
         causal in any::<bool>(),
+        window in prop_oneof![Just(None), (1usize..80).prop_map(Some)],
         dtype in prop_oneof![Just(DType::F32), Just(DType::Bf16), Just(DType::F16)],
         threads in 1usize..4,
     ) {
@@ -424,6 +492,7 @@ proptest! {
             shape: Shape { batch, heads, kv_heads, seq_q, seq_kv, head_dim },
             dtype,
             causal,
+            window,
             chunks: Some((qc, kc)),
             threads,
             scale: 1.0,
@@ -440,12 +509,14 @@ proptest! {
         qc in 1usize..20,
         kc in 1usize..20,
         causal in any::<bool>(),
+        window in prop_oneof![Just(None), (1usize..50).prop_map(Some)],
         threads in 1usize..4,
     ) {
         let s = Setup {
             shape: Shape { batch: 1, heads, kv_heads, seq_q, seq_kv, head_dim },
             dtype: DType::F32,
             causal,
+            window,
             chunks: Some((qc, kc)),
             threads,
             scale: 1.0,

@@ -12,6 +12,12 @@
 //! `forward_sequential` is Sections 2-3: one query at a time, keys one at a time, keeping
 //! only v* in R^d, s* and m* (the O(1)-memory loop). Time O(n_q*n_kv*d); extra memory O(d)
 //! per worker. Its dot products run over d terms in order, as the algorithm is stated.
+//!
+//! Both take a sliding window (`Shape::key_range`): `forward_chunked` skips the key chunks
+//! before a query chunk's first row's window start (outside every row's window) and masks
+//! the keys before each row's start; `forward_sequential` loops over the row's keys only.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -88,9 +94,11 @@ fn panel_floats(d: usize, path: ReadPath) -> usize {
 /// query chunks form one phase, each worker computing in its own strip slot of the chunk
 /// buffer: no barrier between query chunks, where a worker the machine holds back would
 /// keep the others waiting.
+#[allow(clippy::too_many_arguments)]
 pub fn forward_chunked(
     inputs: &Inputs,
     causal: bool,
+    window: Option<usize>,
     exact: bool,
     (qc, kc): (usize, usize),
     isa: Isa,
@@ -120,6 +128,7 @@ pub fn forward_chunked(
     let c = Chunked {
         inputs,
         causal,
+        window,
         isa,
         path,
         bf16_pv,
@@ -167,6 +176,7 @@ pub fn forward_chunked(
                             si,
                             j: 0,
                             kn: kn.min(visible),
+                            first: 0,
                             chunks: usize::from(visible > 0),
                             last: true,
                             sums: Slot::Worker,
@@ -183,11 +193,18 @@ pub fn forward_chunked(
                 // (their summaries would be empty).
                 let last_visible = s.visible_keys(causal, row0 + rows - 1).min(nkv);
                 let chunks = last_visible.div_ceil(kc);
-                for step in 0..chunks.max(1) {
+                // Sliding window: so are the key chunks before the first row's window start
+                // (a row's start never decreases).
+                let first = match window {
+                    Some(_) => s.key_range(causal, window, row0).start / kc,
+                    None => 0,
+                };
+                let steps = (chunks - first).max(1);
+                for step in 0..steps {
                     let j = if qi % 2 == 0 {
-                        step
+                        first + step
                     } else {
-                        chunks.max(1) - 1 - step
+                        first + steps - 1 - step
                     };
                     let k0 = j * kc;
                     let kn = kc.min(nkv - k0).min(last_visible.saturating_sub(k0));
@@ -204,8 +221,9 @@ pub fn forward_chunked(
                                 si,
                                 j,
                                 kn,
+                                first,
                                 chunks,
-                                last: step + 1 == chunks.max(1),
+                                last: step + 1 == steps,
                                 sums: Slot::Strip,
                                 scratch,
                                 window: (head * nq + row0, rows),
@@ -258,6 +276,7 @@ const MAX_PHASE_STRIPS: usize = 4096;
 struct Chunked<'a> {
     inputs: &'a Inputs,
     causal: bool,
+    window: Option<usize>,
     isa: Isa,
     path: ReadPath,
     bf16_pv: bool,
@@ -299,6 +318,8 @@ struct Job {
     si: usize,
     j: usize,
     kn: usize,
+    /// The key chunks `first..chunks` are the query chunk's (summarized, then combined).
+    first: usize,
     chunks: usize,
     last: bool,
     /// Where the summaries are, and where the scores and widened queries.
@@ -418,8 +439,18 @@ impl Chunked<'_> {
                         .saturating_sub(k0)
                         .min(kn)
                 };
+                // Keys of the chunk before row r's window start.
+                let before = |r: usize| match self.window {
+                    Some(_) => s
+                        .key_range(self.causal, self.window, job.row0 + r0 + p0 + r)
+                        .start
+                        .saturating_sub(k0)
+                        .min(kn),
+                    None => 0,
+                };
                 let mut pass = sums.rows_from(p0);
-                strip.summarize(visible, &mut scratch[..pr * kn], &mut pass, job.j);
+                let p = &mut scratch[..pr * kn];
+                strip.summarize(visible, before, p, &mut pass, job.j);
             }
         }
         if job.last {
@@ -427,7 +458,7 @@ impl Chunked<'_> {
             let blk = (job.head * s.seq_q + job.row0 + r0 - w0) / STRIP;
             let o = self.outs.take_in(ph, w0, wrows, blk);
             for (r, o_r) in o.chunks_mut(d).enumerate() {
-                sums.combine_row(isa, r, job.chunks, o_r);
+                sums.combine_row(isa, r, job.first..job.chunks, o_r);
             }
         }
     }
@@ -451,10 +482,11 @@ impl Strip<'_> {
     /// The strip's scores against the key chunk `j` in `p` (rows of `kn`, exponentiated
     /// in place), and its rows' summaries of chunk `j` in `sums`: the chunk max of the
     /// scaled scores, the exp sum and the d exp-values. `visible(r)` is how many keys of
-    /// the chunk row r sees.
+    /// the chunk row r sees, the first `before(r)` of them masked (a sliding window's).
     fn summarize(
         &self,
         visible: impl Fn(usize) -> usize,
+        before: impl Fn(usize) -> usize,
         p: &mut [f32],
         sums: &mut Sums,
         j: usize,
@@ -480,6 +512,10 @@ impl Strip<'_> {
         let c = self.scale * LOG2E;
         let pairs_pv = matches!(self.v, Operand::Pairs(_));
         for (r, row) in p.chunks_mut(kn).enumerate() {
+            let masked = before(r).min(seen);
+            if masked > 0 {
+                row[..masked].fill(f32::NEG_INFINITY);
+            }
             let (m, w) = if pairs_pv {
                 softmax_row_bf16(isa, &mut row[..seen], visible(r), c)
             } else {
@@ -518,14 +554,14 @@ impl Sums<'_> {
         }
     }
 
-    /// Output row `r` of the strip from its summaries of the first `chunks` key chunks:
+    /// Output row `r` of the strip from its summaries of the key chunks `chunks`:
     /// global_max, max_diffs = exp(chunk_max - global_max), then the weighted sums
     /// divided by the weighted exp sums (times the reciprocal, on `isa`'s vectors, as
     /// `naive` and `flash` normalize).
-    fn combine_row(&self, isa: Isa, r: usize, chunks: usize, o_r: &mut [f32]) {
+    fn combine_row(&self, isa: Isa, r: usize, chunks: Range<usize>, o_r: &mut [f32]) {
         let d = self.d;
-        let values = &self.values[r * self.chunks * d..][..chunks * d];
-        let stats = &self.stats[r * self.chunks * 2..][..chunks * 2];
+        let values = &self.values[r * self.chunks * d..][chunks.start * d..chunks.end * d];
+        let stats = &self.stats[r * self.chunks * 2..][chunks.start * 2..chunks.end * 2];
         let global = stats
             .chunks_exact(2)
             .map(|x| x[0])
@@ -556,7 +592,13 @@ pub fn sequential_worker_floats(shape: &Shape) -> usize {
     4 * shape.head_dim
 }
 
-pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &mut [f32]) {
+pub fn forward_sequential(
+    inputs: &Inputs,
+    causal: bool,
+    window: Option<usize>,
+    ws: &Workspace,
+    out: &mut [f32],
+) {
     let s = inputs.shape;
     let (d, nq) = (s.head_dim, s.seq_q);
     let scale = s.scale();
@@ -576,7 +618,7 @@ pub fn forward_sequential(inputs: &Inputs, causal: bool, ws: &Workspace, out: &m
                         let q = vecops::widen(&inputs.q, q_off + row * d, d, qs);
                         v_star.fill(0.0);
                         let (mut m_star, mut s_star) = (f32::NEG_INFINITY, 0.0f32);
-                        for i in 0..s.visible_keys(causal, row) {
+                        for i in s.key_range(causal, window, row) {
                             let k = vecops::widen(&inputs.k, kv_off + i * d, d, ks);
                             let s_i = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
                             let m_i = m_star.max(s_i);
@@ -637,6 +679,7 @@ mod tests {
                             forward_chunked(
                                 k.inputs,
                                 k.causal,
+                                None,
                                 k.exact,
                                 (qc, kc),
                                 k.isa,

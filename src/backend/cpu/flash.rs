@@ -2,7 +2,9 @@
 //! Q_i, iterate key/value blocks keeping the running row max m, sum l and the unnormalized
 //! output O; S = Q_i K_j^T, m' = max(m, rowmax S), P = exp(S - m'), l = e^(m-m') l + rowsum P,
 //! O = e^(m-m') O + P V_j; one division O / l at the end. Causal: key blocks entirely above
-//! the diagonal are skipped, the diagonal blocks are masked. Time O(n_q*n_kv*d); extra memory
+//! the diagonal are skipped, the diagonal blocks are masked. Sliding window (`Shape::key_range`):
+//! the key loop starts at the block's first row's window start (keys before it are outside
+//! every row's window), and the blocks before its last row's window start are masked. Time O(n_q*n_kv*d); extra memory
 //! per worker O(B_r*B_c + B_r*d) floats (the exact list: `worker_lens`): O(1) in n.
 //!
 //! The tiles are computed transposed, with the query rows along the vector lanes:
@@ -73,6 +75,7 @@ pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> ReadPath {
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
+    window: Option<usize>,
     (bq, bk): (usize, usize),
     path: ReadPath,
     isa: Isa,
@@ -105,6 +108,7 @@ pub fn forward(
         block(
             inputs,
             causal,
+            window,
             Seq::head(&s, head),
             qi * bq,
             bk,
@@ -154,6 +158,7 @@ pub fn forward_steps(
             block(
                 inputs,
                 true,
+                None,
                 Seq::head(&s, head),
                 qi * bq,
                 bk,
@@ -209,6 +214,7 @@ pub fn forward_varlen(
                 block(
                     inputs,
                     causal,
+                    None,
                     seq,
                     qi * bq,
                     bk,
@@ -250,6 +256,7 @@ impl Seq {
 fn block(
     inputs: &Inputs,
     causal: bool,
+    window: Option<usize>,
     seq: Seq,
     row0: usize,
     bk: usize,
@@ -288,16 +295,24 @@ fn block(
     // first row's visible range on need the mask.
     let kv_end = s.visible_keys(causal, row0 + rows - 1);
     let first_visible = s.visible_keys(causal, row0);
+    // Sliding window: the first row's window starts first (a row's start never decreases),
+    // so the keys before it are skipped; keys before the last row's start need the mask.
+    let lo = |r: usize| s.key_range(causal, window, row0 + r.min(rows - 1)).start;
+    let (kv_start, lo_last) = match window {
+        Some(_) => (lo(0), lo(rows - 1)),
+        None => (0, 0),
+    };
     let (k16, v16) = (bf16_bits(&inputs.k), bf16_bits(&inputs.v));
 
-    for k0 in (0..kv_end).step_by(bk) {
+    for k0 in (kv_start..kv_end).step_by(bk) {
         let kn = bk.min(kv_end - k0).min(nkv - k0);
         let kv_at = kv_off + k0 * d;
         let st = &mut st[..kn * nb];
         let colmax = &mut colmax[..nb];
         colmax.fill(f32::NEG_INFINITY);
         let diag = causal && k0 + kn > first_visible;
-        let fused = !diag && d <= KC;
+        let edge = k0 < lo_last;
+        let fused = !diag && !edge && d <= KC;
         let qk_out = if fused {
             Out::StoreColMax(&mut *colmax)
         } else {
@@ -342,6 +357,15 @@ fn block(
             }
         }
         if !fused {
+            if edge {
+                // Keys before a row's window start: -inf, as the causal mask writes.
+                for r in 0..nb {
+                    let n = lo(r).saturating_sub(k0).min(kn);
+                    for x in st[r..].iter_mut().step_by(nb).take(n) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
             let mask = diag.then_some((&vis[..], k0));
             mask_colmax(isa, st, kn, nb, mask, colmax);
         }

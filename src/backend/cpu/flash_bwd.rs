@@ -4,7 +4,9 @@
 //! shares the key/value head: P = exp(Q_i K_j^T / sqrt(d) - L_i), dV_j += P^T dO_i,
 //! dS = P * (dO_i V_j^T - D_i), dK_j += dS^T Q_i / sqrt(d), dQ_i += dS K_j / sqrt(d) (added
 //! under dQ_i's lock, the CPU stand-in for the GPU's atomic adds). Causal: query blocks that
-//! see nothing of block j are skipped. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
+//! see nothing of block j are skipped; with a sliding window (`Shape::key_range`) so are
+//! those whose first row's window starts after block j, and keys before a row's window
+//! start are masked. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
 //! recomputed S); extra memory D (4*b*h*n_q bytes) and per-worker tiles, O(1) in n.
 
 use rayon::prelude::*;
@@ -44,6 +46,7 @@ pub fn d_len(shape: &Shape) -> usize {
 pub fn backward(
     inputs: &Inputs,
     causal: bool,
+    window: Option<usize>,
     (bq, bk): (usize, usize),
     out: &[f32],
     d_out: &[f32],
@@ -93,6 +96,11 @@ pub fn backward(
                     if s.visible_keys(causal, row0 + rows - 1) <= k0 {
                         continue; // every row of this block is masked for block j
                     }
+                    // A row's window start never decreases: the first row's is the least.
+                    let lo = |r: usize| s.key_range(causal, window, row0 + r).start;
+                    if window.is_some() && lo(0) >= k0 + kn {
+                        continue; // block j is before every row's window
+                    }
                     let q = vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qs);
                     let go = &d_out[q_off + row0 * d..][..rows * d];
                     let l_i = &lse[head * nq + row0..][..rows];
@@ -109,6 +117,11 @@ pub fn backward(
                     if causal {
                         for (r, row) in p.chunks_mut(kn).enumerate() {
                             mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
+                        }
+                    }
+                    if window.is_some() && lo(rows - 1) > k0 {
+                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                            row[..lo(r).saturating_sub(k0).min(kn)].fill(f32::NEG_INFINITY);
                         }
                     }
                     probs_from_lse(p, l_i, kn);

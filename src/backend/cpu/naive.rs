@@ -18,6 +18,11 @@
 //! and every probability is written to the n^2 matrix by non-temporal stores:
 //! the matrix is far larger than the caches, so its lines go straight to memory instead of
 //! being read first and written back later (a third of the matrix's memory traffic).
+//!
+//! Sliding window (`Shape::key_range`): a strip's scores start at the whole 64-key panel
+//! holding its first row's window start (the panels before it, outside every row's window,
+//! are not computed and P gets their zeros), and the keys before each row's start are
+//! masked; the matrix keeps its full size.
 
 use super::cache;
 use super::isa::Isa;
@@ -75,6 +80,7 @@ pub fn worker_lens(shape: &Shape, path: ReadPath, exact: bool) -> [usize; 5] {
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
+    window: Option<usize>,
     safe: bool,
     exact: bool,
     isa: Isa,
@@ -137,6 +143,7 @@ pub fn forward(
                 shape: &s,
                 isa,
                 causal,
+                window,
                 safe,
                 c,
                 pv16,
@@ -165,6 +172,7 @@ struct Block<'a> {
     shape: &'a Shape,
     isa: Isa,
     causal: bool,
+    window: Option<usize>,
     safe: bool,
     /// The score scale times log2(e).
     c: f32,
@@ -202,16 +210,32 @@ impl Block<'_> {
             o.fill(0.0);
             return;
         }
+        // Sliding window: from the panel of the first row's window start (a row's start never
+        // decreases, so the panels before it are outside every row's window).
+        let lo = |r: usize| s.key_range(self.causal, self.window, row0 + r).start;
+        let w0 = match self.window {
+            Some(_) => lo(0) / PANEL * PANEL,
+            None => 0,
+        };
         // S = Q K^T (raw scores; the scale is in c).
-        products::scores(isa, q, self.kt, rows, d, seen, sc, nkv);
+        let kt = self.kt.skip(w0 * d);
+        products::scores(isa, q, kt, rows, d, seen - w0, &mut sc[w0..], nkv);
         // Softmax of each row in the cached copy, the probabilities streamed to P (and,
         // for bf16 PV, rounded into the pairs the PV tile reads).
         let stride = 2 * nkv.div_ceil(2);
         let p16 = as_u16(pw);
         for (r, (row, dst)) in sc.chunks_mut(nkv).zip(p.chunks_mut(nkv)).enumerate() {
             let visible = s.visible_keys(self.causal, row0 + r);
-            let row = &mut row[..seen];
-            let (_, sum) = softmax_row(isa, row, visible, c, self.safe, false);
+            let row = if self.window.is_some() {
+                // Keys before the row's window start: -inf; P's panels before w0: zeros.
+                row[w0..lo(r)].fill(f32::NEG_INFINITY);
+                scale_stream(isa, &mut [], 0.0, &mut dst[..w0], false);
+                &mut row[w0..seen]
+            } else {
+                &mut row[..seen]
+            };
+            let dst = &mut dst[w0..];
+            let (_, sum) = softmax_row(isa, row, visible - w0, c, self.safe, false);
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             if self.pv16 {
                 let pairs = &mut p16[r * stride..][..stride];
@@ -224,9 +248,10 @@ impl Block<'_> {
         let (p, ldp) = if self.pv16 {
             (Operand::Pairs(&p16[..rows * stride]), stride)
         } else {
-            (Operand::F32(&*sc), nkv)
+            (Operand::F32(&sc[w0..]), nkv)
         };
-        products::values(isa, p, ldp, self.v, rows, seen, d, o, d);
+        let v = self.v.skip(w0 * d);
+        products::values(isa, p, ldp, v, rows, seen - w0, d, o, d);
     }
 }
 
@@ -264,7 +289,8 @@ mod tests {
                     on_pool(2, || {
                         cache::with_pass_rows(rows, || {
                             forward(
-                                k.inputs, k.causal, true, k.exact, k.isa, &mut p, &ws, &mut out,
+                                k.inputs, k.causal, None, true, k.exact, k.isa, &mut p, &ws,
+                                &mut out,
                             )
                         })
                     });

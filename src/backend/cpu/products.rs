@@ -21,6 +21,13 @@ impl<'a> Operand<'a> {
             Operand::Pairs(x) => Operand::Pairs(&x[start..][..len]),
         }
     }
+    /// The values from `start` on.
+    pub fn skip(self, start: usize) -> Operand<'a> {
+        match self {
+            Operand::F32(x) => Operand::F32(&x[start..]),
+            Operand::Pairs(x) => Operand::Pairs(&x[start..]),
+        }
+    }
 }
 
 /// Raw scores `s[i][j] = q_i . k_j` of `rows` query rows (`q`: rows of d values) against
