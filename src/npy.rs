@@ -115,6 +115,7 @@ pub fn load_inputs(dir: &Path, expected: &Shape) -> Result<Inputs> {
         k: k.read_tensor(kind)?,
         v: v.read_tensor(kind)?,
         paged: Vec::new(),
+        mla: None,
     })
 }
 

@@ -69,6 +69,7 @@ fn case(
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        mla: None,
     }
 }
 

@@ -37,6 +37,8 @@ pub enum Axis {
     PageSize,
     PrefillChunk,
     BatchSpec,
+    LatentDim,
+    RopeDim,
     Window,
     SeqKv,
     SeqLen,
@@ -86,7 +88,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 26] = [
+    pub const ALL: [Axis; 28] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -110,6 +112,8 @@ impl Axis {
         Axis::PageSize,
         Axis::PrefillChunk,
         Axis::BatchSpec,
+        Axis::LatentDim,
+        Axis::RopeDim,
         Axis::Window,
         Axis::SeqKv,
         Axis::SeqLen,
@@ -141,6 +145,8 @@ impl Axis {
             Axis::PageSize => "page_size",
             Axis::PrefillChunk => "prefill_chunk",
             Axis::BatchSpec => "batch_spec",
+            Axis::LatentDim => "latent_dim",
+            Axis::RopeDim => "rope_dim",
             Axis::Window => "window",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
@@ -174,6 +180,8 @@ impl Axis {
             | Axis::Splits
             | Axis::PageSize
             | Axis::PrefillChunk
+            | Axis::LatentDim
+            | Axis::RopeDim
             | Axis::Batch
             | Axis::Heads
             | Axis::KvHeads
@@ -229,6 +237,9 @@ impl Axis {
             Axis::BatchSpec => Derived("none (sequences of equal lengths: batch, seq_len, seq_kv)"),
             Axis::PrefillChunk => {
                 Derived("variant default (chunked-prefill: 512 tokens, at most the prompt)")
+            }
+            Axis::LatentDim | Axis::RopeDim => {
+                Derived("none (mla-decode needs both; other variants read neither)")
             }
             Axis::KvHeads => Derived("= heads"),
             Axis::SeqKv => Derived("= seq_len"),

@@ -144,6 +144,7 @@ fn build(
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     let (mut external, mut page_size, mut page_order) = (None, None, None);
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
+    let (mut latent_dim, mut rope_dim) = (None, None);
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -173,6 +174,8 @@ fn build(
             (Axis::PageOrder, AxisValue::PageOrder(x)) => page_order = Some(x),
             (Axis::PrefillChunk, AxisValue::Size(x)) => prefill_chunk = Some(x),
             (Axis::BatchSpec, AxisValue::BatchSpec(x)) => batch_spec = Some(x),
+            (Axis::LatentDim, AxisValue::Size(x)) => latent_dim = Some(x),
+            (Axis::RopeDim, AxisValue::Size(x)) => rope_dim = Some(x),
             (Axis::Allreduce, AxisValue::Allreduce(x)) => allreduce = Some(x),
             (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
             (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
@@ -254,6 +257,15 @@ fn build(
         // one measurement into identical rows.
         kernel_path: kernel_path
             .filter(|_| device == Device::Cpu && variant != VariantId::External),
+        // Only a variant of an MLA cache reads these (config validation requires both
+        // where one is in the grid); the others drop them, as any axis they do not read.
+        mla: match (v.reads_mla(), latent_dim, rope_dim) {
+            (true, Some(latent_dim), Some(rope_dim)) => Some(crate::problem::Mla {
+                latent_dim,
+                rope_dim,
+            }),
+            _ => None,
+        },
     })
 }
 

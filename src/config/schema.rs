@@ -142,6 +142,8 @@ pub(super) struct RawAxes {
     pub page_order: Option<Value>,
     pub prefill_chunk: Option<Value>,
     pub batch_spec: Option<Value>,
+    pub latent_dim: Option<Value>,
+    pub rope_dim: Option<Value>,
 }
 
 impl RawAxes {
@@ -174,6 +176,8 @@ impl RawAxes {
             (Axis::PageOrder, self.page_order),
             (Axis::PrefillChunk, self.prefill_chunk),
             (Axis::BatchSpec, self.batch_spec),
+            (Axis::LatentDim, self.latent_dim),
+            (Axis::RopeDim, self.rope_dim),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

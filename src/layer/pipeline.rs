@@ -561,6 +561,7 @@ fn lend<R>(qkv: [&mut Tensor; 3], shape: Shape, call: impl FnOnce(&Inputs) -> R)
         k: store::take(k),
         v: store::take(v),
         paged: Vec::new(),
+        mla: None,
     };
     let r = call(&inputs);
     (*q, *k, *v) = (inputs.q, inputs.k, inputs.v);

@@ -53,6 +53,7 @@ fn case_in(
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        mla: None,
     }
 }
 

@@ -14,10 +14,12 @@ use std::str::FromStr;
 pub mod batch_spec;
 pub mod isa;
 pub mod layout;
+pub mod mla;
 pub mod paged;
 pub use batch_spec::BatchSpec;
 pub use isa::Isa;
 pub use layout::SeqLayout;
+pub use mla::{Mla, MlaInputs};
 pub use paged::{PageOrder, PagedKv, Paging};
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
@@ -407,6 +409,7 @@ variant_ids! {
     DecodeOnline = "decode-online",
     FlashDecoding = "flash-decoding",
     PagedDecode = "paged-decode",
+    MlaDecode = "mla-decode",
     RingDecode = "ring-decode",
     TreeDecode = "tree-decode",
     RingPrefill = "ring-prefill",
@@ -696,6 +699,10 @@ pub struct Case {
     /// default (`backend::cpu::isa`, measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<Isa>,
+    /// Multi-head latent attention's cache (`mla-decode`): latent and RoPE dimensions;
+    /// `None` for the standard Q, K, V of every other variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
 }
 
 impl Case {
@@ -752,6 +759,9 @@ impl Case {
             + &self
                 .kernel_path
                 .map_or(String::new(), |p| format!("|kp{p}"))
+            + &self.mla.map_or(String::new(), |m| {
+                format!("|mla{}r{}", m.latent_dim, m.rope_dim)
+            })
     }
 
     /// Where each sequence sits in Q, K, V and O (packed for a ragged batch).
@@ -813,6 +823,10 @@ impl Case {
             return self.layer_io_bytes();
         }
         let s = &self.shape;
+        // An MLA case's inputs are its latent cache, queries and up-projections only.
+        if let Some(m) = self.mla {
+            return m.input_bytes(s, self.dtype) + 4 * s.out_len() as u64;
+        }
         // A paged cache is its pool of whole pages and the block table instead.
         let (kv, table) = match self.paging {
             Some(p) => {
@@ -974,6 +988,9 @@ pub struct Inputs {
     /// (`Case::paging`); `k` and `v` stay the logical cache the oracle and the other
     /// variants read.
     pub paged: Vec<PagedKv>,
+    /// Multi-head latent attention's inputs, for the cases on these inputs that read them
+    /// (`Case::mla`); `None` otherwise.
+    pub mla: Option<Box<MlaInputs>>,
 }
 
 impl Inputs {
@@ -1014,6 +1031,7 @@ impl Inputs {
             k,
             v,
             paged: Vec::new(),
+            mla: None,
         })
     }
 
@@ -1025,14 +1043,23 @@ impl Inputs {
     /// `for_case`, with `OutOfMemory` where a tensor or the pool cannot be allocated (what
     /// a measured case's row reports as `oom`).
     pub fn try_for_case(case: &Case) -> crate::error::Result<Inputs> {
-        Inputs::try_generate(
-            case.shape,
+        // An MLA case reads its latent cache only: no Q, K, V of the shape are drawn.
+        let shape = match case.mla {
+            Some(_) => Shape {
+                batch: 0,
+                ..case.shape
+            },
+            None => case.shape,
+        };
+        let mut x = Inputs::try_generate(
+            shape,
             case.dtype,
             case.input_dist,
             case.input_scale,
             case.seed,
-        )?
-        .try_paged_for(case)
+        )?;
+        x.shape = case.shape;
+        x.try_paged_for(case)
     }
 
     /// These inputs with the page pool `case` reads (built from `k` and `v` unless they
@@ -1041,8 +1068,34 @@ impl Inputs {
         self.try_paged_for(case).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// `paged_for`, with `OutOfMemory` where the pool cannot be allocated.
+    /// `paged_for`, with `OutOfMemory` where the pool cannot be allocated. Also what else
+    /// `case` reads that these inputs lack (inputs shared by an interleave group): the MLA
+    /// inputs of an MLA case, the Q, K, V of another case where only MLA ones are held.
     pub fn try_paged_for(mut self, case: &Case) -> crate::error::Result<Inputs> {
+        match case.mla {
+            Some(m) if self.mla.as_ref().is_none_or(|x| x.mla != m) => {
+                self.mla = Some(Box::new(MlaInputs::try_generate(
+                    &case.shape,
+                    m,
+                    case.dtype,
+                    case.input_dist,
+                    case.input_scale,
+                    case.seed,
+                )?));
+            }
+            None if self.k.len() != case.shape.kv_len() => {
+                let mla = self.mla.take();
+                self = Inputs::try_generate(
+                    case.shape,
+                    case.dtype,
+                    case.input_dist,
+                    case.input_scale,
+                    case.seed,
+                )?;
+                self.mla = mla;
+            }
+            _ => {}
+        }
         if let Some(p) = case.paging {
             if self.pool(p).is_none() {
                 let seqs = case.seq_layout();

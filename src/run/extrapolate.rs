@@ -78,6 +78,7 @@ pub fn split_inputs(inputs: Inputs, rows: usize) -> (Inputs, Tensor) {
         k: inputs.k,
         v: inputs.v,
         paged: inputs.paged,
+        mla: inputs.mla,
     };
     (part, inputs.q)
 }
@@ -90,6 +91,7 @@ pub fn join_inputs(part: Inputs, full_q: Tensor, shape: Shape) -> Inputs {
         k: part.k,
         v: part.v,
         paged: part.paged,
+        mla: part.mla,
     }
 }
 
@@ -190,6 +192,7 @@ mod tests {
             prefill_chunk: None,
             batch_spec: None,
             kernel_path: None,
+            mla: None,
         }
     }
 

@@ -161,6 +161,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        mla: None,
     }
 }
 

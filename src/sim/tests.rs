@@ -54,6 +54,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        mla: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

@@ -9,6 +9,7 @@ mod flash;
 mod flash_varlen;
 pub mod impossible;
 mod layer;
+mod mla;
 mod mpi;
 mod naive;
 mod rabe_staats;
@@ -90,6 +91,7 @@ impl Registry for VariantId {
             VariantId::DecodeOnline => &decode::DECODE_ONLINE,
             VariantId::FlashDecoding => &decode::FLASH_DECODING,
             VariantId::PagedDecode => &decode::PAGED_DECODE,
+            VariantId::MlaDecode => &mla::MLA_DECODE,
             VariantId::RingDecode => &ring::RING_DECODE,
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
@@ -156,6 +158,8 @@ impl DefaultCase for Case {
             prefill_chunk: v.default_prefill_chunk().map(|c| c.min(shape.seq_q)),
             batch_spec,
             kernel_path: None,
+            // A variant of an MLA cache gets DeepSeek-V2's dimensions.
+            mla: v.reads_mla().then_some(crate::problem::Mla::DEEPSEEK_V2),
         }
     }
 }

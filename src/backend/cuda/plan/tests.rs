@@ -37,6 +37,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         prefill_chunk: None,
         batch_spec: None,
         kernel_path: None,
+        mla: None,
     }
 }
 
