@@ -19,7 +19,8 @@ grad_err_rows,grad_err_scope,d_out,extrapolated,timed_rows,diff_variant,max_abs_
 allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elements,\
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
 critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
-probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec,kernel_path";
+probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec,kernel_path,\
+latent_dim,rope_dim";
 
 const TINY: &str = r#"
 [run]

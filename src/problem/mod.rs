@@ -785,6 +785,14 @@ impl Case {
             return self.layer_flops();
         }
         let s = &self.shape;
+        // MLA (absorbed, as mla-decode computes it): per attended pair 2 (d_c + d_r) FLOPs
+        // of score and 2 d_c of value; per row 2 d_c d_h each to absorb W_UK and W_UV.
+        if let Some(m) = self.mla {
+            let rows = (s.batch * s.heads * s.seq_q) as f64;
+            let pairs = (s.batch * s.heads) as f64 * self.attended_pairs_per_head() as f64;
+            let per_pair = 2.0 * (2 * m.latent_dim + m.rope_dim) as f64;
+            return pairs * per_pair + rows * 4.0 * (m.latent_dim * s.head_dim) as f64;
+        }
         let fwd = 4.0
             * s.batch as f64
             * s.heads as f64

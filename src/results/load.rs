@@ -13,7 +13,7 @@ use crate::measure::calibrate::Calibration;
 pub use super::{CSV_NAME, META_NAME};
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 34] = [
+pub const OPTIONAL_COLUMNS: [&str; 36] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -48,6 +48,8 @@ pub const OPTIONAL_COLUMNS: [&str; 34] = [
     "step_max_median_s",
     "batch_spec",
     "kernel_path",
+    "latent_dim",
+    "rope_dim",
 ];
 
 /// The contents of a results directory.

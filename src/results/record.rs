@@ -203,6 +203,13 @@ pub struct Record {
     /// `portable`); empty: the run's default path (`meta.json`'s `cpu_kernel_path`).
     #[serde(default)]
     pub kernel_path: String,
+    /// Multi-head latent attention (`mla-decode`): the latent dimension d_c of its cache;
+    /// empty otherwise.
+    #[serde(default)]
+    pub latent_dim: Option<usize>,
+    /// Multi-head latent attention: the decoupled RoPE key dimension d_r; empty otherwise.
+    #[serde(default)]
+    pub rope_dim: Option<usize>,
 }
 
 impl Record {
@@ -296,6 +303,8 @@ impl Record {
             kernel_path: case
                 .kernel_path
                 .map_or(String::new(), |p| p.name().to_string()),
+            latent_dim: case.mla.map(|m| m.latent_dim),
+            rope_dim: case.mla.map(|m| m.rope_dim),
         }
     }
 
