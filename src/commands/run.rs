@@ -212,7 +212,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         })
         .transpose()?;
 
-    let mla = mla_of(&args)?;
+    let mla = mla_of(args)?;
     let shape = Shape {
         batch: args.batch,
         heads: args.heads,
