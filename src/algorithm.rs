@@ -153,6 +153,13 @@ pub trait Variant: Sync {
         false
     }
 
+    /// Whether the variant reads a multi-head latent attention cache (`Case::mla`,
+    /// `Inputs::mla`) instead of Q, K and V: `mla-decode`. The runner skips a case whose
+    /// `mla` disagrees with it.
+    fn reads_mla(&self) -> bool {
+        false
+    }
+
     /// Bytes of K and V the call must read, for the memory-bound decode variants (the
     /// denominator of their achieved bandwidth); `None` for the others.
     fn kv_read_bytes(&self, _case: &Case) -> Option<u64> {

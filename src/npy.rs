@@ -116,6 +116,7 @@ pub fn load_inputs(dir: &Path, expected: &Shape) -> Result<Inputs> {
         v: v.read_tensor(kind)?,
         paged: Vec::new(),
         fp8: Vec::new(),
+        mla: None,
     })
 }
 

@@ -71,6 +71,7 @@ fn case(
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     }
 }
 

@@ -570,6 +570,28 @@ fn layer(c: &Case, isa: Isa) -> u64 {
     layer_buffers(c, bpt, train) + layer_attention(c, isa, bpt, train)
 }
 
+/// mla-decode: q_lat by head, the partial o_lat and logsumexps of every split, the combined
+/// o_lat and the outputs by head (floats); one scratch per worker (the threads, at most the
+/// larger of the (split, batch) items and the heads), the larger of an attention item's
+/// (q_lat rows, widened q_rope, m, l, a block's scores, the widened latent and RoPE block)
+/// and a head's projection (widened W and that head's query rows).
+fn mla_decode(c: &Case) -> u64 {
+    let s = &c.shape;
+    let m = c.mla.expect("an MLA case");
+    let (dc, dr, dh) = (m.latent_dim, m.rope_dim, s.head_dim);
+    let (b, h, sq) = (s.batch, s.heads, s.seq_q);
+    let splits = c.splits.expect("mla-decode splits");
+    let bk = c.kv_chunk.expect("mla-decode key block");
+    let rows = b * h * sq;
+    let buffers = rows * dc + splits * rows * (dc + 1) + rows * dc + rows * dh;
+    let w = usize::from(c.dtype != DType::F32);
+    let r = h * sq;
+    let attend = r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr);
+    let project = w * (dc * dh + sq * dh);
+    let workers = c.threads.min((b * splits).max(h)).max(1);
+    4 * (buffers + workers * attend.max(project)) as u64
+}
+
 // ---- the table ----------------------------------------------------------------------
 
 /// The closed form of `c`'s workspace on kernel path `isa`; `None` for a variant whose
@@ -594,6 +616,7 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
         (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
         (TreeDecode, Mode::Decode) => return tree(c),
+        (MlaDecode, Mode::Decode) => mla_decode(c),
         _ => return None,
     })
 }

@@ -95,6 +95,14 @@ pub struct RunArgs {
     /// --dtype (flash-decoding, decode-online, decode-naive) [default: K and V as --dtype].
     #[arg(long, value_name = "FORMAT")]
     pub kv_dtype: Option<Fp8Format>,
+    /// Latent dimension d_c of multi-head latent attention's cache (mla-decode; with
+    /// --rope-dim).
+    #[arg(long)]
+    pub latent_dim: Option<usize>,
+    /// Decoupled RoPE key dimension d_r of multi-head latent attention (mla-decode; with
+    /// --latent-dim).
+    #[arg(long)]
+    pub rope_dim: Option<usize>,
     /// Distribution of the generated inputs: normal (N(0, 1)) or uniform (U[0, 1)).
     #[arg(long, default_value = "normal")]
     pub input_dist: InputDist,
@@ -213,6 +221,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         })
         .transpose()?;
 
+    let mla = mla_of(args)?;
     let shape = Shape {
         batch: args.batch,
         heads: args.heads,
@@ -278,6 +287,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         kernel_path: args.kernel_path.filter(|_| args.device == Device::Cpu),
         prefix_len: args.prefix_len,
         kv_dtype: args.kv_dtype,
+        mla,
     };
     let settings = Settings {
         run_name: "run".into(),
@@ -352,5 +362,37 @@ pub fn warn_oversubscribed(threads: usize) {
         eprintln!(
             "warning: threads = {threads} is more than this machine's {cpus} logical CPUs: the workers share cores, and the times measure that"
         );
+    }
+}
+
+/// The MLA dimensions `--latent-dim` and `--rope-dim` give: both or neither, each at least
+/// 1, and only for a variant that reads an MLA cache (mla-decode needs them).
+fn mla_of(args: &RunArgs) -> Result<Option<crate::problem::Mla>> {
+    let usage = Error::Usage;
+    let reads = args.variant.get().reads_mla();
+    match (args.latent_dim, args.rope_dim) {
+        (None, None) if reads => Err(usage(format!(
+            "--latent-dim and --rope-dim are required by {}",
+            args.variant
+        ))),
+        (None, None) => Ok(None),
+        (Some(_), _) | (_, Some(_)) if !reads => Err(usage(format!(
+            "--latent-dim and --rope-dim apply to mla-decode only, not to {}",
+            args.variant
+        ))),
+        (Some(latent_dim), Some(rope_dim)) => {
+            if latent_dim == 0 {
+                return Err(usage("--latent-dim must be at least 1".into()));
+            }
+            if rope_dim == 0 {
+                return Err(usage("--rope-dim must be at least 1".into()));
+            }
+            Ok(Some(crate::problem::Mla {
+                latent_dim,
+                rope_dim,
+            }))
+        }
+        (Some(_), None) => Err(usage("--latent-dim needs --rope-dim".into())),
+        (None, Some(_)) => Err(usage("--rope-dim needs --latent-dim".into())),
     }
 }

@@ -39,6 +39,8 @@ pub enum Axis {
     PageSize,
     PrefillChunk,
     BatchSpec,
+    LatentDim,
+    RopeDim,
     Window,
     PrefixLen,
     SeqKv,
@@ -91,7 +93,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 28] = [
+    pub const ALL: [Axis; 30] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -116,6 +118,8 @@ impl Axis {
         Axis::PageSize,
         Axis::PrefillChunk,
         Axis::BatchSpec,
+        Axis::LatentDim,
+        Axis::RopeDim,
         Axis::Window,
         Axis::PrefixLen,
         Axis::SeqKv,
@@ -149,6 +153,8 @@ impl Axis {
             Axis::PageSize => "page_size",
             Axis::PrefillChunk => "prefill_chunk",
             Axis::BatchSpec => "batch_spec",
+            Axis::LatentDim => "latent_dim",
+            Axis::RopeDim => "rope_dim",
             Axis::Window => "window",
             Axis::PrefixLen => "prefix_len",
             Axis::SeqKv => "seq_kv",
@@ -184,6 +190,8 @@ impl Axis {
             | Axis::Splits
             | Axis::PageSize
             | Axis::PrefillChunk
+            | Axis::LatentDim
+            | Axis::RopeDim
             | Axis::Batch
             | Axis::Heads
             | Axis::KvHeads
@@ -241,6 +249,9 @@ impl Axis {
             Axis::BatchSpec => Derived("none (sequences of equal lengths: batch, seq_len, seq_kv)"),
             Axis::PrefillChunk => {
                 Derived("variant default (chunked-prefill: 512 tokens, at most the prompt)")
+            }
+            Axis::LatentDim | Axis::RopeDim => {
+                Derived("none (mla-decode needs both; other variants read neither)")
             }
             Axis::KvHeads => Derived("= heads"),
             Axis::SeqKv => Derived("= seq_len"),

@@ -146,6 +146,7 @@ fn build(
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
     let mut prefix_len = None;
     let mut kv_dtype = None;
+    let (mut latent_dim, mut rope_dim) = (None, None);
     for (a, v) in point {
         match (a, v) {
             (Axis::Variant, AxisValue::Variant(x)) => variant = Some(x),
@@ -177,6 +178,8 @@ fn build(
             (Axis::PageOrder, AxisValue::PageOrder(x)) => page_order = Some(x),
             (Axis::PrefillChunk, AxisValue::Size(x)) => prefill_chunk = Some(x),
             (Axis::BatchSpec, AxisValue::BatchSpec(x)) => batch_spec = Some(x),
+            (Axis::LatentDim, AxisValue::Size(x)) => latent_dim = Some(x),
+            (Axis::RopeDim, AxisValue::Size(x)) => rope_dim = Some(x),
             (Axis::Allreduce, AxisValue::Allreduce(x)) => allreduce = Some(x),
             (Axis::SeqKv, AxisValue::Size(x)) => seq_kv = Some(x),
             (Axis::SeqLen, AxisValue::Size(x)) => seq_q = Some(x),
@@ -260,6 +263,15 @@ fn build(
             .filter(|_| device == Device::Cpu && variant != VariantId::External),
         prefix_len,
         kv_dtype,
+        // Only a variant of an MLA cache reads these (config validation requires both
+        // where one is in the grid); the others drop them, as any axis they do not read.
+        mla: match (v.reads_mla(), latent_dim, rope_dim) {
+            (true, Some(latent_dim), Some(rope_dim)) => Some(crate::problem::Mla {
+                latent_dim,
+                rope_dim,
+            }),
+            _ => None,
+        },
     })
 }
 

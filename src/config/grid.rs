@@ -169,6 +169,7 @@ pub(super) fn resolve_axes(
             ));
         }
     }
+    check_mla(&owner, &resolved, &groups, src)?;
     let all_decode = !modes.is_empty()
         && modes
             .iter()
@@ -197,4 +198,60 @@ pub(super) fn resolve_axes(
         }
     }
     Ok((resolved, groups))
+}
+
+/// `latent_dim` and `rope_dim` come together, where some variant of the grid reads an MLA
+/// cache (mla-decode), which needs them: otherwise the key named is an error (exit 2).
+fn check_mla(
+    owner: &BTreeMap<Axis, Section>,
+    resolved: &Axes,
+    groups: &[ZipGroup],
+    src: &Source,
+) -> Result<()> {
+    use crate::variant::Registry;
+    let variants = resolved
+        .get(Axis::Variant)
+        .into_iter()
+        .chain(groups.iter().filter_map(|g| g.get(Axis::Variant)))
+        .flatten();
+    let mut readers = Vec::new();
+    for v in variants {
+        if let AxisValue::Variant(id) = v {
+            if id.get().reads_mla() && !readers.contains(&id.name()) {
+                readers.push(id.name());
+            }
+        }
+    }
+    let (latent, rope) = (owner.get(&Axis::LatentDim), owner.get(&Axis::RopeDim));
+    for (axis, section, other) in [
+        (Axis::LatentDim, latent, Axis::RopeDim),
+        (Axis::RopeDim, rope, Axis::LatentDim),
+    ] {
+        let Some(&section) = section else { continue };
+        if readers.is_empty() {
+            return Err(src.err(
+                section,
+                axis.name(),
+                "no variant of the grid reads an MLA cache (latent_dim and rope_dim apply to mla-decode only)",
+            ));
+        }
+        if !owner.contains_key(&other) {
+            return Err(src.err(
+                section,
+                axis.name(),
+                format!(
+                    "needs {} beside it (the MLA cache has both parts)",
+                    other.name()
+                ),
+            ));
+        }
+    }
+    if let (Some(first), None) = (readers.first(), latent) {
+        return Err(src.err(
+            Section::Axes,
+            Axis::LatentDim.name(),
+            format!("required by {first} (with rope_dim: its MLA cache's dimensions)"),
+        ));
+    }
+    Ok(())
 }

@@ -144,6 +144,8 @@ pub(super) struct RawAxes {
     pub prefill_chunk: Option<Value>,
     pub batch_spec: Option<Value>,
     pub prefix_len: Option<Value>,
+    pub latent_dim: Option<Value>,
+    pub rope_dim: Option<Value>,
 }
 
 impl RawAxes {
@@ -178,6 +180,8 @@ impl RawAxes {
             (Axis::PrefillChunk, self.prefill_chunk),
             (Axis::BatchSpec, self.batch_spec),
             (Axis::PrefixLen, self.prefix_len),
+            (Axis::LatentDim, self.latent_dim),
+            (Axis::RopeDim, self.rope_dim),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

@@ -562,6 +562,7 @@ fn lend<R>(qkv: [&mut Tensor; 3], shape: Shape, call: impl FnOnce(&Inputs) -> R)
         v: store::take(v),
         paged: Vec::new(),
         fp8: Vec::new(),
+        mla: None,
     };
     let r = call(&inputs);
     (*q, *k, *v) = (inputs.q, inputs.k, inputs.v);

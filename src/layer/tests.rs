@@ -55,6 +55,7 @@ fn case_in(
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     }
 }
 

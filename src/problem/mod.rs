@@ -15,11 +15,13 @@ pub mod batch_spec;
 pub mod fp8;
 pub mod isa;
 pub mod layout;
+pub mod mla;
 pub mod paged;
 pub use batch_spec::BatchSpec;
 pub use fp8::{Fp8Format, Fp8Kv, Fp8Tensor};
 pub use isa::Isa;
 pub use layout::SeqLayout;
+pub use mla::{Mla, MlaInputs};
 pub use paged::{PageOrder, PagedKv, Paging};
 
 /// Storage precision of Q, K and V. Compute always accumulates in f32 (f64 in the oracle);
@@ -415,6 +417,7 @@ variant_ids! {
     FlashDecoding = "flash-decoding",
     PagedDecode = "paged-decode",
     CascadeDecode = "cascade-decode",
+    MlaDecode = "mla-decode",
     RingDecode = "ring-decode",
     TreeDecode = "tree-decode",
     RingPrefill = "ring-prefill",
@@ -714,6 +717,10 @@ pub struct Case {
     /// (`problem::fp8`); Q stays in `dtype`. `None`: K and V in `dtype`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_dtype: Option<Fp8Format>,
+    /// Multi-head latent attention's cache (`mla-decode`): latent and RoPE dimensions;
+    /// `None` for the standard Q, K, V of every other variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
 }
 
 impl Case {
@@ -772,6 +779,9 @@ impl Case {
                 .map_or(String::new(), |p| format!("|kp{p}"))
             + &self.prefix_len.map_or(String::new(), |n| format!("|px{n}"))
             + &self.kv_dtype.map_or(String::new(), |f| format!("|kv{f}"))
+            + &self.mla.map_or(String::new(), |m| {
+                format!("|mla{}r{}", m.latent_dim, m.rope_dim)
+            })
     }
 
     /// Why the case's `prefix_len` cannot be made (a `skipped` row, `run`'s exit 2): a
@@ -818,6 +828,14 @@ impl Case {
             return self.layer_flops();
         }
         let s = &self.shape;
+        // MLA (absorbed, as mla-decode computes it): per attended pair 2 (d_c + d_r) FLOPs
+        // of score and 2 d_c of value; per row 2 d_c d_h each to absorb W_UK and W_UV.
+        if let Some(m) = self.mla {
+            let rows = (s.batch * s.heads * s.seq_q) as f64;
+            let pairs = (s.batch * s.heads) as f64 * self.attended_pairs_per_head() as f64;
+            let per_pair = 2.0 * (2 * m.latent_dim + m.rope_dim) as f64;
+            return pairs * per_pair + rows * 4.0 * (m.latent_dim * s.head_dim) as f64;
+        }
         let fwd = 4.0
             * s.batch as f64
             * s.heads as f64
@@ -856,6 +874,10 @@ impl Case {
             return self.layer_io_bytes();
         }
         let s = &self.shape;
+        // An MLA case's inputs are its latent cache, queries and up-projections only.
+        if let Some(m) = self.mla {
+            return m.input_bytes(s, self.dtype) + 4 * s.out_len() as u64;
+        }
         // A paged cache is its pool of whole pages and the block table instead.
         let (kv, table) = match self.paging {
             Some(p) => {
@@ -1025,6 +1047,9 @@ pub struct Inputs {
     /// The same K and V in FP8, one per format the cases on these inputs use
     /// (`Case::kv_dtype`); `k` and `v` stay the cache in the storage dtype.
     pub fp8: Vec<Fp8Kv>,
+    /// Multi-head latent attention's inputs, for the cases on these inputs that read them
+    /// (`Case::mla`); `None` otherwise.
+    pub mla: Option<Box<MlaInputs>>,
 }
 
 impl Inputs {
@@ -1066,6 +1091,7 @@ impl Inputs {
             v,
             paged: Vec::new(),
             fp8: Vec::new(),
+            mla: None,
         })
     }
 
@@ -1077,15 +1103,23 @@ impl Inputs {
     /// `for_case`, with `OutOfMemory` where a tensor or the pool cannot be allocated (what
     /// a measured case's row reports as `oom`).
     pub fn try_for_case(case: &Case) -> crate::error::Result<Inputs> {
-        Inputs::try_generate(
-            case.shape,
+        // An MLA case reads its latent cache only: no Q, K, V of the shape are drawn.
+        let shape = match case.mla {
+            Some(_) => Shape {
+                batch: 0,
+                ..case.shape
+            },
+            None => case.shape,
+        };
+        let mut x = Inputs::try_generate(
+            shape,
             case.dtype,
             case.input_dist,
             case.input_scale,
             case.seed,
-        )?
-        .share_prefix(case)
-        .try_prepared_for(case)
+        )?;
+        x.shape = case.shape;
+        x.share_prefix(case).try_prepared_for(case)
     }
 
     /// These inputs with what `case` reads beside the logical cache: its page pool
@@ -1125,6 +1159,7 @@ impl Inputs {
             v: Tensor::F32(kv.v.try_dequantized("the oracle's dequantized V")?),
             paged: Vec::new(),
             fp8: Vec::new(),
+            mla: None,
         })
     }
 
@@ -1165,8 +1200,34 @@ impl Inputs {
         self.try_paged_for(case).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// `paged_for`, with `OutOfMemory` where the pool cannot be allocated.
+    /// `paged_for`, with `OutOfMemory` where the pool cannot be allocated. Also what else
+    /// `case` reads that these inputs lack (inputs shared by an interleave group): the MLA
+    /// inputs of an MLA case, the Q, K, V of another case where only MLA ones are held.
     pub fn try_paged_for(mut self, case: &Case) -> crate::error::Result<Inputs> {
+        match case.mla {
+            Some(m) if self.mla.as_ref().is_none_or(|x| x.mla != m) => {
+                self.mla = Some(Box::new(MlaInputs::try_generate(
+                    &case.shape,
+                    m,
+                    case.dtype,
+                    case.input_dist,
+                    case.input_scale,
+                    case.seed,
+                )?));
+            }
+            None if self.k.len() != case.shape.kv_len() => {
+                let mla = self.mla.take();
+                self = Inputs::try_generate(
+                    case.shape,
+                    case.dtype,
+                    case.input_dist,
+                    case.input_scale,
+                    case.seed,
+                )?;
+                self.mla = mla;
+            }
+            _ => {}
+        }
         if let Some(p) = case.paging {
             if self.pool(p).is_none() {
                 let seqs = case.seq_layout();

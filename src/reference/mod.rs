@@ -39,6 +39,23 @@ pub fn rows_to_check(shape: &Shape, sample: usize) -> Vec<RowId> {
         .collect()
 }
 
+/// `rows_to_check` for `case`, with the oracle's cost per row of an MLA case (its keys and
+/// values up-projected per token: 2 d_c d_h + d_r multiply-adds a key) in the bound.
+pub fn rows_to_check_case(case: &Case, sample: usize) -> Vec<RowId> {
+    match case.mla {
+        Some(m) => {
+            let s = &case.shape;
+            // The shape whose standard count is the MLA oracle's: d_c d_h + d_r per key.
+            let as_std = Shape {
+                head_dim: m.latent_dim * s.head_dim + m.rope_dim,
+                ..*s
+            };
+            rows_to_check(&as_std, sample)
+        }
+        None => rows_to_check(&case.shape, sample),
+    }
+}
+
 /// The exact output row (length `head_dim`) of query row `id`.
 pub fn reference_row(inputs: &Inputs, causal: bool, id: RowId) -> Vec<f64> {
     reference_row_masked(inputs, causal, None, id)
@@ -122,6 +139,60 @@ pub fn exact_row(
     out
 }
 
+/// Multi-head latent attention's exact output row `id` = (b, h, i) in its UNABSORBED form
+/// (DeepSeek-V2 Eqs. 9-19): every visible token's key K^h_t = [c_t W_UK^h, k_r,t] and value
+/// V^h_t = c_t W_UV^h up-projected from the latent cache, then softmax attention of
+/// [q_nope, q_rope] scaled by 1/sqrt(d_h + d_r); causal bottom-right aligned. Costs
+/// O(n (2 d_c d_h + d_r)) per row, f64 throughout.
+pub fn mla_row(s: &Shape, x: &crate::problem::MlaInputs, causal: bool, id: RowId) -> Vec<f64> {
+    let (b, h, i) = id;
+    let (dc, dr, dh) = (x.mla.latent_dim, x.mla.rope_dim, s.head_dim);
+    let scale = x.mla.scale(dh);
+    let keys = s.key_range(causal, None, i);
+    let mut out = vec![0.0f64; dh];
+    if keys.is_empty() {
+        return out;
+    }
+    let row = (b * s.heads + h) * s.seq_q + i;
+    let qn: Vec<f64> = (0..dh).map(|j| x.q_nope.get_f64(row * dh + j)).collect();
+    let qr: Vec<f64> = (0..dr).map(|j| x.q_rope.get_f64(row * dr + j)).collect();
+    let w = h * dc * dh;
+    let (mut kn, mut v) = (vec![0.0f64; dh], vec![0.0f64; dh]);
+    let mut scores = Vec::with_capacity(keys.len());
+    let mut values = Vec::with_capacity(keys.len() * dh);
+    for t in keys {
+        let tok = b * s.seq_kv + t;
+        kn.fill(0.0);
+        v.fill(0.0);
+        for c in 0..dc {
+            let ct = x.c.get_f64(tok * dc + c);
+            for j in 0..dh {
+                kn[j] += ct * x.w_uk.get_f64(w + c * dh + j);
+                v[j] += ct * x.w_uv.get_f64(w + c * dh + j);
+            }
+        }
+        let nope: f64 = kn.iter().zip(&qn).map(|(a, b)| a * b).sum();
+        let rope: f64 = (0..dr)
+            .map(|j| qr[j] * x.k_rope.get_f64(tok * dr + j))
+            .sum();
+        scores.push(scale * (nope + rope));
+        values.extend_from_slice(&v);
+    }
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0;
+    for (t, sc) in scores.iter().enumerate() {
+        let p = (sc - m).exp();
+        sum += p;
+        for (o, vv) in out.iter_mut().zip(&values[t * dh..(t + 1) * dh]) {
+            *o += p * vv;
+        }
+    }
+    for o in &mut out {
+        *o /= sum;
+    }
+    out
+}
+
 /// Error of an output against the oracle over some rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ErrorStats {
@@ -155,6 +226,13 @@ pub fn check_masked(
 /// The case's output against the oracle on `rows`: its mask and window, and for a ragged
 /// batch (`Case::batch_spec`) each row against its own sequence.
 pub fn check_case(case: &Case, inputs: &Inputs, out: &[f32], rows: &[RowId]) -> ErrorStats {
+    if let Some(x) = &inputs.mla {
+        if case.mla.is_some() {
+            return check_rows(inputs, out, rows, |id| {
+                mla_row(&inputs.shape, x, case.causal, id)
+            });
+        }
+    }
     match &case.batch_spec {
         Some(spec) => check_ragged(inputs, spec, case.causal, case.window, out, rows),
         None => check_masked(inputs, case.causal, case.window, out, rows),
@@ -243,6 +321,7 @@ mod tests {
             v: Tensor::F32(vec![5.0, -6.0]),
             paged: Vec::new(),
             fp8: Vec::new(),
+            mla: None,
         };
         assert_eq!(reference_row(&inputs, false, (0, 0, 1)), vec![5.0, -6.0]);
         // Causal with seq_q > seq_kv: row 0 sees no key.
@@ -266,6 +345,7 @@ mod tests {
             v: Tensor::F32(vec![1.0, 3.0]),
             paged: Vec::new(),
             fp8: Vec::new(),
+            mla: None,
         };
         assert_eq!(reference_row(&inputs, false, (0, 0, 0)), vec![2.0]);
     }

@@ -140,6 +140,17 @@ pub const GROUPS: &[Group] = &[
                 },
             },
             Line {
+                label: "MLA cache",
+                columns: &["latent_dim", "rope_dim"],
+                render: |r| match (r.latent_dim, r.rope_dim) {
+                    (Some(c), Some(k)) => Some(format!(
+                        "latent {c} + RoPE {k} = {} values a token, all heads",
+                        c + k
+                    )),
+                    _ => None,
+                },
+            },
+            Line {
                 label: "threads",
                 columns: &["threads"],
                 render: |r| Some(r.threads.to_string()),

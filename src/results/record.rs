@@ -214,6 +214,13 @@ pub struct Record {
     /// K and V (`max_abs_err` is against the cache as stored); empty otherwise.
     #[serde(default)]
     pub max_abs_err_unquantized: Option<f64>,
+    /// Multi-head latent attention (`mla-decode`): the latent dimension d_c of its cache;
+    /// empty otherwise.
+    #[serde(default)]
+    pub latent_dim: Option<usize>,
+    /// Multi-head latent attention: the decoupled RoPE key dimension d_r; empty otherwise.
+    #[serde(default)]
+    pub rope_dim: Option<usize>,
 }
 
 impl Record {
@@ -310,6 +317,8 @@ impl Record {
             prefix_len: case.prefix_len,
             kv_dtype: case.kv_dtype.map_or(String::new(), |f| f.to_string()),
             max_abs_err_unquantized: None,
+            latent_dim: case.mla.map(|m| m.latent_dim),
+            rope_dim: case.mla.map(|m| m.rope_dim),
         }
     }
 

@@ -79,6 +79,7 @@ pub fn split_inputs(inputs: Inputs, rows: usize) -> (Inputs, Tensor) {
         v: inputs.v,
         paged: inputs.paged,
         fp8: inputs.fp8,
+        mla: inputs.mla,
     };
     (part, inputs.q)
 }
@@ -92,6 +93,7 @@ pub fn join_inputs(part: Inputs, full_q: Tensor, shape: Shape) -> Inputs {
         v: part.v,
         paged: part.paged,
         fp8: part.fp8,
+        mla: part.mla,
     }
 }
 
@@ -194,6 +196,7 @@ mod tests {
             kernel_path: None,
             prefix_len: None,
             kv_dtype: None,
+            mla: None,
         }
     }
 

@@ -57,6 +57,13 @@ fn same_inputs_and_threads(a: &Case, b: &Case) -> bool {
         && a.prefix_len == b.prefix_len
 }
 
+/// Whether two cases can share one set of inputs as far as MLA goes: the inputs hold one
+/// MLA cache (`Inputs::mla`) beside the Q, K, V of the shape, so MLA cases of a group must
+/// have the same latent and RoPE dimensions (a standard case on the same shape may join).
+fn same_mla(a: &Case, b: &Case) -> bool {
+    a.mla.is_none() || b.mla.is_none() || a.mla == b.mla
+}
+
 /// The groups of `cases`, in order: each maximal run of consecutive interleavable cases on
 /// the same inputs and thread count is one group; every other case is a group of its own.
 /// (`run.innermost` makes the cases to compare consecutive.)
@@ -66,7 +73,9 @@ pub fn groups(cases: &[&Case], settings: &Settings) -> Vec<Range<usize>> {
         let joins = interleavable(case, settings)
             && out.last().is_some_and(|g| {
                 let first = cases[g.start];
-                interleavable(first, settings) && same_inputs_and_threads(first, case)
+                interleavable(first, settings)
+                    && same_inputs_and_threads(first, case)
+                    && cases[g.clone()].iter().all(|c| same_mla(c, case))
             });
         match out.last_mut() {
             Some(g) if joins => g.end = i + 1,

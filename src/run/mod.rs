@@ -184,6 +184,27 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if let Some(why) = case.prefix_problem() {
         return Some(why);
     }
+    // An MLA cache is read by the variants that read one, and only by them.
+    match (case.mla, case.variant.get().reads_mla()) {
+        (Some(_), false) => {
+            return Some(format!(
+                "variant {} reads no MLA cache: latent_dim and rope_dim apply to mla-decode only",
+                case.variant_name()
+            ))
+        }
+        (None, true) => {
+            return Some(format!(
+                "variant {} needs latent_dim and rope_dim (its MLA cache)",
+                info.name
+            ))
+        }
+        (Some(m), true) => {
+            if let Some(why) = m.unsupported() {
+                return Some(why);
+            }
+        }
+        (None, false) => {}
+    }
     if s.kv_heads == 0 || s.kv_heads > s.heads || !s.heads.is_multiple_of(s.kv_heads) {
         return Some(format!(
             "heads ({}) must be a multiple of kv_heads ({}) for grouped-query attention",
@@ -499,7 +520,7 @@ pub(crate) fn record_output_error(
     out: &[f32],
     sample: usize,
 ) {
-    let rows = reference::rows_to_check(&case.shape, sample);
+    let rows = reference::rows_to_check_case(case, sample);
     // An FP8 cache: the kernel's error against the cache as stored, and beside it what the
     // quantization costs, against the unquantized K and V.
     let stored = match case.kv_dtype {

@@ -163,6 +163,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     }
 }
 

@@ -56,6 +56,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

@@ -10,6 +10,7 @@ mod flash;
 mod flash_varlen;
 pub mod impossible;
 mod layer;
+mod mla;
 mod mpi;
 mod naive;
 mod rabe_staats;
@@ -93,6 +94,7 @@ impl Registry for VariantId {
             VariantId::FlashDecoding => &decode::FLASH_DECODING,
             VariantId::PagedDecode => &decode::PAGED_DECODE,
             VariantId::CascadeDecode => &cascade::CASCADE_DECODE,
+            VariantId::MlaDecode => &mla::MLA_DECODE,
             VariantId::RingDecode => &ring::RING_DECODE,
             VariantId::TreeDecode => &tree::TREE_DECODE,
             VariantId::RingPrefill => &ring::RING_PREFILL,
@@ -161,6 +163,8 @@ impl DefaultCase for Case {
             kernel_path: None,
             prefix_len: None,
             kv_dtype: None,
+            // A variant of an MLA cache gets DeepSeek-V2's dimensions.
+            mla: v.reads_mla().then_some(crate::problem::Mla::DEEPSEEK_V2),
         }
     }
 }

@@ -567,14 +567,232 @@ fn decode_case(
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     }
 }
 
-/// The in-process ones: the MPI variants run under mpirun (tests/mpi.rs).
+/// The in-process ones: the MPI variants run under mpirun (tests/mpi.rs). Not the
+/// variants of an MLA cache, which read no Q, K, V (`mla_decode_matches_the_unabsorbed_oracle`).
 fn decode_variants() -> Vec<VariantId> {
     VariantId::in_process()
         .filter(|v| v.info().modes.contains(&Mode::Decode))
+        .filter(|v| !v.get().reads_mla())
         .collect()
+}
+
+/// The variants of an MLA cache, written out (no silent drop: a new one must be added
+/// here and to the MLA test's expectations).
+fn mla_variants() -> Vec<VariantId> {
+    let readers: Vec<VariantId> = VariantId::ALL
+        .into_iter()
+        .filter(|v| v.get().reads_mla())
+        .collect();
+    assert_eq!(
+        readers,
+        [VariantId::MlaDecode],
+        "the variants of an MLA cache"
+    );
+    readers
+}
+
+/// An MLA decode case: `seq_q` new tokens against a latent cache of `seq_kv`.
+#[allow(clippy::too_many_arguments)]
+fn mla_case(
+    v: VariantId,
+    shape: Shape,
+    mla: crate::problem::Mla,
+    dtype: DType,
+    causal: bool,
+    splits: usize,
+    kv_chunk: usize,
+    scale: f64,
+) -> Case {
+    Case {
+        mla: Some(mla),
+        input_scale: scale,
+        ..decode_case(v, shape, dtype, causal, None, 1, splits, kv_chunk)
+    }
+}
+
+/// mla-decode (absorbed: W_UK into the query, W_UV into the output, the latent cache read
+/// once for all heads) against the f64 oracle of the UNABSORBED form from the same weights:
+/// caches not a multiple of the key block or the split count, one to five heads, several
+/// new tokens causal (bottom-right) and not, latent and RoPE dimensions off every SIMD
+/// width, every dtype and kernel path, within the dtype's tolerance; and exactly the
+/// expected (variant, dtype, path) combinations ran.
+#[test]
+fn mla_decode_matches_the_unabsorbed_oracle_on_ragged_shapes() {
+    use crate::problem::Mla;
+    for dtype in DType::ALL {
+        let mut ran = BTreeSet::new();
+        for isa in paths() {
+            for (heads, seq_q, causal) in [(1, 1, false), (3, 4, true), (5, 2, false)] {
+                for seq_kv in [1, 37, 301] {
+                    for (latent_dim, rope_dim, head_dim) in [(24, 8, 16), (37, 3, 5)] {
+                        for (splits, kv_chunk) in [(1, 256), (3, 5), (64, 16)] {
+                            let shape = Shape {
+                                batch: 2,
+                                heads,
+                                kv_heads: heads,
+                                seq_q,
+                                seq_kv,
+                                head_dim,
+                            };
+                            let mla = Mla {
+                                latent_dim,
+                                rope_dim,
+                            };
+                            for v in mla_variants() {
+                                let c =
+                                    mla_case(v, shape, mla, dtype, causal, splits, kv_chunk, 1.0);
+                                assert_eq!(v.get().unsupported(&c), None);
+                                let inputs = Inputs::for_case(&c);
+                                assert!(inputs.k.is_empty(), "an MLA case draws no K");
+                                let out = output_with(&c, isa, &inputs).expect("mla-decode runs");
+                                let rows = crate::reference::rows_to_check_case(&c, usize::MAX);
+                                assert_eq!(rows.len(), 2 * heads * seq_q);
+                                let e = crate::reference::check_case(&c, &inputs, &out, &rows);
+                                assert!(
+                                    e.non_finite == 0 && e.max_abs <= dtype.tolerance(),
+                                    "{} {shape:?} {mla:?} {dtype} {isa:?} c{causal} sp{splits} kc{kv_chunk}: {:e}",
+                                    v.name(),
+                                    e.max_abs
+                                );
+                                ran.insert((v, dtype, isa));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let want: BTreeSet<VariantId> = mla_variants().into_iter().collect();
+        assert_ran(&ran, &want, dtype, "mla-decode");
+    }
+}
+
+/// Large logits (queries x 16, scores x 16): the online softmax over the latent cache stays
+/// finite and within the large-logit bound of the other decode variants.
+#[test]
+fn mla_decode_on_large_logits_stays_finite() {
+    use crate::problem::Mla;
+    let shape = Shape {
+        batch: 1,
+        heads: 2,
+        kv_heads: 2,
+        seq_q: 1,
+        seq_kv: 200,
+        head_dim: 16,
+    };
+    let mla = Mla {
+        latent_dim: 32,
+        rope_dim: 8,
+    };
+    for v in mla_variants() {
+        let c = mla_case(v, shape, mla, DType::F32, false, 4, 32, 4.0);
+        let inputs = Inputs::for_case(&c);
+        let out = output(&c, &inputs).expect("mla-decode runs");
+        let rows = crate::reference::rows_to_check_case(&c, usize::MAX);
+        let e = crate::reference::check_case(&c, &inputs, &out, &rows);
+        assert!(
+            e.non_finite == 0 && e.max_abs <= 1e-3,
+            "{}: {:e}",
+            v.name(),
+            e.max_abs
+        );
+    }
+}
+
+/// The cache bytes mla-decode counts: b n (d_c + d_r) x dtype bytes, exactly, whatever the
+/// heads, new tokens, mask or split; and skipped rows, never a panic, where the case and
+/// the variant disagree about the MLA cache.
+#[test]
+fn mla_decode_reads_the_latent_cache_once_and_refuses_mismatched_cases() {
+    use crate::problem::Mla;
+    let mla = Mla {
+        latent_dim: 512,
+        rope_dim: 64,
+    };
+    for (dtype, heads, seq_q, causal, splits) in [
+        (DType::Bf16, 32, 1, false, 1),
+        (DType::F32, 128, 4, true, 7),
+        (DType::F16, 3, 2, true, 2),
+    ] {
+        let shape = Shape {
+            batch: 3,
+            heads,
+            kv_heads: heads,
+            seq_q,
+            seq_kv: 1000,
+            head_dim: 128,
+        };
+        let c = mla_case(
+            VariantId::MlaDecode,
+            shape,
+            mla,
+            dtype,
+            causal,
+            splits,
+            256,
+            1.0,
+        );
+        let want = 3 * 1000 * (512 + 64) * dtype.size_bytes() as u64;
+        assert_eq!(VariantId::MlaDecode.get().kv_read_bytes(&c), Some(want));
+        // Inputs: the cache, both queries and both up-projections, and the f32 output.
+        let io = (3 * 1000 * 576 + 3 * heads * seq_q * (128 + 64) + 2 * heads * 512 * 128)
+            * dtype.size_bytes()
+            + 4 * 3 * heads * seq_q * 128;
+        assert_eq!(c.io_bytes(), io as u64);
+    }
+    let shape = Shape {
+        batch: 1,
+        heads: 2,
+        kv_heads: 2,
+        seq_q: 1,
+        seq_kv: 8,
+        head_dim: 4,
+    };
+    let mla_case = mla_case(
+        VariantId::MlaDecode,
+        shape,
+        mla,
+        DType::F32,
+        false,
+        1,
+        8,
+        1.0,
+    );
+    let without = Case {
+        mla: None,
+        ..mla_case.clone()
+    };
+    let why = crate::run::skip_reason(&without).expect("mla-decode without its dimensions");
+    assert!(why.contains("latent_dim and rope_dim"), "{why}");
+    let on_flash = Case {
+        mla: Some(mla),
+        ..decode_case(
+            VariantId::FlashDecoding,
+            shape,
+            DType::F32,
+            false,
+            None,
+            1,
+            1,
+            8,
+        )
+    };
+    let why = crate::run::skip_reason(&on_flash).expect("flash-decoding with MLA dimensions");
+    assert!(why.contains("mla-decode only"), "{why}");
+    for (latent_dim, rope_dim, key) in [(0, 64, "latent_dim"), (512, 0, "rope_dim")] {
+        let zero = Case {
+            mla: Some(Mla {
+                latent_dim,
+                rope_dim,
+            }),
+            ..mla_case.clone()
+        };
+        let why = crate::run::skip_reason(&zero).expect("a zero MLA dimension");
+        assert!(why.contains(key), "{why}");
+    }
 }
 
 /// Every decode variant (and the multi-device ones on 1 and 3 devices) against the oracle:
@@ -963,6 +1181,7 @@ fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> In
         v: take(&x.v, s.kv_heads, s.seq_kv, &cu_kv, kv),
         paged: Vec::new(),
         fp8: Vec::new(),
+        mla: None,
     }
 }
 

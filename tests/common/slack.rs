@@ -37,6 +37,8 @@ pub const SLACK: &[(&[VariantId], u64)] = &[
     ),
     // + the combine's weights of the splits
     (&[VariantId::FlashDecoding, VariantId::PagedDecode], 160),
+    // handles and region only (the combine folds the splits in place)
+    (&[VariantId::MlaDecode], 128),
     // + the simulation's bookkeeping (devices' ledgers, links' counters, the schedules),
     // which `host_bytes` leaves out
     (&[VariantId::RingDecode], 7577),

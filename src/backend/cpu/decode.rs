@@ -549,7 +549,7 @@ fn widen_fp8<'s>(
 /// masked to its visible range, turned into exp(score - new max) in place, and folded into
 /// the row's running max and sum, its accumulated output rescaled when the max moved.
 #[inline]
-fn fold_scores(
+pub fn fold_scores(
     s: &mut [f32],
     kn: usize,
     k0: usize,
@@ -738,6 +738,7 @@ mod tests {
                     v: v.clone(),
                     paged: Vec::new(),
                     fp8: Vec::new(),
+                    mla: None,
                 };
                 let q = widened(&oracle.q);
                 let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;

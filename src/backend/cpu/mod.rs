@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod isa;
 #[cfg(test)]
 pub mod kernel_paths;
+pub mod mla;
 pub mod naive;
 pub mod naive_bwd;
 pub mod products;

@@ -86,6 +86,7 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
     }
     s += &paging_section(&rows);
     s += &fp8_section(&rows);
+    s += &mla_section(&rows);
     s += "## Every decode row\n\n";
     // A page column only where some row pages its cache (older reports stay as they were).
     let pages = rows.iter().any(|r| r.page_size.is_some());
@@ -96,6 +97,9 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
                 (true, Some(p)) => format!("{} (page {p}, {})", r.variant, r.page_order),
                 _ => r.variant.clone(),
             };
+            if let (Some(c), Some(k)) = (r.latent_dim, r.rope_dim) {
+                variant += &format!(" (latent {c} + RoPE {k})");
+            }
             // A ragged batch: its lengths are the spec's; the row's are the totals.
             if !r.batch_spec.is_empty() {
                 variant += &format!(" on {}", r.batch_spec);
@@ -301,6 +305,120 @@ fn paging_section(rows: &[&Record]) -> String {
     s + "\n"
 }
 
+/// `## MLA`: each mla-decode row's cache bytes per token (measured: KV read over the
+/// tokens; and from the shapes, `model::kv_cache`) against MHA and GQA caches with the same
+/// query heads, and its time against flash-decoding's on those caches in the same run
+/// (same dtype, batch, query heads, lengths, head dim and threads); empty text when there is
+/// no MLA row.
+fn mla_section(rows: &[&Record]) -> String {
+    use crate::model::kv_cache::{cache_bytes_per_token, CacheKind};
+    let mla: Vec<&Record> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.latent_dim.is_some())
+        .collect();
+    if mla.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("## MLA: mla-decode against MHA and GQA caches\n\n");
+    s += "mla-decode reads one latent vector (d_c) and one RoPE key part (d_r) per cached \
+          token for all query heads (W_UK and W_UV absorbed into the query and output \
+          sides). `B/token` is its KV read over batch x cache length (measured, per layer); \
+          MHA caches 2 h d_h values a token and GQA 2 g d_h (`model::kv_cache`, from the \
+          shapes). `x MHA` and `x GQA-g` are flash-decoding's median time on that cache over \
+          mla-decode's (same dtype, batch, query heads, lengths and threads; a sweep with \
+          `run.interleave` times cases of the same shape in the same rounds). `GFLOP/s` \
+          counts the absorbed form's FLOPs.\n\n";
+    let ok = |x: &Record| x.status.name() == "ok";
+    let body: Vec<Vec<String>> = mla
+        .iter()
+        .map(|r| {
+            let (dc, dr) = (r.latent_dim.unwrap_or(0), r.rope_dim.unwrap_or(0));
+            let dtype: crate::problem::DType =
+                r.dtype.parse().unwrap_or(crate::problem::DType::F32);
+            let tokens = (r.batch * r.seq_kv).max(1) as u64;
+            let per_token = r.kv_read_bytes.map(|b| b / tokens);
+            let mha = cache_bytes_per_token(CacheKind::Mha { heads: r.heads }, r.head_dim, dtype);
+            let peers = |f: &&&Record| {
+                f.variant == "flash-decoding"
+                    && f.latent_dim.is_none()
+                    && (
+                        &f.dtype, f.batch, f.heads, f.seq_q, f.seq_kv, f.head_dim, f.threads,
+                    ) == (
+                        &r.dtype, r.batch, r.heads, r.seq_q, r.seq_kv, r.head_dim, r.threads,
+                    )
+            };
+            let time_ratio = |f: &Record| {
+                Some(f.time_median_s.filter(|_| ok(f))? / r.time_median_s.filter(|_| ok(r))?)
+            };
+            let mha_row = rows.iter().filter(peers).find(|f| f.kv_heads == f.heads);
+            let gqa: Vec<String> = rows
+                .iter()
+                .filter(peers)
+                .filter(|f| f.kv_heads != f.heads)
+                .map(|f| {
+                    let b = cache_bytes_per_token(
+                        CacheKind::Gqa {
+                            kv_heads: f.kv_heads,
+                        },
+                        f.head_dim,
+                        dtype,
+                    );
+                    let bytes =
+                        per_token.map_or("-".into(), |m| format!("{:.2}x", b as f64 / m as f64));
+                    let time = time_ratio(f).map_or("-".into(), |x| format!("{x:.2}x"));
+                    format!("GQA-{}: {bytes} bytes, {time} time", f.kv_heads)
+                })
+                .collect();
+            vec![
+                r.dtype.clone(),
+                r.batch.to_string(),
+                r.heads.to_string(),
+                r.seq_kv.to_string(),
+                format!("{dc} + {dr}"),
+                r.kv_read_bytes.map_or("-".into(), mib),
+                per_token.map_or("-".into(), |b| b.to_string()),
+                per_token.map_or("-".into(), |m| format!("{:.1}x", mha as f64 / m as f64)),
+                r.status.to_string(),
+                r.time_median_s.map_or("-".into(), seconds),
+                r.kv_gbytes_per_s.map_or("-".into(), |g| format!("{g:.2}")),
+                r.copy_bw_frac
+                    .map_or("-".into(), |f| format!("{:.0}%", 100.0 * f)),
+                r.gflops.map_or("-".into(), |g| format!("{g:.1}")),
+                mha_row
+                    .and_then(|f| time_ratio(f))
+                    .map_or("-".into(), |x| format!("{x:.2}x")),
+                if gqa.is_empty() {
+                    "-".into()
+                } else {
+                    gqa.join("; ")
+                },
+            ]
+        })
+        .collect();
+    s += &table(
+        &[
+            "dtype",
+            "batch",
+            "h",
+            "cache length",
+            "d_c + d_r",
+            "KV read",
+            "B/token",
+            "MHA bytes / MLA",
+            "status",
+            "median",
+            "GB/s",
+            "% copy",
+            "GFLOP/s",
+            "x MHA (time)",
+            "GQA (bytes / MLA, time / MLA)",
+        ],
+        &body,
+    );
+    s + "\n"
+}
+
 /// FP8 caches against the same logical cache in the storage dtype: each FP8 row's time
 /// over the row of the same variant and problem without `kv_dtype` (same inputs; a sweep
 /// with `run.interleave` times them in the same rounds), beside the bytes ratio, and the
@@ -314,11 +432,7 @@ fn fp8_section(rows: &[&Record]) -> String {
     if fp8.is_empty() {
         return String::new();
     }
-    let mut s = String::from(
-        "## FP8 cache: against the same cache in the storage dtype
-
-",
-    );
+    let mut s = String::from("## FP8 cache: against the same cache in the storage dtype\n\n");
     s += &format!(
         "`time ratio` is the FP8 row's median over the median of the same variant on the same \
          logical cache stored as `dtype`; `bytes ratio` the same for the KV bytes read (the \

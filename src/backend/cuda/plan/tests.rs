@@ -39,6 +39,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         kernel_path: None,
         prefix_len: None,
         kv_dtype: None,
+        mla: None,
     }
 }
 
