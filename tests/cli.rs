@@ -343,20 +343,11 @@ prefix_len = 50
 "#;
     let cfg = write_config(tmp.path(), text);
     let out = tmp.path().join("res");
-    attnbench()
-        .args(["sweep", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&out)
-        .assert()
-        .success();
-    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
-    let h = r.headers().unwrap().clone();
-    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
-    let rows: Vec<(String, String, String, String)> = r
-        .records()
+    common::sweep(&cfg, &out, &[]);
+    let (records, col) = common::runs(&out);
+    let rows: Vec<(String, String, String, String)> = records
+        .iter()
         .map(|x| {
-            let x = x.unwrap();
             [
                 col("seq_kv"),
                 col("status"),

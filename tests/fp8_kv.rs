@@ -28,17 +28,8 @@ fn an_fp8_cache_is_its_own_row_reading_half_the_bytes_with_both_errors() {
         "variant = \"flash-decoding\"\nkv_dtype = [\"same\", \"fp8e4m3\", \"fp8e5m2\"]",
     );
     let out = dir.path().join("out");
-    attnbench()
-        .args(["sweep", "--no-report", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&out)
-        .assert()
-        .success();
-    let mut rd = csv::Reader::from_path(out.join("runs.csv")).unwrap();
-    let head = rd.headers().unwrap().clone();
-    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
-    let rows: Vec<csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    common::sweep(&cfg, &out, &["--no-report"]);
+    let (rows, col) = common::runs(&out);
     assert_eq!(rows.len(), 3);
     let get = |r: &csv::StringRecord, name: &str| r[col(name)].to_string();
     let num = |r: &csv::StringRecord, name: &str| get(r, name).parse::<f64>().unwrap();

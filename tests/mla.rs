@@ -158,17 +158,8 @@ fn a_sweep_runs_mla_beside_flash_decoding_and_reports_bytes_per_token() {
     let cfg = tmp.path().join("c.toml");
     fs::write(&cfg, MLA).unwrap();
     let out = tmp.path().join("res");
-    attnbench()
-        .args(["sweep", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&out)
-        .assert()
-        .success();
-    let mut r = csv::Reader::from_path(out.join("runs.csv")).unwrap();
-    let head = r.headers().unwrap().clone();
-    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
-    let rows: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
+    common::sweep(&cfg, &out, &[]);
+    let (rows, col) = common::runs(&out);
     assert_eq!(rows.len(), 2);
     for row in &rows {
         assert_eq!(&row[col("status")], "ok", "{}", &row[col("reason")]);

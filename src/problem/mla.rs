@@ -6,9 +6,8 @@
 //! are up-projections of the latent, K^h_t = [c_t W_UK^h, k_r,t] and V^h_t = c_t W_UV^h.
 //! Generation costs O(b n (d_c + d_r) + h (seq_q (d_h + d_r) + 2 d_c d_h)) values.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::{DType, InputDist, Shape, Tensor};
@@ -120,14 +119,8 @@ impl MlaInputs {
         let w_scale = 1.0 / (mla.latent_dim.max(1) as f32).sqrt();
         let q_scale = (scale * scale) as f32;
         let mut gen = |n: usize, f: f32, what: &str| {
-            let mut draw = || {
-                let x: f32 = match dist {
-                    InputDist::Normal => StandardNormal.sample(&mut rng),
-                    InputDist::Uniform => rng.random::<f32>(),
-                };
-                x * f
-            };
-            Tensor::try_collect_f32(n, (0..n).map(|_| draw()), dtype, what)
+            let values = (0..n).map(|_| dist.draw(&mut rng) * f);
+            Tensor::try_collect_f32(n, values, dtype, what)
         };
         Ok(MlaInputs {
             mla,

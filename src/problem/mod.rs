@@ -199,6 +199,14 @@ pub enum InputDist {
 }
 
 impl InputDist {
+    /// One value of the distribution from `rng` (every seeded input stream draws so).
+    pub fn draw(self, rng: &mut ChaCha8Rng) -> f32 {
+        match self {
+            InputDist::Normal => StandardNormal.sample(rng),
+            InputDist::Uniform => rng.random::<f32>(),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             InputDist::Normal => "normal",
@@ -1072,14 +1080,8 @@ impl Inputs {
         // 2 GiB bf16 cache does not pass through 4 GiB of f32).
         let mut gen = |n: usize, scaled: bool, what: &str| {
             let f = if scaled { scale as f32 } else { 1.0 };
-            let mut draw = || {
-                let x: f32 = match dist {
-                    InputDist::Normal => StandardNormal.sample(&mut rng),
-                    InputDist::Uniform => rng.random::<f32>(),
-                };
-                x * f
-            };
-            Tensor::try_collect_f32(n, (0..n).map(|_| draw()), dtype, what)
+            let values = (0..n).map(|_| dist.draw(&mut rng) * f);
+            Tensor::try_collect_f32(n, values, dtype, what)
         };
         let q = gen(shape.q_len(), true, "input Q")?;
         let k = gen(shape.kv_len(), true, "input K")?;

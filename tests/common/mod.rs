@@ -28,6 +28,32 @@ pub fn copy_run(from: &Path, to: &Path) {
     }
 }
 
+/// `attnbench sweep --config CFG --out OUT EXTRA...`, which must succeed.
+pub fn sweep(cfg: &Path, out: &Path, extra: &[&str]) {
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(cfg)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .assert()
+        .success();
+}
+
+/// The rows of `DIR/runs.csv` and a lookup of a column's index by name (a panic naming a
+/// column the header lacks).
+pub fn runs(dir: &Path) -> (Vec<csv::StringRecord>, impl Fn(&str) -> usize) {
+    let mut r = csv::Reader::from_path(dir.join("runs.csv")).unwrap();
+    let head = r.headers().unwrap().clone();
+    let rows = r.records().map(Result::unwrap).collect();
+    let col = move |name: &str| {
+        head.iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+    };
+    (rows, col)
+}
+
 /// Runs `compare BASE CUR --json EXTRA...`: the exit code and the parsed report (a panic
 /// with both streams when stdout is not JSON).
 pub fn compare_json(base: &Path, cur: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
