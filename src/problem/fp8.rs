@@ -133,15 +133,7 @@ impl Fp8Tensor {
         let mut codes = Vec::with_capacity(values.len());
         let mut scales = Vec::with_capacity(values.len().div_ceil(group));
         for chunk in values.chunks(group) {
-            let amax = chunk.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            let scale = if amax > 0.0 && amax.is_finite() {
-                amax / format.max_finite()
-            } else {
-                1.0
-            };
-            let inv = 1.0 / scale;
-            codes.extend(chunk.iter().map(|&x| format.encode(x * inv)));
-            scales.push(scale);
+            scales.push(push_group(chunk, format, &mut codes));
         }
         Fp8Tensor {
             format,
@@ -203,9 +195,7 @@ impl Fp8Tensor {
                     .zip(&v[r])
                     .for_each(|(o, x)| *o = f16::to_f32(*x)),
             }
-            let q = Fp8Tensor::quantize(vals, len, format);
-            codes.extend_from_slice(&q.codes);
-            scales.extend_from_slice(&q.scales);
+            scales.push(push_group(vals, format, &mut codes));
         }
         Ok(Fp8Tensor {
             format,
@@ -226,6 +216,20 @@ impl Fp8Tensor {
             what,
         )
     }
+}
+
+/// One group quantized: its codes appended to `codes`, its scale returned (the group's
+/// largest magnitude over the format's largest finite value; 1 for a group of zeros).
+fn push_group(group: &[f32], format: Fp8Format, codes: &mut Vec<u8>) -> f32 {
+    let amax = group.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let scale = if amax > 0.0 && amax.is_finite() {
+        amax / format.max_finite()
+    } else {
+        1.0
+    };
+    let inv = 1.0 / scale;
+    codes.extend(group.iter().map(|&x| format.encode(x * inv)));
+    scale
 }
 
 /// The K and V of a case's cache in one FP8 format, one scale per (sequence, KV head),

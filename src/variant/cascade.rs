@@ -45,9 +45,6 @@ pub static CASCADE_DECODE: Cascade = Cascade {
     },
 };
 
-/// Work items wanted per thread in each phase: a few, so unequal parts still balance.
-const ITEMS_PER_THREAD: usize = 2;
-
 /// The two phases' key ranges and how each is cut. Parts follow by arithmetic (no table is
 /// allocated): part i of n of a range is `even_part`.
 struct Plan {
@@ -73,16 +70,13 @@ fn even_part(r: &Range<usize>, n: usize, i: usize) -> Range<usize> {
     start..start + base + usize::from(i < extra)
 }
 
-/// Parts of a span of `keys` keys for `units` independent items per part: enough items
-/// for `ITEMS_PER_THREAD` per thread, no part shorter than a key block; none for no keys.
+/// Parts of a span of `keys` keys for `units` independent items per part, by
+/// flash-decoding's rule (`decode::parts_for`, key blocks of `KV_BLOCK`); none for no keys.
 fn parts_for(keys: usize, units: usize, threads: usize) -> usize {
     if keys == 0 {
         return 0;
     }
-    (ITEMS_PER_THREAD * threads)
-        .div_ceil(units.max(1))
-        .min(keys.div_ceil(KV_BLOCK))
-        .max(1)
+    super::decode::parts_for(keys, units, threads, KV_BLOCK)
 }
 
 impl Plan {

@@ -105,9 +105,22 @@ const ITEMS_PER_THREAD: usize = 2;
 /// The default split count: enough (b, kv head, split) items to keep every thread busy,
 /// but no split shorter than one key block.
 pub fn default_splits(shape: &Shape, threads: usize) -> usize {
-    let heads = (shape.batch * shape.kv_heads).max(1);
-    let want = (ITEMS_PER_THREAD * threads).div_ceil(heads);
-    want.min(shape.seq_kv.div_ceil(KV_BLOCK)).max(1)
+    parts_for(
+        shape.seq_kv,
+        shape.batch * shape.kv_heads,
+        threads,
+        KV_BLOCK,
+    )
+}
+
+/// Parts to cut `keys` keys into when each part is computed for `units` independent items
+/// (heads, sequences): enough (part, unit) items for `ITEMS_PER_THREAD` per thread, no part
+/// shorter than `block` keys, at least one. The rule of every split-KV decode variant.
+pub(super) fn parts_for(keys: usize, units: usize, threads: usize, block: usize) -> usize {
+    (ITEMS_PER_THREAD * threads)
+        .div_ceil(units.max(1))
+        .min(keys.div_ceil(block.max(1)))
+        .max(1)
 }
 
 /// The default split count of a ragged batch: parts of the whole cache (`variant::split_kv`),

@@ -18,9 +18,6 @@ use crate::problem::{Case, DType, Inputs, Mode, Shape};
 /// bf16 and the scores of 128 rows stay within a core's L2 while both SGEMMs read it.
 pub const MLA_BLOCK: usize = 256;
 
-/// Work items wanted per thread, as flash-decoding's (`decode::default_splits`).
-const ITEMS_PER_THREAD: usize = 2;
-
 pub struct MlaDecode {
     info: &'static VariantInfo,
 }
@@ -37,11 +34,10 @@ pub static MLA_DECODE: MlaDecode = MlaDecode {
     },
 };
 
-/// Splits per batch element: enough (part, batch element) items for the threads, no part
-/// shorter than one key block.
+/// Splits per batch element, by flash-decoding's rule (`decode::parts_for`): the batch
+/// elements are the units, key blocks of `MLA_BLOCK`.
 pub fn default_splits(shape: &Shape, threads: usize) -> usize {
-    let want = (ITEMS_PER_THREAD * threads).div_ceil(shape.batch.max(1));
-    want.min(shape.seq_kv.div_ceil(MLA_BLOCK)).max(1)
+    super::decode::parts_for(shape.seq_kv, shape.batch, threads, MLA_BLOCK)
 }
 
 impl MlaDecode {
