@@ -153,6 +153,12 @@ pub trait Variant: Sync {
         false
     }
 
+    /// Whether the variant keeps attention sinks (`Case::sinks`) visible beside its sliding
+    /// window on the CPU; the others leave such cases out (`variant::impossible`).
+    fn sinks(&self) -> bool {
+        false
+    }
+
     /// Whether the variant reads a multi-head latent attention cache (`Case::mla`,
     /// `Inputs::mla`) instead of Q, K and V: `mla-decode`. The runner skips a case whose
     /// `mla` disagrees with it.

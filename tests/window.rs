@@ -112,3 +112,122 @@ fn a_window_of_zero_is_bad_input_naming_the_key() {
         .code(2)
         .stderr(predicate::str::contains("axes.window"));
 }
+
+/// Attention sinks through the CLI: flash (forward and backward) and the decode variants
+/// that take them count the sinks' pairs in `flops` and read their keys once
+/// (`kv_read_bytes`), checked against the oracle; the case id and row carry them.
+#[test]
+fn sinks_beside_a_window_count_their_pairs_and_bytes() {
+    // Causal, n = 100, window 7, 3 sinks: row i sees min(i + 1, 7) window keys and
+    // min(3, max(i + 1 - 7, 0)) sinks.
+    let n = 100u64;
+    let sink_pairs: u64 = (0..n).map(|i| (i + 1).saturating_sub(7).min(3)).sum();
+    for mode in ["fwd", "fwd+bwd"] {
+        let row = run_json(&[
+            "--variant",
+            "flash",
+            "--mode",
+            mode,
+            "-n",
+            "100",
+            "--causal",
+            "--window",
+            "7",
+            "--sinks",
+            "3",
+        ]);
+        assert_eq!(row["status"], "ok", "{mode}: {}", row["reason"]);
+        assert_eq!(row["sinks"], 3);
+        assert!(row["case_id"].as_str().unwrap_or("").ends_with("|sk3"));
+        let factor = if mode == "fwd" { 1.0 } else { 3.5 };
+        let pairs = causal_window_pairs(n, 7) + sink_pairs;
+        let want = factor * 4.0 * 2.0 * pairs as f64 * 16.0;
+        assert_eq!(row["flops"].as_f64(), Some(want), "{mode}");
+        assert!(row["max_abs_err"].as_f64().expect("checked") <= 1e-5);
+    }
+    // One new token over 500 cached keys, window 50, 4 sinks: 54 keys of K and V (f32,
+    // d = 16) per KV head.
+    for variant in ["flash-decoding", "decode-online"] {
+        let row = run_json(&[
+            "--variant",
+            variant,
+            "--mode",
+            "decode",
+            "-n",
+            "1",
+            "--seq-kv",
+            "500",
+            "--window",
+            "50",
+            "--sinks",
+            "4",
+        ]);
+        assert_eq!(row["status"], "ok", "{variant}: {}", row["reason"]);
+        assert_eq!(row["kv_read_bytes"], 2 * 2 * 54 * 16 * 4, "{variant}");
+        assert!(row["max_abs_err"].as_f64().expect("checked") <= 1e-5);
+    }
+}
+
+/// Bad sinks: without a window, more than the context, 0, or on a variant that takes none:
+/// exit 2 naming the key or the variants that take them, never a panic; in a sweep, sinks
+/// past a case's context are a skipped row with the reason.
+#[test]
+fn bad_sinks_are_refused_naming_the_key() {
+    let base = ["run", "--variant", "flash", "-n", "64", "-d", "8"];
+    for (extra, why) in [
+        (&["--sinks", "2"][..], "sinks (2) are the first keys a sliding window"),
+        (
+            &["--window", "8", "--sinks", "65"][..],
+            "sinks (65) are more than the context's tokens (seq_kv = 64)",
+        ),
+        (&["--window", "8", "--sinks", "0"][..], "--sinks must be at least 1"),
+    ] {
+        attnbench()
+            .args(base)
+            .args(extra)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains(why));
+    }
+    attnbench()
+        .args(["run", "--variant", "naive", "-n", "64", "-d", "8"])
+        .args(["--window", "8", "--sinks", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "variant naive has no attention sinks: sinks apply to flash",
+        ));
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("c.toml");
+    fs::write(
+        &cfg,
+        "[run]\nname = \"s\"\nmin_reps = 1\nmax_reps = 1\nwarmup = 0\n[axes]\n\
+         variant = \"flash\"\nhead_dim = 8\nseq_len = [16, 64]\nwindow = 4\nsinks = 32\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("o");
+    common::sweep(&cfg, &out, &[]);
+    let (rows, col) = common::runs(&out);
+    let status: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (&r[col("status")], &r[col("reason")]))
+        .collect();
+    assert_eq!(status.len(), 2);
+    assert_eq!(status[1].0, "ok");
+    assert_eq!(status[0].0, "skipped");
+    assert!(status[0].1.contains("sinks (32) are more than"), "{status:?}");
+    fs::write(
+        &cfg,
+        "[run]\nname = \"s\"\n[axes]\nvariant = \"flash\"\nseq_len = 64\nwindow = 4\nsinks = 0\n",
+    )
+    .unwrap();
+    attnbench()
+        .args(["sweep", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(tmp.path().join("o2"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("axes.sinks"));
+}

@@ -58,6 +58,9 @@ pub struct RunArgs {
     /// Sliding window: each query attends to the last N keys up to its causal bound.
     #[arg(long, value_name = "N")]
     pub window: Option<usize>,
+    /// Attention sinks: the first N keys stay visible beside the sliding window (--window).
+    #[arg(long, value_name = "N")]
+    pub sinks: Option<usize>,
     /// Decode: the batch's requests share their first N cached tokens (batch item 0's keys
     /// and values copied into the others; cascade-decode reads them once for all).
     #[arg(long, value_name = "N")]
@@ -173,6 +176,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         ("--kv-chunk", args.kv_chunk),
         ("--threads", args.threads),
         ("--window", args.window),
+        ("--sinks", args.sinks),
         ("--splits", args.splits),
         ("--prefix-len", args.prefix_len),
     ] {
@@ -288,6 +292,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         prefix_len: args.prefix_len,
         kv_dtype: args.kv_dtype,
         mla,
+        sinks: args.sinks,
     };
     let settings = Settings {
         run_name: "run".into(),

@@ -42,6 +42,7 @@ pub enum Axis {
     LatentDim,
     RopeDim,
     Window,
+    Sinks,
     PrefixLen,
     SeqKv,
     SeqLen,
@@ -93,7 +94,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 30] = [
+    pub const ALL: [Axis; 31] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -121,6 +122,7 @@ impl Axis {
         Axis::LatentDim,
         Axis::RopeDim,
         Axis::Window,
+        Axis::Sinks,
         Axis::PrefixLen,
         Axis::SeqKv,
         Axis::SeqLen,
@@ -156,6 +158,7 @@ impl Axis {
             Axis::LatentDim => "latent_dim",
             Axis::RopeDim => "rope_dim",
             Axis::Window => "window",
+            Axis::Sinks => "sinks",
             Axis::PrefixLen => "prefix_len",
             Axis::SeqKv => "seq_kv",
             Axis::SeqLen => "seq_len",
@@ -199,6 +202,7 @@ impl Axis {
             | Axis::QChunk
             | Axis::KvChunk
             | Axis::Window
+            | Axis::Sinks
             | Axis::PrefixLen
             | Axis::SeqKv
             | Axis::SeqLen => Kind::Size,
@@ -257,6 +261,7 @@ impl Axis {
             Axis::SeqKv => Derived("= seq_len"),
             Axis::QChunk | Axis::KvChunk => Derived("variant default"),
             Axis::Window => Derived("none"),
+            Axis::Sinks => Derived("none (the window alone)"),
             Axis::PrefixLen => Derived("none (every request's cache its own)"),
             Axis::KvDtype => Derived("= dtype (K and V stored like Q)"),
             Axis::KernelPath => match run.kernel_path {

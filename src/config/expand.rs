@@ -144,7 +144,7 @@ fn build(
     let (mut devices, mut splits, mut allreduce) = (axis::DEFAULT_DEVICES, None, None);
     let (mut external, mut page_size, mut page_order) = (None, None, None);
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
-    let mut prefix_len = None;
+    let (mut prefix_len, mut sinks) = (None, None);
     let mut kv_dtype = None;
     let (mut latent_dim, mut rope_dim) = (None, None);
     for (a, v) in point {
@@ -172,6 +172,7 @@ fn build(
             (Axis::KvChunk, AxisValue::Size(x)) => kv_chunk = Some(x),
             (Axis::Window, AxisValue::Size(x)) => window = Some(x),
             (Axis::PrefixLen, AxisValue::Size(x)) => prefix_len = Some(x),
+            (Axis::Sinks, AxisValue::Size(x)) => sinks = Some(x),
             (Axis::Devices, AxisValue::Size(x)) => devices = x,
             (Axis::Splits, AxisValue::Size(x)) => splits = Some(x),
             (Axis::PageSize, AxisValue::Size(x)) => page_size = Some(x),
@@ -272,6 +273,7 @@ fn build(
             }),
             _ => None,
         },
+        sinks,
     })
 }
 

@@ -146,6 +146,7 @@ pub(super) struct RawAxes {
     pub prefix_len: Option<Value>,
     pub latent_dim: Option<Value>,
     pub rope_dim: Option<Value>,
+    pub sinks: Option<Value>,
 }
 
 impl RawAxes {
@@ -167,6 +168,7 @@ impl RawAxes {
             (Axis::KvChunk, self.kv_chunk),
             (Axis::Causal, self.causal),
             (Axis::Window, self.window),
+            (Axis::Sinks, self.sinks),
             (Axis::InputDist, self.input_dist),
             (Axis::InputScale, self.input_scale),
             (Axis::DOut, self.d_out),

@@ -375,6 +375,56 @@ impl Shape {
         let c = self.seq_kv as i128 - nq + 1;
         u64::try_from(f(c + nq) - f(c)).unwrap_or(u64::MAX)
     }
+    /// Attention sinks (Xiao et al., "Efficient Streaming Language Models with Attention
+    /// Sinks", as the Transformers Inference Optimization Toolset cites it): the first `sinks`
+    /// keys stay visible to every row beside its sliding window. Row `row`'s sink keys are
+    /// `0..min(sinks, window start)`: those before its window (the window's own are in
+    /// `key_range`), so the two ranges never overlap; empty without a window, where every key
+    /// up to the causal bound is visible already.
+    pub fn sink_range(
+        &self,
+        causal: bool,
+        window: Option<usize>,
+        sinks: usize,
+        row: usize,
+    ) -> Range<usize> {
+        match window {
+            Some(_) => 0..sinks.min(self.key_range(causal, window, row).start),
+            None => 0..0,
+        }
+    }
+    /// Number of sink (query, key) pairs per (batch, head): the sum over rows of
+    /// `sink_range(..).len()`, in closed form (O(1) at any length).
+    pub fn sink_pairs_per_head(&self, causal: bool, window: Option<usize>, sinks: usize) -> u64 {
+        let Some(w) = window else { return 0 };
+        // Row i's window starts at max(hi - w, 0), hi its causal bound, so it sees
+        // clamp(hi - w, 0, sinks) sink keys.
+        let (w, s, nq) = (w as i128, sinks as i128, self.seq_q as i128);
+        let nkv = self.seq_kv as i128;
+        if !causal {
+            return u64::try_from(nq * (nkv - w).clamp(0, s)).unwrap_or(u64::MAX);
+        }
+        // G(x) = sum of clamp(y - w, 0, s) over y = 0..x; causal rows have hi = i + c
+        // (c = n_kv - n_q + 1, never above n_kv; rows with i + c <= 0 see nothing).
+        let g = |x: i128| -> i128 {
+            let u = x - 1 - w;
+            if u <= 0 {
+                0
+            } else if u <= s {
+                u * (u + 1) / 2
+            } else {
+                s * (s + 1) / 2 + (u - s) * s
+            }
+        };
+        let c = nkv - nq + 1;
+        u64::try_from(g(c + nq) - g(c)).unwrap_or(u64::MAX)
+    }
+    /// (query, key) pairs per head that `case`'s mask attends: its window's and its sinks'.
+    fn pairs(&self, case: &Case) -> u64 {
+        let sinks = case.sinks.unwrap_or(0);
+        self.attended_pairs_per_head(case.causal, case.window)
+            .saturating_add(self.sink_pairs_per_head(case.causal, case.window, sinks))
+    }
     /// Number of (query, key) pairs that are not masked, per (batch, head).
     pub fn unmasked_pairs_per_head(&self, causal: bool) -> u64 {
         self.attended_pairs_per_head(causal, None)
@@ -729,6 +779,10 @@ pub struct Case {
     /// `None` for the standard Q, K, V of every other variant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
+    /// Attention sinks: the first `sinks` keys stay visible to every query beside its
+    /// sliding window (`Shape::sink_range`); `None`: the window alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<usize>,
 }
 
 impl Case {
@@ -790,6 +844,24 @@ impl Case {
             + &self.mla.map_or(String::new(), |m| {
                 format!("|mla{}r{}", m.latent_dim, m.rope_dim)
             })
+            + &self.sinks.map_or(String::new(), |n| format!("|sk{n}"))
+    }
+
+    /// Why the case's `sinks` cannot be made (a `skipped` row, `run`'s exit 2): sinks are
+    /// the keys a sliding window keeps visible, at most the whole context.
+    pub fn sinks_problem(&self) -> Option<String> {
+        let n = self.sinks?;
+        if self.window.is_none() {
+            return Some(format!(
+                "sinks ({n}) are the first keys a sliding window keeps visible: set window (without one every key is visible already)"
+            ));
+        }
+        (n > self.shape.seq_kv).then(|| {
+            format!(
+                "sinks ({n}) are more than the context's tokens (seq_kv = {})",
+                self.shape.seq_kv
+            )
+        })
     }
 
     /// Why the case's `prefix_len` cannot be made (a `skipped` row, `run`'s exit 2): a
@@ -868,10 +940,10 @@ impl Case {
                         seq_kv: kv,
                         ..*s
                     }
-                    .attended_pairs_per_head(self.causal, self.window)
+                    .pairs(self)
                 })
                 .sum(),
-            None => s.attended_pairs_per_head(self.causal, self.window),
+            None => s.pairs(self),
         }
     }
 
@@ -1302,6 +1374,44 @@ mod tests {
         let n = 1usize << 31;
         let expect = (n as u64) * (n as u64 + 1) / 2;
         assert_eq!(shape(n, n).unmasked_pairs_per_head(true), expect);
+    }
+
+    #[test]
+    fn sink_pairs_in_closed_form_equal_the_sum_over_rows() {
+        for nq in [0, 1, 2, 5, 17, 64] {
+            for nkv in [0, 1, 3, 5, 17, 64, 100] {
+                let s = shape(nq, nkv);
+                for causal in [false, true] {
+                    for window in [None, Some(0), Some(1), Some(4), Some(16), Some(200)] {
+                        for sinks in [0, 1, 3, 4, 20, 100] {
+                            let rows: u64 = (0..nq)
+                                .map(|i| {
+                                    let (a, b) = (
+                                        s.sink_range(causal, window, sinks, i),
+                                        s.key_range(causal, window, i),
+                                    );
+                                    assert!(a.end <= b.start || a.is_empty(), "overlap");
+                                    assert!(a.len() <= sinks);
+                                    a.len() as u64
+                                })
+                                .sum();
+                            let got = s.sink_pairs_per_head(causal, window, sinks);
+                            assert_eq!(
+                                got, rows,
+                                "{nq}x{nkv} causal {causal} window {window:?} sinks {sinks}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // A row of 10 keys, window 3, 2 sinks: keys 0, 1 and 7, 8, 9.
+        let s = shape(1, 10);
+        assert_eq!(s.sink_range(true, Some(3), 2, 0), 0..2);
+        assert_eq!(s.key_range(true, Some(3), 0), 7..10);
+        // Sinks reaching into the window are the window's keys, counted once.
+        assert_eq!(s.sink_range(true, Some(3), 9, 0), 0..7);
+        assert_eq!(s.sink_range(true, None, 2, 0), 0..0);
     }
 
     #[test]

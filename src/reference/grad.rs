@@ -1,7 +1,8 @@
 //! The f64 gradient oracle: for O = softmax(QK^T/sqrt(d)) V and an upstream gradient dO,
 //! dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d),
 //! dK = dS^T Q / sqrt(d), with dK, dV summed over the query heads that share a key/value
-//! head (GQA), over each row's keys (`Shape::key_range`: causal bound and sliding window).
+//! head (GQA), over each row's keys (`Shape::key_range`: causal bound and sliding window;
+//! and `Shape::sink_range`, the attention sinks before the window).
 //! Computed in f64 from the same storage-rounded inputs. `grads` is exact over
 //! every row, time O(b*h*n_q*n_kv*d); `dq_row` gives one row of dQ in O(n_kv*d).
 
@@ -14,23 +15,32 @@ pub struct Grads64 {
     pub dv: Vec<f64>,
 }
 
-/// The first key a row attends to, its softmax probabilities over its keys (from that one),
-/// and the exact output row.
+/// The keys a row attends to: its sinks, then its window.
+fn row_keys(inputs: &Inputs, (causal, window, sinks): Mask, i: usize) -> Vec<usize> {
+    let s = &inputs.shape;
+    s.sink_range(causal, window, sinks, i)
+        .chain(s.key_range(causal, window, i))
+        .collect()
+}
+
+/// The keys a row attends to (`row_keys`), its softmax probabilities over them, and the
+/// exact output row.
 fn row_probs(
     inputs: &Inputs,
     mask: Mask,
     b: usize,
     h: usize,
     i: usize,
-) -> (usize, Vec<f64>, Vec<f64>) {
+) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
     let s = &inputs.shape;
     let d = s.head_dim;
     let q_off = s.q_head_offset(b, h) + i * d;
-    let keys = s.key_range(mask.0, mask.1, i);
-    let kv_off = s.kv_head_offset(b, h) + keys.start * d;
+    let keys = row_keys(inputs, mask, i);
+    let kv_off = s.kv_head_offset(b, h);
     let scale = 1.0 / (d as f64).sqrt();
-    let scores: Vec<f64> = (0..keys.len())
-        .map(|j| {
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|&j| {
             scale
                 * (0..d)
                     .map(|x| inputs.q.get_f64(q_off + x) * inputs.k.get_f64(kv_off + j * d + x))
@@ -42,22 +52,22 @@ fn row_probs(
     let sum: f64 = p.iter().sum();
     p.iter_mut().for_each(|x| *x /= sum);
     let mut o = vec![0.0; d];
-    for (j, pj) in p.iter().enumerate() {
+    for (&j, pj) in keys.iter().zip(&p) {
         for (x, ox) in o.iter_mut().enumerate() {
             *ox += pj * inputs.v.get_f64(kv_off + j * d + x);
         }
     }
-    (keys.start, p, o)
+    (keys, p, o)
 }
 
-/// The causal flag and sliding window of the attention differentiated.
-pub type Mask = (bool, Option<usize>);
+/// The causal flag, sliding window and attention sinks of the attention differentiated.
+pub type Mask = (bool, Option<usize>, usize);
 
 /// dS of one query row: P * (dO V^T - rowsum(dO * O)).
 #[allow(clippy::too_many_arguments)]
 fn row_ds(
     inputs: &Inputs,
-    k0: usize,
+    keys: &[usize],
     p: &[f64],
     o: &[f64],
     d_out: &[f32],
@@ -67,12 +77,12 @@ fn row_ds(
 ) -> Vec<f64> {
     let s = &inputs.shape;
     let d = s.head_dim;
-    let kv_off = s.kv_head_offset(b, h) + k0 * d;
+    let kv_off = s.kv_head_offset(b, h);
     let go = &d_out[s.q_head_offset(b, h) + i * d..][..d];
     let dd: f64 = go.iter().zip(o).map(|(g, x)| *g as f64 * x).sum();
     p.iter()
-        .enumerate()
-        .map(|(j, pj)| {
+        .zip(keys)
+        .map(|(pj, &j)| {
             let dp: f64 = (0..d)
                 .map(|x| go[x] as f64 * inputs.v.get_f64(kv_off + j * d + x))
                 .sum();
@@ -87,14 +97,14 @@ pub fn dq_row(inputs: &Inputs, mask: Mask, d_out: &[f32], id: (usize, usize, usi
     let s = &inputs.shape;
     let d = s.head_dim;
     let mut dq = vec![0.0; d];
-    if s.key_range(mask.0, mask.1, i).is_empty() {
+    if row_keys(inputs, mask, i).is_empty() {
         return dq;
     }
-    let (k0, p, o) = row_probs(inputs, mask, b, h, i);
-    let ds = row_ds(inputs, k0, &p, &o, d_out, b, h, i);
-    let kv_off = s.kv_head_offset(b, h) + k0 * d;
+    let (keys, p, o) = row_probs(inputs, mask, b, h, i);
+    let ds = row_ds(inputs, &keys, &p, &o, d_out, b, h, i);
+    let kv_off = s.kv_head_offset(b, h);
     let scale = 1.0 / (d as f64).sqrt();
-    for (j, dsj) in ds.iter().enumerate() {
+    for (&j, dsj) in keys.iter().zip(&ds) {
         for (x, g) in dq.iter_mut().enumerate() {
             *g += scale * dsj * inputs.k.get_f64(kv_off + j * d + x);
         }
@@ -122,14 +132,13 @@ pub fn grads(inputs: &Inputs, mask: Mask, d_out: &[f32]) -> Grads64 {
             let mut dk_h = vec![0.0; s.seq_kv * d];
             let mut dv_h = vec![0.0; s.seq_kv * d];
             for i in 0..s.seq_q {
-                if s.key_range(mask.0, mask.1, i).is_empty() {
+                let (keys, p, o) = row_probs(inputs, mask, b, h, i);
+                if keys.is_empty() {
                     continue;
                 }
-                let (k0, p, o) = row_probs(inputs, mask, b, h, i);
-                let ds = row_ds(inputs, k0, &p, &o, d_out, b, h, i);
+                let ds = row_ds(inputs, &keys, &p, &o, d_out, b, h, i);
                 let go = &d_out[q_off + i * d..][..d];
-                for (j, (pj, dsj)) in p.iter().zip(&ds).enumerate() {
-                    let j = k0 + j;
+                for (&j, (pj, dsj)) in keys.iter().zip(p.iter().zip(&ds)) {
                     for x in 0..d {
                         dv_h[j * d + x] += pj * go[x] as f64;
                         dk_h[j * d + x] += scale * dsj * inputs.q.get_f64(q_off + i * d + x);
@@ -257,17 +266,17 @@ fn stats(
 mod tests {
     use super::*;
     use crate::problem::{DType, InputDist, Shape, Tensor};
-    use crate::reference::reference_row_masked;
+    use crate::reference::reference_row_sinks;
 
     /// L = sum(O * dO) in f64, the scalar whose gradient the oracle computes.
-    fn loss(inputs: &Inputs, (causal, window): Mask, d_out: &[f32]) -> f64 {
+    fn loss(inputs: &Inputs, (causal, window, sinks): Mask, d_out: &[f32]) -> f64 {
         let s = &inputs.shape;
         let d = s.head_dim;
         let mut l = 0.0;
         for b in 0..s.batch {
             for h in 0..s.heads {
                 for i in 0..s.seq_q {
-                    let o = reference_row_masked(inputs, causal, window, (b, h, i));
+                    let o = reference_row_sinks(inputs, causal, (window, sinks), (b, h, i));
                     let off = s.q_head_offset(b, h) + i * d;
                     l += o
                         .iter()
@@ -290,15 +299,17 @@ mod tests {
     }
 
     /// Central differences of the f64 loss match the oracle's gradients (f32 inputs moved by
-    /// a representable step, so the perturbation is exact), with and without a mask and a
-    /// sliding window.
+    /// a representable step, so the perturbation is exact), with and without a mask, a
+    /// sliding window and attention sinks.
     #[test]
     fn oracle_matches_finite_differences() {
         for mask in [
-            (false, None),
-            (true, None),
-            (false, Some(2)),
-            (true, Some(2)),
+            (false, None, 0),
+            (true, None, 0),
+            (false, Some(2), 0),
+            (true, Some(2), 0),
+            (false, Some(2), 1),
+            (true, Some(1), 2),
         ] {
             let shape = Shape {
                 batch: 1,

@@ -68,11 +68,24 @@ pub fn reference_row_masked(
     window: Option<usize>,
     id: RowId,
 ) -> Vec<f64> {
+    reference_row_sinks(inputs, causal, (window, 0), id)
+}
+
+/// `reference_row_masked` with attention sinks: the row attends to its
+/// `Shape::sink_range` and its `Shape::key_range`.
+pub fn reference_row_sinks(
+    inputs: &Inputs,
+    causal: bool,
+    (window, sinks): (Option<usize>, usize),
+    id: RowId,
+) -> Vec<f64> {
     let s = &inputs.shape;
     let (b, h, row) = id;
     let q_off = s.q_head_offset(b, h) + row * s.head_dim;
-    let keys = s.key_range(causal, window, row);
-    exact_row(inputs, q_off, s.kv_head_offset(b, h), keys)
+    let keys = s
+        .sink_range(causal, window, sinks, row)
+        .chain(s.key_range(causal, window, row));
+    exact_row_of(inputs, q_off, s.kv_head_offset(b, h), keys)
 }
 
 /// Row `id` = (0, head, packed row) of a ragged batch packed as `[1, heads, total, d]`
@@ -82,7 +95,7 @@ pub fn reference_row_ragged(
     inputs: &Inputs,
     seqs: &SeqLayout,
     causal: bool,
-    window: Option<usize>,
+    (window, sinks): (Option<usize>, usize),
     id: RowId,
 ) -> Vec<f64> {
     let s = &inputs.shape;
@@ -96,7 +109,10 @@ pub fn reference_row_ragged(
     };
     let q_off = seqs.q_row(b, h, i) * s.head_dim;
     let kv_off = seqs.kv_base(b, h / s.group());
-    exact_row(inputs, q_off, kv_off, seq.key_range(causal, window, i))
+    let keys = seq
+        .sink_range(causal, window, sinks, i)
+        .chain(seq.key_range(causal, window, i));
+    exact_row_of(inputs, q_off, kv_off, keys)
 }
 
 /// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`
@@ -107,10 +123,20 @@ pub fn exact_row(
     kv_off: usize,
     keys: std::ops::Range<usize>,
 ) -> Vec<f64> {
+    exact_row_of(inputs, q_off, kv_off, keys)
+}
+
+/// `exact_row` over any set of keys (indices of the head's keys, each once).
+pub fn exact_row_of(
+    inputs: &Inputs,
+    q_off: usize,
+    kv_off: usize,
+    keys: impl Iterator<Item = usize> + Clone,
+) -> Vec<f64> {
     let d = inputs.shape.head_dim;
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0.0f64; d];
-    if keys.is_empty() {
+    if keys.clone().next().is_none() {
         return out;
     }
     let scores: Vec<f64> = keys
@@ -218,8 +244,19 @@ pub fn check_masked(
     out: &[f32],
     rows: &[RowId],
 ) -> ErrorStats {
+    check_sinks(inputs, causal, (window, 0), out, rows)
+}
+
+/// `check_masked` with attention sinks beside the window.
+pub fn check_sinks(
+    inputs: &Inputs,
+    causal: bool,
+    window: (Option<usize>, usize),
+    out: &[f32],
+    rows: &[RowId],
+) -> ErrorStats {
     check_rows(inputs, out, rows, |id| {
-        reference_row_masked(inputs, causal, window, id)
+        reference_row_sinks(inputs, causal, window, id)
     })
 }
 
@@ -233,9 +270,10 @@ pub fn check_case(case: &Case, inputs: &Inputs, out: &[f32], rows: &[RowId]) -> 
             });
         }
     }
+    let window = (case.window, case.sinks.unwrap_or(0));
     match &case.batch_spec {
-        Some(spec) => check_ragged(inputs, spec, case.causal, case.window, out, rows),
-        None => check_masked(inputs, case.causal, case.window, out, rows),
+        Some(spec) => check_ragged(inputs, spec, case.causal, window, out, rows),
+        None => check_sinks(inputs, case.causal, window, out, rows),
     }
 }
 
@@ -245,7 +283,7 @@ pub fn check_ragged(
     inputs: &Inputs,
     spec: &BatchSpec,
     causal: bool,
-    window: Option<usize>,
+    window: (Option<usize>, usize),
     out: &[f32],
     rows: &[RowId],
 ) -> ErrorStats {

@@ -82,7 +82,7 @@ pub const MAX_SERIES: usize = 8;
 /// mask, then the shape, then the rest. The variant is never among them: colours show it.
 /// A key that only some cases have (`series::not_applicable`) splits a chart only where two
 /// of its values apply.
-pub const FACET_KEYS: [&str; 26] = [
+pub const FACET_KEYS: [&str; 27] = [
     "threads",
     "dtype",
     "causal",
@@ -109,6 +109,7 @@ pub const FACET_KEYS: [&str; 26] = [
     "kernel_path",
     "prefix_len",
     "kv_dtype",
+    "sinks",
 ];
 
 /// One panel of a chart: the series that share `values`.

@@ -161,6 +161,10 @@ fn identity(r: &Record) -> Vec<(&'static str, String)> {
                 format!("kv={}", r.kv_dtype)
             },
         ),
+        (
+            "sinks",
+            r.sinks.map_or(NO_SINKS.into(), |n| format!("sinks={n}")),
+        ),
     ]
 }
 
@@ -203,11 +207,12 @@ const NO_PAGES: &str = "no pages";
 const NO_KERNEL_PATH: &str = "default path";
 const NO_PREFIX: &str = "no shared prefix";
 const NO_KV_DTYPE: &str = "kv as dtype";
+const NO_SINKS: &str = "no sinks";
 
 /// Identity columns shown only in the labels of series that differ in them, never in the
 /// caption: they apply to some variants or modes only (a caption speaks for every series), or
 /// say nothing while they are the same everywhere (the seed).
-pub const LABEL_ONLY: [&str; 9] = [
+pub const LABEL_ONLY: [&str; 10] = [
     "splits",
     "allreduce",
     "d_out",
@@ -217,6 +222,7 @@ pub const LABEL_ONLY: [&str; 9] = [
     "kernel_path",
     "prefix_len",
     "kv_dtype",
+    "sinks",
 ];
 
 /// Whether `value` of identity column `col` says that the key does not apply to the case. Such
@@ -232,6 +238,7 @@ pub fn not_applicable(col: &str, value: &str) -> bool {
             | ("kernel_path", NO_KERNEL_PATH)
             | ("prefix_len", NO_PREFIX)
             | ("kv_dtype", NO_KV_DTYPE)
+            | ("sinks", NO_SINKS)
     )
 }
 

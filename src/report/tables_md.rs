@@ -380,7 +380,7 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
 /// one-shape table stays narrow). With the columns always shown they are every part of
 /// `case_id` (a runs.csv holds each once), so no two rows read the same.
 type KeyColumn = (&'static str, fn(&Record) -> String);
-const VARYING_KEYS: [KeyColumn; 18] = [
+const VARYING_KEYS: [KeyColumn; 19] = [
     ("mode", |r| r.mode.clone()),
     ("device", |r| r.device.clone()),
     ("batch", |r| r.batch.to_string()),
@@ -399,6 +399,7 @@ const VARYING_KEYS: [KeyColumn; 18] = [
     ("kernel path", |r| or_dash(&r.kernel_path)),
     ("prefix", |r| opt(r.prefix_len, |n| n.to_string())),
     ("kv cache", |r| or_dash(&r.kv_dtype)),
+    ("sinks", |r| opt(r.sinks, |n| n.to_string())),
 ];
 
 /// Keys only some rows have (the allreduce of variants with collectives, the upstream

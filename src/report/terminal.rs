@@ -95,11 +95,12 @@ pub const GROUPS: &[Group] = &[
             },
             Line {
                 label: "mask",
-                columns: &["causal", "window"],
+                columns: &["causal", "window", "sinks"],
                 render: |r| {
                     let mask = if r.causal { "causal" } else { "none" };
+                    let sinks = r.sinks.map_or(String::new(), |n| format!(" and {n} sinks"));
                     Some(match r.window {
-                        Some(w) => format!("{mask}, sliding window of {w} keys"),
+                        Some(w) => format!("{mask}, sliding window of {w} keys{sinks}"),
                         None => mask.to_string(),
                     })
                 },

@@ -221,6 +221,10 @@ pub struct Record {
     /// Multi-head latent attention: the decoupled RoPE key dimension d_r; empty otherwise.
     #[serde(default)]
     pub rope_dim: Option<usize>,
+    /// Attention sinks: the first keys every query sees beside its sliding window
+    /// (`sinks`); empty without.
+    #[serde(default)]
+    pub sinks: Option<usize>,
 }
 
 impl Record {
@@ -319,6 +323,7 @@ impl Record {
             max_abs_err_unquantized: None,
             latent_dim: case.mla.map(|m| m.latent_dim),
             rope_dim: case.mla.map(|m| m.rope_dim),
+            sinks: case.sinks,
         }
     }
 

@@ -286,7 +286,7 @@ impl Step for TrainStep<'_> {
         record_output_error(record, case, inputs, &self.out, settings.error_rows);
         let g = reference::grad::check(
             inputs,
-            (case.causal, case.window),
+            (case.causal, case.window, case.sinks.unwrap_or(0)),
             &self.d_out,
             &self.grads,
             settings.error_rows,

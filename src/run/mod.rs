@@ -184,6 +184,9 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if let Some(why) = case.prefix_problem() {
         return Some(why);
     }
+    if let Some(why) = case.sinks_problem() {
+        return Some(why);
+    }
     // An MLA cache is read by the variants that read one, and only by them.
     match (case.mla, case.variant.get().reads_mla()) {
         (Some(_), false) => {

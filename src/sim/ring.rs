@@ -65,6 +65,8 @@ impl Spec {
                 causal: self.causal,
                 window: self.window,
                 kv_len: s.seq_kv,
+                // The simulated devices take no sinks (`variant::impossible`).
+                sinks: 0,
             },
             bq: if self.decode {
                 (s.group() * s.seq_q).max(1)

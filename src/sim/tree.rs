@@ -54,6 +54,8 @@ impl Spec {
                 causal: self.causal,
                 window: self.window,
                 kv_len: s.seq_kv,
+                // The simulated devices take no sinks (`variant::impossible`).
+                sinks: 0,
             },
             bq: (s.group() * s.seq_q).max(1),
             bk: self.bk.max(1),

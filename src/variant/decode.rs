@@ -154,6 +154,7 @@ impl Geometry {
                 causal: case.causal,
                 window: case.window,
                 kv_len: seq_kv,
+                sinks: case.sinks.unwrap_or(0),
             },
             qpos: Positions {
                 start: seq_kv as i64 - seq_q as i64,
@@ -182,6 +183,32 @@ impl Geometry {
         };
         self.mask.visible(self.qpos.at(t), keys, len)
     }
+
+    /// `range`'s attention sinks: the keys of the run before both the sinks' end and row
+    /// `r`'s window (`Mask::sink_visible`); empty without sinks.
+    pub fn sink_range(
+        &self,
+        seq_q: usize,
+        r: usize,
+        start: usize,
+        len: usize,
+    ) -> std::ops::Range<usize> {
+        self.token_sink_range(r % seq_q.max(1), start, len)
+    }
+
+    /// `token_range`'s attention sinks.
+    pub fn token_sink_range(&self, t: usize, start: usize, len: usize) -> std::ops::Range<usize> {
+        let keys = Positions {
+            start: start as i64,
+            stride: 1,
+        };
+        self.mask.sink_visible(self.qpos.at(t), keys, len)
+    }
+
+    /// Whether the rows have sinks to attend besides their windows.
+    pub fn has_sinks(&self) -> bool {
+        self.mask.sinks > 0 && self.mask.window.is_some()
+    }
 }
 
 /// Bytes of the cached keys and values the queries attend (each once, every KV head): the
@@ -192,7 +219,17 @@ pub(super) fn kv_read_bytes(case: &Case) -> u64 {
     let s = &case.shape;
     let seqs = case.seq_layout();
     let keys: usize = (0..seqs.len())
-        .map(|b| attended(case, &seqs, b).len())
+        .map(|b| {
+            // The sinks the windows do not already read (rows' windows start at different
+            // keys when seq_q > 1).
+            let (w, sinks) = (attended(case, &seqs, b), attended_sinks(case, &seqs, b));
+            let extra = if w.is_empty() {
+                sinks.len()
+            } else {
+                sinks.end.min(w.start).saturating_sub(sinks.start)
+            };
+            w.len() + extra
+        })
         .sum();
     let values = 2 * s.kv_heads * keys * s.head_dim;
     match case.kv_dtype {
@@ -206,6 +243,22 @@ pub(super) fn attended(case: &Case, seqs: &SeqLayout, b: usize) -> std::ops::Ran
     let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
     let geo = Geometry::of_sequence(case, q, kv);
     span(geo.rows, &|r| geo.range(q, r, 0, kv)).0
+}
+
+/// The attention sinks sequence `b` of `seqs` attends before its rows' windows: the union
+/// of their sink ranges (empty without sinks). Each row's sinks precede its own window, but
+/// with several query rows the union may reach into `attended`.
+pub(super) fn attended_sinks(
+    case: &Case,
+    seqs: &SeqLayout,
+    b: usize,
+) -> std::ops::Range<usize> {
+    let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
+    let geo = Geometry::of_sequence(case, q, kv);
+    if !geo.has_sinks() {
+        return 0..0;
+    }
+    span(geo.rows, &|r| geo.sink_range(q, r, 0, kv)).0
 }
 
 impl Decode {
@@ -308,6 +361,12 @@ impl Variant for Decode {
                 self.info.name
             ));
         }
+        if case.sinks.is_some() && case.device == Device::Cuda {
+            return Some(format!(
+                "variant {} has no CUDA kernel for attention sinks yet",
+                self.info.name
+            ));
+        }
         if case.batch_spec.is_some() && case.device == Device::Cuda {
             return Some(format!(
                 "variant {} has no CUDA kernel for a ragged batch (batch_spec) yet",
@@ -362,6 +421,12 @@ impl Variant for Decode {
     /// block with its head's scale); paged-decode's pool holds the storage dtype only.
     fn fp8_kv(&self) -> bool {
         self.kind != Kind::Paged
+    }
+
+    /// decode-online and flash-decoding fold the sinks into their online softmax;
+    /// decode-naive's one softmax per row and paged-decode's page walk take the window alone.
+    fn sinks(&self) -> bool {
+        matches!(self.kind, Kind::Online | Kind::Split)
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
@@ -522,6 +587,11 @@ fn online(
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
             let mut state = RowState { acc: o, m, l };
             state.reset();
+            // Sinks first, then the window: the online softmax folds any order exactly.
+            if geo.has_sinks() {
+                let sinks = |r| geo.sink_range(s.seq_q, r, 0, s.seq_kv);
+                attend_sequential(q, rows, &sinks, keys, d, s.scale(), &mut state, scratch);
+            }
             attend_sequential(q, rows, &range, keys, d, s.scale(), &mut state, scratch);
             state.finish(None);
         });

@@ -50,9 +50,16 @@ impl Variant for Flash {
         &INFO
     }
 
-    /// One device; a sliding window in both passes.
+    /// One device; a sliding window and its sinks in both passes.
     fn unsupported(&self, case: &Case) -> Option<String> {
+        if case.sinks.is_some() && case.device == crate::problem::Device::Cuda {
+            return Some("variant flash has no CUDA kernel for attention sinks yet".into());
+        }
         single_device_windowed(&INFO, case, true)
+    }
+
+    fn sinks(&self) -> bool {
+        true
     }
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
@@ -63,11 +70,10 @@ impl Variant for Flash {
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let (path, workers, floats) = layout(case, isa, false);
         let ws = Workspace::new(workers, floats, "flash tile workspace")?;
-        let mask = (case.causal, case.window);
         kernel::forward(
             inputs,
-            mask.0,
-            mask.1,
+            case.causal,
+            (case.window, case.sinks.unwrap_or(0)),
             chunks(case),
             path,
             isa,
@@ -105,7 +111,7 @@ impl Variant for Flash {
         kernel::forward(
             inputs,
             case.causal,
-            case.window,
+            (case.window, case.sinks.unwrap_or(0)),
             chunks(case),
             path,
             isa,
@@ -135,7 +141,7 @@ impl Variant for Flash {
         bwd::backward(
             inputs,
             case.causal,
-            case.window,
+            (case.window, case.sinks.unwrap_or(0)),
             (bq, bk),
             out,
             d_out,

@@ -28,6 +28,8 @@ pub enum Impossible {
     DefaultPathOnly,
     /// An FP8 `kv_dtype` for a variant that reads K and V in the storage dtype only.
     NoFp8Kv,
+    /// Attention `sinks` for a variant whose mask is the window alone.
+    NoSinks,
 }
 
 impl Impossible {
@@ -41,6 +43,7 @@ impl Impossible {
             Impossible::NotRagged => "batch_spec",
             Impossible::DefaultPathOnly => "kernel_path",
             Impossible::NoFp8Kv => "kv_dtype",
+            Impossible::NoSinks => "sinks",
         }
     }
 
@@ -70,6 +73,10 @@ impl Impossible {
             Impossible::NoFp8Kv => format!(
                 "variant {name} reads K and V as dtype: an FP8 kv_dtype applies to {}",
                 names(|v| v.get().fp8_kv())
+            ),
+            Impossible::NoSinks => format!(
+                "variant {name} has no attention sinks: sinks apply to {}",
+                names(|v| v.get().sinks())
             ),
         }
     }
@@ -116,6 +123,9 @@ pub fn impossible(case: &Case) -> Option<Impossible> {
     if case.kv_dtype.is_some() && !v.fp8_kv() {
         return Some(Impossible::NoFp8Kv);
     }
+    if case.sinks.is_some() && !v.sinks() {
+        return Some(Impossible::NoSinks);
+    }
     None
 }
 
@@ -153,7 +163,8 @@ impl LeftOut {
             | Impossible::NoCuda
             | Impossible::NotRagged
             | Impossible::DefaultPathOnly
-            | Impossible::NoFp8Kv => String::new(),
+            | Impossible::NoFp8Kv
+            | Impossible::NoSinks => String::new(),
         };
         let kind = why.kind().to_string();
         match self.reasons.iter_mut().find(|(k, _)| *k == kind) {

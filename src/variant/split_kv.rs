@@ -565,6 +565,14 @@ fn run_item(
             };
             let scale = s.scale();
             attend(q, rows, &range, keys, d, scale, block, &mut state, scratch);
+            // Attention sinks (flash-decoding's contiguous cache only: paged-decode takes
+            // none) precede the windows the parts cut, so the first part reads them too.
+            if item.part == 0 && geo.has_sinks() && matches!(cache, Cache::Contiguous) {
+                let (kv, base) = (sched.seqs.kv_len(b), sched.seqs.kv_base(b, item.kv_head));
+                let sinks = |r| geo.token_sink_range(item.q_start + r % item.q_len, 0, kv);
+                let keys = Keys { base, len: kv, ..keys };
+                attend(q, rows, &sinks, keys, d, scale, block, &mut state, scratch);
+            }
         }
     }
     state.finish(Some(lse));

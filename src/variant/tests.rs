@@ -30,6 +30,8 @@ struct Setup {
     chunks: Option<(usize, usize)>,
     threads: usize,
     scale: f64,
+    /// Attention sinks beside the window (`Shape::sink_range`).
+    sinks: Option<usize>,
 }
 
 fn setup(seq_q: usize, seq_kv: usize, head_dim: usize) -> Setup {
@@ -48,6 +50,7 @@ fn setup(seq_q: usize, seq_kv: usize, head_dim: usize) -> Setup {
         chunks: None,
         threads: 2,
         scale: 1.0,
+        sinks: None,
     }
 }
 
@@ -61,6 +64,7 @@ fn case(v: VariantId, s: &Setup) -> Case {
         kv_chunk: pick(s.chunks.map(|c| c.1), info.default_kv_chunk, s.shape.seq_kv),
         causal: s.causal,
         window: s.window,
+        sinks: s.sinks,
         input_scale: s.scale,
         seed: 42,
         ..Case::cpu_fwd(v, s.shape, s.dtype, s.threads)
@@ -85,10 +89,14 @@ fn error_of(v: VariantId, s: &Setup, isa: Isa) -> ErrorStats {
 /// variant (flash-varlen on the batch packed as sequences of equal length); those that shard
 /// queries and keys alike (ring and stripe prefill) and the prompt prefill in steps
 /// (chunked-prefill, causal only) where seq_q = seq_kv. With a sliding window, those that
-/// take one: all but flash-varlen and chunked-prefill. Not here: ring-prefill-mpi (runs
-/// under mpirun, tests/mpi.rs) and external (needs a plugin name).
+/// take one: all but flash-varlen and chunked-prefill; with attention sinks, flash alone.
+/// Not here: ring-prefill-mpi (runs under mpirun, tests/mpi.rs) and external (needs a
+/// plugin name).
 fn expected_fwd(s: &Setup) -> BTreeSet<VariantId> {
     use VariantId::*;
+    if s.sinks.is_some() {
+        return BTreeSet::from([Flash]);
+    }
     let mut v = BTreeSet::from([Naive, NaiveUnsafe, RabeStaats, RabeStaatsSeq, Flash]);
     let full = s.window.is_none();
     if full {
@@ -108,6 +116,7 @@ fn fwd_variants(s: &Setup) -> Vec<VariantId> {
     VariantId::ALL
         .into_iter()
         .filter(|v| v.info().modes.contains(&Mode::Fwd))
+        .filter(|v| super::impossible::impossible(&case(*v, s)).is_none())
         .filter(|v| v.get().unsupported(&case(*v, s)).is_none())
         .collect()
 }
@@ -315,7 +324,13 @@ fn grad_error_of(
         v.name(),
         fwd.max_abs
     );
-    grad::check(&inputs, (c.causal, c.window), &d_out, &g, usize::MAX)
+    grad::check(
+        &inputs,
+        (c.causal, c.window, c.sinks.unwrap_or(0)),
+        &d_out,
+        &g,
+        usize::MAX,
+    )
 }
 
 /// The issue's bound: gradients within 1e-4 of the largest gradient entry. Compute is f32
@@ -338,6 +353,9 @@ fn assert_all_gradients(s: &Setup) {
             mode: Mode::FwdBwd,
             ..case(v, s)
         };
+        if super::impossible::impossible(&c).is_some() {
+            continue; // a combination the variant does not have (sinks)
+        }
         if let Some(why) = v.get().unsupported(&c) {
             println!("{} declines {:?}: {why}", v.name(), s.shape);
             continue;
@@ -367,9 +385,10 @@ fn assert_all_gradients(s: &Setup) {
         "gradients {:?} {} causal {} window {:?}",
         s.shape, s.dtype, s.causal, s.window
     );
-    let want = match s.window {
-        None => BTreeSet::from(EXPECTED_FWD_BWD),
-        Some(_) => BTreeSet::from(EXPECTED_FWD_BWD_WINDOWED),
+    let want = match (s.window, s.sinks) {
+        (_, Some(_)) => BTreeSet::from([VariantId::Flash]),
+        (None, _) => BTreeSet::from(EXPECTED_FWD_BWD),
+        (Some(_), _) => BTreeSet::from(EXPECTED_FWD_BWD_WINDOWED),
     };
     assert_ran(&ran, &want, s.dtype, &what);
 }
@@ -471,6 +490,76 @@ fn gradients_with_sliding_windows() {
     }
 }
 
+/// Attention sinks in prefill (flash, the one prefill variant that takes them): sinks of
+/// one key, a few, more than the window and the whole context, beside windows of one key,
+/// mid-sequence and past it; causal or not, seq_q below, equal to and above seq_kv, several
+/// key blocks (so whole blocks are sinks, skipped or masked), every dtype and kernel path.
+/// The sinks change the output (a kernel that ignored them would fail against the oracle).
+#[test]
+fn attention_sinks_in_prefill_match_the_oracle() {
+    let mut moved = 0.0f64;
+    for (nq, nkv, chunks) in [
+        (77, 77, Some((16, 24))),
+        (40, 130, Some((7, 5))),
+        (130, 40, None),
+        (200, 200, Some((32, 16))),
+    ] {
+        for window in [1, 29, 500] {
+            for sinks in [1, 4, 30, nkv] {
+                for (causal, dtype) in [
+                    (true, DType::F32),
+                    (false, DType::F32),
+                    (true, DType::Bf16),
+                    (false, DType::F16),
+                ] {
+                    let mut s = setup(nq, nkv, 32);
+                    s.window = Some(window);
+                    s.sinks = Some(sinks);
+                    s.causal = causal;
+                    s.dtype = dtype;
+                    s.chunks = chunks;
+                    assert_all_variants(&s);
+                    let with = case(VariantId::Flash, &s);
+                    let x = Inputs::for_case(&with);
+                    let alone = Case {
+                        sinks: None,
+                        ..with.clone()
+                    };
+                    let (a, b) = (output(&with, &x), output(&alone, &x));
+                    let (a, b) = (a.expect("flash runs"), b.expect("flash runs"));
+                    moved = moved.max(crate::run::max_abs_diff(&a, &b));
+                }
+            }
+        }
+    }
+    assert!(moved > 0.1, "sinks never changed an output: {moved:e}");
+}
+
+/// Gradients of flash with attention sinks against the f64 oracle, on ragged blocks, GQA
+/// and every dtype.
+#[test]
+fn gradients_with_attention_sinks() {
+    for (nq, nkv, chunks) in [(77, 77, Some((16, 24))), (40, 70, Some((8, 16))), (70, 40, None)] {
+        for (window, sinks) in [(1, 1), (10, 3), (10, 40), (33, 70)] {
+            for (causal, dtype) in [
+                (true, DType::F32),
+                (false, DType::F32),
+                (true, DType::Bf16),
+            ] {
+                let mut s = setup(nq, nkv, 16);
+                s.shape.heads = 4;
+                s.shape.kv_heads = 2;
+                s.window = Some(window);
+                s.sinks = Some(sinks.min(nkv));
+                s.causal = causal;
+                s.dtype = dtype;
+                s.chunks = chunks;
+                assert_all_gradients(&s);
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -496,6 +585,7 @@ proptest! {
             chunks: Some((qc, kc)),
             threads,
             scale: 1.0,
+            sinks: None,
         };
         assert_all_variants(&s);
     }
@@ -520,6 +610,7 @@ proptest! {
             chunks: Some((qc, kc)),
             threads,
             scale: 1.0,
+            sinks: None,
         };
         assert_all_gradients(&s);
     }
@@ -568,6 +659,7 @@ fn decode_case(
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        sinks: None,
     }
 }
 
@@ -848,6 +940,120 @@ fn decode_variants_match_the_oracle_on_ragged_shapes() {
             }
         }
     }
+}
+
+/// Attention sinks in decode: decode-online and flash-decoding (the decode variants that
+/// take them: written out, and every other variant leaves such cases out) against the
+/// oracle with sinks of one key, a few, past the window and the whole cache, windows of
+/// one key, short and past the cache, one and several causal new tokens, split sizes that
+/// put the sinks in the first part or leave it without them, a ragged batch, every dtype
+/// and kernel path; kv_read_bytes counts each attended key once. No silent drop.
+#[test]
+fn attention_sinks_in_decode_match_the_oracle() {
+    use VariantId::*;
+    let takes: BTreeSet<_> = VariantId::ALL
+        .into_iter()
+        .filter(|v| v.get().sinks())
+        .collect();
+    assert_eq!(takes, BTreeSet::from([Flash, DecodeOnline, FlashDecoding]));
+    let mut ran = BTreeSet::new();
+    let spec: crate::problem::BatchSpec = "q1kv300+2xq1kv9+q3kv40".parse().unwrap();
+    for (heads, kv_heads) in [(4, 1), (4, 2)] {
+        for (seq_q, causal) in [(1, false), (4, true)] {
+            for seq_kv in [37, 301] {
+                for window in [1, 10, 5000] {
+                    for sinks in [1, 5, 20, seq_kv] {
+                        for (splits, kv_chunk) in [(1, 256), (3, 5), (64, 16)] {
+                            for dtype in DType::ALL {
+                                let shape = Shape {
+                                    batch: 2,
+                                    heads,
+                                    kv_heads,
+                                    seq_q,
+                                    seq_kv,
+                                    head_dim: 24,
+                                };
+                                for v in [DecodeOnline, FlashDecoding] {
+                                    let dense = decode_case(
+                                        v,
+                                        shape,
+                                        dtype,
+                                        causal,
+                                        Some(window),
+                                        1,
+                                        splits,
+                                        kv_chunk,
+                                    );
+                                    let ragged = Case {
+                                        shape: spec.packed(&Shape { batch: 1, ..shape }),
+                                        batch_spec: Some(spec.clone()),
+                                        ..dense.clone()
+                                    };
+                                    let mut cases = vec![dense];
+                                    if v == FlashDecoding && seq_q == 1 {
+                                        cases.push(ragged);
+                                    }
+                                    for c in cases {
+                                        let c = Case {
+                                            sinks: Some(sinks),
+                                            ..c
+                                        };
+                                        assert_eq!(v.get().unsupported(&c), None);
+                                        assert_eq!(super::impossible::impossible(&c), None);
+                                        let x = Inputs::for_case(&c);
+                                        let rows = rows_to_check(&c.shape, usize::MAX);
+                                        for isa in paths() {
+                                            let out = output_with(&c, isa, &x).expect("runs");
+                                            let e =
+                                                crate::reference::check_case(&c, &x, &out, &rows);
+                                            assert!(
+                                                e.non_finite == 0 && e.max_abs <= dtype.tolerance(),
+                                                "{} {:?} {dtype} {isa} c{causal} w{window} \
+                                                 sk{sinks} sp{splits} kc{kv_chunk}: {:e}",
+                                                v.name(),
+                                                c.shape,
+                                                e.max_abs
+                                            );
+                                            ran.insert((v, dtype, isa));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let want: BTreeSet<_> = [DecodeOnline, FlashDecoding]
+        .into_iter()
+        .flat_map(|v| {
+            DType::ALL
+                .into_iter()
+                .flat_map(move |d| paths().into_iter().map(move |i| (v, d, i)))
+        })
+        .collect();
+    assert_eq!(ran, want);
+    // One new token over 100 keys, window 10, 4 sinks: 14 keys of K and V per KV head.
+    let shape = Shape {
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        seq_q: 1,
+        seq_kv: 100,
+        head_dim: 8,
+    };
+    let c = Case {
+        sinks: Some(4),
+        ..decode_case(FlashDecoding, shape, DType::F32, true, Some(10), 1, 2, 16)
+    };
+    assert_eq!(super::decode::kv_read_bytes(&c), 2 * 14 * 8 * 4);
+    // Four new tokens: windows start at 87..=90, sinks 0..4: 4 + 13 keys.
+    let c = Case {
+        shape: Shape { seq_q: 4, ..shape },
+        ..c
+    };
+    assert_eq!(super::decode::kv_read_bytes(&c), 2 * 17 * 8 * 4);
 }
 
 /// cascade-decode against the oracle on batches sharing a prefix of 0, 1, about half,
@@ -1233,7 +1439,7 @@ fn flash_varlen_is_flash_on_each_sequence_alone() {
                     &x,
                     &spec,
                     causal,
-                    None,
+                    (None, 0),
                     &out,
                     &rows_to_check(&c.shape, usize::MAX),
                 );

@@ -47,6 +47,9 @@ pub struct Mask {
     pub window: Option<usize>,
     /// Length of the whole key sequence: the bound of non-causal rows.
     pub kv_len: usize,
+    /// Attention sinks: positions `0..sinks` stay visible before the window's start
+    /// (`Shape::sink_range`); 0 without.
+    pub sinks: usize,
 }
 
 /// Positions of a run of tokens: index i sits at `start + i * stride` (contiguous shards
@@ -82,9 +85,23 @@ impl Mask {
     }
 
     /// Indices `[lo, hi)` of a run of `n` keys at `keys` positions that the query at
-    /// position `qpos` sees.
+    /// position `qpos` sees in its window (its sinks: `sink_visible`).
     pub fn visible(&self, qpos: i64, keys: Positions, n: usize) -> Range<usize> {
-        let (lo, hi) = self.bounds(qpos);
+        Self::indices(self.bounds(qpos), keys, n)
+    }
+
+    /// Indices of a run of `n` keys at `keys` positions that are sinks of the query at
+    /// `qpos`: positions before both `sinks` and its window's start, so never in `visible`.
+    pub fn sink_visible(&self, qpos: i64, keys: Positions, n: usize) -> Range<usize> {
+        if self.window.is_none() || self.sinks == 0 {
+            return 0..0;
+        }
+        let (lo, _) = self.bounds(qpos);
+        Self::indices((0, lo.min(self.sinks as i64)), keys, n)
+    }
+
+    /// Indices of the keys of a run at positions `[lo, hi)`.
+    fn indices((lo, hi): (i64, i64), keys: Positions, n: usize) -> Range<usize> {
         let (start, stride) = (keys.start, keys.stride.max(1));
         let first_at_or_after = |pos: i64| -> usize {
             if pos <= start {
@@ -833,6 +850,7 @@ mod tests {
                         causal,
                         window,
                         kv_len: nkv,
+                        sinks: 0,
                     };
                     for row in 0..nq {
                         let qpos = nkv as i64 - nq as i64 + row as i64;
@@ -856,6 +874,7 @@ mod tests {
             causal: true,
             window: None,
             kv_len: 40,
+            sinks: 0,
         };
         for j in 0..4 {
             let keys = Positions {

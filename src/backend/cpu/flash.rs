@@ -4,7 +4,9 @@
 //! O = e^(m-m') O + P V_j; one division O / l at the end. Causal: key blocks entirely above
 //! the diagonal are skipped, the diagonal blocks are masked. Sliding window (`Shape::key_range`):
 //! the key loop starts at the block's first row's window start (keys before it are outside
-//! every row's window), and the blocks before its last row's window start are masked. Time O(n_q*n_kv*d); extra memory
+//! every row's window), and the blocks before its last row's window start are masked;
+//! attention sinks (`Shape::sink_range`) are the key blocks before that start, read first
+//! and unmasked, and the sink keys of the masked blocks are left visible. Time O(n_q*n_kv*d); extra memory
 //! per worker O(B_r*B_c + B_r*d) floats (the exact list: `worker_lens`): O(1) in n.
 //!
 //! The tiles are computed transposed, with the query rows along the vector lanes:
@@ -69,13 +71,14 @@ pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> ReadPath {
 
 /// Forward into `out`; with `lse`, also the row logsumexp L = m + ln(l) of the scaled
 /// scores (`[b, h, n_q]`, -inf for a row that sees no key), which the backward needs.
+/// `sinks`: the first keys every row sees beside its `window` (0: none).
 /// `path` must be one `path` returns for these inputs and `isa` (the workspace is sized
 /// for it).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     inputs: &Inputs,
     causal: bool,
-    window: Option<usize>,
+    (window, sinks): (Option<usize>, usize),
     (bq, bk): (usize, usize),
     path: ReadPath,
     isa: Isa,
@@ -108,7 +111,7 @@ pub fn forward(
         block(
             inputs,
             causal,
-            window,
+            (window, sinks),
             Seq::head(&s, head),
             qi * bq,
             bk,
@@ -158,7 +161,7 @@ pub fn forward_steps(
             block(
                 inputs,
                 true,
-                None,
+                (None, 0),
                 Seq::head(&s, head),
                 qi * bq,
                 bk,
@@ -214,7 +217,7 @@ pub fn forward_varlen(
                 block(
                     inputs,
                     causal,
-                    None,
+                    (None, 0),
                     seq,
                     qi * bq,
                     bk,
@@ -256,7 +259,7 @@ impl Seq {
 fn block(
     inputs: &Inputs,
     causal: bool,
-    window: Option<usize>,
+    (window, sinks): (Option<usize>, usize),
     seq: Seq,
     row0: usize,
     bk: usize,
@@ -302,16 +305,21 @@ fn block(
         Some(_) => (lo(0), lo(rows - 1)),
         None => (0, 0),
     };
+    // Sinks: the keys before every row's window that every row sees (0..sink_end), then
+    // the window's blocks, where a masked key below `sinks` stays visible.
+    let sink_end = sinks.min(kv_start);
     let (k16, v16) = (bf16_bits(&inputs.k), bf16_bits(&inputs.v));
+    let sink_blocks = (0..sink_end).step_by(bk).map(|k0| (k0, sink_end));
+    let window_blocks = (kv_start..kv_end).step_by(bk).map(|k0| (k0, kv_end));
 
-    for k0 in (kv_start..kv_end).step_by(bk) {
-        let kn = bk.min(kv_end - k0).min(nkv - k0);
+    for (k0, end) in sink_blocks.chain(window_blocks) {
+        let kn = bk.min(end - k0).min(nkv - k0);
         let kv_at = kv_off + k0 * d;
         let st = &mut st[..kn * nb];
         let colmax = &mut colmax[..nb];
         colmax.fill(f32::NEG_INFINITY);
         let diag = causal && k0 + kn > first_visible;
-        let edge = k0 < lo_last;
+        let edge = k0 < lo_last && k0 + kn > sinks;
         let fused = !diag && !edge && d <= KC;
         let qk_out = if fused {
             Out::StoreColMax(&mut *colmax)
@@ -358,10 +366,12 @@ fn block(
         }
         if !fused {
             if edge {
-                // Keys before a row's window start: -inf, as the causal mask writes.
+                // Keys before a row's window start, sinks aside: -inf, as the causal mask
+                // writes.
+                let first = sinks.saturating_sub(k0).min(kn);
                 for r in 0..nb {
                     let n = lo(r).saturating_sub(k0).min(kn);
-                    for x in st[r..].iter_mut().step_by(nb).take(n) {
+                    for x in st[r..].iter_mut().step_by(nb).take(n).skip(first) {
                         *x = f32::NEG_INFINITY;
                     }
                 }

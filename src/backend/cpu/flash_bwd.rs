@@ -5,8 +5,8 @@
 //! dS = P * (dO_i V_j^T - D_i), dK_j += dS^T Q_i / sqrt(d), dQ_i += dS K_j / sqrt(d) (added
 //! under dQ_i's lock, the CPU stand-in for the GPU's atomic adds). Causal: query blocks that
 //! see nothing of block j are skipped; with a sliding window (`Shape::key_range`) so are
-//! those whose first row's window starts after block j, and keys before a row's window
-//! start are masked. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
+//! those whose first row's window starts after block j and that hold no attention sink, and
+//! keys before a row's window start, sinks aside, are masked. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
 //! recomputed S); extra memory D (4*b*h*n_q bytes) and per-worker tiles, O(1) in n.
 
 use rayon::prelude::*;
@@ -46,7 +46,7 @@ pub fn d_len(shape: &Shape) -> usize {
 pub fn backward(
     inputs: &Inputs,
     causal: bool,
-    window: Option<usize>,
+    (window, sinks): (Option<usize>, usize),
     (bq, bk): (usize, usize),
     out: &[f32],
     d_out: &[f32],
@@ -98,8 +98,8 @@ pub fn backward(
                     }
                     // A row's window start never decreases: the first row's is the least.
                     let lo = |r: usize| s.key_range(causal, window, row0 + r).start;
-                    if window.is_some() && lo(0) >= k0 + kn {
-                        continue; // block j is before every row's window
+                    if window.is_some() && lo(0) >= k0 + kn && k0 >= sinks {
+                        continue; // block j is before every row's window, no sink in it
                     }
                     let q = vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qs);
                     let go = &d_out[q_off + row0 * d..][..rows * d];
@@ -120,8 +120,11 @@ pub fn backward(
                         }
                     }
                     if window.is_some() && lo(rows - 1) > k0 {
+                        // Keys before a row's window, the sinks among them aside.
+                        let first = sinks.saturating_sub(k0).min(kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
-                            row[..lo(r).saturating_sub(k0).min(kn)].fill(f32::NEG_INFINITY);
+                            let n = lo(r).saturating_sub(k0).min(kn);
+                            row[first.min(n)..n].fill(f32::NEG_INFINITY);
                         }
                     }
                     probs_from_lse(p, l_i, kn);
