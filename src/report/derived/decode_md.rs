@@ -116,7 +116,11 @@ pub fn write(dir: &Path, records: &[Record]) -> Result<Vec<PathBuf>> {
                 format!("{}/{}", r.heads, r.kv_heads),
                 r.seq_q.to_string(),
                 r.seq_kv.to_string(),
-                r.window.map_or("-".into(), |w| w.to_string()),
+                // A window with attention sinks: "1024 + 4 sinks".
+                match (r.window, r.sinks) {
+                    (Some(w), Some(n)) => format!("{w} + {n} sinks"),
+                    (w, _) => w.map_or("-".into(), |w| w.to_string()),
+                },
                 r.splits.map_or("-".into(), |s| s.to_string()),
                 r.threads.to_string(),
                 r.kv_read_bytes.map_or("-".into(), mib),
