@@ -188,6 +188,21 @@ fn measured_overhead_matches_the_prediction() {
                     .collect();
                 cases.extend(fp8);
             }
+            // The variants with attention sinks: a causal window with sinks reaching into
+            // it, in every mode (the sink blocks use the window's workspace).
+            if v.get().sinks() {
+                let base: Vec<Case> = cases
+                    .iter()
+                    .filter(|c| c.kv_dtype.is_none() && c.batch_spec.is_none())
+                    .map(|c| Case {
+                        causal: true,
+                        window: Some(c.shape.seq_kv / 3 + 1),
+                        sinks: Some(c.shape.seq_kv / 2),
+                        ..c.clone()
+                    })
+                    .collect();
+                cases.extend(base);
+            }
             if matches!(v, VariantId::RingPrefill | VariantId::StripePrefill) {
                 // Blocks of 8 query rows: under GEMM_MIN_ROWS, no SGEMM and so no packing.
                 cases.push(Case {

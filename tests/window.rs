@@ -175,12 +175,18 @@ fn sinks_beside_a_window_count_their_pairs_and_bytes() {
 fn bad_sinks_are_refused_naming_the_key() {
     let base = ["run", "--variant", "flash", "-n", "64", "-d", "8"];
     for (extra, why) in [
-        (&["--sinks", "2"][..], "sinks (2) are the first keys a sliding window"),
+        (
+            &["--sinks", "2"][..],
+            "sinks (2) are the first keys a sliding window",
+        ),
         (
             &["--window", "8", "--sinks", "65"][..],
             "sinks (65) are more than the context's tokens (seq_kv = 64)",
         ),
-        (&["--window", "8", "--sinks", "0"][..], "--sinks must be at least 1"),
+        (
+            &["--window", "8", "--sinks", "0"][..],
+            "--sinks must be at least 1",
+        ),
     ] {
         attnbench()
             .args(base)
@@ -216,7 +222,10 @@ fn bad_sinks_are_refused_naming_the_key() {
     assert_eq!(status.len(), 2);
     assert_eq!(status[1].0, "ok");
     assert_eq!(status[0].0, "skipped");
-    assert!(status[0].1.contains("sinks (32) are more than"), "{status:?}");
+    assert!(
+        status[0].1.contains("sinks (32) are more than"),
+        "{status:?}"
+    );
     fs::write(
         &cfg,
         "[run]\nname = \"s\"\n[axes]\nvariant = \"flash\"\nseq_len = 64\nwindow = 4\nsinks = 0\n",

@@ -248,11 +248,7 @@ pub(super) fn attended(case: &Case, seqs: &SeqLayout, b: usize) -> std::ops::Ran
 /// The attention sinks sequence `b` of `seqs` attends before its rows' windows: the union
 /// of their sink ranges (empty without sinks). Each row's sinks precede its own window, but
 /// with several query rows the union may reach into `attended`.
-pub(super) fn attended_sinks(
-    case: &Case,
-    seqs: &SeqLayout,
-    b: usize,
-) -> std::ops::Range<usize> {
+pub(super) fn attended_sinks(case: &Case, seqs: &SeqLayout, b: usize) -> std::ops::Range<usize> {
     let (q, kv) = (seqs.q_len(b), seqs.kv_len(b));
     let geo = Geometry::of_sequence(case, q, kv);
     if !geo.has_sinks() {

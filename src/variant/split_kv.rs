@@ -570,7 +570,11 @@ fn run_item(
             if item.part == 0 && geo.has_sinks() && matches!(cache, Cache::Contiguous) {
                 let (kv, base) = (sched.seqs.kv_len(b), sched.seqs.kv_base(b, item.kv_head));
                 let sinks = |r| geo.token_sink_range(item.q_start + r % item.q_len, 0, kv);
-                let keys = Keys { base, len: kv, ..keys };
+                let keys = Keys {
+                    base,
+                    len: kv,
+                    ..keys
+                };
                 attend(q, rows, &sinks, keys, d, scale, block, &mut state, scratch);
             }
         }

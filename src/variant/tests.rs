@@ -539,13 +539,13 @@ fn attention_sinks_in_prefill_match_the_oracle() {
 /// and every dtype.
 #[test]
 fn gradients_with_attention_sinks() {
-    for (nq, nkv, chunks) in [(77, 77, Some((16, 24))), (40, 70, Some((8, 16))), (70, 40, None)] {
+    for (nq, nkv, chunks) in [
+        (77, 77, Some((16, 24))),
+        (40, 70, Some((8, 16))),
+        (70, 40, None),
+    ] {
         for (window, sinks) in [(1, 1), (10, 3), (10, 40), (33, 70)] {
-            for (causal, dtype) in [
-                (true, DType::F32),
-                (false, DType::F32),
-                (true, DType::Bf16),
-            ] {
+            for (causal, dtype) in [(true, DType::F32), (false, DType::F32), (true, DType::Bf16)] {
                 let mut s = setup(nq, nkv, 16);
                 s.shape.heads = 4;
                 s.shape.kv_heads = 2;
