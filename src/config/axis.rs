@@ -69,6 +69,9 @@ enum Kind {
     Bool,
     /// Integer > 0; also accepts the pow2 form.
     Size,
+    /// `"none"` or an integer > 0: a setting a case may go without (a window, sinks, a
+    /// shared prefix), so one list compares with and without it in the same rounds.
+    OptSize,
 }
 
 /// What an axis that the config does not mention means.
@@ -201,11 +204,9 @@ impl Axis {
             | Axis::HeadDim
             | Axis::QChunk
             | Axis::KvChunk
-            | Axis::Window
-            | Axis::Sinks
-            | Axis::PrefixLen
             | Axis::SeqKv
             | Axis::SeqLen => Kind::Size,
+            Axis::Window | Axis::Sinks | Axis::PrefixLen => Kind::OptSize,
         }
     }
 
@@ -313,6 +314,7 @@ impl Axis {
             Kind::Scale => "a finite number >= 0".into(),
             Kind::Bool => "true or false".into(),
             Kind::Size => "a positive integer".into(),
+            Kind::OptSize => "\"none\" or a positive integer".into(),
         }
     }
 }
@@ -389,6 +391,8 @@ pub enum AxisValue {
     Fp8(KvDtype),
     Bool(bool),
     Size(usize),
+    /// A `Kind::OptSize` value: `None` is "none".
+    OptSize(Option<usize>),
     Scale(f64),
 }
 
@@ -409,6 +413,8 @@ impl fmt::Display for AxisValue {
             AxisValue::Fp8(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
+            AxisValue::OptSize(Some(v)) => v.fmt(f),
+            AxisValue::OptSize(None) => f.write_str("none"),
             AxisValue::Scale(v) => write!(f, "{v:?}"),
         }
     }
@@ -504,6 +510,15 @@ fn variant(name: &str) -> Result<AxisValue, String> {
     }
 }
 
+/// An integer > 0.
+fn positive(v: &Value, wrong: impl Fn() -> String) -> Result<usize, String> {
+    let n = v.as_integer().ok_or_else(&wrong)?;
+    if n <= 0 {
+        return Err(format!("expected a positive integer, got {n}"));
+    }
+    usize::try_from(n).map_err(|_| wrong())
+}
+
 fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
     let wrong = || format!("expected {}, got {} {v}", axis.expected(), v.type_str());
     let name = || v.as_str().ok_or_else(wrong);
@@ -520,13 +535,12 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::KernelPath => AxisValue::KernelPath(Isa::parse_available(name()?)?),
         Kind::Fp8 => AxisValue::Fp8(KvDtype::parse(name()?)?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
-        Kind::Size => {
-            let n = v.as_integer().ok_or_else(wrong)?;
-            if n <= 0 {
-                return Err(format!("expected a positive integer, got {n}"));
-            }
-            AxisValue::Size(usize::try_from(n).map_err(|_| wrong())?)
-        }
+        Kind::Size => AxisValue::Size(positive(v, wrong)?),
+        Kind::OptSize => AxisValue::OptSize(match v.as_str() {
+            Some("none") => None,
+            Some(_) => return Err(wrong()),
+            None => Some(positive(v, wrong)?),
+        }),
         Kind::Scale => {
             let x = match v {
                 Value::Integer(i) => *i as f64,

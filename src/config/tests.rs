@@ -128,6 +128,27 @@ fn pow2_axis_expands_in_order() {
     assert_eq!(n, [256, 512, 1024, 2048]);
 }
 
+/// `"none"` in the list of an optional setting (window, sinks, prefix_len): cases without
+/// it beside cases with it, so one config times both in the same rounds; any other name
+/// is an error naming the key.
+#[test]
+fn none_in_a_list_is_a_case_without_the_setting() {
+    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"flash\"\nseq_len = 128\n\
+         causal = true\nwindow = [\"none\", 16]\nsinks = [\"none\", 4]\n");
+    let got: Vec<(Option<usize>, Option<usize>)> =
+        c.expand().iter().map(|k| (k.window, k.sinks)).collect();
+    assert_eq!(
+        got,
+        [(None, None), (None, Some(4)), (Some(16), None), (Some(16), Some(4))]
+    );
+    let c = cfg(&with_axes("window = \"none\""));
+    assert!(c.expand().iter().all(|k| k.window.is_none()));
+    let e = config_err(&with_axes("window = [\"all\", 16]"), &[]);
+    assert!(e.contains("axes.window") && e.contains("\"none\" or a positive integer"), "{e}");
+    let e = config_err(&with_axes("prefix_len = [\"none\", 0]"), &[]);
+    assert!(e.contains("axes.prefix_len"), "{e}");
+}
+
 #[test]
 fn unknown_key_names_key_line_and_known_keys() {
     let msg = config_err(&with_axes("sequence = 4"), &[]);
