@@ -72,6 +72,7 @@ fn case(
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        precision: None,
     }
 }
 

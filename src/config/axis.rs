@@ -7,7 +7,7 @@ use toml::Value;
 
 use crate::backend::cpu::isa::Isa;
 use crate::problem::UpstreamGrad;
-use crate::problem::{BatchSpec, DType, Device, Fp8Format, InputDist, Mode, PageOrder};
+use crate::problem::{BatchSpec, DType, Device, Fp8Format, InputDist, Mode, PageOrder, Precision};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
@@ -26,6 +26,7 @@ pub enum Axis {
     Causal,
     Threads,
     KernelPath,
+    Precision,
     Devices,
     Allreduce,
     Batch,
@@ -61,6 +62,8 @@ enum Kind {
     BatchSpec,
     /// A CPU kernel path this CPU runs.
     KernelPath,
+    /// P's precision for PV: `fast` or `highest`.
+    Precision,
     /// How K and V are stored: `same` as Q, or an FP8 format.
     Fp8,
     /// Finite, >= 0.
@@ -93,7 +96,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 30] = [
+    pub const ALL: [Axis; 31] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -105,6 +108,7 @@ impl Axis {
         Axis::Causal,
         Axis::Threads,
         Axis::KernelPath,
+        Axis::Precision,
         Axis::Devices,
         Axis::Allreduce,
         Axis::Batch,
@@ -140,6 +144,7 @@ impl Axis {
             Axis::Causal => "causal",
             Axis::Threads => "threads",
             Axis::KernelPath => "kernel_path",
+            Axis::Precision => "precision",
             Axis::Devices => "devices",
             Axis::Allreduce => "allreduce",
             Axis::Batch => "batch",
@@ -184,6 +189,7 @@ impl Axis {
             Axis::PageOrder => Kind::PageOrder,
             Axis::BatchSpec => Kind::BatchSpec,
             Axis::KernelPath => Kind::KernelPath,
+            Axis::Precision => Kind::Precision,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Devices
@@ -219,6 +225,7 @@ impl Axis {
                 | Kind::PageOrder
                 | Kind::BatchSpec
                 | Kind::KernelPath
+                | Kind::Precision
                 | Kind::Fp8
         )
     }
@@ -259,6 +266,9 @@ impl Axis {
             Axis::Window => Derived("none"),
             Axis::PrefixLen => Derived("none (every request's cache its own)"),
             Axis::KvDtype => Derived("= dtype (K and V stored like Q)"),
+            Axis::Precision => {
+                Derived("fast (P rounded to the storage dtype for PV where that is faster)")
+            }
             Axis::KernelPath => match run.kernel_path {
                 Some(isa) => Fixed(AxisValue::KernelPath(isa)),
                 None => Derived("this CPU's measured choice (attnbench list)"),
@@ -302,6 +312,7 @@ impl Axis {
                         .collect()
                 )
             ),
+            Kind::Precision => "a precision of P for PV (fast, highest)".into(),
             Kind::Fp8 => {
                 "how K and V are stored: same (as dtype) or an FP8 format (fp8e4m3, fp8e5m2)".into()
             }
@@ -381,6 +392,7 @@ pub enum AxisValue {
     /// A ragged batch; lives as long as the process, like the config it came from.
     BatchSpec(&'static BatchSpec),
     KernelPath(Isa),
+    Precision(Precision),
     Fp8(KvDtype),
     Bool(bool),
     Size(usize),
@@ -401,6 +413,7 @@ impl fmt::Display for AxisValue {
             AxisValue::PageOrder(v) => v.fmt(f),
             AxisValue::BatchSpec(v) => v.fmt(f),
             AxisValue::KernelPath(v) => v.fmt(f),
+            AxisValue::Precision(v) => v.fmt(f),
             AxisValue::Fp8(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
@@ -513,6 +526,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
         Kind::BatchSpec => AxisValue::BatchSpec(Box::leak(Box::new(name()?.parse()?))),
         Kind::KernelPath => AxisValue::KernelPath(Isa::parse_available(name()?)?),
+        Kind::Precision => AxisValue::Precision(name()?.parse()?),
         Kind::Fp8 => AxisValue::Fp8(KvDtype::parse(name()?)?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => {

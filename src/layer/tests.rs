@@ -56,6 +56,7 @@ fn case_in(
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        precision: None,
     }
 }
 

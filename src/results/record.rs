@@ -221,6 +221,9 @@ pub struct Record {
     /// Multi-head latent attention: the decoupled RoPE key dimension d_r; empty otherwise.
     #[serde(default)]
     pub rope_dim: Option<usize>,
+    /// P's precision for PV (`precision`: `fast`, `highest`); empty: `fast`, the default.
+    #[serde(default)]
+    pub precision: String,
 }
 
 impl Record {
@@ -319,6 +322,7 @@ impl Record {
             max_abs_err_unquantized: None,
             latent_dim: case.mla.map(|m| m.latent_dim),
             rope_dim: case.mla.map(|m| m.rope_dim),
+            precision: case.precision.map_or(String::new(), |p| p.to_string()),
         }
     }
 

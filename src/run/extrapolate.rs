@@ -197,6 +197,7 @@ mod tests {
             prefix_len: None,
             kv_dtype: None,
             mla: None,
+            precision: None,
         }
     }
 

@@ -164,6 +164,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        precision: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        precision: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

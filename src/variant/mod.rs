@@ -165,6 +165,7 @@ impl DefaultCase for Case {
             kv_dtype: None,
             // A variant of an MLA cache gets DeepSeek-V2's dimensions.
             mla: v.reads_mla().then_some(crate::problem::Mla::DEEPSEEK_V2),
+            precision: None,
         }
     }
 }

@@ -40,6 +40,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         prefix_len: None,
         kv_dtype: None,
         mla: None,
+        precision: None,
     }
 }
 
