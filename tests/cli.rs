@@ -20,7 +20,7 @@ allreduce,kv_read_bytes,kv_gbytes_per_s,copy_gbytes_per_s,copy_bw_frac,comm_elem
 comm_max_device_bytes,device_peak_elements,device_peak_bytes,device_pairs_max,\
 critical_path_pairs,comm_time_s,comm_time_min_s,sim_comm_bytes,sim_comm_max_device_bytes,\
 probe_gflops,page_size,page_order,prefill_chunk,prefill_steps,step_max_median_s,batch_spec,kernel_path,prefix_len,\
-kv_dtype,max_abs_err_unquantized,latent_dim,rope_dim,sinks";
+kv_dtype,max_abs_err_unquantized,latent_dim,rope_dim,sinks,precision";
 
 const TINY: &str = r#"
 [run]

@@ -73,6 +73,7 @@ fn case(
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     }
 }
 

@@ -235,6 +235,27 @@ fn measured_overhead_matches_the_prediction() {
                     }
                 }
             }
+            if dtype == DType::Bf16
+                && matches!(
+                    v,
+                    VariantId::Flash
+                        | VariantId::Naive
+                        | VariantId::RabeStaats
+                        | VariantId::ChunkedPrefill
+                        | VariantId::FlashVarlen
+                )
+            {
+                // `precision = highest`: P kept in f32, so on the pair path flash widens
+                // K and V and naive holds no bf16 P (a workspace of its own).
+                let highest = Case {
+                    precision: Some(attnbench::problem::Precision::Highest),
+                    ..c.clone()
+                };
+                if Isa::Avx512Bf16.available() && detected != Isa::Avx512Bf16 {
+                    check_prediction(&highest, Isa::Avx512Bf16);
+                }
+                cases.push(highest);
+            }
             if v == VariantId::LayerBpt {
                 // BPT with several query blocks, the last one short.
                 for mode in [Mode::LayerFwd, Mode::LayerTrain] {

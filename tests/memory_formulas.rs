@@ -15,7 +15,8 @@ mod slack;
 
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::problem::{
-    Allreduce, BatchSpec, Case, DType, Fp8Format, Mode, PageOrder, Paging, Shape, VariantId,
+    Allreduce, BatchSpec, Case, DType, Fp8Format, Mode, PageOrder, Paging, Precision, Shape,
+    VariantId,
 };
 use attnbench::variant::impossible::impossible;
 use attnbench::variant::{DefaultCase, Registry, Saved};
@@ -119,7 +120,8 @@ fn naive_workers(c: &Case) -> usize {
 fn naive_fwd(c: &Case, isa: Isa) -> u64 {
     let s = &c.shape;
     let scores = 4 * (s.batch * s.heads * s.seq_q * s.seq_kv) as u64; // S (P), all heads
-    scores + ws(naive_workers(c), naive_worker(c, isa, false))
+                                                                      // `precision = highest` keeps P in f32 as the backward's forward does.
+    scores + ws(naive_workers(c), naive_worker(c, isa, c.highest()))
 }
 
 fn naive_train(c: &Case, isa: Isa) -> u64 {
@@ -190,7 +192,7 @@ fn flash_fwd_ws(c: &Case, isa: Isa, exact: bool) -> u64 {
 }
 
 fn flash_fwd(c: &Case, isa: Isa) -> u64 {
-    flash_fwd_ws(c, isa, false)
+    flash_fwd_ws(c, isa, c.highest())
 }
 
 fn flash_train(c: &Case, isa: Isa) -> u64 {
@@ -215,7 +217,7 @@ fn flash_varlen(c: &Case, isa: Isa) -> u64 {
     let (bq, bk) = flash_chunks(c);
     let workers = c.threads.min(s.batch * s.heads).max(1); // a worker per head at most
     let seqs = c.batch_spec.as_ref().map_or(0, |b| b.len()) as u64;
-    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, false)))
+    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest())))
         + 2 * WORD * (seqs + 1) // cu_q and cu_kv offsets
         + WORD * (s.batch * s.heads) as u64 // one hand-out flag per head
 }
@@ -236,7 +238,7 @@ fn chunked_prefill(c: &Case, isa: Isa) -> u64 {
     let blocks = s.batch * s.heads * s.seq_q.div_ceil(bq);
     ws(
         c.threads.min(blocks).max(1),
-        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, false)),
+        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest())),
     ) + WORD * blocks as u64 // one hand-out flag per query block
 }
 
@@ -715,6 +717,15 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                     .filter(|c| impossible(c).is_none())
                     .collect();
                 variants.extend(fp8);
+                // P kept in f32 (`precision = highest`): no bf16 P on the pair path.
+                let highest: Vec<Case> = variants
+                    .iter()
+                    .map(|c| Case {
+                        precision: Some(Precision::Highest),
+                        ..c.clone()
+                    })
+                    .collect();
+                variants.extend(highest);
                 if v.get().default_allreduce().is_some() {
                     let ring: Vec<Case> = variants
                         .iter()

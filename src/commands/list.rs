@@ -149,6 +149,7 @@ pub fn list() -> String {
             d.tolerance()
         );
     }
+    s += "precision of P for PV (`precision` / --precision): fast (default; bf16 P on the avx512-bf16 path), highest (P in f32)\n";
     let modes: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
     s += &format!(
         "\nmodes: {} (a variant lacking a mode gives skipped rows; see each variant's modes)\n",

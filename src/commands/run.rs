@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::measure::timer::StopRule;
 use crate::npy;
 use crate::problem::{
-    Allreduce, Case, DType, Device, Fp8Format, InputDist, Mode, Shape, UpstreamGrad, VariantId,
+    Allreduce, Case, DType, Device, Fp8Format, InputDist, Mode, Precision, Shape, UpstreamGrad,
+    VariantId,
 };
 use crate::report::terminal::record_table;
 use crate::results::record::RecordJson;
@@ -94,6 +95,10 @@ pub struct RunArgs {
     /// this CPU's measured choice, `attnbench list`].
     #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
     pub kernel_path: Option<Isa>,
+    /// Precision of the attention weights P for PV: fast (rounded to the storage dtype
+    /// where that is faster: bf16 on avx512-bf16) or highest (P kept in f32) [default: fast].
+    #[arg(long, value_name = "PRECISION")]
+    pub precision: Option<Precision>,
     /// K and V stored as FP8 (fp8e4m3, fp8e5m2) with one scale per KV head; Q stays in
     /// --dtype (flash-decoding, decode-online, decode-naive) [default: K and V as --dtype].
     #[arg(long, value_name = "FORMAT")]
@@ -293,6 +298,7 @@ pub fn command(args: &RunArgs) -> Result<()> {
         kv_dtype: args.kv_dtype,
         mla,
         sinks: args.sinks,
+        precision: args.precision,
     };
     let settings = Settings {
         run_name: "run".into(),

@@ -7,7 +7,7 @@ use toml::Value;
 
 use crate::backend::cpu::isa::Isa;
 use crate::problem::UpstreamGrad;
-use crate::problem::{BatchSpec, DType, Device, Fp8Format, InputDist, Mode, PageOrder};
+use crate::problem::{BatchSpec, DType, Device, Fp8Format, InputDist, Mode, PageOrder, Precision};
 use crate::problem::{ExternalKind, VariantId};
 use crate::sim::plan::Allreduce;
 
@@ -26,6 +26,7 @@ pub enum Axis {
     Causal,
     Threads,
     KernelPath,
+    Precision,
     Devices,
     Allreduce,
     Batch,
@@ -62,6 +63,8 @@ enum Kind {
     BatchSpec,
     /// A CPU kernel path this CPU runs.
     KernelPath,
+    /// P's precision for PV: `fast` or `highest`.
+    Precision,
     /// How K and V are stored: `same` as Q, or an FP8 format.
     Fp8,
     /// Finite, >= 0.
@@ -97,7 +100,7 @@ pub const DEFAULT_DEVICES: usize = 1;
 pub const POW2_MAX_EXP: i64 = 40;
 
 impl Axis {
-    pub const ALL: [Axis; 31] = [
+    pub const ALL: [Axis; 32] = [
         Axis::Variant,
         Axis::Mode,
         Axis::Device,
@@ -109,6 +112,7 @@ impl Axis {
         Axis::Causal,
         Axis::Threads,
         Axis::KernelPath,
+        Axis::Precision,
         Axis::Devices,
         Axis::Allreduce,
         Axis::Batch,
@@ -145,6 +149,7 @@ impl Axis {
             Axis::Causal => "causal",
             Axis::Threads => "threads",
             Axis::KernelPath => "kernel_path",
+            Axis::Precision => "precision",
             Axis::Devices => "devices",
             Axis::Allreduce => "allreduce",
             Axis::Batch => "batch",
@@ -190,6 +195,7 @@ impl Axis {
             Axis::PageOrder => Kind::PageOrder,
             Axis::BatchSpec => Kind::BatchSpec,
             Axis::KernelPath => Kind::KernelPath,
+            Axis::Precision => Kind::Precision,
             Axis::Causal => Kind::Bool,
             Axis::Threads
             | Axis::Devices
@@ -224,6 +230,7 @@ impl Axis {
                 | Kind::PageOrder
                 | Kind::BatchSpec
                 | Kind::KernelPath
+                | Kind::Precision
                 | Kind::Fp8
         )
     }
@@ -265,6 +272,9 @@ impl Axis {
             Axis::Sinks => Derived("none (the window alone)"),
             Axis::PrefixLen => Derived("none (every request's cache its own)"),
             Axis::KvDtype => Derived("= dtype (K and V stored like Q)"),
+            Axis::Precision => {
+                Derived("fast (P rounded to the storage dtype for PV where that is faster)")
+            }
             Axis::KernelPath => match run.kernel_path {
                 Some(isa) => Fixed(AxisValue::KernelPath(isa)),
                 None => Derived("this CPU's measured choice (attnbench list)"),
@@ -308,6 +318,7 @@ impl Axis {
                         .collect()
                 )
             ),
+            Kind::Precision => "a precision of P for PV (fast, highest)".into(),
             Kind::Fp8 => {
                 "how K and V are stored: same (as dtype) or an FP8 format (fp8e4m3, fp8e5m2)".into()
             }
@@ -388,6 +399,7 @@ pub enum AxisValue {
     /// A ragged batch; lives as long as the process, like the config it came from.
     BatchSpec(&'static BatchSpec),
     KernelPath(Isa),
+    Precision(Precision),
     Fp8(KvDtype),
     Bool(bool),
     Size(usize),
@@ -410,6 +422,7 @@ impl fmt::Display for AxisValue {
             AxisValue::PageOrder(v) => v.fmt(f),
             AxisValue::BatchSpec(v) => v.fmt(f),
             AxisValue::KernelPath(v) => v.fmt(f),
+            AxisValue::Precision(v) => v.fmt(f),
             AxisValue::Fp8(v) => v.fmt(f),
             AxisValue::Bool(v) => v.fmt(f),
             AxisValue::Size(v) => v.fmt(f),
@@ -533,6 +546,7 @@ fn parse_item(axis: Axis, v: &Value) -> Result<AxisValue, String> {
         Kind::PageOrder => AxisValue::PageOrder(name()?.parse()?),
         Kind::BatchSpec => AxisValue::BatchSpec(Box::leak(Box::new(name()?.parse()?))),
         Kind::KernelPath => AxisValue::KernelPath(Isa::parse_available(name()?)?),
+        Kind::Precision => AxisValue::Precision(name()?.parse()?),
         Kind::Fp8 => AxisValue::Fp8(KvDtype::parse(name()?)?),
         Kind::Bool => AxisValue::Bool(v.as_bool().ok_or_else(wrong)?),
         Kind::Size => AxisValue::Size(positive(v, wrong)?),

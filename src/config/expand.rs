@@ -146,6 +146,7 @@ fn build(
     let (mut prefill_chunk, mut batch_spec, mut kernel_path) = (None, None, None);
     let (mut prefix_len, mut sinks) = (None, None);
     let mut kv_dtype = None;
+    let mut precision = None;
     let (mut latent_dim, mut rope_dim) = (None, None);
     for (a, v) in point {
         match (a, v) {
@@ -164,6 +165,7 @@ fn build(
             (Axis::Causal, AxisValue::Bool(x)) => causal = x,
             (Axis::Threads, AxisValue::Size(x)) => threads = x,
             (Axis::KernelPath, AxisValue::KernelPath(x)) => kernel_path = Some(x),
+            (Axis::Precision, AxisValue::Precision(x)) => precision = Some(x),
             (Axis::Batch, AxisValue::Size(x)) => batch = x,
             (Axis::Heads, AxisValue::Size(x)) => heads = x,
             (Axis::KvHeads, AxisValue::Size(x)) => kv_heads = Some(x),
@@ -274,6 +276,7 @@ fn build(
             _ => None,
         },
         sinks,
+        precision,
     })
 }
 

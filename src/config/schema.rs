@@ -137,6 +137,7 @@ pub(super) struct RawAxes {
     pub threads: Option<Value>,
     pub kernel_path: Option<Value>,
     pub devices: Option<Value>,
+    pub precision: Option<Value>,
     pub allreduce: Option<Value>,
     pub splits: Option<Value>,
     pub page_size: Option<Value>,
@@ -184,6 +185,7 @@ impl RawAxes {
             (Axis::PrefixLen, self.prefix_len),
             (Axis::LatentDim, self.latent_dim),
             (Axis::RopeDim, self.rope_dim),
+            (Axis::Precision, self.precision),
         ]
         .into_iter()
         .filter_map(|(a, v)| v.map(|v| (a, v)))

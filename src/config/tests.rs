@@ -615,6 +615,8 @@ fn rabe_staats_table2_config_expands_to_the_table_the_error_rows_and_the_sqrt_ro
     assert!(cases
         .iter()
         .all(|k| k.dtype == DType::Bf16 && k.threads == 1));
+    // The paper's precision=HIGHEST: P kept in f32, under which its error bounds hold.
+    assert!(cases.iter().all(|k| k.highest()));
     assert_eq!(c.run.diff_against, Some(VariantId::Naive));
     assert!(c.run.extrapolate_above_s.is_some());
     assert_eq!(
@@ -1057,5 +1059,36 @@ fn kernel_path_is_an_axis_with_a_run_default_and_only_paths_this_cpu_runs() {
         x.left_out[0].line().contains("default kernel path only"),
         "{:?}",
         x.left_out
+    );
+}
+
+#[test]
+fn precision_is_an_axis_in_the_id_only_when_set() {
+    use crate::problem::Precision;
+    // Unset: every case is `fast` and its id is as before the axis existed.
+    let plain = cfg(MIN).expand();
+    assert!(plain.iter().all(|c| c.precision.is_none() && !c.highest()));
+    assert!(plain.iter().all(|c| !c.id().contains("|pr")));
+    // The axis: one case per value, the value at the end of the id.
+    let both = cfg(&with_axes("precision = [\"fast\", \"highest\"]"));
+    let cases = both.expand();
+    let got: Vec<Option<Precision>> = cases.iter().map(|c| c.precision).collect();
+    assert_eq!(got, [Some(Precision::Fast), Some(Precision::Highest)]);
+    assert!(cases[0].id().ends_with("|prfast"), "{}", cases[0].id());
+    assert!(cases[1].id().ends_with("|prhighest"), "{}", cases[1].id());
+    assert!(cases[1].highest());
+    // --set reaches it too.
+    let set = load(MIN, &["axes.precision=highest"]).unwrap();
+    assert!(set.expand().iter().all(|c| c.highest()));
+    // A bad value names the key and the choices, in a file and in a --set.
+    let e = config_err(&with_axes("precision = \"exact\""), &[]);
+    assert!(
+        e.contains("precision") && e.contains("fast, highest"),
+        "{e}"
+    );
+    let e = config_err(MIN, &["axes.precision=f32"]);
+    assert!(
+        e.contains("precision") && e.contains("fast, highest"),
+        "{e}"
     );
 }

@@ -57,6 +57,7 @@ fn case_in(
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     }
 }
 

@@ -215,6 +215,48 @@ impl InputDist {
     }
 }
 
+/// Compute precision of the attention weights P for the PV product (names after JAX's
+/// `jax.lax.Precision`): `highest` keeps P in f32, as Rabe & Staats compute
+/// (`precision=HIGHEST`, 001 L225); `fast` rounds P to the storage dtype where that is
+/// faster (bf16 inputs on the AVX512_BF16 pair path: `vdpbf16ps` for PV too). A case
+/// without the axis is `fast`, which is what every kernel did before the axis existed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fast,
+    Highest,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::Fast, Precision::Highest];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fast => "fast",
+            Precision::Highest => "highest",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fast" => Ok(Precision::Fast),
+            "highest" => Ok(Precision::Highest),
+            _ => Err(format!(
+                "unknown precision `{s}` (expected one of: fast, highest)"
+            )),
+        }
+    }
+}
+
 impl fmt::Display for InputDist {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -783,9 +825,22 @@ pub struct Case {
     /// sliding window (`Shape::sink_range`); `None`: the window alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sinks: Option<usize>,
+    /// P's precision for PV (the `precision` axis); `None`: `fast`, the kernels' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
 }
 
 impl Case {
+    /// P's precision for PV: the case's, else `fast`.
+    pub fn precision(&self) -> Precision {
+        self.precision.unwrap_or(Precision::Fast)
+    }
+
+    /// Whether the case keeps P in f32 for PV (`precision = highest`).
+    pub fn highest(&self) -> bool {
+        self.precision() == Precision::Highest
+    }
+
     /// The variant's name as rows, ids and messages give it: an external implementation's
     /// `plugin:NAME` or `python:NAME`, else the registry's name.
     pub fn variant_name(&self) -> &str {
@@ -845,6 +900,7 @@ impl Case {
                 format!("|mla{}r{}", m.latent_dim, m.rope_dim)
             })
             + &self.sinks.map_or(String::new(), |n| format!("|sk{n}"))
+            + &self.precision.map_or(String::new(), |p| format!("|pr{p}"))
     }
 
     /// Why the case's `sinks` cannot be made (a `skipped` row, `run`'s exit 2): sinks are

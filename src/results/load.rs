@@ -13,7 +13,7 @@ use crate::measure::calibrate::Calibration;
 pub use super::{CSV_NAME, META_NAME};
 
 /// Columns added after the first release of the CSV; older files without them still read.
-pub const OPTIONAL_COLUMNS: [&str; 40] = [
+pub const OPTIONAL_COLUMNS: [&str; 41] = [
     "time_bwd_median_s",
     "grad_max_abs_err",
     "grad_max_rel_err",
@@ -54,6 +54,7 @@ pub const OPTIONAL_COLUMNS: [&str; 40] = [
     "latent_dim",
     "rope_dim",
     "sinks",
+    "precision",
 ];
 
 /// The contents of a results directory.

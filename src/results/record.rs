@@ -225,6 +225,9 @@ pub struct Record {
     /// (`sinks`); empty without.
     #[serde(default)]
     pub sinks: Option<usize>,
+    /// P's precision for PV (`precision`: `fast`, `highest`); empty: `fast`, the default.
+    #[serde(default)]
+    pub precision: String,
 }
 
 impl Record {
@@ -324,6 +327,7 @@ impl Record {
             latent_dim: case.mla.map(|m| m.latent_dim),
             rope_dim: case.mla.map(|m| m.rope_dim),
             sinks: case.sinks,
+            precision: case.precision.map_or(String::new(), |p| p.to_string()),
         }
     }
 

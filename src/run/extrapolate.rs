@@ -198,6 +198,7 @@ mod tests {
             kv_dtype: None,
             mla: None,
             sinks: None,
+            precision: None,
         }
     }
 

@@ -181,6 +181,9 @@ pub fn skip_reason(case: &Case) -> Option<String> {
     if let Some(why) = too_large_to_count(case) {
         return Some(why);
     }
+    if let Some(why) = precision_problem(case) {
+        return Some(why);
+    }
     if let Some(why) = case.prefix_problem() {
         return Some(why);
     }
@@ -375,6 +378,31 @@ pub(crate) fn fail(record: &mut Record, e: Error) {
         _ => Status::Error,
     };
     record.reason = e.to_string();
+}
+
+/// Why a case cannot keep P in f32 as `precision = highest` asks (a skipped row, never a
+/// silently rounded P). attnbench's CPU kernels honour it: naive, rabe-staats, flash,
+/// chunked-prefill and flash-varlen take their f32-P path (bf16 PV off), and every other
+/// CPU variant already multiplies f32 P by f32 V (decode loops, ring, tree, layers), so it
+/// runs the same code. The GPU kernels round P (tensor cores, TF32) and an external
+/// implementation's arithmetic is its own.
+pub fn precision_problem(case: &Case) -> Option<String> {
+    if !case.highest() {
+        return None;
+    }
+    if case.variant == VariantId::External {
+        return Some(format!(
+            "precision highest: {} is an external implementation, whose precision of P attnbench cannot set",
+            case.variant_name()
+        ));
+    }
+    if case.device == Device::Cuda {
+        return Some(
+            "precision highest runs on the CPU only: the CUDA kernels round P for PV (tensor cores in the storage dtype, TF32 GEMMs)"
+                .into(),
+        );
+    }
+    None
 }
 
 /// The columns every measured case gets after its own steps: the rows timed, and the

@@ -165,6 +165,7 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn single_device(s: Shape, causal: bool, window: Option<usize>, x: &Inputs) -> V
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     };
     output(&case, x).expect("flash-decoding runs")
 }

@@ -58,7 +58,8 @@ fn layout(case: &Case, isa: Isa) -> (kernel::ReadPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = tiles(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
-    let path = kernel::path(case.dtype, isa, s.head_dim, false);
+    // `precision = highest` keeps P in f32 for PV (bf16 widened, not paired).
+    let path = kernel::path(case.dtype, isa, s.head_dim, case.highest());
     let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
     (path, workers, floats)
 }

@@ -31,12 +31,12 @@ fn chunks(case: &Case) -> (usize, usize) {
 }
 
 /// (operand path, workers, floats per worker) of the forward on kernel path `isa`; `exact`
-/// for the forward of a training step (P kept in f32).
+/// for the forward of a training step (P kept in f32), as `precision = highest` keeps it.
 fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::ReadPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = chunks(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
-    let path = kernel::path(case.dtype, isa, s.head_dim, exact);
+    let path = kernel::path(case.dtype, isa, s.head_dim, exact || case.highest());
     let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
     (path, workers, floats)
 }

@@ -32,7 +32,8 @@ fn layout(case: &Case, isa: Isa) -> (kernel::ReadPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK);
     let workers = case.threads.min(s.batch * s.heads).max(1);
-    let path = kernel::path(case.dtype, isa, s.head_dim, false);
+    // `precision = highest` keeps P in f32 for PV (bf16 widened, not paired).
+    let path = kernel::path(case.dtype, isa, s.head_dim, case.highest());
     let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
     (path, workers, floats)
 }

@@ -166,6 +166,7 @@ impl DefaultCase for Case {
             // A variant of an MLA cache gets DeepSeek-V2's dimensions.
             mla: v.reads_mla().then_some(crate::problem::Mla::DEEPSEEK_V2),
             sinks: None,
+            precision: None,
         }
     }
 }

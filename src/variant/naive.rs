@@ -79,22 +79,23 @@ impl Variant for Naive {
 
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         4 * kernel::scores_len(&case.shape) as u64
-            + Workspace::bytes(workers(case), worker_floats(case, isa, false))
+            + Workspace::bytes(workers(case), worker_floats(case, isa, case.highest()))
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let mut scores = try_scratch(kernel::scores_len(&case.shape), "naive score matrix S")?;
         let ws = Workspace::scratch(
             workers(case),
-            worker_floats(case, isa, false),
+            worker_floats(case, isa, case.highest()),
             "naive workspace",
         )?;
+        // `precision = highest` keeps P in f32 for PV, as the backward's forward does.
         kernel::forward(
             inputs,
             case.causal,
             case.window,
             self.safe,
-            false,
+            case.highest(),
             isa,
             &mut scores,
             &ws,

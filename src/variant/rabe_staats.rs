@@ -56,6 +56,8 @@ fn forward(case: &Case, isa: Isa, inputs: &Inputs, exact: bool, out: &mut [f32])
     let mut buf = try_scratch(chunk_floats(case, isa), "rabe-staats chunk buffer")?;
     let (causal, chunks) = (case.causal, chunks(case));
     let window = case.window;
+    // `precision = highest` keeps P in f32 for PV, as the backward's forward does.
+    let exact = exact || case.highest();
     kernel::forward_chunked(inputs, causal, window, exact, chunks, isa, &mut buf, out);
     Ok(())
 }

@@ -13,8 +13,8 @@ use super::VariantId;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::ReadPath;
 use crate::problem::{
-    Case, DType, Device, Grads, InputDist, Inputs, Mode, PageOrder, Paging, Shape, Tensor,
-    UpstreamGrad,
+    Case, DType, Device, Grads, InputDist, Inputs, Mode, PageOrder, Paging, Precision, Shape,
+    Tensor, UpstreamGrad,
 };
 use crate::reference::grad;
 use crate::reference::{check, rows_to_check, ErrorStats};
@@ -660,6 +660,7 @@ fn decode_case(
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     }
 }
 
@@ -1690,6 +1691,12 @@ fn bounded_inputs(shape: Shape, dtype: DType, seed: u64) -> Inputs {
 /// its derived bound of the f64 oracle on the bf16/f16-rounded inputs; the set that ran is
 /// asserted as in `assert_all_variants`. Returns the largest error / bound per read path.
 fn assert_all_within_bound(s: &Setup) -> Vec<(ReadPath, f64)> {
+    assert_all_within_bound_at(s, None)
+}
+
+/// [`assert_all_within_bound`] with the cases' `precision` set: with `highest` no path may
+/// round P, so the bound has no 2^-8 A term anywhere.
+fn assert_all_within_bound_at(s: &Setup, precision: Option<Precision>) -> Vec<(ReadPath, f64)> {
     let x = bounded_inputs(s.shape, s.dtype, 7);
     let want = bounded_oracle(&x, s.causal);
     let mut ran = BTreeSet::new();
@@ -1699,13 +1706,18 @@ fn assert_all_within_bound(s: &Setup) -> Vec<(ReadPath, f64)> {
         // Forward-only cases: flash rounds P to bf16 on this path at every even d, naive and
         // rabe-staats where V's rows are whole vectors (`ReadPath::bf16_pv`); the bound allows
         // the rounding wherever the path may do it.
-        let p_rounded = path == ReadPath::Bf16Dot;
+        // With `highest`, none may.
+        let p_rounded = path == ReadPath::Bf16Dot && precision != Some(Precision::Highest);
         for v in fwd_variants(s) {
-            let c = case(v, s);
+            let c = Case {
+                precision,
+                ..case(v, s)
+            };
             let out = output_with(&c, isa, &x).expect("forward runs");
             let what = format!(
-                "{} [{isa}, {path:?}] {:?} {} causal {} chunks {:?}",
+                "{} [{isa}, {path:?}, precision {}] {:?} {} causal {} chunks {:?}",
                 v.name(),
+                c.precision(),
                 s.shape,
                 s.dtype,
                 s.causal,
@@ -1781,6 +1793,62 @@ fn every_dtype_within_the_derived_bound_on_aligned_shapes() {
             }
         }
     }
+}
+
+/// `precision = highest` keeps P in f32 on every path: every forward variant within the
+/// f32 bound alone (no 2^-8 A term for a rounded P), bf16 at head dims of whole vectors,
+/// where `fast` rounds P on the pair path; several key chunks for rabe-staats too. And the
+/// bound tells the two apart: on the pair path (where the CPU has it) `fast` flash, naive
+/// and rabe-staats exceed it.
+#[test]
+fn highest_keeps_p_in_f32_on_every_path_within_the_f32_bound() {
+    for (n, d, causal, chunks) in [
+        (256, 64, false, None),
+        (256, 128, true, None),
+        (256, 64, true, Some((128, 96))),
+    ] {
+        let mut s = setup(n, n, d);
+        s.dtype = DType::Bf16;
+        s.causal = causal;
+        s.chunks = chunks;
+        let worst = assert_all_within_bound_at(&s, Some(Precision::Highest));
+        assert_bf16_paths(&worst, d);
+        if !Isa::Avx512Bf16.available() {
+            println!("avx512-bf16 not on this CPU: the fast pair path is not compared");
+            continue;
+        }
+        let x = bounded_inputs(s.shape, s.dtype, 7);
+        let want = bounded_oracle(&x, s.causal);
+        let d = s.shape.head_dim;
+        for v in [VariantId::Flash, VariantId::Naive, VariantId::RabeStaats] {
+            let fast = case(v, &s);
+            let out = output_with(&fast, Isa::Avx512Bf16, &x).expect("forward runs");
+            let over = got_over_f32_bound(&out, &want);
+            assert!(
+                over > 1.0,
+                "{v} fast on avx512-bf16 within the f32 bound ({over}): P was not rounded, so this test would not see a rounded P under highest"
+            );
+            println!("{v} fast on avx512-bf16, d {d}: error / f32 bound {over:.1}");
+        }
+    }
+}
+
+/// The largest error / f32 bound (no term for a rounded P) of `got`.
+fn got_over_f32_bound(got: &[f32], want: &Bounded) -> f64 {
+    let d = want.out.len() / want.f32_rel.len();
+    got.iter()
+        .zip(&want.out)
+        .enumerate()
+        .map(|(e, (&g, &w))| {
+            let tol = want.f32_rel[e / d] * want.mass[e];
+            let err = (f64::from(g) - w).abs();
+            if tol > 0.0 {
+                err / tol
+            } else {
+                0.0
+            }
+        })
+        .fold(0.0, f64::max)
 }
 
 /// rabe-staats' per-chunk phases against the same bound: several key chunks (one ragged),

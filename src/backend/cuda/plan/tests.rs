@@ -41,6 +41,7 @@ fn case(variant: VariantId, dtype: DType, seq_q: usize, seq_kv: usize, d: usize)
         kv_dtype: None,
         mla: None,
         sinks: None,
+        precision: None,
     }
 }
 
