@@ -133,18 +133,28 @@ fn pow2_axis_expands_in_order() {
 /// is an error naming the key.
 #[test]
 fn none_in_a_list_is_a_case_without_the_setting() {
-    let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"flash\"\nseq_len = 128\n\
-         causal = true\nwindow = [\"none\", 16]\nsinks = [\"none\", 4]\n");
+    let c = cfg(
+        "[run]\nname = \"t\"\n[axes]\nvariant = \"flash\"\nseq_len = 128\n\
+         causal = true\nwindow = [\"none\", 16]\nsinks = [\"none\", 4]\n",
+    );
     let got: Vec<(Option<usize>, Option<usize>)> =
         c.expand().iter().map(|k| (k.window, k.sinks)).collect();
     assert_eq!(
         got,
-        [(None, None), (None, Some(4)), (Some(16), None), (Some(16), Some(4))]
+        [
+            (None, None),
+            (None, Some(4)),
+            (Some(16), None),
+            (Some(16), Some(4))
+        ]
     );
     let c = cfg(&with_axes("window = \"none\""));
     assert!(c.expand().iter().all(|k| k.window.is_none()));
     let e = config_err(&with_axes("window = [\"all\", 16]"), &[]);
-    assert!(e.contains("axes.window") && e.contains("\"none\" or a positive integer"), "{e}");
+    assert!(
+        e.contains("axes.window") && e.contains("\"none\" or a positive integer"),
+        "{e}"
+    );
     let e = config_err(&with_axes("prefix_len = [\"none\", 0]"), &[]);
     assert!(e.contains("axes.prefix_len"), "{e}");
 }
