@@ -18,7 +18,7 @@ use attnbench::layer;
 use attnbench::measure::alloc::{self, OverheadMeter};
 use attnbench::measure::timer::StopRule;
 use attnbench::problem::VariantId;
-use attnbench::problem::{Case, DType, Grads, Inputs, Mode, Shape};
+use attnbench::problem::{Allreduce, Case, DType, Grads, Inputs, Mode, Shape};
 use attnbench::results::record::{Record, Status};
 use attnbench::run::interleave::{group_bytes, run_group};
 use attnbench::run::{
@@ -255,6 +255,21 @@ fn measured_overhead_matches_the_prediction() {
                     check_prediction(&highest, Isa::Avx512Bf16);
                 }
                 cases.push(highest);
+            }
+            if v == VariantId::TreeDecode {
+                // Each allreduce's largest round in flight: the binomial tree on 5 devices
+                // (not a power of two), nodes of 2 on 6 devices, the ring on 4.
+                for (devices, allreduce) in [
+                    (5, Allreduce::Tree),
+                    (6, Allreduce::TwoLevel { per_node: 2 }),
+                    (4, Allreduce::Ring),
+                ] {
+                    cases.push(Case {
+                        devices,
+                        allreduce: Some(allreduce),
+                        ..c.clone()
+                    });
+                }
             }
             if v == VariantId::LayerBpt {
                 // BPT with several query blocks, the last one short.

@@ -370,6 +370,71 @@ fn split_decode(c: &Case, paged: bool) -> u64 {
     4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), floats) + table
 }
 
+/// Query rows (all heads of a KV head's group) one item of a ragged batch holds at most
+/// (`split_kv::ITEM_ROWS`): a longer sequence is cut into query tiles.
+const ITEM_ROWS: usize = 128;
+/// One schedule item of a ragged batch: eight words (sequence, part, KV head and count,
+/// tile start and length, first row, rows) and a flag, padded to a word.
+const ITEM: u64 = 9 * WORD;
+/// One part of a sequence's keys: a `Range<usize>`, two words.
+const RANGE: u64 = 2 * WORD;
+
+/// flash-decoding and paged-decode over a ragged batch (`batch_spec`, packed; no window,
+/// so each sequence attends all its keys): the whole cache cut into `splits` parts of
+/// about equal length, a sequence getting as many as its keys hold, but one when it has
+/// several query tiles; an item per (part, query tile, KV head) or, paged-decode's rows
+/// under `GEMM_MIN_ROWS` per KV head, per (part, sequence), every KV head at once.
+fn ragged_split_decode(c: &Case, paged: bool) -> u64 {
+    let s = &c.shape;
+    let (d, h, hk, g) = (s.head_dim, s.heads, s.kv_heads, s.group());
+    let seqs: Vec<(usize, usize)> = c.batch_spec.as_ref().expect("ragged").sequences().collect();
+    let splits = c.splits.expect("a split-KV case has its splits").max(1);
+    let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
+    let page = c.paging.map(|p| p.page_size).unwrap_or(1);
+    let total: usize = seqs.iter().map(|&(_, kv)| kv).sum();
+    let per = total.div_ceil(splits).max(1); // keys per part of the whole cache
+    let (mut parts, mut items, mut partials, mut floats) = (0, 0, 0, 0);
+    for &(q, kv) in &seqs {
+        let tile = (ITEM_ROWS / g).max(1).min(q); // query tokens per tile
+        let count = if tile < q { 1 } else { kv.div_ceil(per).max(1) }; // its parts
+        let whole = paged && g * q < GEMM_MIN_ROWS; // every KV head in one item
+        let per_item = if whole { hk } else { 1 }; // KV heads per item
+        parts += count;
+        items += count * q.div_ceil(tile) * (hk / per_item);
+        partials += count * h * q; // (o, lse) per row and part
+                                   // the full tile and the last (shorter) one
+        for q_len in [tile, q - (q.div_ceil(tile) - 1) * tile] {
+            let rows = per_item * g * q_len;
+            // query rows are one run of f32 only for a whole sequence's one head, or a
+            // batch of one sequence
+            let run = q_len == q && (per_item * g <= 1 || seqs.len() == 1);
+            let q_copy = if widen(c) || !run { rows * d } else { 0 };
+            let scratch = if whole {
+                // one block shared by the KV heads, at least a page
+                let merged = (bk / hk.max(1)).max(page).max(1);
+                attend_scratch(rows, merged, d, widen_kv(c), false)
+            } else {
+                attend_scratch(rows, bk, d, widen_kv(c), paged && rows >= GEMM_MIN_ROWS)
+            };
+            floats = floats.max(q_copy + 2 * rows + scratch); // + m and l per row
+        }
+    }
+    let n = seqs.len() as u64;
+    let tables = 2 * WORD * (n + 1) // the sequences' query and key offsets
+        + parts as u64 * RANGE // every sequence's parts
+        + (n + 1 + parts as u64) * WORD // each sequence's first part, each part's first row
+        + items as u64 * ITEM; // the items
+    let block_table = if paged {
+        WORD * seqs
+            .iter()
+            .map(|&(_, kv)| kv.div_ceil(page) as u64)
+            .sum::<u64>()
+    } else {
+        0
+    };
+    4 * (partials * (d + 1)) as u64 + ws(c.threads.min(items).max(1), floats) + tables + block_table
+}
+
 /// cascade-decode over a batch sharing `prefix_len` of its cached tokens (no window: every
 /// key is attended): the prefix in parts of every request's rows of a KV head's group
 /// (phase 1, query rows always gathered), each suffix in flash-decoding's parts (phase 2);
@@ -452,29 +517,44 @@ fn ring(c: &Case) -> u64 {
     q + o + visiting + own + ws(c.threads.min(items).max(1), floats)
 }
 
-/// tree-decode on `devices` simulated devices with the ring allreduce: each device's
-/// queries, numerator and row statistics, one round of allreduce messages in flight, and
-/// one kernel scratch per worker. `None` for the binomial and two-level allreduces, whose
-/// largest round follows their schedules (not pinned here).
-fn tree(c: &Case) -> Option<u64> {
+/// tree-decode on `devices` simulated devices: each device's queries, numerator and row
+/// statistics, the largest round of allreduce messages in flight, and one kernel scratch
+/// per worker.
+fn tree(c: &Case) -> u64 {
     let s = &c.shape;
     let p = c.devices.max(1);
-    if p > 1 && c.allreduce != Some(Allreduce::Ring) {
-        return None;
-    }
     let (d, es) = (s.head_dim, c.dtype.size_bytes() as u64);
     let q_rows = (s.batch * s.heads * s.seq_q) as u64;
     // q (broadcast), o then the numerator, lse then the denominator, and m
     let per_device = q_rows * d as u64 * es + (q_rows * d as u64 + 2 * q_rows) * 4;
-    // a ring allreduce round sends every chunk once: the numerator, b·h·seq_q·d floats
-    let in_flight = if p > 1 { q_rows * d as u64 * 4 } else { 0 };
+    // The numerator (b·h·seq_q·d floats) is the largest buffer reduced; the floats of a
+    // round's messages in flight, in buffers of it:
+    let m = q_rows * d as u64;
+    let in_flight = match c.allreduce.unwrap_or(Allreduce::Tree) {
+        // every chunk sent once a round (reduce-scatter, then all-gather): the whole buffer
+        Allreduce::Ring => u64::from(p > 1) * m,
+        // binomial: the first reduce round (and the last broadcast one) has floor(p/2)
+        // senders, each of the whole buffer; later rounds halve
+        Allreduce::Tree => (p / 2) as u64 * m,
+        // nodes of g devices: a node's ring round sends its whole buffer (every node at
+        // once); the nodes' binomial round sends floor(nodes/2) copies of each chunk, fewer
+        Allreduce::TwoLevel { per_node } => {
+            let g = per_node.min(p).max(1);
+            let nodes = (p / g) as u64;
+            if g > 1 {
+                nodes * m
+            } else {
+                nodes / 2 * m
+            }
+        }
+    };
     let rows = s.group() * s.seq_q; // an item: all rows of a KV head on one device
     let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
     let q_widened = if widen(c) { rows * d } else { 0 };
     // + the item's running max and sum
     let floats = q_widened + 2 * rows + attend_scratch(rows, bk, d, widen(c), false);
     let items = p * s.batch * s.kv_heads;
-    Some(p as u64 * per_device + in_flight + ws(c.threads.min(items).max(1), floats))
+    p as u64 * per_device + 4 * in_flight + ws(c.threads.min(items).max(1), floats)
 }
 
 // ---- layers -------------------------------------------------------------------------
@@ -596,8 +676,8 @@ fn mla_decode(c: &Case) -> u64 {
 
 // ---- the table ----------------------------------------------------------------------
 
-/// The closed form of `c`'s workspace on kernel path `isa`; `None` for a variant whose
-/// prediction is not pinned here (named in `PARTLY_PINNED`).
+/// The closed form of `c`'s workspace on kernel path `isa`; `None` for a (variant, mode)
+/// the registry does not run.
 fn formula(c: &Case, isa: Isa) -> Option<u64> {
     use VariantId::*;
     Some(match (c.variant, c.mode) {
@@ -614,18 +694,16 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (DecodeOnline, Mode::Decode) => decode_online(c),
         (FlashDecoding, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, false),
         (PagedDecode, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, true),
+        (FlashDecoding, Mode::Decode) => ragged_split_decode(c, false),
+        (PagedDecode, Mode::Decode) => ragged_split_decode(c, true),
         (CascadeDecode, Mode::Decode) => cascade(c),
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
         (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
-        (TreeDecode, Mode::Decode) => return tree(c),
+        (TreeDecode, Mode::Decode) => tree(c),
         (MlaDecode, Mode::Decode) => mla_decode(c),
         _ => return None,
     })
 }
-
-/// Variants whose prediction is pinned only in part: tree-decode's with the ring allreduce
-/// (its binomial and two-level allreduces' messages in flight follow their schedules).
-const PARTLY_PINNED: [VariantId; 1] = [VariantId::TreeDecode];
 
 fn predicted(c: &Case, isa: Isa) -> u64 {
     let v = c.variant.get();
@@ -755,8 +833,7 @@ fn every_workspace_prediction_equals_its_closed_form() {
             for c in cases(v, mode) {
                 for isa in Isa::ALL {
                     let Some(want) = formula(&c, isa) else {
-                        assert!(PARTLY_PINNED.contains(&v), "{v} {mode}: no closed form");
-                        continue;
+                        panic!("{v} {mode}: no closed form");
                     };
                     let got = predicted(&c, isa);
                     assert_eq!(
@@ -801,6 +878,200 @@ fn flash_varlen_ragged_batches_equal_the_closed_form() {
             }
         }
     }
+}
+
+/// tree-decode with every allreduce against its closed form: 1 to 8 devices (powers of
+/// two and not) with the binomial tree, nodes of 1 to 4 devices (whole nodes only), and the
+/// ring, over decode shapes with GQA and several query rows.
+#[test]
+fn tree_decode_allreduces_equal_the_closed_form() {
+    let mut seen = std::collections::BTreeSet::new();
+    for (n, heads, kv_heads, d) in SHAPES {
+        for seq_q in [1, 3] {
+            for threads in THREADS {
+                for dtype in DTYPES {
+                    for devices in 1..=8 {
+                        let shape = Shape {
+                            seq_q,
+                            kv_heads,
+                            ..Shape::self_attention(heads, n, d)
+                        };
+                        let base = Case {
+                            mode: Mode::Decode,
+                            devices,
+                            ..Case::cpu_fwd(VariantId::TreeDecode, shape, dtype, threads)
+                        };
+                        for allreduce in [
+                            None,
+                            Some(Allreduce::Ring),
+                            Some(Allreduce::Tree),
+                            Some(Allreduce::TwoLevel { per_node: 1 }),
+                            Some(Allreduce::TwoLevel { per_node: 2 }),
+                            Some(Allreduce::TwoLevel { per_node: 3 }),
+                            Some(Allreduce::TwoLevel { per_node: 4 }),
+                        ] {
+                            let c = Case {
+                                allreduce,
+                                ..base.clone()
+                            };
+                            if c.variant.get().unsupported(&c).is_some() {
+                                continue;
+                            }
+                            seen.insert((devices, allreduce.map(|a| a.to_string())));
+                            for isa in Isa::ALL {
+                                assert_eq!(
+                                    predicted(&c, isa),
+                                    tree(&c),
+                                    "{devices} devices {allreduce:?} {dtype} {threads} {shape:?}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Not a silent skip: two-level ran on whole nodes, 6 devices included (3 nodes of 2,
+    // 2 of 3), and the binomial tree on every count.
+    for devices in 1..=8 {
+        assert!(seen.contains(&(devices, Some("tree".into()))), "{devices}");
+    }
+    for (devices, g) in [(6, 2), (6, 3), (8, 4), (5, 1), (3, 4)] {
+        assert!(
+            seen.contains(&(devices, Some(format!("two-level:{g}")))),
+            "{devices} {g}"
+        );
+    }
+}
+
+/// The closed forms of the allreduces' largest round, on one case worked by hand: b·h·seq_q
+/// = 6 rows of d = 64 (a numerator of 384 floats) on 5 devices.
+#[test]
+fn the_largest_allreduce_round_worked_by_hand() {
+    let shape = Shape {
+        seq_q: 3,
+        ..Shape::self_attention(2, 100, 64)
+    };
+    let at = |devices, allreduce| {
+        let c = Case {
+            mode: Mode::Decode,
+            devices,
+            allreduce: Some(allreduce),
+            ..Case::cpu_fwd(VariantId::TreeDecode, shape, DType::F32, 1)
+        };
+        predicted(&c, Isa::Portable)
+    };
+    let ring = at(5, Allreduce::Ring) - 384 * 4;
+    // binomial on 5: pairs (1→0), (3→2) in the first round: 2 x 384 floats
+    assert_eq!(at(5, Allreduce::Tree), ring + 2 * 384 * 4);
+    // 6 devices: nodes of 2 (three rings side by side, 3 x 384) and of 3 (2 x 384)
+    let ring6 = at(6, Allreduce::Ring) - 384 * 4;
+    assert_eq!(
+        at(6, Allreduce::TwoLevel { per_node: 2 }),
+        ring6 + 3 * 384 * 4
+    );
+    assert_eq!(
+        at(6, Allreduce::TwoLevel { per_node: 3 }),
+        ring6 + 2 * 384 * 4
+    );
+    // nodes of one device are the binomial tree over all 6: 3 pairs
+    assert_eq!(
+        at(6, Allreduce::TwoLevel { per_node: 1 }),
+        ring6 + 3 * 384 * 4
+    );
+}
+
+/// The ragged batches of flash-decoding and paged-decode against their closed form: decodes
+/// and prefill chunks (one of several query tiles), single-token sequences, one sequence
+/// alone, GQA groups of 1, 2 and 4 (paged-decode's items of whole sequences and of one KV
+/// head), with the ragged default split count and explicit ones. (A spec cannot hold an
+/// empty sequence: the parser rejects q0 and kv0.)
+#[test]
+fn ragged_split_decode_equals_the_closed_form() {
+    let mut ran = std::collections::BTreeSet::new();
+    for spec in [
+        "q1kv1",
+        "q1kv3000",
+        "q3kv1000+2xq1kv333+q125kv500",
+        "q1kv1+q1kv2000+3xq1kv5",
+        "q300kv300+q1kv4000",
+        "4xq20kv20+q1kv1",
+        "q129kv1200+q1kv1000+4xq1kv50",
+    ] {
+        let spec: BatchSpec = spec.parse().unwrap();
+        for (heads, kv_heads, d) in [(4, 4, 64), (4, 2, 40), (8, 2, 33), (2, 1, 128)] {
+            for threads in THREADS {
+                for dtype in DTYPES {
+                    let dense = Shape {
+                        kv_heads,
+                        ..Shape::self_attention(heads, 100, d)
+                    };
+                    let shape = spec.packed(&dense);
+                    // the expander's ragged default: 4 parts a thread, none under a block
+                    let default = (4 * threads).min(shape.seq_kv.div_ceil(DECODE_BK)).max(1);
+                    for v in [VariantId::FlashDecoding, VariantId::PagedDecode] {
+                        for splits in [default, 1, 7] {
+                            for kv_chunk in [None, Some(100)] {
+                                let base = Case {
+                                    mode: Mode::Decode,
+                                    shape,
+                                    batch_spec: Some(spec.clone()),
+                                    splits: Some(splits),
+                                    ..Case::cpu_fwd(v, dense, dtype, threads)
+                                };
+                                // pages no longer than the longest cache (q1kv1 included)
+                                let longest = spec.sequences().map(|(_, kv)| kv).max();
+                                let fit = |size: usize| Paging {
+                                    page_size: size.min(longest.unwrap_or(1)),
+                                    order: PageOrder::Shuffled,
+                                };
+                                let c = Case {
+                                    kv_chunk: kv_chunk.or(base.kv_chunk),
+                                    paging: base.paging.map(|p| fit(p.page_size)),
+                                    ..base
+                                };
+                                let mut all = vec![
+                                    c.clone(),
+                                    Case {
+                                        causal: true,
+                                        ..c.clone()
+                                    },
+                                ];
+                                if v == VariantId::PagedDecode {
+                                    all.push(Case {
+                                        paging: Some(fit(7)),
+                                        ..c.clone()
+                                    });
+                                } else {
+                                    all.push(Case {
+                                        kv_dtype: Some(Fp8Format::Fp8e4m3),
+                                        ..c.clone()
+                                    });
+                                }
+                                for c in all {
+                                    let why = impossible(&c).map(|i| format!("{i:?}"));
+                                    let why = why.or_else(|| v.get().unsupported(&c));
+                                    assert!(why.is_none(), "{v} {spec}: {why:?}");
+                                    ran.insert(v.name());
+                                    for isa in Isa::ALL {
+                                        assert_eq!(
+                                            predicted(&c, isa),
+                                            ragged_split_decode(&c, v == VariantId::PagedDecode),
+                                            "{v} {spec} {isa} {dtype} threads {threads} \
+                                             splits {splits} {:?} {:?}",
+                                            c.shape,
+                                            c.kv_chunk
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(ran.len(), 2);
 }
 
 /// The headline formulas of docs/reference/variants.md, checked on one aligned case each,

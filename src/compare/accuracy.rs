@@ -93,6 +93,23 @@ mod tests {
         assert_eq!(gate(2e-5, 4e-6, 1e-5, 2.0).verdict, ErrVerdict::Better);
     }
 
+    /// The gate's edges: growth of exactly the factor, or ending exactly at the
+    /// tolerance, is not yet worse; a shrink of exactly the factor, or from exactly the
+    /// tolerance, is not yet better; a large shrink from below the tolerance is noise.
+    #[test]
+    fn the_factor_and_the_tolerance_are_strict_bounds() {
+        // 2 x 1e-4 is exact in binary: current == factor * baseline, above the tolerance.
+        assert_eq!(gate(1e-4, 2e-4, 1e-5, 2.0).verdict, ErrVerdict::Same);
+        // current == tolerance, 10x the baseline.
+        assert_eq!(gate(1e-6, 1e-5, 1e-5, 2.0).verdict, ErrVerdict::Same);
+        // baseline == factor * current, above the tolerance.
+        assert_eq!(gate(2e-4, 1e-4, 1e-5, 2.0).verdict, ErrVerdict::Same);
+        // baseline == tolerance, 10x the current.
+        assert_eq!(gate(1e-5, 1e-6, 1e-5, 2.0).verdict, ErrVerdict::Same);
+        // A 4x shrink far below the tolerance: rounding noise, not better.
+        assert_eq!(gate(4e-6, 1e-6, 1e-5, 2.0).verdict, ErrVerdict::Same);
+    }
+
     #[test]
     fn losing_ok_is_a_regression_in_any_direction() {
         for s in [Status::Error, Status::Oom, Status::Timeout, Status::Skipped] {

@@ -117,6 +117,18 @@ mod tests {
         );
     }
 
+    /// Growth of exactly threshold + allowance is tolerated, one byte more is not; a drop
+    /// of exactly the allowance is the same, one byte more is lower.
+    #[test]
+    fn the_tolerance_and_the_allowance_are_inclusive() {
+        let base = 100_000;
+        let at = |current| gate(base, current, 1, 4096).verdict;
+        assert_eq!(at(base + 4096 + ALLOWANCE_BYTES), MemVerdict::Same);
+        assert_eq!(at(base + 4096 + ALLOWANCE_BYTES + 1), MemVerdict::Higher);
+        assert_eq!(at(base - ALLOWANCE_BYTES), MemVerdict::Same);
+        assert_eq!(at(base - ALLOWANCE_BYTES - 1), MemVerdict::Lower);
+    }
+
     #[test]
     fn a_large_drop_is_lower() {
         assert_eq!(gate(1 << 20, 1 << 19, 1, 0).verdict, MemVerdict::Lower);
