@@ -142,6 +142,14 @@ pub(super) struct Geometry {
     pub rows: usize,
 }
 
+/// Cache indices from `start` on, one position apart.
+fn contiguous(start: usize) -> Positions {
+    Positions {
+        start: start as i64,
+        stride: 1,
+    }
+}
+
 impl Geometry {
     pub fn of(case: &Case) -> Geometry {
         Geometry::of_sequence(case, case.shape.seq_q, case.shape.seq_kv)
@@ -177,32 +185,15 @@ impl Geometry {
 
     /// Visible keys of the sequence's query token `t` among the `len` keys from `start`.
     pub fn token_range(&self, t: usize, start: usize, len: usize) -> std::ops::Range<usize> {
-        let keys = Positions {
-            start: start as i64,
-            stride: 1,
-        };
-        self.mask.visible(self.qpos.at(t), keys, len)
+        self.mask.visible(self.qpos.at(t), contiguous(start), len)
     }
 
-    /// `range`'s attention sinks: the keys of the run before both the sinks' end and row
-    /// `r`'s window (`Mask::sink_visible`); empty without sinks.
-    pub fn sink_range(
-        &self,
-        seq_q: usize,
-        r: usize,
-        start: usize,
-        len: usize,
-    ) -> std::ops::Range<usize> {
-        self.token_sink_range(r % seq_q.max(1), start, len)
-    }
-
-    /// `token_range`'s attention sinks.
+    /// `token_range`'s attention sinks: the keys of the run before both the sinks' end and
+    /// the token's window (`Mask::sink_visible`); empty without sinks. Group row `r` is
+    /// token `r % seq_q`.
     pub fn token_sink_range(&self, t: usize, start: usize, len: usize) -> std::ops::Range<usize> {
-        let keys = Positions {
-            start: start as i64,
-            stride: 1,
-        };
-        self.mask.sink_visible(self.qpos.at(t), keys, len)
+        self.mask
+            .sink_visible(self.qpos.at(t), contiguous(start), len)
     }
 
     /// Whether the rows have sinks to attend besides their windows.
@@ -254,7 +245,7 @@ pub(super) fn attended_sinks(case: &Case, seqs: &SeqLayout, b: usize) -> std::op
     if !geo.has_sinks() {
         return 0..0;
     }
-    span(geo.rows, &|r| geo.sink_range(q, r, 0, kv)).0
+    span(geo.rows, &|r| geo.token_sink_range(r % q.max(1), 0, kv)).0
 }
 
 impl Decode {
@@ -585,7 +576,7 @@ fn online(
             state.reset();
             // Sinks first, then the window: the online softmax folds any order exactly.
             if geo.has_sinks() {
-                let sinks = |r| geo.sink_range(s.seq_q, r, 0, s.seq_kv);
+                let sinks = |r| geo.token_sink_range(r % s.seq_q.max(1), 0, s.seq_kv);
                 attend_sequential(q, rows, &sinks, keys, d, s.scale(), &mut state, scratch);
             }
             attend_sequential(q, rows, &range, keys, d, s.scale(), &mut state, scratch);
