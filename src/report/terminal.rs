@@ -79,6 +79,16 @@ pub const GROUPS: &[Group] = &[
                 render: |r| text(&r.kernel_path),
             },
             Line {
+                label: "precision",
+                columns: &["precision"],
+                render: |r| {
+                    text(&r.precision).map(|p| match p.as_str() {
+                        "highest" => "highest (P kept in f32 for PV)".to_string(),
+                        _ => p,
+                    })
+                },
+            },
+            Line {
                 label: "KV cache",
                 columns: &["kv_dtype"],
                 render: |r| text(&r.kv_dtype).map(|f| format!("{f}, one scale per KV head")),
