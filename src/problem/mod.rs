@@ -904,9 +904,16 @@ impl Case {
     }
 
     /// Why the case's `sinks` cannot be made (a `skipped` row, `run`'s exit 2): sinks are
-    /// the keys a sliding window keeps visible, at most the whole context.
+    /// the keys a sliding window keeps visible, at most the whole context, and only the CPU
+    /// kernels keep them (for every variant with sinks, `Variant::sinks`).
     pub fn sinks_problem(&self) -> Option<String> {
         let n = self.sinks?;
+        if self.device == Device::Cuda {
+            return Some(format!(
+                "variant {} has no CUDA kernel for attention sinks yet",
+                self.variant_name()
+            ));
+        }
         if self.window.is_none() {
             return Some(format!(
                 "sinks ({n}) are the first keys a sliding window keeps visible: set window (without one every key is visible already)"

@@ -198,7 +198,7 @@ impl Geometry {
 
     /// Whether the rows have sinks to attend besides their windows.
     pub fn has_sinks(&self) -> bool {
-        self.mask.sinks > 0 && self.mask.window.is_some()
+        self.mask.has_sinks()
     }
 }
 
@@ -345,12 +345,6 @@ impl Variant for Decode {
         if case.kv_dtype.is_some() && case.device == Device::Cuda {
             return Some(format!(
                 "variant {} has no CUDA kernel for an FP8 cache (kv_dtype) yet",
-                self.info.name
-            ));
-        }
-        if case.sinks.is_some() && case.device == Device::Cuda {
-            return Some(format!(
-                "variant {} has no CUDA kernel for attention sinks yet",
                 self.info.name
             ));
         }

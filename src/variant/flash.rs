@@ -50,11 +50,9 @@ impl Variant for Flash {
         &INFO
     }
 
-    /// One device; a sliding window and its sinks in both passes.
+    /// One device; a sliding window and its sinks in both passes (on the CPU:
+    /// `Case::sinks_problem`).
     fn unsupported(&self, case: &Case) -> Option<String> {
-        if case.sinks.is_some() && case.device == crate::problem::Device::Cuda {
-            return Some("variant flash has no CUDA kernel for attention sinks yet".into());
-        }
         single_device_windowed(&INFO, case, true)
     }
 

@@ -1055,6 +1055,22 @@ fn attention_sinks_in_decode_match_the_oracle() {
         ..c
     };
     assert_eq!(super::decode::kv_read_bytes(&c), 2 * 17 * 8 * 4);
+    // No CUDA kernel keeps sinks: a skipped row naming the variant, for every variant.
+    for v in [Flash, FlashDecoding] {
+        let gpu = Case {
+            variant: v,
+            device: Device::Cuda,
+            ..c.clone()
+        };
+        let why = gpu.sinks_problem().expect("sinks on the GPU");
+        assert!(
+            why.contains(&format!(
+                "variant {} has no CUDA kernel for attention sinks",
+                v.name()
+            )),
+            "{why}"
+        );
+    }
 }
 
 /// cascade-decode against the oracle on batches sharing a prefix of 0, 1, about half,

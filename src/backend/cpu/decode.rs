@@ -93,11 +93,16 @@ impl Mask {
     /// Indices of a run of `n` keys at `keys` positions that are sinks of the query at
     /// `qpos`: positions before both `sinks` and its window's start, so never in `visible`.
     pub fn sink_visible(&self, qpos: i64, keys: Positions, n: usize) -> Range<usize> {
-        if self.window.is_none() || self.sinks == 0 {
+        if !self.has_sinks() {
             return 0..0;
         }
         let (lo, _) = self.bounds(qpos);
         Self::indices((0, lo.min(self.sinks as i64)), keys, n)
+    }
+
+    /// Whether a query sees sinks besides its window: there are some, and a window.
+    pub fn has_sinks(&self) -> bool {
+        self.sinks > 0 && self.window.is_some()
     }
 
     /// Indices of the keys of a run at positions `[lo, hi)`.
