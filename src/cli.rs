@@ -8,6 +8,7 @@ use crate::commands::compare::CompareArgs;
 use crate::commands::list::ListArgs;
 use crate::commands::model::ModelCommand;
 use crate::commands::report::ReportArgs;
+use crate::commands::reproduce::ReproduceArgs;
 use crate::commands::run::RunArgs;
 use crate::commands::sweep::SweepArgs;
 
@@ -21,7 +22,8 @@ use crate::commands::sweep::SweepArgs;
                   max-abs error against an f64 oracle, swept over sequence length, chunk sizes, heads \
                   and precision. Results go to CSV (one row per case) with a meta.json beside it.\n\n\
                   Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted; \
-                  `compare`: 3 regression found, 4 only unclear verdicts with --fail-on-unclear."
+                  `compare`: 3 regression found, 4 only unclear verdicts with --fail-on-unclear; \
+                  `reproduce`: 3 a paper's claim failed."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -38,6 +40,11 @@ pub enum Command {
     /// Tables (tables.md), plots and derived checks from a results directory's runs.csv and
     /// meta.json alone.
     Report(ReportArgs),
+    /// Regenerate every reproduced paper table (or those of the PAPERs named) from its
+    /// config into results/papers/, then judge each claim of docs/papers.md: PASS, FAIL or
+    /// TREND, written to <paper>/claims.md. Exit code 0 every claim holds, 3 a claim failed
+    /// or lacks its rows.
+    Reproduce(ReproduceArgs),
     /// List variants, devices and dtypes, and what is available on this machine.
     List(ListArgs),
     /// Compare two runs case by case (CI regression gate): time, memory and error. Exit code
@@ -81,6 +88,7 @@ pub fn dispatch(cli: &Cli) -> crate::error::Result<i32> {
         Command::Model(m) => commands::model::command(m),
         Command::Compare(a) => return commands::compare::command(a),
         Command::Ab(a) => return commands::ab::command(a),
+        Command::Reproduce(a) => return commands::reproduce::command(a),
         Command::Worker(a) => {
             crate::run::serve::prepare(a.plugin.as_deref());
             let stdin = std::io::stdin().lock();

@@ -1,5 +1,5 @@
 //! The commands: each module owns its clap arguments and turns them into calls of the
-//! library (`sweep`, `run`, `report`, `list`, `compare`, `ab`, `model`). The only place
+//! library (`sweep`, `run`, `report`, `reproduce`, `list`, `compare`, `ab`, `model`). The only place
 //! besides `crate::cli` that knows clap.
 
 pub mod ab;
@@ -7,6 +7,7 @@ pub mod compare;
 pub mod list;
 pub mod model;
 pub mod report;
+pub mod reproduce;
 pub mod run;
 pub mod sweep;
 

@@ -331,7 +331,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let started = Instant::now();
     // With `run.interleave`, consecutive cases on the same inputs are timed together.
     let groups = if config.run.interleave {
-        interleave::groups(&todo, &settings)
+        interleave::groups(&todo)
     } else {
         (0..todo.len()).map(|i| i..i + 1).collect()
     };

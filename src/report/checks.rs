@@ -30,6 +30,9 @@ pub enum Verdict {
     Fail,
     /// The rows the check needs are not in the CSV.
     NotApplicable,
+    /// A figure set beside the paper's that is not a pass rule: the paper measured it on
+    /// other hardware (TPUs, A100s, H100 clusters), so only its direction compares.
+    Trend,
 }
 
 impl fmt::Display for Verdict {
@@ -38,6 +41,7 @@ impl fmt::Display for Verdict {
             Verdict::Pass => "PASS",
             Verdict::Fail => "FAIL",
             Verdict::NotApplicable => "n/a",
+            Verdict::Trend => "TREND",
         })
     }
 }
@@ -53,7 +57,7 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(name: impl Into<String>, paper: impl Into<String>) -> Check {
+    pub(crate) fn new(name: impl Into<String>, paper: impl Into<String>) -> Check {
         Check {
             name: name.into(),
             paper: paper.into(),
@@ -62,14 +66,21 @@ impl Check {
         }
     }
 
-    fn judged(mut self, ours: String, pass: bool) -> Check {
+    pub(crate) fn judged(mut self, ours: String, pass: bool) -> Check {
         self.ours = ours;
         self.verdict = if pass { Verdict::Pass } else { Verdict::Fail };
         self
     }
 
-    fn missing(mut self, why: String) -> Check {
+    pub(crate) fn missing(mut self, why: String) -> Check {
         self.ours = why;
+        self
+    }
+
+    /// Our figure beside the paper's, for its direction only (`Verdict::Trend`).
+    pub(crate) fn trend(mut self, ours: String) -> Check {
+        self.ours = ours;
+        self.verdict = Verdict::Trend;
         self
     }
 }

@@ -2,6 +2,7 @@
 //! rendered from a results directory (`crate::results`) alone, so runs made elsewhere can be
 //! shown the same way.
 pub mod checks;
+pub mod claims;
 pub mod derived;
 pub mod figures;
 pub mod generate;

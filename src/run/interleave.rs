@@ -31,17 +31,17 @@ use crate::problem::{Case, Device, Inputs, Mode};
 use crate::results::record::Status;
 use crate::run::{
     after_timing, backend_for, fail, finish_outcome, packing_bytes, pool, predicted_bytes,
-    run_case, skip_reason, stop_rule, Outcome, Settings, Step, INTERRUPTED,
+    run_case, skip_reason, stop_rule, would_extrapolate, Outcome, Settings, Step, INTERRUPTED,
 };
 use crate::variant::Engine;
 
-/// Whether a case can be timed in a group: a CPU forward or decode case that runs in
-/// full (no extrapolation), on its own process (not MPI), and is not skipped.
-pub fn interleavable(case: &Case, settings: &Settings) -> bool {
+/// Whether a case can be timed in a group: a CPU forward or decode case on its own
+/// process (not MPI) that is not skipped. (Under `run.extrapolate_above_s`, `run_group`
+/// also asks whether each member runs in full.)
+pub fn interleavable(case: &Case) -> bool {
     case.device == Device::Cpu
         && matches!(case.mode, Mode::Fwd | Mode::Decode)
         && case.variant.engine() != Engine::Mpi
-        && settings.extrapolate.is_none()
         && skip_reason(case).is_none()
 }
 
@@ -67,13 +67,13 @@ fn same_mla(a: &Case, b: &Case) -> bool {
 /// The groups of `cases`, in order: each maximal run of consecutive interleavable cases on
 /// the same inputs and thread count is one group; every other case is a group of its own.
 /// (`run.innermost` makes the cases to compare consecutive.)
-pub fn groups(cases: &[&Case], settings: &Settings) -> Vec<Range<usize>> {
+pub fn groups(cases: &[&Case]) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let joins = interleavable(case, settings)
+        let joins = interleavable(case)
             && out.last().is_some_and(|g| {
                 let first = cases[g.start];
-                interleavable(first, settings)
+                interleavable(first)
                     && same_inputs_and_threads(first, case)
                     && cases[g.clone()].iter().all(|c| same_mla(c, case))
             });
@@ -157,8 +157,15 @@ pub fn run_group(cases: &[&Case], settings: &Settings) -> Result<Vec<Outcome>> {
     let fits = settings
         .memory_budget
         .is_none_or(|budget| group_bytes(cases) <= budget);
-    let one_group = groups(cases, settings).len() == 1;
-    if cases.len() < 2 || !fits || !one_group {
+    let one_group = groups(cases).len() == 1;
+    // A member timed on its first query chunks and scaled cannot alternate with whole
+    // calls: then every member runs alone, and extrapolates there as it would.
+    let part_timed = || {
+        settings
+            .extrapolate
+            .is_some_and(|x| cases.iter().any(|c| would_extrapolate(c, settings, x)))
+    };
+    if cases.len() < 2 || !fits || !one_group || part_timed() {
         return cases.iter().map(|c| run_case(c, settings, None)).collect();
     }
     alloc::set_limit(settings.memory_budget);
@@ -345,7 +352,6 @@ mod tests {
 
     #[test]
     fn groups_are_runs_of_consecutive_cases_on_the_same_inputs_and_threads() {
-        let s = settings(3);
         let a = case(VariantId::Naive, 64, 1);
         let b = Case {
             causal: true,
@@ -389,19 +395,39 @@ mod tests {
         // another. `train` is not interleavable, so `after` starts a new group although it
         // runs on `bf16`'s inputs; `again` has a's inputs and threads but is not next to it.
         assert_eq!(
-            groups(&cases, &s),
+            groups(&cases),
             vec![0..3, 3..5, 5..6, 6..7, 7..8, 8..9, 9..10, 10..11]
         );
-        let extrapolating = Settings {
-            extrapolate: Some(crate::run::extrapolate::Extrapolation {
-                above_s: 1.0,
-                q_chunks: 1,
-            }),
-            ..settings(3)
+    }
+
+    #[test]
+    fn a_group_whose_member_would_be_timed_on_a_part_runs_each_case_alone() {
+        let _g = crate::measure::alloc::test_lock();
+        let chunked = Case {
+            q_chunk: Some(16),
+            ..case(VariantId::RabeStaats, 64, 1)
         };
-        assert!(groups(&cases[..3], &extrapolating)
-            .iter()
-            .all(|g| g.len() == 1));
+        let cases = [chunked, case(VariantId::Flash, 64, 1)];
+        let refs: Vec<&Case> = cases.iter().collect();
+        let extrapolated = |above_s: f64| -> Vec<bool> {
+            let s = Settings {
+                extrapolate: Some(crate::run::extrapolate::Extrapolation {
+                    above_s,
+                    q_chunks: 1,
+                }),
+                ..settings(3)
+            };
+            run_group(&refs, &s)
+                .unwrap()
+                .iter()
+                .map(|o| o.record.extrapolated)
+                .collect()
+        };
+        // Any call is above a cap of 0 s: the chunked case is timed on its first chunk,
+        // alone; flash cannot be split and runs in full.
+        assert_eq!(extrapolated(0.0), [true, false]);
+        // Under a cap no call reaches, the group alternates whole calls.
+        assert_eq!(extrapolated(1e9), [false, false]);
     }
 
     #[test]

@@ -497,6 +497,28 @@ fn measure_extrapolated(
     extrapolate::scale_outcome(outcome, case, &settings.run_name, predicted)
 }
 
+/// Whether `measure_extrapolated` would time `case` on a part: it can be split, its part
+/// needs the same workspace, and one call of the part estimates the full call above the
+/// cap. Costs one call of the part, on inputs made for the part. An interleaved group
+/// asks it of each member: a case timed on a part cannot alternate with whole ones.
+pub(crate) fn would_extrapolate(case: &Case, settings: &Settings, x: Extrapolation) -> bool {
+    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
+        return false;
+    };
+    let backend = backend_for(case);
+    let part = extrapolate::part_case(case, rows);
+    if backend.predicted_bytes(&part) != backend.predicted_bytes(case) {
+        return false;
+    }
+    let Ok(inputs) = Inputs::try_for_case(&part) else {
+        return false;
+    };
+    pool(case.threads).is_ok_and(|pool| {
+        pool.install(|| time_one_call(backend, &part, settings, &inputs))
+            .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s)
+    })
+}
+
 /// One call of the case's step, built afresh and timed once by the host clock: the
 /// estimate of `measure_extrapolated` (only on backends whose calls return when the work
 /// is done, `Backend::cpu_extras`).

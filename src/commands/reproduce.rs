@@ -1,0 +1,364 @@
+//! `attnbench reproduce [PAPER ...] [--quick]`: regenerates every reproduced paper table
+//! from its config (`TABLES`, the one registry of them), its cases timed interleaved,
+//! into `results/papers/<paper>/<table>/`, then prints every claim of docs/papers.md with
+//! the paper's figure, ours and a verdict, and writes them to `<paper>/claims.md`.
+//! `--quick` judges the same claims with one timed call per case and the smaller sizes
+//! they need (CI runs it). Exit 3 when a claim fails or lacks its rows. Cost: the sweeps.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+
+use super::sweep::{sweep, SweepArgs};
+use crate::error::{Error, Result};
+use crate::report::checks::{Check, Verdict};
+use crate::report::claims::{claims, markdown};
+use crate::report::generate::generate;
+use crate::report::plot::Format;
+use crate::results::load::Results;
+use crate::results::CSV_NAME;
+
+/// A paper whose tables attnbench reproduces (docs/papers.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Paper {
+    /// Rabe & Staats, Tables 2 and 3.
+    RabeStaats,
+    /// Liu & Abbeel (Blockwise Parallel Transformer), Tables 2, 3 and 4.
+    Bpt,
+    /// Shyam et al. (Tree Attention), Sec. 6, and the striped-vs-ring claim.
+    TreeAttention,
+}
+
+impl Paper {
+    pub fn name(self) -> &'static str {
+        match self {
+            Paper::RabeStaats => "rabe-staats",
+            Paper::Bpt => "bpt",
+            Paper::TreeAttention => "tree-attention",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Paper::RabeStaats => "Rabe & Staats, \"Self-attention does not need O(n²) memory\"",
+            Paper::Bpt => {
+                "Liu & Abbeel, \"Blockwise Parallel Transformer for Large Context Models\""
+            }
+            Paper::TreeAttention => {
+                "Shyam et al., \"Tree Attention\" (and the blog's striped-vs-ring claim)"
+            }
+        }
+    }
+}
+
+/// One reproduced table: its config, where it goes, and what `--quick` overrides.
+pub struct Table {
+    pub paper: Paper,
+    /// The directory under `<out>/<paper>/`.
+    pub name: &'static str,
+    pub title: &'static str,
+    pub config: &'static str,
+    /// `--set` overrides of the full run besides `run.interleave = true`.
+    pub full: &'static [&'static str],
+    /// `--set` overrides with `--quick`: the same claims, fewer calls, smaller sizes.
+    pub quick: &'static [&'static str],
+}
+
+/// One timed call per case, no calibration (no claim reads it) and 16 rows against the
+/// f64 oracle (the error claims compare every value with `naive`'s).
+const QUICK_RUN: [&str; 5] = [
+    "run.warmup=0",
+    "run.min_reps=1",
+    "run.max_reps=1",
+    "run.calibrate=false",
+    "run.error_rows=16",
+];
+
+/// Every table `reproduce` regenerates, in the order of docs/papers.md.
+pub const TABLES: [Table; 6] = [
+    Table {
+        paper: Paper::RabeStaats,
+        name: "table2",
+        title: "Table 2, inference",
+        config: "configs/rabe_staats_table2.toml",
+        // naive and rabe-staats of one n in turn, so their relative speed is interleaved.
+        full: &["run.innermost=variant"],
+        // Every n of the paper: n >= 2^16 timed on one query chunk and scaled (their
+        // memory is counted in full), the 2^14 claims timed whole.
+        quick: &[
+            "run.innermost=variant",
+            "run.extrapolate_above_s=8",
+            "run.extrapolate_q_chunks=1",
+        ],
+    },
+    Table {
+        paper: Paper::RabeStaats,
+        name: "table3",
+        title: "Table 3, differentiation",
+        config: "configs/rabe_staats_table3.toml",
+        full: &["run.innermost=variant"],
+        quick: &[
+            "run.innermost=variant",
+            "seq_len=256,1024,4096,16384,65536",
+            "run.extrapolate_above_s=8",
+            "run.extrapolate_q_chunks=1",
+        ],
+    },
+    Table {
+        paper: Paper::Bpt,
+        name: "max_context",
+        title: "Table 2, largest context under a budget",
+        config: "configs/bpt_max_context.toml",
+        full: &[],
+        // Memory-efficient's limit (8K) and BPT past twice it.
+        quick: &["seq_len=1024,2048,4096,8192,16384", "q_chunk=256"],
+    },
+    Table {
+        paper: Paper::Bpt,
+        name: "memory",
+        title: "Table 3, activation memory against context",
+        config: "configs/bpt_memory.toml",
+        full: &[],
+        quick: &["seq_len=1024,2048,4096,8192"],
+    },
+    Table {
+        paper: Paper::Bpt,
+        name: "throughput",
+        title: "Table 4, throughput",
+        config: "configs/bpt_throughput.toml",
+        full: &[],
+        quick: &["seq_len=1024,2048,4096", "q_chunk=512"],
+    },
+    Table {
+        paper: Paper::TreeAttention,
+        name: "tree_vs_ring",
+        title: "Sec. 6, tree against ring decoding",
+        config: "configs/tree_vs_ring.toml",
+        full: &[],
+        quick: &["seq_kv=16000"],
+    },
+];
+
+#[derive(Debug, Args)]
+pub struct ReproduceArgs {
+    /// The papers to reproduce [default: all of them].
+    #[arg(value_enum, value_name = "PAPER")]
+    pub papers: Vec<Paper>,
+    /// Judge the same claims in a few minutes: one timed call per case, no calibration, and
+    /// only the sizes the claims need (the CI runs this).
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory, one subdirectory per paper and table [default: results/papers,
+    /// with --quick results/papers-quick].
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Replace the results already there (each table as `sweep --force`).
+    #[arg(long, conflicts_with_all = ["resume", "report_only"])]
+    pub force: bool,
+    /// Continue an interrupted reproduction: finished tables keep their rows, the
+    /// interrupted one resumes, the rest run.
+    #[arg(long, conflicts_with = "report_only")]
+    pub resume: bool,
+    /// Measure nothing: rebuild each table's report and the claims from the rows already
+    /// there.
+    #[arg(long)]
+    pub report_only: bool,
+    /// Print the tables, their configs and the sweep each would run, run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The claims of one table after its run.
+struct Judged<'a> {
+    table: &'a Table,
+    dir: PathBuf,
+    checks: Vec<Check>,
+}
+
+/// The `reproduce` command: 0 when every claim holds (PASS or TREND), 3 otherwise.
+pub fn command(a: &ReproduceArgs) -> Result<i32> {
+    let out = a.out.clone().unwrap_or_else(|| {
+        PathBuf::from(if a.quick {
+            "results/papers-quick"
+        } else {
+            "results/papers"
+        })
+    });
+    let tables: Vec<&Table> = TABLES
+        .iter()
+        .filter(|t| a.papers.is_empty() || a.papers.contains(&t.paper))
+        .collect();
+    for t in &tables {
+        if !Path::new(t.config).is_file() {
+            return Err(Error::Usage(format!(
+                "{}: not found; run `reproduce` from the attnbench checkout (its configs/ hold the papers' tables)",
+                t.config
+            )));
+        }
+    }
+    if a.dry_run {
+        for t in &tables {
+            println!(
+                "{} {}: {} sweep --config {} --out {} {}",
+                t.paper.name(),
+                t.name,
+                super::this_program(),
+                t.config,
+                table_dir(&out, t).display(),
+                sets(t, a.quick)
+                    .iter()
+                    .map(|s| format!("--set {s}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        return Ok(0);
+    }
+    let mut judged = Vec::new();
+    for (i, t) in tables.iter().enumerate() {
+        let dir = table_dir(&out, t);
+        eprintln!(
+            "[{}/{}] {} {} ({}) -> {}",
+            i + 1,
+            tables.len(),
+            t.paper.name(),
+            t.name,
+            t.title,
+            dir.display()
+        );
+        if a.report_only {
+            generate(&dir, None, &[Format::Png, Format::Svg], None)?;
+        } else {
+            let resume = a.resume && dir.join(CSV_NAME).is_file();
+            sweep(&SweepArgs {
+                config: PathBuf::from(t.config),
+                out: Some(dir.clone()),
+                sets: sets(t, a.quick),
+                kernel_path: None,
+                dry_run: false,
+                json: false,
+                resume,
+                force: a.force,
+                no_report: false,
+                mpi_timeout: crate::dist::DEFAULT_TIMEOUT_S,
+                mpi_test_fault: None,
+            })?;
+        }
+        judged.push(Judged {
+            table: t,
+            checks: claims(&dir)?,
+            dir,
+        });
+    }
+    let mut papers: Vec<Paper> = tables.iter().map(|t| t.paper).collect();
+    papers.dedup();
+    for p in papers {
+        let of: Vec<&Judged> = judged.iter().filter(|j| j.table.paper == p).collect();
+        let path = out.join(p.name()).join(CLAIMS_MD);
+        crate::results::durable::write_atomic(&path, claims_md(p, &of, &out)?.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    print!("{}", summary(&judged));
+    let broken = judged
+        .iter()
+        .flat_map(|j| &j.checks)
+        .filter(|c| matches!(c.verdict, Verdict::Fail | Verdict::NotApplicable))
+        .count();
+    if broken > 0 {
+        eprintln!("{broken} claim(s) failed or lacked the rows they need (FAIL, n/a above)");
+        return Ok(3);
+    }
+    Ok(0)
+}
+
+/// Each paper's claims file.
+pub const CLAIMS_MD: &str = "claims.md";
+
+fn table_dir(out: &Path, t: &Table) -> PathBuf {
+    out.join(t.paper.name()).join(t.name)
+}
+
+/// The `--set` overrides of a table's run.
+fn sets(t: &Table, quick: bool) -> Vec<String> {
+    let mut v = vec!["run.interleave=true".to_string()];
+    if quick {
+        v.extend(QUICK_RUN.iter().chain(t.quick).map(|s| s.to_string()));
+    } else {
+        v.extend(t.full.iter().map(|s| s.to_string()));
+    }
+    v
+}
+
+/// The terminal summary: one line per claim, table by table.
+fn summary(judged: &[Judged]) -> String {
+    let mut s = String::from("\nclaims:\n");
+    for j in judged {
+        s += &format!(
+            "{} {} ({}):\n",
+            j.table.paper.name(),
+            j.table.name,
+            j.table.title
+        );
+        for c in &j.checks {
+            s += &format!(
+                "  {:<5}  {}: {} (paper: {})\n",
+                c.verdict.to_string(),
+                c.name,
+                c.ours,
+                c.paper
+            );
+        }
+    }
+    let count = |v: Verdict| {
+        judged
+            .iter()
+            .flat_map(|j| &j.checks)
+            .filter(|c| c.verdict == v)
+            .count()
+    };
+    s += &format!(
+        "{} PASS, {} FAIL, {} TREND, {} n/a\n",
+        count(Verdict::Pass),
+        count(Verdict::Fail),
+        count(Verdict::Trend),
+        count(Verdict::NotApplicable)
+    );
+    s
+}
+
+/// `<paper>/claims.md`: per table, where its rows are, the build and machine that made
+/// them, and its claims.
+fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
+    let mut s = format!(
+        "# {}: claims\n\nWritten by `attnbench reproduce` (module `src/commands/reproduce.rs`) \
+         from each table's `runs.csv`. PASS and FAIL are judged exactly by the rule in the \
+         paper column; TREND sets our figure beside one the paper measured on other \
+         hardware, for its direction only; n/a means the run lacks the rows the claim \
+         needs. How each claim is reproduced: docs/papers.md.\n",
+        paper.title()
+    );
+    for j in of {
+        let results = Results::read(&j.dir)?;
+        let meta = results.meta.as_ref();
+        let rel = j.dir.strip_prefix(out.join(paper.name())).unwrap_or(&j.dir);
+        s += &format!(
+            "\n## {} (`{}/`)\n\nConfig `{}`; built at {}{}, on {}.\n\n",
+            j.table.title,
+            rel.display(),
+            j.table.config,
+            meta.and_then(|m| m.git_revision.as_deref()).map_or(
+                "an unknown revision".to_string(),
+                |r| format!("`{}`", &r[..r.len().min(12)])
+            ),
+            if meta.and_then(|m| m.git_dirty) == Some(true) {
+                " (with uncommitted changes)"
+            } else {
+                ""
+            },
+            meta.and_then(|m| m.cpu_model.as_deref())
+                .unwrap_or("an unknown CPU"),
+        );
+        s += &markdown(&j.checks);
+    }
+    Ok(s)
+}
