@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 
 use super::sweep::{sweep, SweepArgs};
+use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
 use crate::report::checks::{Check, Verdict};
 use crate::report::claims::{claims, markdown};
@@ -163,6 +164,10 @@ pub struct ReproduceArgs {
     /// there.
     #[arg(long)]
     pub report_only: bool,
+    /// Run every CPU case on this kernel path (one this CPU runs, `attnbench list`), as
+    /// `sweep --kernel-path` [default: this CPU's measured choice].
+    #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
+    pub kernel_path: Option<Isa>,
     /// Print the tables, their configs and the sweep each would run, run nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -208,6 +213,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
                 sets(t, a.quick)
                     .iter()
                     .map(|s| format!("--set {s}"))
+                    .chain(a.kernel_path.map(|p| format!("--kernel-path {p}")))
                     .collect::<Vec<_>>()
                     .join(" ")
             );
@@ -234,7 +240,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
                 config: PathBuf::from(t.config),
                 out: Some(dir.clone()),
                 sets: sets(t, a.quick),
-                kernel_path: None,
+                kernel_path: a.kernel_path,
                 dry_run: false,
                 json: false,
                 resume,

@@ -273,14 +273,25 @@ fn rs_table(
         "Compute time on TPUv2 (paper, memory-efficient)",
         "time",
     );
+    // The machine the rows ran on: a GPU run's times are not this CPU's.
+    let on = if t
+        .memory_efficient
+        .values()
+        .chain(t.standard.values())
+        .any(|r| r.device == "cuda")
+    {
+        "this GPU"
+    } else {
+        "this CPU"
+    };
     ours_row(
         md,
-        &format!("Compute time on this CPU (ours: `{MEMORY_EFFICIENT}`)"),
+        &format!("Compute time on {on} (ours: `{MEMORY_EFFICIENT}`)"),
         &|n| ours(t.memory_efficient.get(&n), time_cell),
     );
     ours_row(
         md,
-        &format!("Compute time on this CPU (ours: `{STANDARD}`)"),
+        &format!("Compute time on {on} (ours: `{STANDARD}`)"),
         &|n| ours(t.standard.get(&n), time_cell),
     );
     paper_row(

@@ -1,0 +1,184 @@
+//! `attnbench reproduce`: the tables it runs, the claims it judges from rows alone
+//! (`--report-only` on the committed results/papers/), and exit 3 when a claim breaks.
+//! CI runs the measured path itself (`reproduce --quick` in .ci/run).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::{attnbench, copy_run, repo};
+
+/// The paper directories and table directories of results/papers/.
+const TABLES: [(&str, &str); 6] = [
+    ("rabe-staats", "table2"),
+    ("rabe-staats", "table3"),
+    ("bpt", "max_context"),
+    ("bpt", "memory"),
+    ("bpt", "throughput"),
+    ("tree-attention", "tree_vs_ring"),
+];
+
+/// Copies the committed results/papers/ runs (rows, meta and the Tree-vs-Ring
+/// measurements, which its report reads) into `to`.
+fn copy_papers(to: &Path) {
+    for (paper, table) in TABLES {
+        let from = repo().join("results/papers").join(paper).join(table);
+        let dir = to.join(paper).join(table);
+        copy_run(&from, &dir);
+        for f in fs::read_dir(&from).unwrap().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("tree_vs_ring_") && name.ends_with(".csv") {
+                fs::copy(f.path(), dir.join(&name)).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn dry_run_names_every_table_with_a_sweep_a_user_can_run() {
+    let out = attnbench()
+        .args(["reproduce", "--dry-run", "--quick"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for (paper, table) in TABLES {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{paper} {table}:")))
+            .unwrap_or_else(|| panic!("no {paper} {table} in {text}"));
+        assert!(
+            line.contains(&format!("--out results/papers-quick/{paper}/{table} ")),
+            "{line}"
+        );
+        assert!(line.contains("--set run.interleave=true"), "{line}");
+        assert!(line.contains("--set run.max_reps=1"), "{line}");
+        let config = line
+            .split("--config ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert!(repo().join(config).is_file(), "{config}");
+    }
+    assert_eq!(text.lines().count(), TABLES.len(), "{text}");
+    // One paper: only its tables.
+    let out = attnbench()
+        .args(["reproduce", "bpt", "--dry-run"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(!text.contains("--set run.max_reps=1"), "{text}");
+}
+
+#[test]
+fn bad_input_is_exit_2_naming_it() {
+    attnbench()
+        .args(["reproduce", "flash-attention-9"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("flash-attention-9"));
+    // Away from the checkout the configs are not there.
+    let away = tempfile::tempdir().unwrap();
+    attnbench()
+        .current_dir(away.path())
+        .args(["reproduce", "--report-only"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("configs/rabe_staats_table2.toml"));
+    // No results to judge.
+    let empty = tempfile::tempdir().unwrap();
+    attnbench()
+        .args(["reproduce", "tree-attention", "--report-only", "--out"])
+        .arg(empty.path())
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("tree_vs_ring"));
+}
+
+/// The committed claims files are what the committed rows give, and every claim holds.
+#[test]
+fn the_committed_claims_follow_from_the_committed_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_papers(tmp.path());
+    let out = attnbench()
+        .args(["reproduce", "--report-only", "--out"])
+        .arg(tmp.path())
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(text.contains(" 0 FAIL, "), "{text}");
+    assert!(text.contains(" 0 n/a"), "{text}");
+    for paper in ["rabe-staats", "bpt", "tree-attention"] {
+        let ours = fs::read_to_string(tmp.path().join(paper).join("claims.md")).unwrap();
+        let committed =
+            fs::read_to_string(repo().join("results/papers").join(paper).join("claims.md"))
+                .unwrap();
+        assert_eq!(ours, committed, "{paper}/claims.md differs from its rows");
+    }
+}
+
+/// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows
+/// that lack a claim's case are n/a and exit 3 too.
+#[test]
+fn a_broken_claim_is_exit_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_papers(tmp.path());
+    let dir = tmp.path().join("rabe-staats/table2");
+    let mut reader = csv::Reader::from_path(dir.join("runs.csv")).unwrap();
+    let head = reader.headers().unwrap().clone();
+    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
+    let (variant, seq, dist, diff) = (
+        col("variant"),
+        col("seq_q"),
+        col("input_dist"),
+        col("max_abs_diff"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    let write = |keep: &dyn Fn(&csv::StringRecord) -> bool,
+                 edit: &dyn Fn(&csv::StringRecord) -> csv::StringRecord| {
+        let mut w = csv::Writer::from_path(dir.join("runs.csv")).unwrap();
+        w.write_record(&head).unwrap();
+        for r in rows.iter().filter(|r| keep(r)) {
+            w.write_record(&edit(r)).unwrap();
+        }
+        w.flush().unwrap();
+    };
+    let at_check = |r: &csv::StringRecord| {
+        &r[variant] == "rabe-staats" && &r[seq] == "16384" && &r[dist] == "uniform"
+    };
+    // 1e-6 is above the uniform bound (6.5e-7).
+    write(&|_| true, &|r| {
+        if at_check(r) {
+            r.iter()
+                .enumerate()
+                .map(|(i, v)| if i == diff { "1e-6" } else { v })
+                .collect()
+        } else {
+            r.clone()
+        }
+    });
+    let run = || {
+        attnbench()
+            .args(["reproduce", "rabe-staats", "--report-only", "--out"])
+            .arg(tmp.path())
+            .assert()
+            .code(3)
+    };
+    let text = String::from_utf8_lossy(&run().get_output().stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.contains("uniform inputs"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.trim_start().starts_with("FAIL"), "{line}");
+    // Without the row: n/a, still exit 3.
+    write(&|r| !at_check(r), &|r| r.clone());
+    let text = String::from_utf8_lossy(&run().get_output().stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.contains("uniform inputs"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.trim_start().starts_with("n/a"), "{line}");
+}
