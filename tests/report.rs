@@ -546,7 +546,7 @@ fn report_regenerates_decode_md_and_bpt_md_beside_runs_csv() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (dir, name) in [
         ("results/tree_vs_ring_mpi/p2", "decode.md"),
-        ("results/bpt_memory", "bpt.md"),
+        ("results/papers/bpt/memory", "bpt.md"),
     ] {
         let src = root.join(dir);
         let copy = tempfile::tempdir().unwrap();
@@ -579,7 +579,7 @@ fn the_summary_compares_each_variant_with_the_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("t2");
     fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/rabe_staats_table2");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/papers/rabe-staats/table2");
     for f in ["runs.csv", "meta.json"] {
         fs::copy(src.join(f), dir.join(f)).unwrap();
     }

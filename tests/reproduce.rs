@@ -182,3 +182,69 @@ fn a_broken_claim_is_exit_3() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.trim_start().starts_with("n/a"), "{line}");
 }
+
+/// The cells of a Markdown table row (`| a | b \| c |` -> ["a", "b \| c"]).
+fn cells(line: &str) -> Vec<String> {
+    let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+    let mut out = vec![String::new()];
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                out.last_mut().unwrap().push_str("\\|");
+                chars.next();
+            }
+            '|' => out.push(String::new()),
+            c => out.last_mut().unwrap().push(c),
+        }
+    }
+    out.into_iter().map(|c| c.trim().to_string()).collect()
+}
+
+/// docs/papers.md lists every claim of the committed claims files with its verdict, and
+/// no other: (paper, table, claim, verdict).
+#[test]
+fn the_papers_page_lists_every_committed_claim_with_its_verdict() {
+    let mut committed = Vec::new();
+    for paper in ["rabe-staats", "bpt", "tree-attention"] {
+        let md = fs::read_to_string(repo().join("results/papers").join(paper).join("claims.md"))
+            .unwrap();
+        let mut table = String::new();
+        for line in md.lines() {
+            if let Some(h) = line.strip_prefix("## ") {
+                table = h.split("(`").nth(1).unwrap().trim_end_matches("/`)").to_string();
+            } else if line.starts_with("| ") && !line.starts_with("| claim |") {
+                let c = cells(line);
+                committed.push((
+                    paper.to_string(),
+                    table.clone(),
+                    c[0].clone(),
+                    c[3].trim_matches('*').to_string(),
+                ));
+            }
+        }
+    }
+    let page = fs::read_to_string(repo().join("docs/papers.md")).unwrap();
+    let section = page
+        .split("## Every claim, judged")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let listed: Vec<(String, String, String, String)> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| paper |"))
+        .map(|l| {
+            let c = cells(l);
+            (
+                c[0].clone(),
+                c[1].clone(),
+                c[2].clone(),
+                c[3].trim_matches('*').to_string(),
+            )
+        })
+        .collect();
+    assert!(!committed.is_empty());
+    assert_eq!(listed, committed, "docs/papers.md's claims table");
+}

@@ -248,6 +248,14 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
                 no_report: false,
                 mpi_timeout: crate::dist::DEFAULT_TIMEOUT_S,
                 mpi_test_fault: None,
+            })
+            .map_err(|e| match e {
+                // The sweep names its own resume; this one continues every table.
+                Error::Interrupted(msg) => Error::Interrupted(format!(
+                    "{msg}; or continue the reproduction with `{}`",
+                    resume_command(a, &out)
+                )),
+                e => e,
             })?;
         }
         judged.push(Judged {
@@ -275,6 +283,23 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
         return Ok(3);
     }
     Ok(0)
+}
+
+/// The command line that continues `a` where it stopped.
+fn resume_command(a: &ReproduceArgs, out: &Path) -> String {
+    let mut v = vec![super::this_program(), "reproduce".to_string()];
+    v.extend(a.papers.iter().map(|p| p.name().to_string()));
+    if a.quick {
+        v.push("--quick".into());
+    }
+    if let Some(p) = a.kernel_path {
+        v.push(format!("--kernel-path {p}"));
+    }
+    v.push(format!(
+        "--out {} --resume",
+        super::shell_quote(&out.to_string_lossy())
+    ));
+    v.join(" ")
 }
 
 /// Each paper's claims file.
@@ -367,4 +392,55 @@ fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
         s += &markdown(&j.checks);
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(papers: Vec<Paper>, quick: bool) -> ReproduceArgs {
+        ReproduceArgs {
+            papers,
+            quick,
+            out: None,
+            force: false,
+            resume: false,
+            report_only: false,
+            kernel_path: None,
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn every_table_interleaves_and_quick_adds_one_call_per_case() {
+        for t in &TABLES {
+            let full = sets(t, false);
+            let quick = sets(t, true);
+            assert_eq!(full[0], "run.interleave=true");
+            assert_eq!(quick[0], "run.interleave=true");
+            assert!(!full.iter().any(|s| s == "run.max_reps=1"), "{}", t.name);
+            for s in QUICK_RUN.iter().chain(t.quick) {
+                assert!(quick.contains(&s.to_string()), "{}: {s}", t.name);
+            }
+        }
+        // Each paper has a table, and the table directories are distinct.
+        for p in [Paper::RabeStaats, Paper::Bpt, Paper::TreeAttention] {
+            assert!(TABLES.iter().any(|t| t.paper == p), "{p:?}");
+        }
+        let out = Path::new("o");
+        let dirs: std::collections::BTreeSet<PathBuf> =
+            TABLES.iter().map(|t| table_dir(out, t)).collect();
+        assert_eq!(dirs.len(), TABLES.len());
+    }
+
+    #[test]
+    fn an_interrupted_reproduction_names_the_command_that_continues_it() {
+        let c = resume_command(&args(vec![Paper::Bpt], true), Path::new("my out"));
+        assert!(
+            c.ends_with(" reproduce bpt --quick --out 'my out' --resume"),
+            "{c}"
+        );
+        let c = resume_command(&args(vec![], false), Path::new("results/papers"));
+        assert!(c.ends_with(" reproduce --out results/papers --resume"), "{c}");
+    }
 }
