@@ -212,7 +212,12 @@ fn the_papers_page_lists_every_committed_claim_with_its_verdict() {
         let mut table = String::new();
         for line in md.lines() {
             if let Some(h) = line.strip_prefix("## ") {
-                table = h.split("(`").nth(1).unwrap().trim_end_matches("/`)").to_string();
+                table = h
+                    .split("(`")
+                    .nth(1)
+                    .unwrap()
+                    .trim_end_matches("/`)")
+                    .to_string();
             } else if line.starts_with("| ") && !line.starts_with("| claim |") {
                 let c = cells(line);
                 committed.push((

@@ -441,6 +441,9 @@ mod tests {
             "{c}"
         );
         let c = resume_command(&args(vec![], false), Path::new("results/papers"));
-        assert!(c.ends_with(" reproduce --out results/papers --resume"), "{c}");
+        assert!(
+            c.ends_with(" reproduce --out results/papers --resume"),
+            "{c}"
+        );
     }
 }
