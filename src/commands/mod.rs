@@ -9,6 +9,7 @@ pub mod model;
 pub mod report;
 pub mod reproduce;
 pub mod run;
+pub mod softmax;
 pub mod sweep;
 
 /// How to run this program again from the current directory, for the commands a message

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod pool;
 pub mod probe;
 pub mod rss;
+pub mod softmax_timing;
 pub mod stats;
 pub mod timer;
 

@@ -12,6 +12,7 @@ pub mod meta;
 pub mod record;
 pub mod runs;
 pub mod samples;
+pub mod softmax;
 pub mod tree_vs_ring;
 
 /// One row per case.

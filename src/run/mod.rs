@@ -13,6 +13,7 @@ pub mod external;
 pub mod extrapolate;
 pub mod interleave;
 pub mod serve;
+pub mod softmax;
 pub mod tree_vs_ring;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -26,6 +26,7 @@ pub mod products;
 pub mod sched;
 pub mod simd;
 pub mod softmax;
+pub mod softmax_passes;
 pub mod tiles;
 pub mod vecops;
 pub mod workspace;

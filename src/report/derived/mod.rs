@@ -8,6 +8,7 @@
 pub mod bpt_md;
 pub mod decode_md;
 pub mod prefill_md;
+pub mod softmax_md;
 pub mod svg;
 pub mod tree_vs_ring;
 
