@@ -9,15 +9,19 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
+use super::softmax::reproduce_softmax;
 use super::sweep::{sweep, SweepArgs};
 use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
 use crate::report::checks::{Check, Verdict};
 use crate::report::claims::{claims, markdown};
+use crate::report::derived::softmax_md;
 use crate::report::generate::generate;
 use crate::report::plot::Format;
-use crate::results::load::Results;
-use crate::results::CSV_NAME;
+use crate::results::durable::write_atomic;
+use crate::results::meta::Meta;
+use crate::results::softmax;
+use crate::results::{CSV_NAME, META_NAME};
 
 /// A paper whose tables attnbench reproduces (docs/papers.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
@@ -28,6 +32,8 @@ pub enum Paper {
     Bpt,
     /// Shyam et al. (Tree Attention), Sec. 6, and the striped-vs-ring claim.
     TreeAttention,
+    /// The blog "Transformers Inference Optimization Toolset": its softmax claims.
+    Blog,
 }
 
 impl Paper {
@@ -36,6 +42,7 @@ impl Paper {
             Paper::RabeStaats => "rabe-staats",
             Paper::Bpt => "bpt",
             Paper::TreeAttention => "tree-attention",
+            Paper::Blog => "blog",
         }
     }
 
@@ -48,21 +55,33 @@ impl Paper {
             Paper::TreeAttention => {
                 "Shyam et al., \"Tree Attention\" (and the blog's striped-vs-ring claim)"
             }
+            Paper::Blog => "\"Transformers Inference Optimization Toolset\" (blog): online softmax",
         }
     }
 }
 
-/// One reproduced table: its config, where it goes, and what `--quick` overrides.
+/// One reproduced table: where it goes and what measures it.
 pub struct Table {
     pub paper: Paper,
     /// The directory under `<out>/<paper>/`.
     pub name: &'static str,
     pub title: &'static str,
-    pub config: &'static str,
-    /// `--set` overrides of the full run besides `run.interleave = true`.
-    pub full: &'static [&'static str],
-    /// `--set` overrides with `--quick`: the same claims, fewer calls, smaller sizes.
-    pub quick: &'static [&'static str],
+    pub source: Source,
+}
+
+/// What measures a table.
+pub enum Source {
+    /// A sweep of a config.
+    Sweep {
+        config: &'static str,
+        /// `--set` overrides of the full run besides `run.interleave = true`.
+        full: &'static [&'static str],
+        /// `--set` overrides with `--quick`: the same claims, fewer calls, smaller sizes.
+        quick: &'static [&'static str],
+    },
+    /// The blog's softmax passes, counted and timed (`commands::softmax`): 1M and 64M
+    /// elements, 1M and 4M with `--quick`.
+    SoftmaxPasses,
 }
 
 /// One timed call per case, no calibration (no claim reads it) and 16 rows against the
@@ -76,67 +95,85 @@ const QUICK_RUN: [&str; 5] = [
 ];
 
 /// Every table `reproduce` regenerates, in the order of docs/papers.md.
-pub const TABLES: [Table; 6] = [
+pub const TABLES: [Table; 7] = [
     Table {
         paper: Paper::RabeStaats,
         name: "table2",
         title: "Table 2, inference",
-        config: "configs/rabe_staats_table2.toml",
-        // naive and rabe-staats of one n in turn, so their relative speed is interleaved.
-        full: &["run.innermost=variant"],
-        // Every n of the paper: n >= 2^16 timed on one query chunk and scaled (their
-        // memory is counted in full), the 2^14 claims timed whole.
-        quick: &[
-            "run.innermost=variant",
-            "run.extrapolate_above_s=8",
-            "run.extrapolate_q_chunks=1",
-        ],
+        source: Source::Sweep {
+            config: "configs/rabe_staats_table2.toml",
+            // naive and rabe-staats of one n in turn, so their relative speed is interleaved.
+            full: &["run.innermost=variant"],
+            // Every n of the paper: n >= 2^16 timed on one query chunk and scaled (their
+            // memory is counted in full), the 2^14 claims timed whole.
+            quick: &[
+                "run.innermost=variant",
+                "run.extrapolate_above_s=8",
+                "run.extrapolate_q_chunks=1",
+            ],
+        },
     },
     Table {
         paper: Paper::RabeStaats,
         name: "table3",
         title: "Table 3, differentiation",
-        config: "configs/rabe_staats_table3.toml",
-        full: &["run.innermost=variant"],
-        quick: &[
-            "run.innermost=variant",
-            "seq_len=256,1024,4096,16384,65536",
-            "run.extrapolate_above_s=8",
-            "run.extrapolate_q_chunks=1",
-        ],
+        source: Source::Sweep {
+            config: "configs/rabe_staats_table3.toml",
+            full: &["run.innermost=variant"],
+            quick: &[
+                "run.innermost=variant",
+                "seq_len=256,1024,4096,16384,65536",
+                "run.extrapolate_above_s=8",
+                "run.extrapolate_q_chunks=1",
+            ],
+        },
     },
     Table {
         paper: Paper::Bpt,
         name: "max_context",
         title: "Table 2, largest context under a budget",
-        config: "configs/bpt_max_context.toml",
-        full: &[],
-        // Memory-efficient's limit (8K) and BPT past twice it.
-        quick: &["seq_len=1024,2048,4096,8192,16384", "q_chunk=256"],
+        source: Source::Sweep {
+            config: "configs/bpt_max_context.toml",
+            full: &[],
+            // Memory-efficient's limit (8K) and BPT past twice it.
+            quick: &["seq_len=1024,2048,4096,8192,16384", "q_chunk=256"],
+        },
     },
     Table {
         paper: Paper::Bpt,
         name: "memory",
         title: "Table 3, activation memory against context",
-        config: "configs/bpt_memory.toml",
-        full: &[],
-        quick: &["seq_len=1024,2048,4096,8192"],
+        source: Source::Sweep {
+            config: "configs/bpt_memory.toml",
+            full: &[],
+            quick: &["seq_len=1024,2048,4096,8192"],
+        },
     },
     Table {
         paper: Paper::Bpt,
         name: "throughput",
         title: "Table 4, throughput",
-        config: "configs/bpt_throughput.toml",
-        full: &[],
-        quick: &["seq_len=1024,2048,4096", "q_chunk=512"],
+        source: Source::Sweep {
+            config: "configs/bpt_throughput.toml",
+            full: &[],
+            quick: &["seq_len=1024,2048,4096", "q_chunk=512"],
+        },
     },
     Table {
         paper: Paper::TreeAttention,
         name: "tree_vs_ring",
         title: "Sec. 6, tree against ring decoding",
-        config: "configs/tree_vs_ring.toml",
-        full: &[],
-        quick: &["seq_kv=16000"],
+        source: Source::Sweep {
+            config: "configs/tree_vs_ring.toml",
+            full: &[],
+            quick: &["seq_kv=16000"],
+        },
+    },
+    Table {
+        paper: Paper::Blog,
+        name: "softmax",
+        title: "online softmax: memory accesses, overflow, timings",
+        source: Source::SoftmaxPasses,
     },
 ];
 
@@ -194,29 +231,43 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
         .filter(|t| a.papers.is_empty() || a.papers.contains(&t.paper))
         .collect();
     for t in &tables {
-        if !Path::new(t.config).is_file() {
-            return Err(Error::Usage(format!(
-                "{}: not found; run `reproduce` from the attnbench checkout (its configs/ hold the papers' tables)",
-                t.config
-            )));
+        if let Source::Sweep { config, .. } = t.source {
+            if !Path::new(config).is_file() {
+                return Err(Error::Usage(format!(
+                    "{config}: not found; run `reproduce` from the attnbench checkout (its configs/ hold the papers' tables)"
+                )));
+            }
         }
     }
     if a.dry_run {
         for t in &tables {
-            println!(
-                "{} {}: {} sweep --config {} --out {} {}",
-                t.paper.name(),
-                t.name,
-                super::this_program(),
-                t.config,
-                table_dir(&out, t).display(),
-                sets(t, a.quick)
-                    .iter()
-                    .map(|s| format!("--set {s}"))
-                    .chain(a.kernel_path.map(|p| format!("--kernel-path {p}")))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
+            let dir = table_dir(&out, t);
+            match t.source {
+                Source::Sweep { config, .. } => println!(
+                    "{} {}: {} sweep --config {config} --out {} {}",
+                    t.paper.name(),
+                    t.name,
+                    super::this_program(),
+                    dir.display(),
+                    sets(t, a.quick)
+                        .iter()
+                        .map(|s| format!("--set {s}"))
+                        .chain(a.kernel_path.map(|p| format!("--kernel-path {p}")))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+                Source::SoftmaxPasses => println!(
+                    "{} {}: naive, safe and online softmax counted and timed ({}) into {}",
+                    t.paper.name(),
+                    t.name,
+                    if a.quick {
+                        "1M and 4M elements"
+                    } else {
+                        "1M and 64M elements"
+                    },
+                    dir.display()
+                ),
+            }
         }
         return Ok(0);
     }
@@ -232,35 +283,16 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
             t.title,
             dir.display()
         );
-        if a.report_only {
-            generate(&dir, None, &[Format::Png, Format::Svg], None)?;
-        } else {
-            let resume = a.resume && dir.join(CSV_NAME).is_file();
-            sweep(&SweepArgs {
-                config: PathBuf::from(t.config),
-                out: Some(dir.clone()),
-                sets: sets(t, a.quick),
-                kernel_path: a.kernel_path,
-                dry_run: false,
-                json: false,
-                resume,
-                force: a.force,
-                no_report: false,
-                mpi_timeout: crate::dist::DEFAULT_TIMEOUT_S,
-                mpi_test_fault: None,
-            })
-            .map_err(|e| match e {
-                // The sweep names its own resume; this one continues every table.
-                Error::Interrupted(msg) => Error::Interrupted(format!(
-                    "{msg}; or continue the reproduction with `{}`",
-                    resume_command(a, &out)
-                )),
-                e => e,
-            })?;
-        }
+        let checks = match t.source {
+            Source::Sweep { config, .. } => {
+                sweep_table(a, t, config, &dir, &out)?;
+                claims(&dir)?
+            }
+            Source::SoftmaxPasses => softmax_table(a, &dir)?,
+        };
         judged.push(Judged {
             table: t,
-            checks: claims(&dir)?,
+            checks,
             dir,
         });
     }
@@ -283,6 +315,60 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
         return Ok(3);
     }
     Ok(0)
+}
+
+/// One sweep table: its sweep (or, with `--report-only`, its report again).
+fn sweep_table(a: &ReproduceArgs, t: &Table, config: &str, dir: &Path, out: &Path) -> Result<()> {
+    if a.report_only {
+        generate(dir, None, &[Format::Png, Format::Svg], None)?;
+        return Ok(());
+    }
+    let resume = a.resume && dir.join(CSV_NAME).is_file();
+    sweep(&SweepArgs {
+        config: PathBuf::from(config),
+        out: Some(dir.to_path_buf()),
+        sets: sets(t, a.quick),
+        kernel_path: a.kernel_path,
+        dry_run: false,
+        json: false,
+        resume,
+        force: a.force,
+        no_report: false,
+        mpi_timeout: crate::dist::DEFAULT_TIMEOUT_S,
+        mpi_test_fault: None,
+    })
+    .map_err(|e| match e {
+        // The sweep names its own resume; this one continues every table.
+        Error::Interrupted(msg) => Error::Interrupted(format!(
+            "{msg}; or continue the reproduction with `{}`",
+            resume_command(a, out)
+        )),
+        e => e,
+    })
+}
+
+/// The softmax table: measured into `dir` with its `meta.json`, or with `--report-only`
+/// (and `--resume` where it finished) `softmax.md` again from `softmax.csv`; its checks.
+fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
+    let held = dir.join(softmax::CSV).is_file();
+    if a.report_only || (a.resume && held) {
+        let rows = softmax::read(dir)?;
+        write_atomic(
+            &dir.join(softmax_md::MARKDOWN),
+            softmax_md::render(&rows).as_bytes(),
+        )?;
+        return Ok(softmax_md::checks(&rows));
+    }
+    if held && !a.force {
+        return Err(Error::Usage(format!(
+            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
+            dir.display()
+        )));
+    }
+    let checks = reproduce_softmax(dir, a.quick)?;
+    let config = serde_json::json!({ "softmax": { "quick": a.quick } });
+    Meta::collect(config, vec![1], Vec::new()).write(&dir.join(META_NAME))?;
+    Ok(checks)
 }
 
 /// The command line that continues `a` where it stopped.
@@ -311,11 +397,17 @@ fn table_dir(out: &Path, t: &Table) -> PathBuf {
 
 /// The `--set` overrides of a table's run.
 fn sets(t: &Table, quick: bool) -> Vec<String> {
+    let Source::Sweep {
+        full, quick: fast, ..
+    } = t.source
+    else {
+        return Vec::new();
+    };
     let mut v = vec!["run.interleave=true".to_string()];
     if quick {
-        v.extend(QUICK_RUN.iter().chain(t.quick).map(|s| s.to_string()));
+        v.extend(QUICK_RUN.iter().chain(fast).map(|s| s.to_string()));
     } else {
-        v.extend(t.full.iter().map(|s| s.to_string()));
+        v.extend(full.iter().map(|s| s.to_string()));
     }
     v
 }
@@ -369,14 +461,17 @@ fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
         paper.title()
     );
     for j in of {
-        let results = Results::read(&j.dir)?;
-        let meta = results.meta.as_ref();
+        let meta = Meta::read(&j.dir.join(META_NAME)).ok();
+        let meta = meta.as_ref();
         let rel = j.dir.strip_prefix(out.join(paper.name())).unwrap_or(&j.dir);
         s += &format!(
-            "\n## {} (`{}/`)\n\nConfig `{}`; built at {}{}, on {}.\n\n",
+            "\n## {} (`{}/`)\n\n{}; built at {}{}, on {}.\n\n",
             j.table.title,
             rel.display(),
-            j.table.config,
+            match j.table.source {
+                Source::Sweep { config, .. } => format!("Config `{config}`"),
+                Source::SoftmaxPasses => "The softmax passes (`src/commands/softmax.rs`)".into(),
+            },
             meta.and_then(|m| m.git_revision.as_deref()).map_or(
                 "an unknown revision".to_string(),
                 |r| format!("`{}`", &r[..r.len().min(12)])
@@ -413,18 +508,29 @@ mod tests {
 
     #[test]
     fn every_table_interleaves_and_quick_adds_one_call_per_case() {
-        for t in &TABLES {
+        for t in TABLES
+            .iter()
+            .filter(|t| matches!(t.source, Source::Sweep { .. }))
+        {
+            let Source::Sweep { quick: fast, .. } = t.source else {
+                continue;
+            };
             let full = sets(t, false);
             let quick = sets(t, true);
             assert_eq!(full[0], "run.interleave=true");
             assert_eq!(quick[0], "run.interleave=true");
             assert!(!full.iter().any(|s| s == "run.max_reps=1"), "{}", t.name);
-            for s in QUICK_RUN.iter().chain(t.quick) {
+            for s in QUICK_RUN.iter().chain(fast) {
                 assert!(quick.contains(&s.to_string()), "{}: {s}", t.name);
             }
         }
         // Each paper has a table, and the table directories are distinct.
-        for p in [Paper::RabeStaats, Paper::Bpt, Paper::TreeAttention] {
+        for p in [
+            Paper::RabeStaats,
+            Paper::Bpt,
+            Paper::TreeAttention,
+            Paper::Blog,
+        ] {
             assert!(TABLES.iter().any(|t| t.paper == p), "{p:?}");
         }
         let out = Path::new("o");
