@@ -86,9 +86,25 @@ pub struct LayerError {
 /// Oracle cost, in multiply-adds, under which every output and gradient is checked.
 pub const FULL_CHECK_MAX_MACS: u64 = 1 << 30;
 
+/// Tokens of a block of `spread_rows`.
+pub const SPREAD_ROWS: usize = 64;
+
+/// The tokens whose outputs a causal layer above `FULL_CHECK_MAX_MACS` checks: blocks of
+/// `SPREAD_ROWS` at the start, the middle and the end of the sequence (errors that grow
+/// with the position show), all `n` tokens when they are no more.
+pub fn spread_rows(n: usize) -> Vec<std::ops::Range<usize>> {
+    let b = SPREAD_ROWS;
+    if n <= 3 * b {
+        return std::iter::once(0..n).collect();
+    }
+    let mid = n / 2 - b / 2;
+    vec![0..b, mid..mid + b, n - b..n]
+}
+
 /// Checks `out` (and, with `grads = (d_out, dx, dp)`, the gradients) against the f64
-/// oracle: everything when affordable; otherwise the outputs of the first tokens of the
-/// first sequence (a causal prefix is a layer of its own), as many as the budget allows.
+/// oracle: everything when affordable; otherwise the outputs of `spread_rows` of the first
+/// sequence (`oracle::causal_rows`: the keys and values of every earlier token, as
+/// blocked f64 GEMMs), and no gradient.
 pub fn check(
     case: &Case,
     params: &[f32],
@@ -158,20 +174,16 @@ pub fn check(
         }
         e.non_finite = non_finite;
     } else {
-        let mut m = n;
-        while m > 1 && macs(m) > FULL_CHECK_MAX_MACS {
-            m /= 2;
-        }
-        let ex = oracle::sequence(s.heads, true, params, &x[..m * h], None);
+        let ranges = spread_rows(n);
+        let want = oracle::causal_rows(s.heads, params, &x[..n * h], &ranges);
+        let got: Vec<f32> = ranges
+            .iter()
+            .flat_map(|r| &out[r.start * h..r.end * h])
+            .copied()
+            .collect();
         let mut nf = 0;
-        fold(
-            &out[..m * h],
-            &ex.out,
-            &mut e.out_max_abs,
-            &mut ref_max,
-            &mut nf,
-        );
-        e.out_rows = m;
+        fold(&got, &want, &mut e.out_max_abs, &mut ref_max, &mut nf);
+        e.out_rows = got.len() / h;
         e.non_finite = nf;
     }
     e.out_max_rel = e.out_max_abs / ref_max.max(f64::MIN_POSITIVE);

@@ -1,7 +1,13 @@
 //! The f64 oracle of the GPT block: the forward with materialized attention and its
 //! hand-derived backward (checked by central differences in the tests), one sequence at a
-//! time. Cost O(s^2 h + 24 s h^2) per sequence, memory O(s^2) per head.
+//! time. Cost O(s^2 h + 24 s h^2) per sequence, memory O(s^2) per head. `causal_rows`: the
+//! exact outputs of some tokens of a causal sequence alone, the keys and values of every
+//! token before them as blocked f64 GEMMs (ndarray): O(2 s h^2 + r (2 s h + 12 h^2)) for r
+//! tokens, memory O(s h).
 
+use std::ops::Range;
+
+use ndarray::{s, Array2, Axis};
 use rayon::prelude::*;
 
 use super::params::{Param, View};
@@ -248,6 +254,108 @@ pub fn sequence(
     Exact { out, dx, dp }
 }
 
+/// Tokens a chunk of `causal_rows`' key/value projection (one GEMM each, in parallel).
+const KV_CHUNK: usize = 1024;
+
+/// The exact outputs (`r x h`, the tokens of `ranges` in order) of the tokens `ranges`
+/// (sorted, disjoint) of one CAUSAL sequence `x` (`s x h`): as `sequence` computes them, but
+/// only the keys and values of tokens before the last range's end, and only these tokens'
+/// attention rows (per head S = Q_blk K^T, causal mask, softmax, P V) and FFN.
+pub fn causal_rows(heads: usize, params: &[f32], x: &[f32], ranges: &[Range<usize>]) -> Vec<f64> {
+    let h = params_h(params);
+    let p = View::new(h, params);
+    let get = |q: Param| f64s(p.get(q));
+    let (a, d) = (heads, h / heads);
+    let scale = 1.0 / (d as f64).sqrt();
+    let m = ranges.last().map_or(0, |r| r.end);
+    let (g1, b1ln) = (get(Param::Ln1Gain), get(Param::Ln1Bias));
+    let wqkv_flat = get(Param::Wqkv);
+    let wqkv = Array2::from_shape_fn((h, 3 * h), |(i, j)| wqkv_flat[i * 3 * h + j]);
+    let bqkv = get(Param::Bqkv);
+    // LN1 then the Q, K, V projection of tokens `t`, as `sequence` computes them.
+    let project = |t: Range<usize>, cols: Range<usize>| -> Array2<f64> {
+        let n = t.len();
+        let (u, _, _) = layer_norm(&f64s(&x[t.start * h..t.end * h]), &g1, &b1ln);
+        let u = Array2::from_shape_fn((n, h), |(i, j)| u[i * h + j]);
+        let mut r = u.dot(&wqkv.slice(s![.., cols.clone()]));
+        for mut row in r.rows_mut() {
+            row.iter_mut()
+                .zip(&bqkv[cols.clone()])
+                .for_each(|(v, b)| *v += b);
+        }
+        r
+    };
+    // K and V (`m x 2h`) of every token a checked row sees.
+    let mut kv = Array2::<f64>::zeros((m, 2 * h));
+    let chunks: Vec<_> = kv.axis_chunks_iter_mut(Axis(0), KV_CHUNK).collect();
+    chunks.into_par_iter().enumerate().for_each(|(c, mut dst)| {
+        let t0 = c * KV_CHUNK;
+        let rows = project(t0..t0 + dst.nrows(), h..3 * h);
+        dst.assign(&rows);
+    });
+    let tokens: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+    let r = tokens.len();
+    // Attention rows of each range, per head: S = Q_blk K^T over keys 0..end, masked causally.
+    let att_parts: Vec<Array2<f64>> = ranges
+        .par_iter()
+        .map(|rg| {
+            let q = project(rg.clone(), 0..h);
+            let mut att = Array2::<f64>::zeros((rg.len(), h));
+            for hd in 0..a {
+                let cols = hd * d..(hd + 1) * d;
+                let k = kv.slice(s![..rg.end, cols.clone()]);
+                let v = kv.slice(s![..rg.end, h + hd * d..h + (hd + 1) * d]);
+                let mut pm = q.slice(s![.., cols.clone()]).dot(&k.t());
+                let mut sums = vec![0.0; rg.len()];
+                for ((bi, mut prow), sum) in pm.rows_mut().into_iter().enumerate().zip(&mut sums) {
+                    let vis = rg.start + bi + 1;
+                    let mx = prow
+                        .iter()
+                        .take(vis)
+                        .fold(f64::NEG_INFINITY, |m, &s| m.max(scale * s));
+                    for (j, sc) in prow.iter_mut().enumerate() {
+                        *sc = if j < vis {
+                            (scale * *sc - mx).exp()
+                        } else {
+                            0.0
+                        };
+                        *sum += *sc;
+                    }
+                }
+                let o = pm.dot(&v);
+                for ((mut dst, src), sum) in att
+                    .slice_mut(s![.., cols.clone()])
+                    .rows_mut()
+                    .into_iter()
+                    .zip(o.rows())
+                    .zip(&sums)
+                {
+                    dst.iter_mut()
+                        .zip(src.iter())
+                        .for_each(|(a, b)| *a = b / sum);
+                }
+            }
+            att
+        })
+        .collect();
+    let att: Vec<f64> = att_parts.iter().flat_map(|a| a.iter().copied()).collect();
+    let xr: Vec<f64> = tokens
+        .iter()
+        .flat_map(|&t| x[t * h..(t + 1) * h].iter().map(|&v| v as f64))
+        .collect();
+    let mut y = mm(&att, &get(Param::Wo), (r, h, h), false, false);
+    add_rows(&mut y, &get(Param::Bo));
+    y.iter_mut().zip(&xr).for_each(|(y, x)| *y += x);
+    let (vn, _, _) = layer_norm(&y, &get(Param::Ln2Gain), &get(Param::Ln2Bias));
+    let mut z = mm(&vn, &get(Param::W1), (r, h, 4 * h), false, false);
+    add_rows(&mut z, &get(Param::B1));
+    let g: Vec<f64> = z.iter().map(|&v| gelu(v)).collect();
+    let mut out = mm(&g, &get(Param::W2), (r, 4 * h, h), false, false);
+    add_rows(&mut out, &get(Param::B2));
+    out.iter_mut().zip(&y).for_each(|(o, y)| *o += y);
+    out
+}
+
 /// The hidden size of a flat parameter vector (12h^2 + 13h values).
 fn params_h(params: &[f32]) -> usize {
     let n = params.len() as f64;
@@ -315,5 +423,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `causal_rows` equals `sequence`'s rows (1e-12 of the largest |value|) for
+    /// ranges at the start, the middle and the end, and a single token.
+    #[test]
+    fn causal_rows_equal_the_full_sequence() {
+        let (h, heads, s) = (16, 4, 150);
+        let p = params::generate(h, 5);
+        let x: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let full = sequence(heads, true, &p, &x, None).out;
+        let big = full.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let lists: [Vec<Range<usize>>; 4] = [
+            vec![0..10, 70..80, 140..150],
+            std::iter::once(0..1).collect(),
+            std::iter::once(149..150).collect(),
+            std::iter::once(0..150).collect(),
+        ];
+        for ranges in lists {
+            let got = causal_rows(heads, &p, &x, &ranges);
+            let tokens: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(got.len(), tokens.len() * h);
+            for (t, row) in tokens.iter().zip(got.chunks(h)) {
+                for (a, b) in row.iter().zip(&full[t * h..(t + 1) * h]) {
+                    assert!((a - b).abs() <= 1e-12 * big, "token {t}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// Wall time of `causal_rows` on `spread_rows` at the largest BPT context
+    /// (configs/bpt_max_context.toml: 65536 tokens, hidden 256). Run with `--ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn time_causal_rows_at_benchmark_size() {
+        let (h, heads, s) = (256, 4, 65536);
+        let p = params::generate(h, 5);
+        let x: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let ranges = crate::layer::spread_rows(s);
+        assert_eq!(ranges, vec![0..64, 32736..32800, 65472..65536]);
+        let t = std::time::Instant::now();
+        let out = causal_rows(heads, &p, &x, &ranges);
+        println!(
+            "causal_rows, 192 tokens of 65536, h 256: {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+        assert!(out.iter().all(|v| v.is_finite()));
     }
 }

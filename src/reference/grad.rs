@@ -229,7 +229,7 @@ pub fn check(
         }
         return stats(acc, s.batch * s.heads * s.seq_q, true);
     }
-    let rows = super::rows_to_check(s, sample);
+    let rows = super::rows_to_check_within(s, sample, super::ROW_ORACLE_MAX_MACS);
     let d = s.head_dim;
     let exact: Vec<Vec<f64>> = rows
         .par_iter()
