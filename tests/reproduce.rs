@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::{attnbench, copy_run, repo};
 
-/// The paper directories and table directories of results/papers/.
+/// The paper directories and table directories of results/papers/ measured by a sweep.
 const TABLES: [(&str, &str); 6] = [
     ("rabe-staats", "table2"),
     ("rabe-staats", "table3"),
@@ -19,9 +19,19 @@ const TABLES: [(&str, &str); 6] = [
     ("tree-attention", "tree_vs_ring"),
 ];
 
+/// The blog's softmax table: no sweep, its rows in softmax.csv.
+const SOFTMAX: (&str, &str) = ("blog", "softmax");
+
 /// Copies the committed results/papers/ runs (rows, meta and the Tree-vs-Ring
-/// measurements, which its report reads) into `to`.
+/// measurements, which its report reads; the softmax rows) into `to`.
 fn copy_papers(to: &Path) {
+    let (paper, table) = SOFTMAX;
+    let from = repo().join("results/papers").join(paper).join(table);
+    let dir = to.join(paper).join(table);
+    fs::create_dir_all(&dir).unwrap();
+    for f in ["softmax.csv", "meta.json"] {
+        fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
     for (paper, table) in TABLES {
         let from = repo().join("results/papers").join(paper).join(table);
         let dir = to.join(paper).join(table);
@@ -62,7 +72,12 @@ fn dry_run_names_every_table_with_a_sweep_a_user_can_run() {
             .unwrap();
         assert!(repo().join(config).is_file(), "{config}");
     }
-    assert_eq!(text.lines().count(), TABLES.len(), "{text}");
+    let (paper, table) = SOFTMAX;
+    assert!(
+        text.contains(&format!("{paper} {table}: naive, safe and online softmax counted and timed (1M and 4M elements) into results/papers-quick/{paper}/{table}")),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), TABLES.len() + 1, "{text}");
     // One paper: only its tables.
     let out = attnbench()
         .args(["reproduce", "bpt", "--dry-run"])
@@ -111,13 +126,21 @@ fn the_committed_claims_follow_from_the_committed_rows() {
     let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
     assert!(text.contains(" 0 FAIL, "), "{text}");
     assert!(text.contains(" 0 n/a"), "{text}");
-    for paper in ["rabe-staats", "bpt", "tree-attention"] {
+    for paper in ["rabe-staats", "bpt", "tree-attention", "blog"] {
         let ours = fs::read_to_string(tmp.path().join(paper).join("claims.md")).unwrap();
         let committed =
             fs::read_to_string(repo().join("results/papers").join(paper).join("claims.md"))
                 .unwrap();
         assert_eq!(ours, committed, "{paper}/claims.md differs from its rows");
     }
+    let (paper, table) = SOFTMAX;
+    let rendered =
+        |root: &Path| fs::read_to_string(root.join(paper).join(table).join("softmax.md")).unwrap();
+    assert_eq!(
+        rendered(tmp.path()),
+        rendered(&repo().join("results/papers")),
+        "softmax.md differs from its rows"
+    );
 }
 
 /// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows
@@ -206,7 +229,7 @@ fn cells(line: &str) -> Vec<String> {
 #[test]
 fn the_papers_page_lists_every_committed_claim_with_its_verdict() {
     let mut committed = Vec::new();
-    for paper in ["rabe-staats", "bpt", "tree-attention"] {
+    for paper in ["rabe-staats", "bpt", "tree-attention", "blog"] {
         let md = fs::read_to_string(repo().join("results/papers").join(paper).join("claims.md"))
             .unwrap();
         let mut table = String::new();
