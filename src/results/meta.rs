@@ -3,8 +3,7 @@
 //! reports use as the roofline.
 
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use crate::backend::cpu::cache;
 use crate::backend::cpu::decode_path::DecodePath;
@@ -162,57 +161,15 @@ impl Meta {
     }
 }
 
-/// The attnbench source tree this binary was built from: the crate directory of the build,
-/// or (a tree moved or copied since) the checkout the executable lies in
-/// (`<root>/target/<profile>/attnbench`); a directory counts when it holds attnbench's
-/// `Cargo.toml` and a `.git`. None elsewhere (an installed binary): the revision of whatever
-/// repository the command runs in says nothing about the code that measured.
-fn source_tree() -> Option<PathBuf> {
-    let is_ours = |dir: &Path| {
-        dir.join(".git").exists()
-            && std::fs::read_to_string(dir.join("Cargo.toml"))
-                .is_ok_and(|t| t.lines().any(|l| l.trim() == r#"name = "attnbench""#))
-    };
-    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let exe = std::env::current_exe().ok();
-    std::iter::once(built.as_path())
-        .chain(exe.iter().flat_map(|e| e.ancestors().skip(1)))
-        .find(|d| is_ours(d))
-        .map(Path::to_path_buf)
-}
-
-/// The git revision of [`source_tree`] and whether it has changes outside `results/` (None
-/// outside a checkout): a sweep that re-measures a committed results directory rewrites it
-/// while it runs, which says nothing about the build.
+/// The git revision this binary was built from and whether its inputs had uncommitted
+/// changes then (`build.rs`); None for a build outside a checkout. Recorded at build time:
+/// read at run time from the checkout, it named whatever the tree held when a sweep started,
+/// which a long run outlives.
 pub(crate) fn git_state() -> (Option<String>, Option<bool>) {
-    let Some(tree) = source_tree() else {
-        return (None, None);
-    };
-    let run = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(&tree)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-    };
-    let rev = run(&["rev-parse", "HEAD"]).map(|s| s.trim().to_string());
-    let dirty = rev
-        .as_ref()
-        .and_then(|_| {
-            run(&[
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ":(top)",
-                ":(top,exclude)results",
-            ])
-        })
-        .map(|s| !s.trim().is_empty());
-    (rev, dirty)
+    (
+        option_env!("ATTNBENCH_GIT_REVISION").map(str::to_string),
+        option_env!("ATTNBENCH_GIT_DIRTY").map(|d| d == "true"),
+    )
 }
 
 /// The value of field `name` of the first processor in the text of `/proc/cpuinfo`.
