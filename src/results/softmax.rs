@@ -8,9 +8,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::results::durable::write_atomic;
-use crate::results::tree_vs_ring::csv_text;
+use crate::results::tree_vs_ring::{csv_text, read_csv};
 
 pub const CSV: &str = "softmax.csv";
 
@@ -75,12 +75,7 @@ pub fn write(dir: &Path, rows: &[SoftmaxRow]) -> Result<PathBuf> {
 
 /// The rows of `dir/softmax.csv` (an error naming the file when it is missing or bad).
 pub fn read(dir: &Path) -> Result<Vec<SoftmaxRow>> {
-    let p = dir.join(CSV);
-    let bad = |e: &dyn std::fmt::Display| Error::Usage(format!("{}: {e}", p.display()));
-    let mut r = csv::Reader::from_path(&p).map_err(|e| bad(&e))?;
-    r.deserialize()
-        .map(|row| row.map_err(|e| bad(&e)))
-        .collect()
+    read_csv(dir, CSV)
 }
 
 #[cfg(test)]

@@ -132,7 +132,8 @@ fn write_csv<T: Serialize>(dir: &Path, name: &str, rows: &[T]) -> Result<PathBuf
     Ok(p)
 }
 
-fn read_csv<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Vec<T>> {
+/// The rows of `dir/name` (an error naming the file when it is missing or bad).
+pub(crate) fn read_csv<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Vec<T>> {
     let p = dir.join(name);
     let bad = |e: &dyn std::fmt::Display| Error::Usage(format!("{}: {e}", p.display()));
     let mut r = csv::Reader::from_path(&p).map_err(|e| bad(&e))?;

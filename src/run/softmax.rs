@@ -9,10 +9,10 @@
 use std::sync::atomic::AtomicBool;
 
 use half::bf16;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
-use crate::backend::cpu::softmax_passes::{fused_rows, unfused_rows, Algorithm, Counter, Plain};
+use crate::backend::cpu::softmax_passes::{
+    fused_rows, softmax_f64, unfused_rows, uniform, Algorithm, Counter, Plain,
+};
 use crate::error::{Error, Result};
 use crate::measure::softmax_timing::{time_interleaved, Rounds};
 use crate::results::softmax::{SoftmaxRow, MATRIX, OVERFLOW, VECTOR};
@@ -31,21 +31,6 @@ pub const OVERFLOW_AT: [f32; 2] = [88.0, 89.0];
 pub const OVERFLOW_LEN: usize = 4096;
 pub const OVERFLOW_BASE: f32 = 70.0;
 pub const SEED: u64 = 42;
-
-fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random::<f32>()).collect()
-}
-
-fn softmax_f64(x: &[f32]) -> Vec<f64> {
-    let m = x
-        .iter()
-        .map(|&v| f64::from(v))
-        .fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - m).exp()).collect();
-    let l: f64 = e.iter().sum();
-    e.iter().map(|v| v / l).collect()
-}
 
 /// Counted traffic of the unfused and fused softmax of one L×L matrix.
 fn matrix_rows(l: usize) -> Vec<SoftmaxRow> {

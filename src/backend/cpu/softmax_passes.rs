@@ -7,6 +7,9 @@
 //! memory (what the blog counts). Costs: O(n) time, 2 (naive, safe) or 3 (online) exp per
 //! element; no allocation (the fused L×L form takes two row buffers from its caller).
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 /// How an algorithm reads and writes the vectors it is given ("HBM" in the blog's terms).
 /// Registers and the caller's row buffers ("SRAM") are not memory accesses.
 pub trait Access {
@@ -213,26 +216,26 @@ pub fn fused_rows<A: Access>(
     }
 }
 
+/// `n` values drawn uniformly from [0, 1) with `seed` (the blog's inputs).
+pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random::<f32>()).collect()
+}
+
+/// The softmax of `x` in f64, max subtracted: the reference of the overflow claim.
+pub fn softmax_f64(x: &[f32]) -> Vec<f64> {
+    let m = x
+        .iter()
+        .map(|&v| f64::from(v))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - m).exp()).collect();
+    let l: f64 = e.iter().sum();
+    e.iter().map(|v| v / l).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
-
-    fn uniform(n: usize, seed: u64) -> Vec<f32> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|_| rng.random::<f32>()).collect()
-    }
-
-    fn softmax_f64(x: &[f32]) -> Vec<f64> {
-        let m = x
-            .iter()
-            .map(|&v| f64::from(v))
-            .fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - m).exp()).collect();
-        let l: f64 = e.iter().sum();
-        e.iter().map(|v| v / l).collect()
-    }
 
     #[test]
     fn counts_are_exact_per_element() {
