@@ -464,22 +464,16 @@ fn measure_extrapolated(
     predicted: u64,
     x: Extrapolation,
 ) -> Outcome {
-    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
+    // Memory is never extrapolated: a case whose part needs another workspace runs whole.
+    let Some((rows, part)) = extrapolation_part(backend, case, x) else {
         return measure(backend, case, settings, given, predicted);
     };
-    let part = extrapolate::part_case(case, rows);
-    let predicted_part = backend.predicted_bytes(&part);
-    if predicted_part != predicted {
-        // Memory is never extrapolated: this variant's workspace depends on the query rows.
-        return measure(backend, case, settings, given, predicted);
-    }
     let inputs = match case_inputs(case, given) {
         Ok(x) => x,
         Err(e) => return inputs_failed(case, settings, predicted, e),
     };
     let (part_inputs, full_q) = extrapolate::split_inputs(inputs, rows);
-    let slow = time_one_call(backend, &part, settings, &part_inputs)
-        .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s);
+    let slow = part_is_slow(backend, case, (rows, &part), settings, &part_inputs, x);
     if !slow || interrupted() {
         let full = extrapolate::join_inputs(part_inputs, full_q, case.shape);
         return measure(backend, case, settings, Some(full), predicted);
@@ -488,14 +482,35 @@ fn measure_extrapolated(
     // The estimate call was a warm-up of exactly this part.
     let mut part_settings = settings.clone();
     part_settings.stop.warmup = settings.stop.warmup.saturating_sub(1);
-    let outcome = measure(
-        backend,
-        &part,
-        &part_settings,
-        Some(part_inputs),
-        predicted_part,
-    );
+    let outcome = measure(backend, &part, &part_settings, Some(part_inputs), predicted);
     extrapolate::scale_outcome(outcome, case, &settings.run_name, predicted)
+}
+
+/// The part `case` would be timed on under `x`, with its query rows: its first query
+/// chunks, where the case can be split (`extrapolate::part_rows`) and the part needs the
+/// case's own workspace.
+fn extrapolation_part(
+    backend: &dyn Backend,
+    case: &Case,
+    x: Extrapolation,
+) -> Option<(usize, Case)> {
+    let rows = extrapolate::part_rows(case, x.q_chunks)?;
+    let part = extrapolate::part_case(case, rows);
+    (backend.predicted_bytes(&part) == backend.predicted_bytes(case)).then_some((rows, part))
+}
+
+/// Whether one call of the part (of `rows` query rows) on `inputs` estimates the full
+/// call of `case` above the cap.
+fn part_is_slow(
+    backend: &dyn Backend,
+    case: &Case,
+    (rows, part): (usize, &Case),
+    settings: &Settings,
+    inputs: &Inputs,
+    x: Extrapolation,
+) -> bool {
+    time_one_call(backend, part, settings, inputs)
+        .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s)
 }
 
 /// Whether `measure_extrapolated` would time `case` on a part: it can be split, its part
@@ -503,20 +518,15 @@ fn measure_extrapolated(
 /// cap. Costs one call of the part, on inputs made for the part. An interleaved group
 /// asks it of each member: a case timed on a part cannot alternate with whole ones.
 pub(crate) fn would_extrapolate(case: &Case, settings: &Settings, x: Extrapolation) -> bool {
-    let Some(rows) = extrapolate::part_rows(case, x.q_chunks) else {
+    let backend = backend_for(case);
+    let Some((rows, part)) = extrapolation_part(backend, case, x) else {
         return false;
     };
-    let backend = backend_for(case);
-    let part = extrapolate::part_case(case, rows);
-    if backend.predicted_bytes(&part) != backend.predicted_bytes(case) {
-        return false;
-    }
     let Ok(inputs) = Inputs::try_for_case(&part) else {
         return false;
     };
     pool(case.threads).is_ok_and(|pool| {
-        pool.install(|| time_one_call(backend, &part, settings, &inputs))
-            .is_ok_and(|t| extrapolate::estimate_full_s(t, case, rows) > x.above_s)
+        pool.install(|| part_is_slow(backend, case, (rows, &part), settings, &inputs, x))
     })
 }
 
