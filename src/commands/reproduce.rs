@@ -9,13 +9,12 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
-use super::softmax::reproduce_softmax;
+use super::softmax::{report_softmax, reproduce_softmax};
 use super::sweep::{sweep, SweepArgs};
 use crate::backend::cpu::isa::Isa;
 use crate::error::{Error, Result};
 use crate::report::checks::{Check, Verdict};
 use crate::report::claims::{claims, markdown};
-use crate::report::derived::softmax_md;
 use crate::report::generate::generate;
 use crate::report::plot::Format;
 use crate::results::durable::write_atomic;
@@ -257,14 +256,12 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
                         .join(" ")
                 ),
                 Source::SoftmaxPasses => println!(
-                    "{} {}: naive, safe and online softmax counted and timed ({}) into {}",
+                    "{} {}: naive, safe and online softmax counted and timed ({} elements) into {}",
                     t.paper.name(),
                     t.name,
-                    if a.quick {
-                        "1M and 4M elements"
-                    } else {
-                        "1M and 64M elements"
-                    },
+                    crate::run::softmax::lengths(a.quick)
+                        .map(|n| format!("{}M", n / 1_000_000))
+                        .join(" and "),
                     dir.display()
                 ),
             }
@@ -301,7 +298,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
     for p in papers {
         let of: Vec<&Judged> = judged.iter().filter(|j| j.table.paper == p).collect();
         let path = out.join(p.name()).join(CLAIMS_MD);
-        crate::results::durable::write_atomic(&path, claims_md(p, &of, &out)?.as_bytes())?;
+        write_atomic(&path, claims_md(p, &of, &out)?.as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     print!("{}", summary(&judged));
@@ -347,17 +344,12 @@ fn sweep_table(a: &ReproduceArgs, t: &Table, config: &str, dir: &Path, out: &Pat
     })
 }
 
-/// The softmax table: measured into `dir` with its `meta.json`, or with `--report-only`
-/// (and `--resume` where it finished) `softmax.md` again from `softmax.csv`; its checks.
+/// The softmax table: measured into `dir`, or with `--report-only` (and `--resume` where
+/// it finished) `softmax.md` again from `softmax.csv`; its checks.
 fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
     let held = dir.join(softmax::CSV).is_file();
     if a.report_only || (a.resume && held) {
-        let rows = softmax::read(dir)?;
-        write_atomic(
-            &dir.join(softmax_md::MARKDOWN),
-            softmax_md::render(&rows).as_bytes(),
-        )?;
-        return Ok(softmax_md::checks(&rows));
+        return report_softmax(dir);
     }
     if held && !a.force {
         return Err(Error::Usage(format!(
@@ -365,10 +357,7 @@ fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
             dir.display()
         )));
     }
-    let checks = reproduce_softmax(dir, a.quick)?;
-    let config = serde_json::json!({ "softmax": { "quick": a.quick } });
-    Meta::collect(config, vec![1], Vec::new()).write(&dir.join(META_NAME))?;
-    Ok(checks)
+    reproduce_softmax(dir, a.quick)
 }
 
 /// The command line that continues `a` where it stopped.

@@ -21,6 +21,15 @@ use crate::results::softmax::{SoftmaxRow, MATRIX, OVERFLOW, VECTOR};
 /// REPRODUCTION.md 1.4.
 pub const LENGTHS: [usize; 2] = [1_000_000, 64_000_000];
 pub const QUICK_LENGTHS: [usize; 2] = [1_000_000, 4_000_000];
+
+/// The timed lengths of a run, quick or not.
+pub fn lengths(quick: bool) -> [usize; 2] {
+    if quick {
+        QUICK_LENGTHS
+    } else {
+        LENGTHS
+    }
+}
 /// L of the counted L×L softmax.
 pub const MATRIX_SIDES: [usize; 3] = [1, 7, 64];
 /// The overflow inputs: one element at x_max, the rest `OVERFLOW_BASE` + uniform [0, 1);
@@ -101,12 +110,8 @@ pub fn measure(quick: bool, interrupted: &AtomicBool) -> Result<Vec<SoftmaxRow>>
         rows.extend(matrix_rows(l));
     }
     rows.extend(overflow_rows());
-    let (lengths, min_time_s) = if quick {
-        (QUICK_LENGTHS, 0.2)
-    } else {
-        (LENGTHS, 0.5)
-    };
-    for &n in &lengths {
+    let min_time_s = if quick { 0.2 } else { 0.5 };
+    for n in lengths(quick) {
         eprintln!("softmax: n = {n}: counting, then naive, safe, online interleaved");
         let x = uniform(n, SEED);
         let mut y = vec![0.0f32; n];
