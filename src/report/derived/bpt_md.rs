@@ -283,7 +283,17 @@ fn render(
                 .judged(format!("{} vs {}, {:.1}x", mib(p), mib(m), m / p), m >= 2.0 * p),
             );
         }
-        for (i, want) in [(2usize, "linearly"), (0, "quadratically")] {
+        // (design, how it grows, Sec. 3.1's term, the rule on the growth exponent)
+        let growth: [(usize, &str, &str, fn(f64) -> bool); 2] = [
+            (2, "linearly", "Sec. 3.1: 2bsh, linear in s", |g| g < 1.2),
+            (
+                0,
+                "quadratically",
+                "Sec. 3.1: 5bs²a, quadratic in s",
+                |g| g > 1.5,
+            ),
+        ];
+        for (i, want, paper, holds) in growth {
             let pts: Vec<(f64, f64)> = per[i]
                 .2
                 .memory
@@ -291,19 +301,14 @@ fn render(
                 .map(|(k, (m, _))| (*k as f64, *m as f64))
                 .collect();
             if let Some(g) = growth_exponent(&pts) {
-                let ok = if want == "linearly" { g < 1.2 } else { g > 1.5 };
                 checks.push(
                     Check::new(
                         format!("{mode}: {} memory grows {want} with context", per[i].0),
-                        if want == "linearly" {
-                            "Sec. 3.1: 2bsh, linear in s"
-                        } else {
-                            "Sec. 3.1: 5bs²a, quadratic in s"
-                        },
+                        paper,
                     )
                     .judged(
                         format!("log-log slope of the increments over the last doublings: {g:.2}"),
-                        ok,
+                        holds(g),
                     ),
                 );
             }
