@@ -283,8 +283,7 @@ fn render(
                 .judged(format!("{} vs {}, {:.1}x", mib(p), mib(m), m / p), m >= 2.0 * p),
             );
         }
-        // (design, how it grows, Sec. 3.1's term, the rule on the growth exponent)
-        let growth: [(usize, &str, &str, fn(f64) -> bool); 2] = [
+        let growth: [Growth; 2] = [
             (2, "linearly", "Sec. 3.1: 2bsh, linear in s", |g| g < 1.2),
             (
                 0,
@@ -370,6 +369,10 @@ fn render(
     }
     Some((s, checks))
 }
+
+/// A growth check: the design's index in `VARIANTS`, how its memory grows, Sec. 3.1's
+/// term, and the rule on the growth exponent.
+type Growth = (usize, &'static str, &'static str, fn(f64) -> bool);
 
 /// Growth exponent of memory in context from the increments of the last three points
 /// (an affine function gives 1, a quadratic term tends to 2): log2 of the ratio of
