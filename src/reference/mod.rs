@@ -95,13 +95,11 @@ pub fn reference_row_sinks(
     (window, sinks): (Option<usize>, usize),
     id: RowId,
 ) -> Vec<f64> {
-    let s = &inputs.shape;
-    let (b, h, row) = id;
-    let q_off = s.q_head_offset(b, h) + row * s.head_dim;
-    let keys = s
-        .sink_range(causal, window, sinks, row)
-        .chain(s.key_range(causal, window, row));
-    exact_row_of(inputs, q_off, s.kv_head_offset(b, h), keys)
+    exact_range(
+        inputs,
+        &[at_dense(&inputs.shape, id)],
+        (causal, window, sinks),
+    )
 }
 
 /// Row `id` = (0, head, packed row) of a ragged batch packed as `[1, heads, total, d]`
@@ -114,21 +112,8 @@ pub fn reference_row_ragged(
     (window, sinks): (Option<usize>, usize),
     id: RowId,
 ) -> Vec<f64> {
-    let s = &inputs.shape;
-    let (_, h, row) = id;
-    let (b, _, i) = seqs.row_of(seqs.q_row(0, h, row));
-    let seq = Shape {
-        batch: 1,
-        seq_q: seqs.q_len(b),
-        seq_kv: seqs.kv_len(b),
-        ..*s
-    };
-    let q_off = seqs.q_row(b, h, i) * s.head_dim;
-    let kv_off = seqs.kv_base(b, h / s.group());
-    let keys = seq
-        .sink_range(causal, window, sinks, i)
-        .chain(seq.key_range(causal, window, i));
-    exact_row_of(inputs, q_off, kv_off, keys)
+    let at = at_ragged(&inputs.shape, seqs, id);
+    exact_range(inputs, &[at], (causal, window, sinks))
 }
 
 /// The exact output of the query row at `q_off` against keys `keys` of the head at `kv_off`
@@ -287,8 +272,8 @@ fn at_dense(s: &Shape, (b, h, row): RowId) -> RowAt {
     }
 }
 
-/// Where packed row `(0, h, row)` of a ragged batch lives, as `reference_row_ragged`
-/// places it: row `i` of its own sequence, its offsets from `seqs`.
+/// Where packed row `(0, h, row)` of a ragged batch lives: row `i` of its own sequence
+/// (`seqs`), against that sequence's keys only.
 fn at_ragged(s: &Shape, seqs: &SeqLayout, (_, h, row): RowId) -> RowAt {
     let (b, _, i) = seqs.row_of(seqs.q_row(0, h, row));
     RowAt {
@@ -357,7 +342,9 @@ fn check_blocked(
 }
 
 /// The exact outputs of `ats` (one row, or one of `block::blocks`' blocks), row after row:
-/// a block by `block::exact_block`, a lone row by `exact_row_of` on the same keys.
+/// a block by `block::exact_block`, a lone row by `exact_row_of` on the same keys (the row
+/// oracle, `reference_row_sinks` and `reference_row_ragged`, the independent check of the
+/// blocked form).
 fn exact_range(
     inputs: &Inputs,
     ats: &[RowAt],
