@@ -173,20 +173,20 @@ pub fn sequence(
             }
         }
     }
-    let wo = get(Param::Wo);
-    let mut y = mm(&att, &wo, (s, h, h), false, false);
-    add_rows(&mut y, &get(Param::Bo));
-    y.iter_mut().zip(&x).for_each(|(y, x)| *y += x);
-    let (g2, b2ln) = (get(Param::Ln2Gain), get(Param::Ln2Bias));
-    let (vn, xhat2, rstd2) = layer_norm(&y, &g2, &b2ln);
-    let w1 = get(Param::W1);
-    let mut z = mm(&vn, &w1, (s, h, 4 * h), false, false);
-    add_rows(&mut z, &get(Param::B1));
-    let g: Vec<f64> = z.iter().map(|&v| gelu(v)).collect();
-    let w2 = get(Param::W2);
-    let mut out = mm(&g, &w2, (s, 4 * h, h), false, false);
-    add_rows(&mut out, &get(Param::B2));
-    out.iter_mut().zip(&y).for_each(|(o, y)| *o += y);
+    let Tail {
+        vn,
+        xhat2,
+        rstd2,
+        z,
+        g,
+        out,
+    } = tail(&p, &att, &x);
+    let (wo, w1, w2, g2) = (
+        get(Param::Wo),
+        get(Param::W1),
+        get(Param::W2),
+        get(Param::Ln2Gain),
+    );
 
     let Some(d_out) = d_out else {
         return Exact {
@@ -294,7 +294,6 @@ pub fn causal_rows(heads: usize, params: &[f32], x: &[f32], ranges: &[Range<usiz
         dst.assign(&rows);
     });
     let tokens: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
-    let r = tokens.len();
     // Attention rows of each range, per head: S = Q_blk K^T over keys 0..end, masked causally.
     let att_parts: Vec<Array2<f64>> = ranges
         .par_iter()
@@ -343,17 +342,46 @@ pub fn causal_rows(heads: usize, params: &[f32], x: &[f32], ranges: &[Range<usiz
         .iter()
         .flat_map(|&t| x[t * h..(t + 1) * h].iter().map(|&v| v as f64))
         .collect();
-    let mut y = mm(&att, &get(Param::Wo), (r, h, h), false, false);
+    tail(&p, &att, &xr).out
+}
+
+/// The block after attention, row by row, and what its backward keeps.
+struct Tail {
+    /// LN2(y) for y = att Wo + bo + x, with its normalized input and reciprocal deviations.
+    vn: Vec<f64>,
+    xhat2: Vec<f64>,
+    rstd2: Vec<f64>,
+    /// The FFN's pre-activation and its GELU.
+    z: Vec<f64>,
+    g: Vec<f64>,
+    /// out = GELU(z) W2 + b2 + y.
+    out: Vec<f64>,
+}
+
+/// `Tail` of rows `att` (attention outputs) and `x` (the block's inputs), `h` wide each:
+/// the output projection and residual, LN2, the FFN and its residual.
+fn tail(p: &View, att: &[f64], x: &[f64]) -> Tail {
+    let h = p.h;
+    let get = |q: Param| f64s(p.get(q));
+    let r = x.len() / h;
+    let mut y = mm(att, &get(Param::Wo), (r, h, h), false, false);
     add_rows(&mut y, &get(Param::Bo));
-    y.iter_mut().zip(&xr).for_each(|(y, x)| *y += x);
-    let (vn, _, _) = layer_norm(&y, &get(Param::Ln2Gain), &get(Param::Ln2Bias));
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+    let (vn, xhat2, rstd2) = layer_norm(&y, &get(Param::Ln2Gain), &get(Param::Ln2Bias));
     let mut z = mm(&vn, &get(Param::W1), (r, h, 4 * h), false, false);
     add_rows(&mut z, &get(Param::B1));
     let g: Vec<f64> = z.iter().map(|&v| gelu(v)).collect();
     let mut out = mm(&g, &get(Param::W2), (r, 4 * h, h), false, false);
     add_rows(&mut out, &get(Param::B2));
     out.iter_mut().zip(&y).for_each(|(o, y)| *o += y);
-    out
+    Tail {
+        vn,
+        xhat2,
+        rstd2,
+        z,
+        g,
+        out,
+    }
 }
 
 /// The hidden size of a flat parameter vector (12h^2 + 13h values).
