@@ -10,6 +10,7 @@ use super::checks::{rs_checks, Check, Verdict};
 use super::derived::{bpt_md, tree_vs_ring};
 use super::run_config::RunConfig;
 use super::select::{layout_of, rs_rows, RsRows, MEMORY_EFFICIENT, STANDARD};
+use super::tables_md::cell;
 use crate::config::paper::PaperTable;
 use crate::error::Result;
 use crate::model::markdown::table;
@@ -89,9 +90,9 @@ pub fn markdown(checks: &[Check]) -> String {
         .iter()
         .map(|c| {
             vec![
-                c.name.replace('|', "\\|"),
-                c.paper.replace('|', "\\|"),
-                c.ours.replace('|', "\\|"),
+                cell(&c.name),
+                cell(&c.paper),
+                cell(&c.ours),
                 match c.verdict {
                     Verdict::Pass | Verdict::Fail => format!("**{}**", c.verdict),
                     v => v.to_string(),

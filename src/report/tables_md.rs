@@ -332,7 +332,7 @@ const TABLE3_NOTE: &str =
     768·n bytes are q, k, v and their gradients in bf16).\n";
 
 /// Text for a markdown table cell (a `|` would end the cell).
-fn cell(text: &str) -> String {
+pub(super) fn cell(text: &str) -> String {
     text.replace('|', "\\|")
 }
 
