@@ -29,8 +29,9 @@ pub struct PaperRow {
     pub cells: Vec<String>,
 }
 
-/// A printed cell, read. Sizes use the paper's units, which are binary: "KB" is KiB, "MB"
-/// MiB, "GB" GiB (docs/papers.md, Rabe & Staats: inputs+outputs = 640 n bytes fits every cell).
+/// A printed cell, read. Sizes are read in binary units: "KB" is KiB, "MB" MiB, "GB" GiB
+/// (Rabe & Staats Table 2's inputs+outputs, 640·n bytes, fits every cell that way; Table 3
+/// prints a thousandth of a GiB as "MB", which `report::checks` reads where it matters).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Cell {
     Bytes(f64),
@@ -60,15 +61,11 @@ impl Cell {
                 .parse::<f64>()
                 .map_or(Cell::Text, |x| Cell::Fraction(x / 100.0));
         }
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let Ok(x) = num.parse::<f64>() else {
+        let Some(Printed { value: x, unit, .. }) = Printed::read(t) else {
             return Cell::Text;
         };
         let bytes = |shift: u32| Cell::Bytes(x * (1u64 << shift) as f64);
-        match unit.trim() {
+        match unit {
             "B" => bytes(0),
             "KB" | "KiB" => bytes(10),
             "MB" | "MiB" => bytes(20),
@@ -79,6 +76,38 @@ impl Cell {
             "s" => Cell::Seconds(x),
             _ => Cell::Text,
         }
+    }
+}
+
+/// A printed number and its unit, as the paper wrote them: "2.9MB" is 2.9, 1 decimal, "MB".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Printed<'a> {
+    pub value: f64,
+    /// Digits after the decimal point: the precision the paper printed.
+    pub decimals: usize,
+    pub unit: &'a str,
+}
+
+impl<'a> Printed<'a> {
+    pub fn read(text: &'a str) -> Option<Printed<'a>> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let value = num.parse::<f64>().ok()?;
+        let decimals = num.split_once('.').map_or(0, |(_, f)| f.len());
+        Some(Printed {
+            value,
+            decimals,
+            unit: unit.trim(),
+        })
+    }
+
+    /// Whether `x` (in this cell's unit) rounds to the printed value at its precision.
+    pub fn rounds_from(&self, x: f64) -> bool {
+        let scale = 10f64.powi(self.decimals as i32);
+        ((x * scale).round() - self.value * scale).abs() < 1e-6
     }
 }
 
@@ -168,6 +197,17 @@ impl PaperTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printed_numbers_keep_their_precision() {
+        let p = Printed::read("2.9MB").unwrap();
+        assert_eq!((p.value, p.decimals, p.unit), (2.9, 1, "MB"));
+        assert!(p.rounds_from(2.9296875) && p.rounds_from(2.85) && !p.rounds_from(3.0));
+        let p = Printed::read(" 188MB").unwrap();
+        assert_eq!((p.decimals, p.unit), (0, "MB"));
+        assert!(p.rounds_from(187.5) && !p.rounds_from(187.4));
+        assert_eq!(Printed::read("OOM"), None);
+    }
 
     #[test]
     fn cells_parse_in_the_papers_units() {

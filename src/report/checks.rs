@@ -3,15 +3,17 @@
 //! log-log slope of the memory-efficient overhead with kv_chunk = ⌈√n⌉ (O(√n): 0.5 ± 0.05,
 //! docs/papers.md, Rabe & Staats), the paper's error bound at n = 16384 (max |rabe-staats - naive| on
 //! the same inputs: 1.5e-7 normal, 6.5e-7 uniform; Rabe & Staats), Table 3's 32x against
-//! the model of the paper's backward (one query chunk's score slab) and the OOM pattern
-//! under the 8 GiB budget. A check without the rows it needs says so (n/a), never passes.
+//! the model of the paper's backward (one query chunk's score slab), the OOM pattern
+//! under the 8 GiB budget, and the paper's inputs-and-outputs row as its own accounting of
+//! our shapes (640·n and 768·n bytes, REPRODUCTION.md 1.1). A check without the rows it
+//! needs says so (n/a), never passes.
 
 use std::fmt;
 
 use super::select::{
-    RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_Q_CHUNK, STANDARD, TABLE2,
+    MbUnit, RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_Q_CHUNK, STANDARD, TABLE2,
 };
-use crate::config::paper::{Cell, PaperTable};
+use crate::config::paper::{Cell, PaperTable, Printed};
 use crate::results::record::{Record, Status};
 use crate::units::{bytes, pow2, sci};
 
@@ -312,6 +314,85 @@ fn slab_model_check(t: &RsRows, layout: &RsLayout) -> Check {
     }
 }
 
+/// The paper's "size of inputs and outputs" row read as its own accounting of our shapes
+/// (`PaperIo`): every printed cell must be what that accounting rounds to at the printed
+/// precision, in the table's units. It judges our reading of the paper (which tensors are
+/// inputs and outputs, what its "MB" is), which the overhead rows depend on; the result
+/// also says what our `io_bytes` counts and, where "MB" is not MiB, how many cells a MiB
+/// reading would miss.
+fn paper_io_check(t: &RsRows, paper: &PaperTable, layout: &RsLayout) -> Check {
+    let io = layout.paper_io;
+    let c = Check::new(
+        "size of inputs and outputs as the paper counts them",
+        format!("{} ({}): every printed cell", io.tensors, io.mb.describe()),
+    );
+    let rounds_to = |text: &str, b: f64, mb: MbUnit| {
+        Printed::read(text).is_some_and(|p| {
+            let unit = match p.unit {
+                "KB" => 1024.0,
+                "MB" => mb.bytes(),
+                "GB" => (1u64 << 30) as f64,
+                _ => return false,
+            };
+            p.rounds_from(b / unit)
+        })
+    };
+    let mut cells = 0;
+    let mut mib_misses = 0;
+    let mut disagree = Vec::new();
+    let mut shown = None;
+    for &n in &paper.columns {
+        let (Some(r), Some(text)) = (
+            t.memory_efficient.get(&n).or_else(|| t.standard.get(&n)),
+            paper.cell("inputs_outputs", n),
+        ) else {
+            continue;
+        };
+        let b = io.bytes(r) as f64;
+        cells += 1;
+        shown.get_or_insert(*r);
+        if !rounds_to(text, b, io.mb) {
+            disagree.push(format!(
+                "{}: paper {text}, accounting {}",
+                pow2(n),
+                bytes(b)
+            ));
+        }
+        if !rounds_to(text, b, MbUnit::Mebibyte) {
+            mib_misses += 1;
+        }
+    }
+    let Some(r) = shown else {
+        return c.missing("no rows at the paper's sequence lengths".into());
+    };
+    let per_n = |b: u64| b as f64 / r.seq_q as f64;
+    let mut ours = format!(
+        "{}·n B; {} of {cells} cells agree",
+        per_n(io.bytes(r)),
+        cells - disagree.len()
+    );
+    if io.mb != MbUnit::Mebibyte {
+        ours += &format!(" (reading MB as MiB, {} of {cells})", cells - mib_misses);
+    }
+    if r.io_bytes == io.bytes(r) {
+        ours += "; our io_bytes is the same";
+    } else {
+        ours += &format!(
+            "; our io_bytes is {}·n B (it also counts the f32 output{})",
+            per_n(r.io_bytes),
+            if layout.mode == "fwd+bwd" {
+                ", dO and f32 dq, dk, dv"
+            } else {
+                ""
+            }
+        );
+    }
+    if !disagree.is_empty() {
+        ours += &format!("; {}", disagree.join("; "));
+    }
+    c.judged(ours, disagree.is_empty())
+}
+
 /// Every check of a Rabe–Staats layout, in the order tables.md shows them. The √n slope and
 /// the output error bound are Table 2's (inference); Table 3 has the ratio (ours at least
 /// the paper's, and the paper's explained by its backward's score slab) and OOM pattern.
@@ -324,6 +405,7 @@ pub fn rs_checks(t: &RsRows, paper: &PaperTable, layout: &RsLayout) -> Vec<Check
         v.push(slab_model_check(t, layout));
     }
     v.push(oom_check(t, paper));
+    v.push(paper_io_check(t, paper, layout));
     v
 }
 
@@ -344,5 +426,61 @@ mod tests {
         let quad: Vec<(f64, f64)> = pts.iter().map(|(n, _)| (*n, n * n)).collect();
         assert!((loglog_slope(&quad).unwrap() - 2.0).abs() < 1e-12);
         assert_eq!(loglog_slope(&pts[..1]), None);
+    }
+
+    /// Table 3's printed inputs-and-outputs row (seed 001 L321-330), with our shapes: one
+    /// head, d = 64, and `io_bytes` at 1664·n as a `fwd+bwd` case counts it.
+    fn io_rows(paper_row: &str) -> (Vec<Record>, PaperTable) {
+        let paper = PaperTable::parse(&format!(
+            "rabe_staats_table3,256,1024,4096,16384,65536,262144,1048576\n{paper_row}\n"
+        ))
+        .unwrap();
+        let rows = paper
+            .columns
+            .iter()
+            .map(|&n| Record {
+                variant: MEMORY_EFFICIENT.into(),
+                mode: "fwd+bwd".into(),
+                input_dist: "normal".into(),
+                batch: 1,
+                heads: 1,
+                seq_q: n,
+                seq_kv: n,
+                head_dim: 64,
+                q_chunk: Some(PAPER_Q_CHUNK.min(n)),
+                kv_chunk: Some(4096.min(n)),
+                io_bytes: 1664 * n as u64,
+                ..Record::default()
+            })
+            .collect();
+        (rows, paper)
+    }
+
+    #[test]
+    fn the_papers_io_row_is_its_own_accounting_read_in_its_units() {
+        use crate::report::select::{rs_rows, TABLE3};
+        let printed = "inputs_outputs,192KB,768KB,2.9MB,12MB,47MB,188MB,750MB";
+        let (rows, paper) = io_rows(printed);
+        let c = paper_io_check(&rs_rows(&rows, &TABLE3), &paper, &TABLE3);
+        assert_eq!(c.verdict, Verdict::Pass, "{}", c.ours);
+        assert!(c
+            .ours
+            .starts_with("768·n B; 7 of 7 cells agree (reading MB as MiB, 3 of 7)"));
+        assert!(c.ours.contains("our io_bytes is 1664·n B"));
+        // Table 2's accounting (640·n, MiB) does not print Table 3's row.
+        let t2 = RsLayout {
+            mode: "fwd+bwd",
+            ..TABLE2
+        };
+        let c = paper_io_check(&rs_rows(&rows, &t2), &paper, &t2);
+        assert_eq!(c.verdict, Verdict::Fail, "{}", c.ours);
+        // One cell off by a printed digit fails.
+        let (rows, paper) = io_rows(&printed.replace("47MB", "48MB"));
+        let c = paper_io_check(&rs_rows(&rows, &TABLE3), &paper, &TABLE3);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.ours.contains("2^16: paper 48MB"), "{}", c.ours);
+        // No rows at the paper's lengths: n/a, not a pass.
+        let c = paper_io_check(&rs_rows(&[], &TABLE3), &paper, &TABLE3);
+        assert_eq!(c.verdict, Verdict::NotApplicable);
     }
 }

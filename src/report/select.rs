@@ -30,6 +30,54 @@ pub struct RsLayout {
     pub paper_ratio: f64,
     /// How our ratio is judged against the paper's.
     pub ratio_rule: RatioRule,
+    /// How the paper counts its "size of inputs and outputs" row.
+    pub paper_io: PaperIo,
+}
+
+/// The paper's accounting of its inputs and outputs, decoded from its cells
+/// (REPRODUCTION.md 1.1): the n × d tensors it counts and how its "MB" reads. Ours counts
+/// more (`Case::io_bytes`: O, and for `fwd+bwd` dO and f32 gradients), so the paper's row
+/// is checked against this accounting of our shapes, not against our `io_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaperIo {
+    /// The tensors counted, for the report.
+    pub tensors: &'static str,
+    /// Bytes per token and feature: the counted tensors' element sizes summed.
+    pub bytes_per_element: usize,
+    /// Bytes of one printed "MB".
+    pub mb: MbUnit,
+}
+
+/// What one "MB" of a paper cell is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MbUnit {
+    /// 2^20 bytes (Table 2, like its KB and GB).
+    Mebibyte,
+    /// A thousandth of a GiB (Table 3: 768·n at n = 2^12 is 3 MiB, printed "2.9MB").
+    GibibyteThousandth,
+}
+
+impl MbUnit {
+    pub fn bytes(self) -> f64 {
+        match self {
+            MbUnit::Mebibyte => (1u64 << 20) as f64,
+            MbUnit::GibibyteThousandth => (1u64 << 30) as f64 / 1000.0,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            MbUnit::Mebibyte => "MB = MiB",
+            MbUnit::GibibyteThousandth => "MB = GiB/1000",
+        }
+    }
+}
+
+impl PaperIo {
+    /// The paper's accounting of a row's shape, in bytes.
+    pub fn bytes(&self, r: &Record) -> u64 {
+        (self.bytes_per_element * r.batch * r.heads * r.seq_q * r.head_dim) as u64
+    }
 }
 
 /// The pass rule of the overhead-ratio check.
@@ -49,6 +97,11 @@ pub const TABLE2: RsLayout = RsLayout {
     mode: "fwd",
     paper_ratio: 59.0,
     ratio_rule: RatioRule::Within,
+    paper_io: PaperIo {
+        tensors: "q, k, v in bf16 and the output in f32",
+        bytes_per_element: 3 * 2 + 4,
+        mb: MbUnit::Mebibyte,
+    },
 };
 
 pub const TABLE3: RsLayout = RsLayout {
@@ -57,6 +110,11 @@ pub const TABLE3: RsLayout = RsLayout {
     mode: "fwd+bwd",
     paper_ratio: 32.0,
     ratio_rule: RatioRule::AtLeast,
+    paper_io: PaperIo {
+        tensors: "q, k, v and dq, dk, dv in bf16",
+        bytes_per_element: 6 * 2,
+        mb: MbUnit::GibibyteThousandth,
+    },
 };
 
 /// The layout of a paper table id, if this report knows it.

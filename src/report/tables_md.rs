@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use super::checks::{default_chunk_slope, Check};
 use super::select::{
-    RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
+    MbUnit, RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_KV_CHUNK, PAPER_Q_CHUNK, STANDARD, TABLE3,
 };
 use super::series::ChunkGrid;
 use crate::config::paper::PaperTable;
@@ -200,11 +200,16 @@ fn rs_table(
         "\nOurs: standard attention is `{STANDARD}`, memory-efficient attention is `{MEMORY_EFFICIENT}` \
          with the paper's chunks (q_chunk = min({PAPER_Q_CHUNK}, n), kv_chunk = min({PAPER_KV_CHUNK}, n)), \
          inputs drawn from N(0, 1), {}, {budget}. The paper ran on one TPUv2 with 8 GB. \
-         The paper's KB/MB/GB are binary units; ours are printed as KiB/MiB/GiB. \
+         The paper's KB/MB/GB are binary units{}; ours are printed as KiB/MiB/GiB. \
          OOM: the case does not fit the budget (ours: predicted, not run). \
          {DAGGER}: time extrapolated, timed on the first query chunks and scaled by the row count \
          (docs/methodology.md, \"Extrapolation\").\n",
-        t.describe()
+        t.describe(),
+        match layout.paper_io.mb {
+            MbUnit::Mebibyte => "",
+            MbUnit::GibibyteThousandth =>
+                " (but the size of inputs and outputs prints a thousandth of a GiB as MB)",
+        }
     );
     let cols = &paper.columns;
     let _ = writeln!(
@@ -233,6 +238,14 @@ fn rs_table(
     ours_row(md, "Size of inputs and outputs (ours)", &|n| {
         either(n).map_or("not run".into(), |r| bytes(r.io_bytes as f64))
     });
+    ours_row(
+        md,
+        &format!(
+            "Size of inputs and outputs (the paper's accounting of our shapes: {})",
+            layout.paper_io.tensors
+        ),
+        &|n| either(n).map_or("not run".into(), |r| bytes(layout.paper_io.bytes(r) as f64)),
+    );
     paper_row(
         md,
         "Memory overhead of standard attention (paper)",
