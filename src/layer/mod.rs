@@ -77,9 +77,14 @@ pub struct LayerError {
     pub out_max_rel: f64,
     /// Tokens whose output was checked.
     pub out_rows: usize,
-    /// Gradients: the largest |difference| over dx and every parameter tensor, and the
-    /// largest per-tensor ratio of that to the tensor's largest |reference|.
+    /// Gradients: the largest |difference| over dx and every parameter tensor (or, when
+    /// `grad_last_rows`, over the dx of the last tokens alone), and the largest per-tensor
+    /// ratio of that to the tensor's largest |reference|.
     pub grad: Option<(f64, f64)>,
+    /// Tokens whose dx was checked.
+    pub grad_rows: usize,
+    /// Only the dx of the last `grad_rows` tokens of the first sequence was checked.
+    pub grad_last_rows: bool,
     pub non_finite: usize,
 }
 
@@ -104,7 +109,9 @@ pub fn spread_rows(n: usize) -> Vec<std::ops::Range<usize>> {
 /// Checks `out` (and, with `grads = (d_out, dx, dp)`, the gradients) against the f64
 /// oracle: everything when affordable; otherwise the outputs of `spread_rows` of the first
 /// sequence (`oracle::causal_rows`: the keys and values of every earlier token, as
-/// blocked f64 GEMMs), and no gradient.
+/// blocked f64 GEMMs) and the dx of its last `SPREAD_ROWS` tokens
+/// (`oracle::causal_last_rows_dx`, exact from their upstream gradient alone); the parameter
+/// gradients, sums over every token, need the whole backward and are not checked then.
 pub fn check(
     case: &Case,
     params: &[f32],
@@ -155,6 +162,7 @@ pub fn check(
             }
         }
         e.out_rows = s.batch * n;
+        e.grad_rows = e.out_rows;
         if let Some((_, _, dp)) = grads {
             let mut worst = (dx_err.0, dx_err.0 / dx_err.1.max(f64::MIN_POSITIVE));
             for q in params::Param::ALL {
@@ -184,6 +192,16 @@ pub fn check(
         let mut nf = 0;
         fold(&got, &want, &mut e.out_max_abs, &mut ref_max, &mut nf);
         e.out_rows = got.len() / h;
+        if let Some((d_out, dx, _)) = grads {
+            let last = (n - SPREAD_ROWS.min(n)) * h..n * h;
+            let want =
+                oracle::causal_last_rows_dx(s.heads, params, &x[..n * h], &d_out[last.clone()]);
+            let (mut max_abs, mut dx_max) = (0.0, 0.0);
+            fold(&dx[last.clone()], &want, &mut max_abs, &mut dx_max, &mut nf);
+            e.grad = Some((max_abs, max_abs / f64::max(dx_max, f64::MIN_POSITIVE)));
+            e.grad_rows = last.len() / h;
+            e.grad_last_rows = true;
+        }
         e.non_finite = nf;
     }
     e.out_max_rel = e.out_max_abs / ref_max.max(f64::MIN_POSITIVE);

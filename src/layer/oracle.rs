@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use ndarray::{s, Array2, Axis};
+use ndarray::{s, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 
 use super::params::{Param, View};
@@ -173,48 +173,19 @@ pub fn sequence(
             }
         }
     }
-    let Tail {
-        vn,
-        xhat2,
-        rstd2,
-        z,
-        g,
-        out,
-    } = tail(&p, &att, &x);
-    let (wo, w1, w2, g2) = (
-        get(Param::Wo),
-        get(Param::W1),
-        get(Param::W2),
-        get(Param::Ln2Gain),
-    );
-
+    let tl = tail(&p, &att, &x);
     let Some(d_out) = d_out else {
         return Exact {
-            out,
+            out: tl.out,
             dx: Vec::new(),
             dp: Vec::new(),
         };
     };
-    let dout = f64s(d_out);
     let mut dp = vec![0.0; params.len()];
     let mut put = |q: Param, v: &[f64]| {
         dp[q.range(h)].iter_mut().zip(v).for_each(|(a, b)| *a += b);
     };
-    put(Param::W2, &mm(&g, &dout, (4 * h, s, h), true, false));
-    put(Param::B2, &column_sums(&dout, h));
-    let mut dz = mm(&dout, &w2, (s, h, 4 * h), false, true);
-    dz.iter_mut().zip(&z).for_each(|(d, z)| *d *= gelu_grad(*z));
-    put(Param::W1, &mm(&vn, &dz, (h, s, 4 * h), true, false));
-    put(Param::B1, &column_sums(&dz, 4 * h));
-    let dvn = mm(&dz, &w1, (s, 4 * h, h), false, true);
-    let (mut dg2, mut db2) = (vec![0.0; h], vec![0.0; h]);
-    let mut dy = layer_norm_backward(&dvn, &xhat2, &rstd2, &g2, &mut dg2, &mut db2);
-    put(Param::Ln2Gain, &dg2);
-    put(Param::Ln2Bias, &db2);
-    dy.iter_mut().zip(&dout).for_each(|(a, b)| *a += b);
-    put(Param::Wo, &mm(&att, &dy, (h, s, h), true, false));
-    put(Param::Bo, &column_sums(&dy, h));
-    let datt = mm(&dy, &wo, (s, h, h), false, true);
+    let (datt, dy) = tail_backward(&p, &tl, &att, &f64s(d_out), &mut put);
     let mut dqkv = vec![0.0; s * 3 * h];
     for (hd, pm) in probs.iter().enumerate() {
         for i in 0..s {
@@ -251,11 +222,100 @@ pub fn sequence(
     put(Param::Ln1Gain, &dg1);
     put(Param::Ln1Bias, &db1);
     dx.iter_mut().zip(&dy).for_each(|(a, b)| *a += b);
-    Exact { out, dx, dp }
+    Exact {
+        out: tl.out,
+        dx,
+        dp,
+    }
 }
 
-/// Tokens a chunk of `causal_rows`' key/value projection (one GEMM each, in parallel).
+/// Tokens a chunk of the key/value projection (one GEMM each, in parallel).
 const KV_CHUNK: usize = 1024;
+
+/// LN1 then the Q, K, V projection of some tokens of one sequence, as `sequence` computes
+/// them, with ndarray GEMMs: what the row oracles below need of the attention's inputs.
+struct Projection<'a> {
+    x: &'a [f32],
+    h: usize,
+    g1: Vec<f64>,
+    b1: Vec<f64>,
+    /// `h x 3h`.
+    wqkv: Array2<f64>,
+    bqkv: Vec<f64>,
+}
+
+impl<'a> Projection<'a> {
+    fn new(p: &View, x: &'a [f32]) -> Self {
+        let h = p.h;
+        let get = |q: Param| f64s(p.get(q));
+        let wqkv = get(Param::Wqkv);
+        Projection {
+            x,
+            h,
+            g1: get(Param::Ln1Gain),
+            b1: get(Param::Ln1Bias),
+            wqkv: Array2::from_shape_fn((h, 3 * h), |(i, j)| wqkv[i * 3 * h + j]),
+            bqkv: get(Param::Bqkv),
+        }
+    }
+
+    /// LN1 of tokens `t`: (output, xhat, 1/std), as `layer_norm` gives them.
+    fn ln1(&self, t: &Range<usize>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let h = self.h;
+        layer_norm(&f64s(&self.x[t.start * h..t.end * h]), &self.g1, &self.b1)
+    }
+
+    /// Columns `cols` of [Q | K | V] (`t.len() x cols.len()`) of tokens `t`.
+    fn rows(&self, t: Range<usize>, cols: Range<usize>) -> Array2<f64> {
+        let (n, h) = (t.len(), self.h);
+        let (u, _, _) = self.ln1(&t);
+        let u = Array2::from_shape_fn((n, h), |(i, j)| u[i * h + j]);
+        let mut r = u.dot(&self.wqkv.slice(s![.., cols.clone()]));
+        for mut row in r.rows_mut() {
+            row.iter_mut()
+                .zip(&self.bqkv[cols.clone()])
+                .for_each(|(v, b)| *v += b);
+        }
+        r
+    }
+
+    /// [K | V] (`m x 2h`) of tokens `0..m`, in parallel chunks.
+    fn keys_values(&self, m: usize) -> Array2<f64> {
+        let h = self.h;
+        let mut kv = Array2::<f64>::zeros((m, 2 * h));
+        let chunks: Vec<_> = kv.axis_chunks_iter_mut(Axis(0), KV_CHUNK).collect();
+        chunks.into_par_iter().enumerate().for_each(|(c, mut dst)| {
+            let t0 = c * KV_CHUNK;
+            let rows = self.rows(t0..t0 + dst.nrows(), h..3 * h);
+            dst.assign(&rows);
+        });
+        kv
+    }
+}
+
+/// P (`q.nrows() x k.nrows()`) of one head for the query tokens `first..` of a causal
+/// sequence: softmax(scale · q kᵀ) with keys after each query masked to 0.
+fn causal_probs(q: ArrayView2<f64>, k: ArrayView2<f64>, first: usize, scale: f64) -> Array2<f64> {
+    let mut pm = q.dot(&k.t());
+    for (bi, mut prow) in pm.rows_mut().into_iter().enumerate() {
+        let vis = first + bi + 1;
+        let mx = prow
+            .iter()
+            .take(vis)
+            .fold(f64::NEG_INFINITY, |m, &s| m.max(scale * s));
+        let mut sum = 0.0;
+        for (j, sc) in prow.iter_mut().enumerate() {
+            *sc = if j < vis {
+                (scale * *sc - mx).exp()
+            } else {
+                0.0
+            };
+            sum += *sc;
+        }
+        prow.mapv_inplace(|v| v / sum);
+    }
+    pm
+}
 
 /// The exact outputs (`r x h`, the tokens of `ranges` in order) of the tokens `ranges`
 /// (sorted, disjoint) of one CAUSAL sequence `x` (`s x h`): as `sequence` computes them, but
@@ -264,85 +324,94 @@ const KV_CHUNK: usize = 1024;
 pub fn causal_rows(heads: usize, params: &[f32], x: &[f32], ranges: &[Range<usize>]) -> Vec<f64> {
     let h = params_h(params);
     let p = View::new(h, params);
-    let get = |q: Param| f64s(p.get(q));
-    let (a, d) = (heads, h / heads);
+    let d = h / heads;
     let scale = 1.0 / (d as f64).sqrt();
-    let m = ranges.last().map_or(0, |r| r.end);
-    let (g1, b1ln) = (get(Param::Ln1Gain), get(Param::Ln1Bias));
-    let wqkv_flat = get(Param::Wqkv);
-    let wqkv = Array2::from_shape_fn((h, 3 * h), |(i, j)| wqkv_flat[i * 3 * h + j]);
-    let bqkv = get(Param::Bqkv);
-    // LN1 then the Q, K, V projection of tokens `t`, as `sequence` computes them.
-    let project = |t: Range<usize>, cols: Range<usize>| -> Array2<f64> {
-        let n = t.len();
-        let (u, _, _) = layer_norm(&f64s(&x[t.start * h..t.end * h]), &g1, &b1ln);
-        let u = Array2::from_shape_fn((n, h), |(i, j)| u[i * h + j]);
-        let mut r = u.dot(&wqkv.slice(s![.., cols.clone()]));
-        for mut row in r.rows_mut() {
-            row.iter_mut()
-                .zip(&bqkv[cols.clone()])
-                .for_each(|(v, b)| *v += b);
-        }
-        r
-    };
-    // K and V (`m x 2h`) of every token a checked row sees.
-    let mut kv = Array2::<f64>::zeros((m, 2 * h));
-    let chunks: Vec<_> = kv.axis_chunks_iter_mut(Axis(0), KV_CHUNK).collect();
-    chunks.into_par_iter().enumerate().for_each(|(c, mut dst)| {
-        let t0 = c * KV_CHUNK;
-        let rows = project(t0..t0 + dst.nrows(), h..3 * h);
-        dst.assign(&rows);
-    });
-    let tokens: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
-    // Attention rows of each range, per head: S = Q_blk K^T over keys 0..end, masked causally.
+    let proj = Projection::new(&p, x);
+    let kv = proj.keys_values(ranges.last().map_or(0, |r| r.end));
     let att_parts: Vec<Array2<f64>> = ranges
         .par_iter()
         .map(|rg| {
-            let q = project(rg.clone(), 0..h);
+            let q = proj.rows(rg.clone(), 0..h);
             let mut att = Array2::<f64>::zeros((rg.len(), h));
-            for hd in 0..a {
+            for hd in 0..heads {
                 let cols = hd * d..(hd + 1) * d;
                 let k = kv.slice(s![..rg.end, cols.clone()]);
                 let v = kv.slice(s![..rg.end, h + hd * d..h + (hd + 1) * d]);
-                let mut pm = q.slice(s![.., cols.clone()]).dot(&k.t());
-                let mut sums = vec![0.0; rg.len()];
-                for ((bi, mut prow), sum) in pm.rows_mut().into_iter().enumerate().zip(&mut sums) {
-                    let vis = rg.start + bi + 1;
-                    let mx = prow
-                        .iter()
-                        .take(vis)
-                        .fold(f64::NEG_INFINITY, |m, &s| m.max(scale * s));
-                    for (j, sc) in prow.iter_mut().enumerate() {
-                        *sc = if j < vis {
-                            (scale * *sc - mx).exp()
-                        } else {
-                            0.0
-                        };
-                        *sum += *sc;
-                    }
-                }
-                let o = pm.dot(&v);
-                for ((mut dst, src), sum) in att
-                    .slice_mut(s![.., cols.clone()])
-                    .rows_mut()
-                    .into_iter()
-                    .zip(o.rows())
-                    .zip(&sums)
-                {
-                    dst.iter_mut()
-                        .zip(src.iter())
-                        .for_each(|(a, b)| *a = b / sum);
-                }
+                let pm = causal_probs(q.slice(s![.., cols.clone()]), k, rg.start, scale);
+                att.slice_mut(s![.., cols]).assign(&pm.dot(&v));
             }
             att
         })
         .collect();
     let att: Vec<f64> = att_parts.iter().flat_map(|a| a.iter().copied()).collect();
-    let xr: Vec<f64> = tokens
+    let xr: Vec<f64> = ranges
         .iter()
-        .flat_map(|&t| x[t * h..(t + 1) * h].iter().map(|&v| v as f64))
+        .flat_map(|r| f64s(&x[r.start * h..r.end * h]))
         .collect();
     tail(&p, &att, &xr).out
+}
+
+/// dx (`r x h`) of the last `r` tokens of one CAUSAL sequence `x` (`s x h`), for the upstream
+/// gradient `d_out` (`r x h`) of those tokens. Exact: no earlier token's output depends on
+/// them, so their gradient needs no other token's upstream gradient. The forward of their
+/// rows as `causal_rows` computes it (P kept, `r x s` per head), `tail_backward`, then the
+/// attention backward of their queries (dQ against every key, dK and dV of their own keys)
+/// and LN1's. O(2 s h^2 + 4 r s h + 24 r h^2), memory O(s h + r s).
+pub fn causal_last_rows_dx(heads: usize, params: &[f32], x: &[f32], d_out: &[f32]) -> Vec<f64> {
+    let h = params_h(params);
+    let p = View::new(h, params);
+    let d = h / heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    let (n, r) = (x.len() / h, d_out.len() / h);
+    let last = n - r..n;
+    let proj = Projection::new(&p, x);
+    let kv = proj.keys_values(n);
+    let q = proj.rows(last.clone(), 0..h);
+    let probs: Vec<Array2<f64>> = (0..heads)
+        .into_par_iter()
+        .map(|hd| {
+            let k = kv.slice(s![.., hd * d..(hd + 1) * d]);
+            causal_probs(q.slice(s![.., hd * d..(hd + 1) * d]), k, last.start, scale)
+        })
+        .collect();
+    let mut att = Array2::<f64>::zeros((r, h));
+    for (hd, pm) in probs.iter().enumerate() {
+        let v = kv.slice(s![.., h + hd * d..h + (hd + 1) * d]);
+        att.slice_mut(s![.., hd * d..(hd + 1) * d])
+            .assign(&pm.dot(&v));
+    }
+    let att: Vec<f64> = att.iter().copied().collect();
+    let tl = tail(&p, &att, &f64s(&x[last.start * h..]));
+    let (datt, dy) = tail_backward(&p, &tl, &att, &f64s(d_out), &mut |_, _| {});
+    let datt = Array2::from_shape_vec((r, h), datt).expect("r x h");
+    // dP = dO Vᵀ, dS = P (dP - rowsum(P dP)) scale; dQ = dS K, and the block's own keys and
+    // values: dK = dSᵀ Q, dV = Pᵀ dO over its columns.
+    let mut dqkv = Array2::<f64>::zeros((r, 3 * h));
+    for (hd, pm) in probs.iter().enumerate() {
+        let cols = hd * d..(hd + 1) * d;
+        let k = kv.slice(s![.., cols.clone()]);
+        let v = kv.slice(s![.., h + hd * d..h + (hd + 1) * d]);
+        let dai = datt.slice(s![.., cols.clone()]);
+        let mut ds = dai.dot(&v.t());
+        for (mut drow, prow) in ds.rows_mut().into_iter().zip(pm.rows()) {
+            let dot: f64 = drow.iter().zip(prow.iter()).map(|(a, b)| a * b).sum();
+            drow.iter_mut()
+                .zip(prow.iter())
+                .for_each(|(g, p)| *g = p * (*g - dot) * scale);
+        }
+        let own = s![.., last.clone()];
+        dqkv.slice_mut(s![.., cols.clone()]).assign(&ds.dot(&k));
+        dqkv.slice_mut(s![.., h + hd * d..h + (hd + 1) * d])
+            .assign(&ds.slice(own).t().dot(&q.slice(s![.., cols])));
+        dqkv.slice_mut(s![.., 2 * h + hd * d..2 * h + (hd + 1) * d])
+            .assign(&pm.slice(own).t().dot(&dai));
+    }
+    let du: Vec<f64> = dqkv.dot(&proj.wqkv.t()).iter().copied().collect();
+    let (_, xhat1, rstd1) = proj.ln1(&last);
+    let (mut dg, mut db) = (vec![0.0; h], vec![0.0; h]);
+    let mut dx = layer_norm_backward(&du, &xhat1, &rstd1, &proj.g1, &mut dg, &mut db);
+    dx.iter_mut().zip(&dy).for_each(|(a, b)| *a += b);
+    dx
 }
 
 /// The block after attention, row by row, and what its backward keeps.
@@ -382,6 +451,40 @@ fn tail(p: &View, att: &[f64], x: &[f64]) -> Tail {
         g,
         out,
     }
+}
+
+/// The backward of `tail` for rows `att` (its input) and upstream `dout`: (d att, dy), dy
+/// being the gradient at y = att Wo + bo + x (the residual's, so also x's share); the
+/// parameter gradients of the rows go to `put`.
+fn tail_backward(
+    p: &View,
+    t: &Tail,
+    att: &[f64],
+    dout: &[f64],
+    put: &mut impl FnMut(Param, &[f64]),
+) -> (Vec<f64>, Vec<f64>) {
+    let h = p.h;
+    let get = |q: Param| f64s(p.get(q));
+    let r = dout.len() / h;
+    put(Param::W2, &mm(&t.g, dout, (4 * h, r, h), true, false));
+    put(Param::B2, &column_sums(dout, h));
+    let mut dz = mm(dout, &get(Param::W2), (r, h, 4 * h), false, true);
+    dz.iter_mut()
+        .zip(&t.z)
+        .for_each(|(d, z)| *d *= gelu_grad(*z));
+    put(Param::W1, &mm(&t.vn, &dz, (h, r, 4 * h), true, false));
+    put(Param::B1, &column_sums(&dz, 4 * h));
+    let dvn = mm(&dz, &get(Param::W1), (r, 4 * h, h), false, true);
+    let (mut dg2, mut db2) = (vec![0.0; h], vec![0.0; h]);
+    let g2 = get(Param::Ln2Gain);
+    let mut dy = layer_norm_backward(&dvn, &t.xhat2, &t.rstd2, &g2, &mut dg2, &mut db2);
+    put(Param::Ln2Gain, &dg2);
+    put(Param::Ln2Bias, &db2);
+    dy.iter_mut().zip(dout).for_each(|(a, b)| *a += b);
+    put(Param::Wo, &mm(att, &dy, (h, r, h), true, false));
+    put(Param::Bo, &column_sums(&dy, h));
+    let datt = mm(&dy, &get(Param::Wo), (r, h, h), false, true);
+    (datt, dy)
 }
 
 /// The hidden size of a flat parameter vector (12h^2 + 13h values).
@@ -482,6 +585,30 @@ mod tests {
         }
     }
 
+    /// `causal_last_rows_dx` equals `sequence`'s dx of the last tokens (1e-12 of the largest
+    /// |dx|) with the upstream gradient of every token given to `sequence` and only the last
+    /// tokens' to it: their gradient depends on no earlier token's.
+    #[test]
+    fn last_rows_dx_equal_the_full_backward() {
+        let (h, heads, s) = (16, 4, 150);
+        let p = params::generate(h, 5);
+        let x: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let dout: Vec<f32> = (0..s * h)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+            .collect();
+        let full = sequence(heads, true, &p, &x, Some(&dout)).dx;
+        let big = full.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for r in [1, 7, 64, 150] {
+            let got = causal_last_rows_dx(heads, &p, &x, &dout[(s - r) * h..]);
+            assert_eq!(got.len(), r * h);
+            for (i, (a, b)) in got.iter().zip(&full[(s - r) * h..]).enumerate() {
+                assert!((a - b).abs() <= 1e-12 * big, "r {r}, value {i}: {a} vs {b}");
+            }
+        }
+    }
+
     /// Wall time of `causal_rows` on `spread_rows` at the largest BPT context
     /// (configs/bpt_max_context.toml: 65536 tokens, hidden 256). Run with `--ignored --nocapture`.
     #[test]
@@ -501,5 +628,12 @@ mod tests {
             t.elapsed().as_secs_f64()
         );
         assert!(out.iter().all(|v| v.is_finite()));
+        let t = std::time::Instant::now();
+        let dx = causal_last_rows_dx(heads, &p, &x, &x[(s - 64) * h..]);
+        println!(
+            "causal_last_rows_dx, the last 64 tokens of 65536, h 256: {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+        assert!(dx.iter().all(|v| v.is_finite()));
     }
 }

@@ -389,8 +389,12 @@ impl Step for LayerStep<'_> {
         if let Some((abs, rel)) = err.grad {
             record.grad_max_abs_err = Some(abs);
             record.grad_max_rel_err = Some(rel);
-            record.grad_err_rows = Some(err.out_rows);
-            record.grad_err_scope = "all".into();
+            record.grad_err_rows = Some(err.grad_rows);
+            record.grad_err_scope = if err.grad_last_rows {
+                format!("dx of the last {} tokens", err.grad_rows)
+            } else {
+                "all".into()
+            };
         } else if train {
             record.grad_err_scope = "none: too large for the f64 oracle".into();
         }
