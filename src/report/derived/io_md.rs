@@ -35,7 +35,7 @@ fn of<'a>(rows: &'a [IoRow], order: &'a str) -> impl Iterator<Item = &'a IoRow> 
     rows.iter().filter(move |r| r.order == order)
 }
 
-fn standard_of<'a>(rows: &'a [IoRow], l: usize, d: usize) -> Option<&'a IoRow> {
+fn standard_of(rows: &[IoRow], l: usize, d: usize) -> Option<&IoRow> {
     of(rows, STANDARD).find(|r| r.seq_len == l && r.head_dim == d)
 }
 
