@@ -19,7 +19,7 @@ const TABLES: [(&str, &str); 6] = [
     ("tree-attention", "tree_vs_ring"),
 ];
 
-/// The blog's softmax table: no sweep, its rows in softmax.csv.
+/// The blog's softmax table: no sweep, its rows in softmax.csv and io.csv.
 const SOFTMAX: (&str, &str) = ("blog", "softmax");
 
 /// Copies the committed results/papers/ runs (rows, meta and the Tree-vs-Ring
@@ -29,7 +29,7 @@ fn copy_papers(to: &Path) {
     let from = repo().join("results/papers").join(paper).join(table);
     let dir = to.join(paper).join(table);
     fs::create_dir_all(&dir).unwrap();
-    for f in ["softmax.csv", "meta.json"] {
+    for f in ["softmax.csv", "io.csv", "meta.json"] {
         fs::copy(from.join(f), dir.join(f)).unwrap();
     }
     for (paper, table) in TABLES {
@@ -74,7 +74,7 @@ fn dry_run_names_every_table_with_a_sweep_a_user_can_run() {
     }
     let (paper, table) = SOFTMAX;
     assert!(
-        text.contains(&format!("{paper} {table}: naive, safe and online softmax counted and timed (1M and 4M elements) into results/papers-quick/{paper}/{table}")),
+        text.contains(&format!("{paper} {table}: naive, safe and online softmax counted and timed (1M and 4M elements), FlashAttention loop orders' HBM traffic counted, into results/papers-quick/{paper}/{table}")),
         "{text}"
     );
     assert_eq!(text.lines().count(), TABLES.len() + 1, "{text}");
@@ -134,13 +134,15 @@ fn the_committed_claims_follow_from_the_committed_rows() {
         assert_eq!(ours, committed, "{paper}/claims.md differs from its rows");
     }
     let (paper, table) = SOFTMAX;
-    let rendered =
-        |root: &Path| fs::read_to_string(root.join(paper).join(table).join("softmax.md")).unwrap();
-    assert_eq!(
-        rendered(tmp.path()),
-        rendered(&repo().join("results/papers")),
-        "softmax.md differs from its rows"
-    );
+    for md in ["softmax.md", "io.md"] {
+        let rendered =
+            |root: &Path| fs::read_to_string(root.join(paper).join(table).join(md)).unwrap();
+        assert_eq!(
+            rendered(tmp.path()),
+            rendered(&repo().join("results/papers")),
+            "{md} differs from its rows"
+        );
+    }
 }
 
 /// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows

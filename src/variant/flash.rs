@@ -25,8 +25,9 @@ static INFO: VariantInfo = VariantInfo {
     numerically_safe: true,
 };
 
-/// (B_r, B_c): the case's chunks, else the defaults, clamped to n.
-fn chunks(case: &Case) -> (usize, usize) {
+/// (B_r, B_c): the case's chunks, else the defaults, clamped to n: the kernel's tile rule
+/// (also what the count of its reads and writes tiles with, `run::hbm_io`).
+pub fn chunks(case: &Case) -> (usize, usize) {
     case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK)
 }
 

@@ -24,6 +24,8 @@ pub use crate::algorithm::{
 };
 pub use crate::problem::VariantId;
 use crate::problem::{BatchSpec, Case, DType, Device, InputDist, Mode, Shape, UpstreamGrad};
+/// The `flash` kernel's tile sizes (B_r, B_c) for a case.
+pub use flash::chunks as flash_chunks;
 
 /// The registry's view of a `VariantId` (its implementation and what follows from it) and
 /// of a `Case` (a variant's default case). Traits rather than inherent methods, so every

@@ -254,6 +254,34 @@ impl Seq {
     }
 }
 
+/// The key tiles query rows `row0..row0 + rows` read, in the order `block` reads them:
+/// (first key, keys) of each, at most `bk` keys. The sink tiles first (the keys before
+/// every row's window that every row sees, `0..min(sinks, window start)`), then the
+/// window's tiles from the first row's window start (a row's start never decreases, so
+/// keys before it are skipped) to the last row's visible end (keys past it are masked for
+/// the whole block). Without a window: `0..visible end`. One schedule for the kernel and
+/// for the count of what it reads (`hbm_io::flash2`).
+pub fn key_tiles(
+    s: &Shape,
+    causal: bool,
+    (window, sinks): (Option<usize>, usize),
+    (row0, rows): (usize, usize),
+    bk: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let kv_end = s.visible_keys(causal, row0 + rows - 1);
+    let kv_start = match window {
+        Some(_) => s.key_range(causal, window, row0).start,
+        None => 0,
+    };
+    let sink_end = sinks.min(kv_start);
+    let nkv = s.seq_kv;
+    let sink_tiles = (0..sink_end).step_by(bk).map(move |k0| (k0, sink_end));
+    let window_tiles = (kv_start..kv_end).step_by(bk).map(move |k0| (k0, kv_end));
+    sink_tiles
+        .chain(window_tiles)
+        .map(move |(k0, end)| (k0, bk.min(end - k0).min(nkv - k0)))
+}
+
 /// One query block: rows `row0..row0 + o.len()/d` of the head and sequence `seq`.
 #[allow(clippy::too_many_arguments)]
 fn block(
@@ -271,7 +299,7 @@ fn block(
     lse: Option<&mut [f32]>,
 ) {
     let s = seq.shape;
-    let (d, nkv) = (s.head_dim, s.seq_kv);
+    let d = s.head_dim;
     let (q_off, kv_off) = (seq.q_off, seq.kv_off);
     let rows = o.len() / d;
     let nb = pad_lanes(rows);
@@ -294,26 +322,14 @@ fn block(
         // Padding columns behave as the last row (finite, never written out).
         *x = s.visible_keys(causal, row0 + r.min(rows - 1)) as f32;
     }
-    // Keys past the last row's visible range are masked for the whole block; keys from the
-    // first row's visible range on need the mask.
-    let kv_end = s.visible_keys(causal, row0 + rows - 1);
+    // Keys from the first row's visible range on need the causal mask.
     let first_visible = s.visible_keys(causal, row0);
-    // Sliding window: the first row's window starts first (a row's start never decreases),
-    // so the keys before it are skipped; keys before the last row's start need the mask.
+    // Sliding window: keys before the last row's window start need the mask.
     let lo = |r: usize| s.key_range(causal, window, row0 + r.min(rows - 1)).start;
-    let (kv_start, lo_last) = match window {
-        Some(_) => (lo(0), lo(rows - 1)),
-        None => (0, 0),
-    };
-    // Sinks: the keys before every row's window that every row sees (0..sink_end), then
-    // the window's blocks, where a masked key below `sinks` stays visible.
-    let sink_end = sinks.min(kv_start);
+    let lo_last = if window.is_some() { lo(rows - 1) } else { 0 };
     let (k16, v16) = (bf16_bits(&inputs.k), bf16_bits(&inputs.v));
-    let sink_blocks = (0..sink_end).step_by(bk).map(|k0| (k0, sink_end));
-    let window_blocks = (kv_start..kv_end).step_by(bk).map(|k0| (k0, kv_end));
 
-    for (k0, end) in sink_blocks.chain(window_blocks) {
-        let kn = bk.min(end - k0).min(nkv - k0);
+    for (k0, kn) in key_tiles(&s, causal, (window, sinks), (row0, rows), bk) {
         let kv_at = kv_off + k0 * d;
         let st = &mut st[..kn * nb];
         let colmax = &mut colmax[..nb];

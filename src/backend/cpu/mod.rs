@@ -16,6 +16,7 @@ pub mod flash;
 pub mod flash_bwd;
 pub mod fp8;
 pub mod gemm;
+pub mod hbm_io;
 pub mod isa;
 #[cfg(test)]
 pub mod kernel_paths;
