@@ -104,9 +104,10 @@ pub fn checks(rows: &[GenerateRow]) -> Vec<Check> {
     } else {
         let worst = rows.iter().map(|r| r.max_rel_err).fold(0.0, f64::max);
         let tokens = rows.iter().filter(|r| r.tokens_match).count();
+        let generations: usize = rows.iter().map(|r| r.reps).sum();
         c.judged(
             format!(
-                "max {worst:.1e} over {} generations; tokens equal in {tokens} of {}",
+                "max {worst:.1e} over {generations} generations at {} points; tokens equal at {tokens} of {}",
                 rows.len(),
                 rows.len()
             ),
