@@ -22,6 +22,9 @@ const TABLES: [(&str, &str); 6] = [
 /// The blog's softmax table: no sweep, its rows in softmax.csv and io.csv.
 const SOFTMAX: (&str, &str) = ("blog", "softmax");
 
+/// Tree Attention's Tables 1-2: no sweep, its rows in generate.csv.
+const GENERATE: (&str, &str) = ("tree-attention", "generate");
+
 /// Copies the committed results/papers/ runs (rows, meta and the Tree-vs-Ring
 /// measurements, which its report reads; the softmax rows) into `to`.
 fn copy_papers(to: &Path) {
@@ -30,6 +33,13 @@ fn copy_papers(to: &Path) {
     let dir = to.join(paper).join(table);
     fs::create_dir_all(&dir).unwrap();
     for f in ["softmax.csv", "io.csv", "meta.json"] {
+        fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    let (paper, table) = GENERATE;
+    let from = repo().join("results/papers").join(paper).join(table);
+    let dir = to.join(paper).join(table);
+    fs::create_dir_all(&dir).unwrap();
+    for f in ["generate.csv", "meta.json"] {
         fs::copy(from.join(f), dir.join(f)).unwrap();
     }
     for (paper, table) in TABLES {
@@ -77,7 +87,12 @@ fn dry_run_names_every_table_with_a_sweep_a_user_can_run() {
         text.contains(&format!("{paper} {table}: naive, safe and online softmax counted and timed (1M and 4M elements), FlashAttention loop orders' HBM traffic counted, into results/papers-quick/{paper}/{table}")),
         "{text}"
     );
-    assert_eq!(text.lines().count(), TABLES.len() + 1, "{text}");
+    let (paper, table) = GENERATE;
+    assert!(
+        text.contains(&format!("{paper} {table}: a tiny GQA model's prefill and 10 decode steps, ring against tree on [8, 4, 2] simulated devices, N = [1024, 2048], into results/papers-quick/{paper}/{table}")),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), TABLES.len() + 2, "{text}");
     // One paper: only its tables.
     let out = attnbench()
         .args(["reproduce", "bpt", "--dry-run"])
@@ -143,6 +158,14 @@ fn the_committed_claims_follow_from_the_committed_rows() {
             "{md} differs from its rows"
         );
     }
+    let (paper, table) = GENERATE;
+    let rendered =
+        |root: &Path| fs::read_to_string(root.join(paper).join(table).join("generate.md")).unwrap();
+    assert_eq!(
+        rendered(tmp.path()),
+        rendered(&repo().join("results/papers")),
+        "generate.md differs from its rows"
+    );
 }
 
 /// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows

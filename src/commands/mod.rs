@@ -4,6 +4,7 @@
 
 pub mod ab;
 pub mod compare;
+pub mod generate;
 pub mod list;
 pub mod model;
 pub mod report;

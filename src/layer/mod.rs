@@ -6,6 +6,7 @@
 //! stored in that dtype (K and V of every token are BPT's largest buffers) and the
 //! parameters and input are rounded to it.
 
+pub mod decoder;
 pub mod ops;
 pub mod oracle;
 pub mod params;

@@ -79,6 +79,30 @@ pub fn plan_seconds(plan: &Plan, topo: &Topology, bytes: usize) -> f64 {
         .sum()
 }
 
+/// A ring pass whose step s computes for `compute[s]` seconds (its busiest device), then
+/// sends round s of `rotation` (the last step sends none): with `overlap` a step lasts the
+/// longer of its compute and its round, else their sum. `compute` and `communication` are
+/// the sums of each part alone.
+pub fn ring_steps(
+    compute: &[f64],
+    rotation: &Plan,
+    topo: &Topology,
+    bytes: usize,
+    overlap: bool,
+) -> Latency {
+    let mut l = Latency::default();
+    for (s, &c) in compute.iter().enumerate() {
+        let r = rotation
+            .rounds
+            .get(s)
+            .map_or(0.0, |round| round_seconds(round, topo, bytes));
+        l.compute += c;
+        l.communication += r;
+        l.total += if overlap { c.max(r) } else { c + r };
+    }
+    l
+}
+
 /// A predicted latency and its parts, seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Latency {
@@ -196,6 +220,28 @@ mod tests {
         assert!(r.total > 7.0 * step && r.total < 7.0 * step + 1e-3, "{r:?}");
         // The roofline compute of one shard: 655 MB read at 3.35 TB/s, about 2e-4 s.
         assert!((h100().seconds(&x, 80_000) - 655.36e6 / 3.35e12).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ring_steps_overlap_each_round_with_its_step() {
+        // Two 1000-byte shards on a PCIe pair: one round of 10 µs + 1000 B / 32 GB/s.
+        let topo = Topology::preset("pcie-pair").unwrap();
+        let rot = plan::rotation(&[250, 250]);
+        let round = 10e-6 + 1000.0 / 32e9;
+        let l = ring_steps(&[1e-3, 2e-3], &rot, &topo, 4, true);
+        assert!((l.communication - round).abs() < 1e-15, "{l:?}");
+        assert!((l.compute - 3e-3).abs() < 1e-15);
+        assert!(
+            (l.total - 3e-3).abs() < 1e-15,
+            "compute hides the round: {l:?}"
+        );
+        let l = ring_steps(&[1e-6, 2e-3], &rot, &topo, 4, true);
+        assert!(
+            (l.total - (round + 2e-3)).abs() < 1e-15,
+            "the round outlasts step 0"
+        );
+        let l = ring_steps(&[1e-3, 2e-3], &rot, &topo, 4, false);
+        assert!((l.total - (3e-3 + round)).abs() < 1e-15);
     }
 
     /// The paper's direction: tree flattens with more devices, ring grows; tree wins big

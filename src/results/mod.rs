@@ -7,6 +7,7 @@
 
 pub mod compared;
 pub mod durable;
+pub mod generate;
 pub mod hbm_io;
 pub mod load;
 pub mod meta;

@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod external;
 pub mod extrapolate;
+pub mod generate;
 pub mod hbm_io;
 pub mod interleave;
 pub mod serve;

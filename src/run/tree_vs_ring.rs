@@ -58,6 +58,7 @@ pub fn count_shape(
     };
     let r = pool.install(|| ring::run(&ring_spec, &inputs, &mut ring_out, None))?;
     let tree_spec = tree::Spec {
+        placement: Placement::Contiguous,
         causal: false,
         window: None,
         devices: p,
@@ -137,16 +138,35 @@ pub const SAME_OUTPUT: f64 = 1e-6;
 /// One device's flash-decoding case of `shape` (the reference of the simulated devices,
 /// and the decode the compute rate times).
 fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
-    let v = VariantId::FlashDecoding;
+    one_device_case(
+        VariantId::FlashDecoding,
+        Mode::Decode,
+        shape,
+        false,
+        dtype,
+        threads,
+    )
+}
+
+/// A one-device case of variant `v` in `mode` on `shape`, with the variant's default
+/// chunks and splits (the references of the simulated devices).
+pub(crate) fn one_device_case(
+    v: VariantId,
+    mode: Mode,
+    shape: Shape,
+    causal: bool,
+    dtype: DType,
+    threads: usize,
+) -> Case {
     Case {
         variant: v,
-        mode: Mode::Decode,
+        mode,
         device: Device::Cpu,
         dtype,
         shape,
-        q_chunk: None,
+        q_chunk: v.info().default_q_chunk.map(|c| c.min(shape.seq_q)),
         kv_chunk: v.info().default_kv_chunk.map(|c| c.min(shape.seq_kv)),
-        causal: false,
+        causal,
         window: None,
         devices: 1,
         splits: v.get().default_splits(&shape, threads),
@@ -176,7 +196,7 @@ fn single_device(inputs: &Inputs, threads: usize) -> Result<Vec<f32>> {
 }
 
 /// max |a - b| / max |b|.
-fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
     let diff = a
         .iter()
         .zip(b)

@@ -19,7 +19,7 @@ use super::comm::{Comm, Fault};
 use super::device::DeviceMemory;
 use super::exec;
 use super::local::{self, Carry, Geometry, KvRef, Work};
-use super::plan;
+use super::plan::{self, Plan};
 use super::shard::{gather, Layout, Placement};
 use super::stats::{Planned, SimStats};
 use crate::backend::cpu::decode::{Mask, Positions};
@@ -111,7 +111,7 @@ impl Spec {
         let visiting = if p > 1 { kv } else { 0 };
         let own = match self.placement {
             Placement::Striped => kv,
-            Placement::Contiguous => 0,
+            Placement::Contiguous | Placement::Appended { .. } => 0,
         };
         let (workers, floats) = self.workspace(s, dtype);
         q + o + visiting + own + Workspace::bytes(workers, floats)
@@ -123,15 +123,23 @@ impl Spec {
     /// (decode) and the rotation of the key/value shards.
     pub fn planned(&self, s: &Shape, dtype: DType) -> Planned {
         let (p, es) = (self.p(), dtype.size_bytes());
-        let layout = self.layout(s);
-        let sizes: Vec<usize> = (0..p).map(|j| shard_elements(s, &layout, j)).collect();
-        let rotation = plan::rotation(&sizes);
-        let bcast = plan::broadcast(p - 1, p, s.q_len());
+        let (bcast, rotation) = self.schedules(s);
         if self.decode {
             Planned::of(p, &[(&bcast, es), (&rotation, es)])
         } else {
             Planned::of(p, &[(&rotation, es)])
         }
+    }
+}
+
+impl Spec {
+    /// The schedules a call runs: the q broadcast from the last device (decode only) and
+    /// the rotation of the key/value shards (the sizes of this layout).
+    pub fn schedules(&self, s: &Shape) -> (Plan, Plan) {
+        let p = self.p();
+        let layout = self.layout(s);
+        let sizes: Vec<usize> = (0..p).map(|j| shard_elements(s, &layout, j)).collect();
+        (plan::broadcast(p - 1, p, s.q_len()), plan::rotation(&sizes))
     }
 }
 
@@ -162,7 +170,7 @@ pub fn run(
     for (i, m) in mem.iter_mut().enumerate() {
         let (t, pos) = (layout.len(i), layout.positions(i));
         owned.push(match spec.placement {
-            Placement::Contiguous => None,
+            Placement::Contiguous | Placement::Appended { .. } => None,
             Placement::Striped => Some((
                 gather(&inputs.k, kv_heads, s.seq_kv, d, pos, t, "striped K shard")?,
                 gather(&inputs.v, kv_heads, s.seq_kv, d, pos, t, "striped V shard")?,

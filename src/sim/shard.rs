@@ -12,6 +12,12 @@ use crate::problem::Tensor;
 pub enum Placement {
     Contiguous,
     Striped,
+    /// Contiguous shards of the first `prefill` tokens (a ring prefill's), and every token
+    /// after them on the last device: decoding appends each new key and value to the last
+    /// shard (Shyam et al.'s generation protocol).
+    Appended {
+        prefill: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +33,14 @@ impl Layout {
         match self.placement {
             Placement::Contiguous => even_chunks(0..self.n, self.p)[i].len(),
             Placement::Striped => (self.n + self.p - 1 - i) / self.p,
+            Placement::Appended { prefill } => {
+                let base = even_chunks(0..prefill.min(self.n), self.p)[i].len();
+                if i + 1 == self.p {
+                    base + self.n.saturating_sub(prefill)
+                } else {
+                    base
+                }
+            }
         }
     }
 
@@ -40,6 +54,10 @@ impl Layout {
             Placement::Striped => Positions {
                 start: i as i64,
                 stride: self.p as i64,
+            },
+            Placement::Appended { prefill } => Positions {
+                start: even_chunks(0..prefill.min(self.n), self.p)[i].start as i64,
+                stride: 1,
             },
         }
     }
@@ -112,8 +130,12 @@ mod tests {
 
     #[test]
     fn shards_cover_every_token_once() {
-        for placement in [Placement::Contiguous, Placement::Striped] {
-            for (n, p) in [(10, 3), (3, 5), (16, 4), (1, 1)] {
+        for placement in [
+            Placement::Contiguous,
+            Placement::Striped,
+            Placement::Appended { prefill: 7 },
+        ] {
+            for (n, p) in [(10, 3), (3, 5), (16, 4), (1, 1), (7, 3)] {
                 let l = Layout { placement, p, n };
                 let mut seen = vec![0; n];
                 for i in 0..p {
@@ -125,6 +147,17 @@ mod tests {
                 assert!(seen.iter().all(|&c| c == 1), "{placement:?} n {n} p {p}");
             }
         }
+    }
+
+    #[test]
+    fn appended_tokens_go_to_the_last_shard() {
+        let l = Layout {
+            placement: Placement::Appended { prefill: 10 },
+            p: 3,
+            n: 13,
+        };
+        assert_eq!(l.lens(), vec![4, 3, 6]);
+        assert_eq!(l.positions(2).start, 7);
     }
 
     #[test]

@@ -103,6 +103,7 @@ fn ring_spec(
 
 fn tree_spec(causal: bool, window: Option<usize>, p: usize, allreduce: Allreduce) -> tree::Spec {
     tree::Spec {
+        placement: Placement::Contiguous,
         causal,
         window,
         devices: p,
@@ -407,6 +408,7 @@ fn planned_traffic_equals_the_counted_traffic() {
                 continue;
             }
             let spec = tree::Spec {
+                placement: Placement::Contiguous,
                 causal: false,
                 window: None,
                 devices: p,

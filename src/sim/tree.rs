@@ -26,6 +26,8 @@ pub const ALLREDUCE_DEN: &str = "allreduce sum(denominator)";
 
 #[derive(Clone, Copy, Debug)]
 pub struct Spec {
+    /// Contiguous shards (`Contiguous`, or `Appended` after a prefill); not `Striped`.
+    pub placement: Placement,
     pub causal: bool,
     pub window: Option<usize>,
     pub devices: usize,
@@ -41,7 +43,7 @@ impl Spec {
 
     pub(crate) fn layout(&self, s: &Shape) -> Layout {
         Layout {
-            placement: Placement::Contiguous,
+            placement: self.placement,
             p: self.p(),
             n: s.seq_kv,
         }
@@ -71,7 +73,7 @@ impl Spec {
 
     /// The three allreduce plans: over the row statistics (b·h·seq_q) and over the
     /// numerator (b·h·seq_q·d).
-    pub(crate) fn plans(&self, s: &Shape) -> Result<(Plan, Plan)> {
+    pub fn plans(&self, s: &Shape) -> Result<(Plan, Plan)> {
         let rows = s.batch * s.heads * s.seq_q;
         let p = self.p();
         let ar = |m| plan::allreduce(self.allreduce, p, m).map_err(Error::Runtime);

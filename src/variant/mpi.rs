@@ -108,6 +108,7 @@ impl Mpi {
 
     fn tree_spec(&self, case: &Case) -> tree::Spec {
         tree::Spec {
+            placement: Placement::Contiguous,
             causal: case.causal,
             window: case.window,
             devices: case.devices,

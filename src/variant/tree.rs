@@ -12,6 +12,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::error::Result;
 use crate::problem::{Case, Inputs, Mode};
 use crate::sim::plan::Allreduce;
+use crate::sim::shard::Placement;
 use crate::sim::stats::SimStats;
 use crate::sim::tree::{run, Spec};
 
@@ -34,6 +35,7 @@ static INFO: VariantInfo = VariantInfo {
 
 fn spec(case: &Case) -> Spec {
     Spec {
+        placement: Placement::Contiguous,
         causal: case.causal,
         window: case.window,
         devices: case.devices,

@@ -7,6 +7,7 @@
 
 pub mod bpt_md;
 pub mod decode_md;
+pub mod generate_md;
 pub mod io_md;
 pub mod prefill_md;
 pub mod softmax_md;
