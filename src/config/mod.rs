@@ -108,7 +108,11 @@ impl Config {
     /// config's `model_layers` layers is the paper's 3B share of an A100
     /// (`model::bpt_memory::rule_budget`), for the one hidden size of its layer cases.
     fn resolve_budget_rule(&mut self, src: &Source) -> Result<()> {
-        let Some(layers) = self.run.model_layers.filter(|_| self.run.memory_budget_rule) else {
+        let Some(layers) = self
+            .run
+            .model_layers
+            .filter(|_| self.run.memory_budget_rule)
+        else {
             return Ok(());
         };
         let mut hidden: Vec<usize> = self

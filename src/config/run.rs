@@ -322,7 +322,9 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
     if memory_budget_rule && model_layers.is_none() {
         return Err(f.err(
             "memory_budget",
-            format!("\"{BUDGET_RULE}\" sizes the budget from the model's layers: set run.model_layers"),
+            format!(
+                "\"{BUDGET_RULE}\" sizes the budget from the model's layers: set run.model_layers"
+            ),
         ));
     }
 

@@ -333,7 +333,10 @@ mod tests {
         // Vanilla and memory-efficient do not depend on the block; BPT's blockwise loss
         // does, so its lowest is at the smallest block.
         let at = |d, c: f64| model_memory(&m, d, 1.0, 8192.0, c, 4.0).total();
-        assert_eq!(paper_total(&m, Design::MemEff, 8192), at(Design::MemEff, 2048.0));
+        assert_eq!(
+            paper_total(&m, Design::MemEff, 8192),
+            at(Design::MemEff, 2048.0)
+        );
         assert_eq!(paper_total(&m, Design::Bpt, 8192), at(Design::Bpt, 16.0));
         assert!(at(Design::Bpt, 16.0) < at(Design::Bpt, 4096.0));
         // On 80 GiB: vanilla 8K (its 16K needs 128 GiB), memory-efficient 65K (74.2 GiB),

@@ -85,9 +85,14 @@ impl Sweep {
         let one_b_model = GptShape::by_name("gpt-1b").expect("a Table 1 row");
         let one_b = budget_at_share(state, a100_state_share(&one_b_model));
         let mut need_of: [BTreeMap<usize, u64>; 3] = Default::default();
-        for r in rows.iter().filter(|r| matches!(r.status.name(), "ok" | "oom")) {
-            let (Some(i), Some(n)) = (VARIANTS.iter().position(|v| *v == r.variant), need(r, layers))
-            else {
+        for r in rows
+            .iter()
+            .filter(|r| matches!(r.status.name(), "ok" | "oom"))
+        {
+            let (Some(i), Some(n)) = (
+                VARIANTS.iter().position(|v| *v == r.variant),
+                need(r, layers),
+            ) else {
                 continue;
             };
             let e = need_of[i].entry(r.seq_q).or_insert(n);
@@ -216,7 +221,12 @@ impl Sweep {
             if over.is_empty() {
                 "at none of them".into()
             } else {
-                format!("at {} of the {} budgets ({})", over.len(), self.points.len(), over.join(", "))
+                format!(
+                    "at {} of the {} budgets ({})",
+                    over.len(),
+                    self.points.len(),
+                    over.join(", ")
+                )
             }
         };
         s += &format!(
@@ -294,7 +304,13 @@ impl Sweep {
     /// workspace and packing, and BPT reaches at least 2x memory-efficient's context at
     /// every budget between the paper's two single-A100 shares (3B's 0.54: the rule, to
     /// 1B's 0.26).
-    pub fn checks(&self, mode: &str, rows: &[&Record], layers: usize, budget: Option<u64>) -> Vec<Check> {
+    pub fn checks(
+        &self,
+        mode: &str,
+        rows: &[&Record],
+        layers: usize,
+        budget: Option<u64>,
+    ) -> Vec<Check> {
         let mut v = Vec::new();
         if let Some(b) = budget {
             let split: Vec<&Record> = rows
@@ -423,11 +439,36 @@ mod tests {
         // Workspaces chosen so that the needs are: memeff 256 fits at 26 MB, 512 at 46 MB
         // (just under the rule); BPT 1024 under the rule, 2048 only past 2x it.
         let rows = [
-            row("layer-memeff", 256, Status::Ok, 26_000_000 - pack - rest(256)),
-            row("layer-memeff", 512, Status::Ok, 46_000_000 - pack - rest(512)),
-            row("layer-memeff", 1024, Status::Oom, 99_000_000 - pack - rest(1024)),
-            row("layer-bpt", 1024, Status::Ok, 46_500_000 - pack - rest(1024)),
-            row("layer-bpt", 2048, Status::Oom, 94_000_000 - pack - rest(2048)),
+            row(
+                "layer-memeff",
+                256,
+                Status::Ok,
+                26_000_000 - pack - rest(256),
+            ),
+            row(
+                "layer-memeff",
+                512,
+                Status::Ok,
+                46_000_000 - pack - rest(512),
+            ),
+            row(
+                "layer-memeff",
+                1024,
+                Status::Oom,
+                99_000_000 - pack - rest(1024),
+            ),
+            row(
+                "layer-bpt",
+                1024,
+                Status::Ok,
+                46_500_000 - pack - rest(1024),
+            ),
+            row(
+                "layer-bpt",
+                2048,
+                Status::Oom,
+                94_000_000 - pack - rest(2048),
+            ),
         ];
         let refs: Vec<&Record> = rows.iter().collect();
         let s = Sweep::new(&refs, 2).unwrap();
@@ -447,10 +488,17 @@ mod tests {
         // from the rule to the 1B share has BPT at least 2x.
         let checks = s.checks("layer-train", &refs, 2, Some(s.rule));
         assert_eq!(checks.len(), 2, "no ok row has a measured peak");
-        assert!(checks.iter().all(|c| c.verdict == crate::report::checks::Verdict::Pass));
+        assert!(checks
+            .iter()
+            .all(|c| c.verdict == crate::report::checks::Verdict::Pass));
         // A budget under which memeff 512 would be oom contradicts its ok row.
         let c = s.checks("layer-train", &refs, 2, Some(45_000_000));
         assert_eq!(c[0].verdict, crate::report::checks::Verdict::Fail);
-        assert!(s.csv().lines().nth(1).unwrap().starts_with("11700148,0.2500,,"));
+        assert!(s
+            .csv()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("11700148,0.2500,,"));
     }
 }

@@ -223,17 +223,17 @@ fn render(
             } else {
                 "this CPU".into()
             },
-                    show(0),
-                    show(1),
-                    show(2),
-                    match (max_ctx[1], max_ctx[2]) {
-                        (Some(m), Some(p)) if bounded[1] => format!(
-                            "{}{:.1}x",
-                            if bounded[2] { "" } else { ">= " },
-                            p as f64 / m as f64
-                        ),
-                        _ => "-".into(),
-                    },
+            show(0),
+            show(1),
+            show(2),
+            match (max_ctx[1], max_ctx[2]) {
+                (Some(m), Some(p)) if bounded[1] => format!(
+                    "{}{:.1}x",
+                    if bounded[2] { "" } else { ">= " },
+                    p as f64 / m as f64
+                ),
+                _ => "-".into(),
+            },
         ]];
         if let (true, Some((_, w))) = (under_rule, &sweep) {
             let p = w.at_one_b();
@@ -260,20 +260,22 @@ fn render(
             ],
             &[
                 ours,
-                vec![vec![
-                    "paper, 1B on 1 A100".into(),
-                    "16K".into(),
-                    "65K".into(),
-                    "131K".into(),
-                    "2.0x".into(),
-                ],
                 vec![
-                    "paper, 3B on 1 A100".into(),
-                    "8K".into(),
-                    "16K".into(),
-                    "65K".into(),
-                    "4.0x".into(),
-                ]],
+                    vec![
+                        "paper, 1B on 1 A100".into(),
+                        "16K".into(),
+                        "65K".into(),
+                        "131K".into(),
+                        "2.0x".into(),
+                    ],
+                    vec![
+                        "paper, 3B on 1 A100".into(),
+                        "8K".into(),
+                        "16K".into(),
+                        "65K".into(),
+                        "4.0x".into(),
+                    ],
+                ],
             ]
             .concat(),
         );
