@@ -11,7 +11,7 @@ bin="${1:-./target/release/attnbench}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
-derived="decode.md paging.svg prefill.md prefill.svg bpt.md tree_vs_ring.md tree_vs_ring.svg tree_vs_ring_latency.csv"
+derived="decode.md paging.svg prefill.md prefill.svg bpt.md bpt_budget_sweep.csv bpt_budget_sweep.svg tree_vs_ring.md tree_vs_ring.svg tree_vs_ring_latency.csv"
 while IFS= read -r csv; do
     dir="$(dirname "$csv")"
     out="$tmp/$dir"

@@ -142,8 +142,8 @@ pub const TABLES: [Table; 8] = [
         source: Source::Sweep {
             config: "configs/bpt_max_context.toml",
             full: &[],
-            // Memory-efficient's limit (8K) and BPT past twice it.
-            quick: &["seq_len=1024,2048,4096,8192,16384", "q_chunk=256"],
+            // The rule's limits (memory-efficient 512, BPT 1024) and the sweep to 4x it.
+            quick: &["seq_len=256,512,1024,2048,4096,8192", "q_chunk=64,256"],
         },
     },
     Table {

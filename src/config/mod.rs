@@ -89,7 +89,7 @@ impl Config {
         let report = report::resolve_report(raw.report, &src)?;
         let model = model::resolve_model(raw.model, &src)?;
         let externals = externals::resolve_externals(raw.plugins, raw.python, &src)?;
-        let config = Config {
+        let mut config = Config {
             run,
             axes,
             zip,
@@ -100,7 +100,38 @@ impl Config {
         };
         config.check_external_names(&src)?;
         config.check_reference(&src)?;
+        config.resolve_budget_rule(&src)?;
         Ok(config)
+    }
+
+    /// `memory_budget = "bpt-rule"`: the budget of which the training state of the
+    /// config's `model_layers` layers is the paper's 3B share of an A100
+    /// (`model::bpt_memory::rule_budget`), for the one hidden size of its layer cases.
+    fn resolve_budget_rule(&mut self, src: &Source) -> Result<()> {
+        let Some(layers) = self
+            .run
+            .model_layers
+            .filter(|_| self.run.memory_budget_rule)
+        else {
+            return Ok(());
+        };
+        let mut hidden: Vec<usize> = self
+            .expand()
+            .iter()
+            .filter(|c| c.mode.is_layer())
+            .map(Case::hidden)
+            .collect();
+        hidden.sort_unstable();
+        hidden.dedup();
+        let err = |msg: String| Err(src.err(source::Section::Run, "memory_budget", msg));
+        let h = match hidden[..] {
+            [h] => h,
+            [] => return err(format!("\"{}\" sizes the budget of layer cases; the grid has none (mode layer-fwd or layer-train)", run::BUDGET_RULE)),
+            _ => return err(format!("\"{}\" needs one hidden size (heads x head_dim) for the budget; the grid has {hidden:?}", run::BUDGET_RULE)),
+        };
+        let state = crate::problem::layer_state_bytes(h, layers);
+        self.run.memory_budget = Some(ByteSize(crate::model::bpt_memory::rule_budget(state)));
+        Ok(())
     }
 
     /// The cartesian product of the axes (each zip group one axis), as cases in expansion

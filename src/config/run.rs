@@ -35,6 +35,11 @@ pub struct RunConfig {
     pub rel_spread: f64,
     /// Emulated device memory: cases predicted above it are `oom` rows.
     pub memory_budget: Option<ByteSize>,
+    /// `memory_budget = "bpt-rule"`: the budget is BPT's rule for the model's layers
+    /// (`model::bpt_memory::rule_budget`), resolved into `memory_budget` once the axes give
+    /// the hidden size.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub memory_budget_rule: bool,
     /// Query rows sampled for the error when checking all rows is too costly.
     pub error_rows: usize,
     /// Default of the `threads` axis.
@@ -131,6 +136,7 @@ impl RunConfig {
             max_time_s: DEFAULT_MAX_TIME_S,
             rel_spread: DEFAULT_REL_SPREAD,
             memory_budget: None,
+            memory_budget_rule: false,
             error_rows: DEFAULT_ERROR_ROWS,
             threads: default_threads(),
             calibrate: true,
@@ -147,6 +153,9 @@ impl RunConfig {
         }
     }
 }
+
+/// The value of `memory_budget` that asks for BPT's budget rule.
+pub const BUDGET_RULE: &str = "bpt-rule";
 
 /// Longest `warmup_s`, `min_time_s` or `max_time_s` taken: past a day a typo (1e300) would
 /// time one case for ever.
@@ -302,11 +311,22 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
             ))
         }
     };
-    let memory_budget = raw
-        .memory_budget
-        .as_ref()
-        .map(|v| byte_size(v).map_err(|m| f.err("memory_budget", m)))
-        .transpose()?;
+    let memory_budget_rule =
+        matches!(&raw.memory_budget, Some(Value::String(s)) if s == BUDGET_RULE);
+    let memory_budget = match &raw.memory_budget {
+        Some(v) if !memory_budget_rule => {
+            Some(byte_size(v).map_err(|m| f.err("memory_budget", m))?)
+        }
+        _ => None,
+    };
+    if memory_budget_rule && model_layers.is_none() {
+        return Err(f.err(
+            "memory_budget",
+            format!(
+                "\"{BUDGET_RULE}\" sizes the budget from the model's layers: set run.model_layers"
+            ),
+        ));
+    }
 
     if min_reps == 0 {
         return Err(f.err("min_reps", "must be at least 1"));
@@ -355,6 +375,7 @@ pub(super) fn resolve_run(raw: Option<RawRun>, src: &Source) -> Result<RunConfig
         max_time_s,
         rel_spread,
         memory_budget,
+        memory_budget_rule,
         error_rows,
         threads,
         calibrate,
@@ -417,7 +438,7 @@ fn byte_size(v: &Value) -> Result<ByteSize, String> {
         Value::Integer(n) if *n >= 0 => ByteSize(*n as u64),
         _ => {
             return Err(format!(
-                "expected a size string like \"8GiB\" or an integer number of bytes, got {}",
+                "expected a size string like \"8GiB\", an integer number of bytes or \"{BUDGET_RULE}\", got {}",
                 show(v)
             ))
         }

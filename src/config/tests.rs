@@ -122,6 +122,40 @@ fn run_fields_are_read() {
 }
 
 #[test]
+fn the_bpt_budget_rule_resolves_to_bytes_from_the_layer_cases() {
+    let layers = |run: &str, heads: &str| {
+        format!("[run]\nname = \"t\"\n{run}\n[axes]\nvariant = \"layer-bpt\"\nmode = \"layer-train\"\nheads = {heads}\nhead_dim = 64\nseq_len = 256\n")
+    };
+    // Hidden 256, 2 layers: 16 x 2 x (12 x 256^2 + 13 x 256) = 25,272,320 / 0.54.
+    let c = cfg(&layers(
+        "memory_budget = \"bpt-rule\"\nmodel_layers = 2",
+        "4",
+    ));
+    assert_eq!(c.run.memory_budget, Some(ByteSize(46_800_593)));
+    assert!(c.run.memory_budget_rule);
+    // Without the model's depth, or with two hidden sizes, the rule has no single budget.
+    let msg = config_err(&layers("memory_budget = \"bpt-rule\"", "4"), &[]);
+    assert!(
+        msg.starts_with("run.memory_budget") && msg.contains("model_layers"),
+        "{msg}"
+    );
+    let msg = config_err(
+        &layers("memory_budget = \"bpt-rule\"\nmodel_layers = 2", "[4, 8]"),
+        &[],
+    );
+    assert!(
+        msg.starts_with("run.memory_budget") && msg.contains("[256, 512]"),
+        "{msg}"
+    );
+    // A byte size stays a byte size.
+    let c = cfg(&layers("memory_budget = \"1MiB\"\nmodel_layers = 2", "4"));
+    assert_eq!(
+        (c.run.memory_budget, c.run.memory_budget_rule),
+        (Some(ByteSize(1 << 20)), false)
+    );
+}
+
+#[test]
 fn pow2_axis_expands_in_order() {
     let c = cfg("[run]\nname = \"t\"\n[axes]\nvariant = \"naive\"\nseq_len = { pow2 = [8, 11] }\n");
     let n: Vec<usize> = c.expand().iter().map(|k| k.shape.seq_q).collect();

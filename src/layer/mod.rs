@@ -23,12 +23,14 @@ pub use crate::problem::Design;
 use crate::problem::{Case, InputDist};
 
 /// The static share of a `layers`-deep model beside the measured layer (docs/papers.md
-/// 1.2, "inferred floor"): 16 bytes per parameter (weights, gradients and two Adam moments)
-/// for every layer, and the checkpointed inputs of the other layers (4 bytes per value).
+/// 1.2, "inferred floor"): `problem::model_rest_bytes` of the case.
 pub fn static_bytes(case: &Case, layers: usize) -> u64 {
-    let per_layer = 16 * params::count(case.hidden()) as u64;
-    let inputs = 4 * case.tokens_len() as u64;
-    layers as u64 * per_layer + layers.saturating_sub(1) as u64 * inputs
+    crate::problem::model_rest_bytes(
+        case.hidden(),
+        case.tokens_len(),
+        layers,
+        case.mode == crate::problem::Mode::LayerTrain,
+    )
 }
 
 /// The case's seeded parameters and layer input x (`[b, s, h]`, distributed like attention

@@ -198,6 +198,61 @@ pub fn max_context(
         .last()
 }
 
+/// The paper's device, "NVIDIA 80GB A100 GPUs" (Liu & Abbeel Sec. 4, seed 002 L189).
+pub const A100_BYTES: f64 = 80e9;
+
+/// The share of its 80 GB A100 that `model`'s training state takes in the paper: 16 bytes
+/// per parameter (f32 weights, gradients, two Adam moments; the runs were full precision,
+/// L191) of Table 1's label over 80 GB. The 3B model's 2.7e9 x 16 B = 43.2 GB, 0.54 of the
+/// device, is the 43-44 GB floor of Table 3 at 8K (L225; REPRODUCTION.md 1.2).
+pub fn a100_state_share(model: &GptShape) -> f64 {
+    16.0 * model.params_label / A100_BYTES
+}
+
+/// The model whose share of the A100 the budget rule keeps: the 3B of Table 2's 4x row and
+/// of Table 3, the one setup whose memory the paper prints.
+pub const RULE_MODEL: &str = "gpt-3b";
+
+/// The budget rule of a scaled-down Table 2: a device whose share taken by the measured
+/// model's training state (`state_bytes`, `problem::layer_state_bytes`) is the paper's 3B
+/// share of its A100 (`a100_state_share`, 0.54), so budget = state / 0.54. O(1).
+pub fn rule_budget(state_bytes: u64) -> u64 {
+    budget_at_share(state_bytes, rule_share())
+}
+
+/// `a100_state_share` of `RULE_MODEL`.
+pub fn rule_share() -> f64 {
+    let m = GptShape::by_name(RULE_MODEL).expect("RULE_MODEL is a Table 1 row");
+    a100_state_share(&m)
+}
+
+/// The budget of which `state_bytes` is the fraction `share`, rounded to a byte.
+pub fn budget_at_share(state_bytes: u64, share: f64) -> u64 {
+    (state_bytes as f64 / share).round() as u64
+}
+
+/// The block sizes of the paper's grid search (A.1, L367): "For each method, we reported
+/// the lowest memory achieved".
+pub const PAPER_BLOCKS: [usize; 7] = [16, 64, 128, 512, 1024, 2048, 4096];
+
+/// `model_memory`'s total for one sequence of `s` tokens in fp32 (the paper's GPU runs),
+/// the lowest over `PAPER_BLOCKS` as the paper reports. O(blocks).
+pub fn paper_total(model: &GptShape, design: Design, s: usize) -> f64 {
+    PAPER_BLOCKS
+        .iter()
+        .map(|&c| model_memory(model, design, 1.0, s as f64, c as f64, 4.0).total())
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The largest power-of-two context (1024 to 2^24) whose `paper_total` fits
+/// `device_bytes`, or None.
+pub fn paper_max_context(model: &GptShape, design: Design, device_bytes: f64) -> Option<usize> {
+    (10..=24)
+        .map(|k| 1usize << k)
+        .take_while(|&s| paper_total(model, design, s) <= device_bytes)
+        .last()
+}
+
 /// BPT Table 2's single-A100 rows that this single-device estimate can be set beside:
 /// (model, vanilla, memory-efficient, BPT). 350M is not in Table 1, so it is left out.
 pub const TABLE2_ONE_A100: [(&str, usize, usize, usize); 2] = [
@@ -257,6 +312,41 @@ mod tests {
         // 12 L h^2 gives 64.8B for the "70B" row: the label rounds up its real width.
         let big = TABLE1[5].params();
         assert!((64.0e9..66.0e9).contains(&big), "{big:e}");
+    }
+
+    #[test]
+    fn the_budget_rule_is_the_3b_share_of_an_a100() {
+        // 16 x 2.7e9 / 80e9 = 0.54; 16 x 1.3e9 / 80e9 = 0.26.
+        assert!((rule_share() - 0.54).abs() < 1e-12);
+        let one_b = GptShape::by_name("gpt-1b").unwrap();
+        assert!((a100_state_share(&one_b) - 0.26).abs() < 1e-12);
+        // The paper's own case: the 3B's 43.2 GB of state gives back the 80 GB device.
+        assert_eq!(rule_budget(43_200_000_000), 80_000_000_000);
+        // 2 layers of hidden 256: 16 x 2 x (12 x 256^2 + 13 x 256) = 25,272,320 bytes,
+        // / 0.54 = 46,800,592.6.
+        assert_eq!(rule_budget(25_272_320), 46_800_593);
+    }
+
+    #[test]
+    fn paper_totals_take_the_lowest_block() {
+        let m = GptShape::by_name("gpt-3b").unwrap();
+        // Vanilla and memory-efficient do not depend on the block; BPT's blockwise loss
+        // does, so its lowest is at the smallest block.
+        let at = |d, c: f64| model_memory(&m, d, 1.0, 8192.0, c, 4.0).total();
+        assert_eq!(
+            paper_total(&m, Design::MemEff, 8192),
+            at(Design::MemEff, 2048.0)
+        );
+        assert_eq!(paper_total(&m, Design::Bpt, 8192), at(Design::Bpt, 16.0));
+        assert!(at(Design::Bpt, 16.0) < at(Design::Bpt, 4096.0));
+        // On 80 GiB: vanilla 8K (its 16K needs 128 GiB), memory-efficient 65K (74.2 GiB),
+        // BPT 65K (131K needs 81 GiB).
+        let gib80 = 80.0 * (1u64 << 30) as f64;
+        let ctx: Vec<Option<usize>> = Design::ALL
+            .iter()
+            .map(|&d| paper_max_context(&m, d, gib80))
+            .collect();
+        assert_eq!(ctx, [Some(8192), Some(65536), Some(65536)]);
     }
 
     #[test]

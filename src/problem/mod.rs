@@ -135,6 +135,23 @@ pub fn layer_param_count(h: usize) -> usize {
     12 * h * h + 13 * h
 }
 
+/// Bytes of the training state of `layers` GPT layers of hidden `h`: 16 per parameter (f32
+/// weights, gradients and two Adam moments; BPT's inferred floor, REPRODUCTION.md 1.2:
+/// 2.7B x 16 B = 43.2 GB, Table 3's 43 GB at 8K).
+pub fn layer_state_bytes(h: usize, layers: usize) -> u64 {
+    16 * layers as u64 * layer_param_count(h) as u64
+}
+
+/// Bytes of the rest of a `layers`-deep model beside one measured layer whose input has
+/// `tokens` values: every layer's training state (`layer_state_bytes`) but the measured
+/// layer's f32 weights and, when `train`, their gradient (the case's own inputs and
+/// outputs, `Case::io_bytes`, so counted once), and the other layers' checkpointed inputs,
+/// 4 bytes per value. They are not allocated but count against the memory budget.
+pub fn model_rest_bytes(h: usize, tokens: usize, layers: usize, train: bool) -> u64 {
+    let held = 4 * layer_param_count(h) as u64 * if train { 2 } else { 1 };
+    layer_state_bytes(h, layers.max(1)) - held + layers.saturating_sub(1) as u64 * 4 * tokens as u64
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -1415,6 +1432,19 @@ mod tests {
             seq_kv,
             head_dim: 4,
         }
+    }
+
+    #[test]
+    fn the_rest_of_a_model_counts_the_measured_layers_weights_once() {
+        // h = 256: 12 x 256^2 + 13 x 256 = 789,760 parameters, 16 B each per layer.
+        assert_eq!(layer_state_bytes(256, 2), 25_272_320);
+        // Training, 2 layers, 1024 tokens: 25,272,320 - 8 x 789,760 (weights and gradient
+        // of the measured layer) + 4 x 1024 x 256 (the other layer's checkpointed input).
+        assert_eq!(model_rest_bytes(256, 1024 * 256, 2, true), 20_002_816);
+        // Forward: only the weights are the case's own.
+        assert_eq!(model_rest_bytes(256, 1024 * 256, 2, false), 23_161_856);
+        // One layer: its two Adam moments alone.
+        assert_eq!(model_rest_bytes(256, 1024 * 256, 1, true), 6_318_080);
     }
 
     #[test]

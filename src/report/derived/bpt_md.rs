@@ -8,9 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::bpt_budget::{self, Sweep};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
-use crate::model::bpt_memory::{layer_activation, Design};
+use crate::model::bpt_memory::{
+    layer_activation, paper_max_context, paper_total, rule_share, Design, GptShape, RULE_MODEL,
+};
 use crate::model::markdown::table;
 use crate::report::checks::{Check, Verdict};
 use crate::results::record::Record;
@@ -93,23 +96,36 @@ pub fn write(
     budget: Option<u64>,
 ) -> Result<Option<PathBuf>> {
     match render(records, model_layers, budget) {
-        Some((text, _)) => write_file(dir, MARKDOWN, &text).map(Some),
+        Some(r) => {
+            for (name, text) in &r.files {
+                write_file(dir, name, text)?;
+            }
+            write_file(dir, MARKDOWN, &r.text).map(Some)
+        }
         None => Ok(None),
     }
+}
+
+/// What `render` makes: `bpt.md`'s text, its checks, and the files beside it (the budget
+/// sweep's CSV and SVG).
+struct Rendered {
+    text: String,
+    checks: Vec<Check>,
+    files: Vec<(&'static str, String)>,
 }
 
 /// The checks of `bpt.md` (the paper's claims this run can judge), and its figures beside
 /// the paper's Table 4 speed-ups as a trend; empty without layer rows.
 pub fn checks(records: &[Record], model_layers: Option<usize>, budget: Option<u64>) -> Vec<Check> {
-    render(records, model_layers, budget).map_or_else(Vec::new, |(_, c)| c)
+    render(records, model_layers, budget).map_or_else(Vec::new, |r| r.checks)
 }
 
-/// `bpt.md`'s text and its checks, or None without layer rows.
+/// `bpt.md`'s text, its checks and the files beside it, or None without layer rows.
 fn render(
     records: &[Record],
     model_layers: Option<usize>,
     budget: Option<u64>,
-) -> Option<(String, Vec<Check>)> {
+) -> Option<Rendered> {
     let rows: Vec<&Record> = records
         .iter()
         .filter(|r| r.mode == "layer-train" || r.mode == "layer-fwd")
@@ -135,6 +151,7 @@ fn render(
         .filter(|m| rows.iter().any(|r| r.mode == *m))
         .collect();
     let mut checks: Vec<Check> = Vec::new();
+    let mut files = Vec::new();
     for mode in modes {
         let mode_rows: Vec<&Record> = rows.iter().copied().filter(|r| r.mode == mode).collect();
         let first = mode_rows[0];
@@ -156,11 +173,33 @@ fn render(
         };
         // Table 2: the largest context that ran.
         s += "### Largest context that fits (Table 2's layout)\n\n";
+        let sweep = model_layers.and_then(|l| Some((l, Sweep::new(&mode_rows, l)?)));
+        let under_rule = matches!((&sweep, budget), (Some((_, w)), Some(b)) if w.rule == b);
         if let Some(b) = budget {
-            let fixed = model_layers.map_or(String::new(), |l| {
-                format!(" for a {l}-layer model (16 bytes per parameter per layer and the other layers' checkpointed inputs count against it)")
-            });
-            s += &format!("Memory budget {}{fixed}.\n\n", mib(b as f64));
+            s += &match (model_layers, &sweep) {
+                (Some(l), Some((_, w))) => format!(
+                    "Memory budget {} for a {l}-layer model: 16 bytes per parameter per layer \
+                     (weights, gradients, two Adam moments) and the other layers' checkpointed \
+                     inputs count against it. {}\n\n",
+                    mib(b as f64),
+                    if under_rule {
+                        format!(
+                            "It is the budget rule's: the model's training state is {:.2} of it, \
+                             the share of an 80 GB A100 the paper's 3B model takes (2.7e9 x 16 B \
+                             = 43.2 GB, Table 3's floor at 8K).",
+                            rule_share()
+                        )
+                    } else {
+                        format!(
+                            "The budget rule (training state {:.2} of the budget, the paper's 3B \
+                             share of an A100) would give {}.",
+                            rule_share(),
+                            mib(w.rule as f64)
+                        )
+                    }
+                ),
+                _ => format!("Memory budget {}.\n\n", mib(b as f64)),
+            };
         }
         let max_ctx: Vec<Option<usize>> = per
             .iter()
@@ -178,6 +217,39 @@ fn render(
             Some(m) => format!(">= {m}"),
             None => "none".to_string(),
         };
+        let mut ours = vec![vec![
+            if under_rule {
+                "this CPU, rule (3B share), measured".into()
+            } else {
+                "this CPU".into()
+            },
+            show(0),
+            show(1),
+            show(2),
+            match (max_ctx[1], max_ctx[2]) {
+                (Some(m), Some(p)) if bounded[1] => format!(
+                    "{}{:.1}x",
+                    if bounded[2] { "" } else { ">= " },
+                    p as f64 / m as f64
+                ),
+                _ => "-".into(),
+            },
+        ]];
+        if let (true, Some((_, w))) = (under_rule, &sweep) {
+            let p = w.at_one_b();
+            let cell = |c: Option<usize>| match c {
+                Some(c) if c == w.longest => format!(">= {c}"),
+                Some(c) => c.to_string(),
+                None => "none".into(),
+            };
+            ours.push(vec![
+                "this CPU, 1B share, predicted".into(),
+                cell(p.largest[0]),
+                cell(p.largest[1]),
+                cell(p.largest[2]),
+                p.ratio().map_or("-".into(), |r| format!("{r:.1}x")),
+            ]);
+        }
         s += &table(
             &[
                 "",
@@ -187,35 +259,25 @@ fn render(
                 "BPT / memory-efficient",
             ],
             &[
+                ours,
                 vec![
-                    "this CPU".into(),
-                    show(0),
-                    show(1),
-                    show(2),
-                    match (max_ctx[1], max_ctx[2]) {
-                        (Some(m), Some(p)) if bounded[1] => format!(
-                            "{}{:.1}x",
-                            if bounded[2] { "" } else { ">= " },
-                            p as f64 / m as f64
-                        ),
-                        _ => "-".into(),
-                    },
+                    vec![
+                        "paper, 1B on 1 A100".into(),
+                        "16K".into(),
+                        "65K".into(),
+                        "131K".into(),
+                        "2.0x".into(),
+                    ],
+                    vec![
+                        "paper, 3B on 1 A100".into(),
+                        "8K".into(),
+                        "16K".into(),
+                        "65K".into(),
+                        "4.0x".into(),
+                    ],
                 ],
-                vec![
-                    "paper, 1B on 1 A100".into(),
-                    "16K".into(),
-                    "65K".into(),
-                    "131K".into(),
-                    "2.0x".into(),
-                ],
-                vec![
-                    "paper, 3B on 1 A100".into(),
-                    "8K".into(),
-                    "16K".into(),
-                    "65K".into(),
-                    "4.0x".into(),
-                ],
-            ],
+            ]
+            .concat(),
         );
         s += "\n";
         if let (Some(m), Some(p), Some(_), true) = (max_ctx[1], max_ctx[2], budget, bounded[1]) {
@@ -226,6 +288,12 @@ fn render(
                 )
                 .judged(format!("{p} vs {m}"), p >= 2 * m),
             );
+        }
+        if let Some((l, w)) = &sweep {
+            s += &w.markdown();
+            checks.extend(w.checks(mode, &mode_rows, *l, budget));
+            files.push((bpt_budget::CSV, w.csv()));
+            files.push((bpt_budget::PLOT, w.svg()));
         }
         // Table 3: activation memory against context.
         s += "### Activation memory against context (Table 3's layout)\n\n";
@@ -251,17 +319,7 @@ fn render(
             &["context", "vanilla", "memory-efficient", "BPT"],
             &mem_rows,
         );
-        s += "\nThe paper's Table 3, 3B model on one A100, total peak GB (weights, optimizer and activations):\n\n";
-        s += &table(
-            &["context", "vanilla", "memory-efficient", "BPT"],
-            &PAPER_TABLE3_3B
-                .iter()
-                .map(|(c, v, m, p)| {
-                    vec![c.to_string(), v.to_string(), m.to_string(), p.to_string()]
-                })
-                .collect::<Vec<_>>(),
-        );
-        s += "\n";
+        s += &paper_table3();
         // Checks on memory: BPT below memory-efficient, linear vs quadratic growth.
         let common = per[1]
             .2
@@ -367,7 +425,58 @@ fn render(
             s += &format!("- {}: {} ({})\n", c.verdict, c.name, c.ours);
         }
     }
-    Some((s, checks))
+    Some(Rendered {
+        text: s,
+        checks,
+        files,
+    })
+}
+
+/// The paper's Table 3 (3B on one A100) with the Sec. 3.1 whole-model estimate
+/// (`attnbench model bpt-memory`) beside each cell, and the contradiction with its Table 2.
+fn paper_table3() -> String {
+    let m = GptShape::by_name(RULE_MODEL).expect("a Table 1 row");
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let device = 80.0 * (1u64 << 30) as f64;
+    let rows: Vec<Vec<String>> = PAPER_TABLE3_3B
+        .iter()
+        .map(|(c, v, me, p)| {
+            let mut row = vec![c.to_string()];
+            for (paper, (_, d)) in [v, me, p].iter().zip(VARIANTS) {
+                let model = paper_total(&m, d, *c);
+                row.push(format!(
+                    "{paper} (model: {:.1}{})",
+                    gib(model),
+                    if model > device { ", oom" } else { "" }
+                ));
+            }
+            row
+        })
+        .collect();
+    let largest: Vec<String> = VARIANTS
+        .iter()
+        .map(|(_, d)| paper_max_context(&m, *d, device).map_or("none".into(), |c| c.to_string()))
+        .collect();
+    let mut s = String::from(
+        "\nThe paper's Table 3, 3B model on one A100, total peak GB (weights, optimizer and \
+         activations), and beside each cell the Sec. 3.1 whole-model estimate in GiB \
+         (`attnbench model bpt-memory --model gpt-3b`: 16 bytes per parameter, 32 checkpointed \
+         layer inputs, one layer's working set and the logits, fp32, the lowest over the \
+         paper's block grid; oom above 80 GiB):\n\n",
+    );
+    s += &table(&["context", "vanilla", "memory-efficient", "BPT"], &rows);
+    s += &format!(
+        "\nThe paper contradicts itself: its Table 2 gives the 3B model's largest contexts on one \
+         A100 as 8K, 16K and 65K, but its Table 3 runs the same model on one A100 with \
+         memory-efficient attention at 65K (75 GB) and BPT at 131K (79 GB), 4x and 2x past them. \
+         The estimate sides with Table 3 for memory-efficient attention and with Table 2 for BPT: \
+         on 80 GiB it fits {}, {} and {} (BPT at 131K needs {:.1} GiB).\n\n",
+        largest[0],
+        largest[1],
+        largest[2],
+        gib(paper_total(&m, Design::Bpt, 131072))
+    );
+    s
 }
 
 /// A growth check: the design's index in `VARIANTS`, how its memory grows, Sec. 3.1's

@@ -1,10 +1,12 @@
 //! The files derived from a run's rows beside `runs.csv`: `decode.md` (decode bandwidth
 //! tables, and paged-decode against flash-decoding), `prefill.md` (chunked prefill against
-//! one flash call), `bpt.md` (BPT's Tables 2-4 from the layer rows) and, for configs with
+//! one flash call), `bpt.md` (BPT's Tables 2-4 from the layer rows, and with
+//! `model_layers` its budget sweep, `bpt_budget_sweep.csv` and `.svg`) and, for configs with
 //! `[model]`, the Tree-vs-Ring reproduction (`tree_vs_ring.md`, its latency CSV and SVG)
 //! from what the sweep measured for it (`results::tree_vs_ring`). Renderings only, so
 //! `sweep` and `report` write the same bytes. O(rows) plus O(|p| |N|) plan pricings.
 
+pub mod bpt_budget;
 pub mod bpt_md;
 pub mod decode_md;
 pub mod generate_md;
@@ -23,12 +25,14 @@ use crate::results::tree_vs_ring::Measured;
 
 /// The names of every file [`write_renderings`] may write (a `--force` sweep removes them,
 /// so none is left from the run it replaces).
-pub const DERIVED_FILES: [&str; 8] = [
+pub const DERIVED_FILES: [&str; 10] = [
     decode_md::MARKDOWN,
     decode_md::PAGING_PLOT,
     prefill_md::MARKDOWN,
     prefill_md::PLOT,
     bpt_md::MARKDOWN,
+    bpt_budget::CSV,
+    bpt_budget::PLOT,
     tree_vs_ring::MARKDOWN,
     tree_vs_ring::LATENCY_CSV,
     tree_vs_ring::PLOT,
