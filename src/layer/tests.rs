@@ -156,14 +156,20 @@ fn a_large_causal_training_step_checks_the_last_tokens_dx() {
     let (mut r, params, x, d_out) = run(&c);
     let e = check(&c, &params, &x, &r.out, Some((&d_out, &r.dx, &r.dp)));
     assert_eq!((e.out_rows, e.grad_rows), (3 * SPREAD_ROWS, SPREAD_ROWS));
-    assert!(e.grad_last_rows, "the full oracle ran: make the case larger");
+    assert!(
+        e.grad_last_rows,
+        "the full oracle ran: make the case larger"
+    );
     let (_, rel) = e.grad.expect("the last tokens' dx checked");
     assert!(rel <= 1e-5, "gradient rel err {rel:e}");
     let n = r.dx.len();
     r.dx[n - 5] *= 1.01;
     let e = check(&c, &params, &x, &r.out, Some((&d_out, &r.dx, &r.dp)));
     let (_, bad) = e.grad.unwrap();
-    assert!(bad > 10.0 * rel.max(1e-7), "a 1% error in dx: {bad:e} against {rel:e}");
+    assert!(
+        bad > 10.0 * rel.max(1e-7),
+        "a 1% error in dx: {bad:e} against {rel:e}"
+    );
 }
 
 /// bf16 and f16 storage of Q, K and V: outputs within the dtype's tolerance, gradients

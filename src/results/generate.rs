@@ -8,8 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::results::durable::write_atomic;
-use crate::results::tree_vs_ring::{csv_text, read_csv};
+use crate::results::table_csv::{read_csv, write_csv};
 
 pub const CSV: &str = "generate.csv";
 
@@ -49,9 +48,7 @@ pub struct GenerateRow {
 
 /// Writes `rows` to `dir/generate.csv`; returns its path.
 pub fn write(dir: &Path, rows: &[GenerateRow]) -> Result<PathBuf> {
-    let p = dir.join(CSV);
-    write_atomic(&p, csv_text(rows)?.as_bytes())?;
-    Ok(p)
+    write_csv(dir, CSV, rows)
 }
 
 /// The rows of `dir/generate.csv` (an error naming the file when it is missing or bad).

@@ -7,8 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::results::durable::write_atomic;
-use crate::results::tree_vs_ring::{csv_text, read_csv};
+use crate::results::table_csv::{read_csv, write_csv};
 
 pub const CSV: &str = "io.csv";
 
@@ -46,9 +45,7 @@ impl IoRow {
 
 /// Writes `rows` to `dir/io.csv`; returns its path.
 pub fn write(dir: &Path, rows: &[IoRow]) -> Result<PathBuf> {
-    let p = dir.join(CSV);
-    write_atomic(&p, csv_text(rows)?.as_bytes())?;
-    Ok(p)
+    write_csv(dir, CSV, rows)
 }
 
 /// The rows of `dir/io.csv` (an error naming the file when it is missing or bad).

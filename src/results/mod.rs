@@ -15,6 +15,7 @@ pub mod record;
 pub mod runs;
 pub mod samples;
 pub mod softmax;
+pub mod table_csv;
 pub mod tree_vs_ring;
 
 /// One row per case.

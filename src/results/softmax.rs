@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::results::durable::write_atomic;
-use crate::results::tree_vs_ring::{csv_text, read_csv};
+use crate::results::table_csv::{read_csv, write_csv};
 
 pub const CSV: &str = "softmax.csv";
 
@@ -68,9 +67,7 @@ impl SoftmaxRow {
 
 /// Writes `rows` to `dir/softmax.csv`; returns its path.
 pub fn write(dir: &Path, rows: &[SoftmaxRow]) -> Result<PathBuf> {
-    let p = dir.join(CSV);
-    write_atomic(&p, csv_text(rows)?.as_bytes())?;
-    Ok(p)
+    write_csv(dir, CSV, rows)
 }
 
 /// The rows of `dir/softmax.csv` (an error naming the file when it is missing or bad).

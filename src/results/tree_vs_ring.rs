@@ -5,12 +5,11 @@
 //! compute term is timed on this machine, `tree_vs_ring_compute.csv`. The report renders
 //! `tree_vs_ring.md` and its figure from them. O(rows).
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
-use crate::results::durable::write_atomic;
+use crate::error::Result;
+use crate::results::table_csv::{read_csv, write_csv};
 
 pub const COUNTS_CSV: &str = "tree_vs_ring_counts.csv";
 pub const BALANCE_CSV: &str = "tree_vs_ring_balance.csv";
@@ -111,35 +110,6 @@ pub fn read(dir: &Path) -> Result<Option<Measured>> {
         balance: read_csv(dir, BALANCE_CSV)?,
         compute,
     }))
-}
-
-/// `rows` as CSV text, a header line first.
-pub fn csv_text<T: Serialize>(rows: &[T]) -> Result<String> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    for r in rows {
-        w.serialize(r)
-            .map_err(|e| Error::Runtime(format!("writing CSV: {e}")))?;
-    }
-    let bytes = w
-        .into_inner()
-        .map_err(|e| Error::Runtime(format!("writing CSV: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| Error::Runtime(format!("writing CSV: {e}")))
-}
-
-fn write_csv<T: Serialize>(dir: &Path, name: &str, rows: &[T]) -> Result<PathBuf> {
-    let p = dir.join(name);
-    write_atomic(&p, csv_text(rows)?.as_bytes())?;
-    Ok(p)
-}
-
-/// The rows of `dir/name` (an error naming the file when it is missing or bad).
-pub(crate) fn read_csv<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Vec<T>> {
-    let p = dir.join(name);
-    let bad = |e: &dyn std::fmt::Display| Error::Usage(format!("{}: {e}", p.display()));
-    let mut r = csv::Reader::from_path(&p).map_err(|e| bad(&e))?;
-    r.deserialize()
-        .map(|row| row.map_err(|e| bad(&e)))
-        .collect()
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use crate::model::markdown::{count, seconds, table, tokens};
 use crate::model::topology::Gpu;
 use crate::report::checks::Check;
 use crate::results::record::Record;
-use crate::results::tree_vs_ring::{csv_text, BalanceRow, CountRow, Measured, COMPUTE_CSV};
+use crate::results::table_csv::csv_text;
+use crate::results::tree_vs_ring::{BalanceRow, CountRow, Measured, COMPUTE_CSV};
 
 pub const MARKDOWN: &str = "tree_vs_ring.md";
 pub const LATENCY_CSV: &str = "tree_vs_ring_latency.csv";
