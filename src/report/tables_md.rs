@@ -326,9 +326,72 @@ fn rs_table(
             }
         },
     );
+    for (variant, rows) in [
+        (STANDARD, &t.standard),
+        (MEMORY_EFFICIENT, &t.memory_efficient),
+    ] {
+        ours_row(
+            md,
+            &format!("Throughput on {on}, GFLOP/s (ours: `{variant}`)"),
+            &|n| ours(rows.get(&n), gflops_cell),
+        );
+    }
+    relative_speed_note(md, t, layout);
     if *layout == TABLE3 {
         md.push_str(TABLE3_NOTE);
     }
+}
+
+fn gflops_cell(r: &Record) -> Option<String> {
+    r.gflops
+        .map(|g| format!("{g:.1}{}", if r.extrapolated { DAGGER } else { "" }))
+}
+
+/// Why our relative speeds are not the paper's "within a few percent", from the rows: each
+/// variant's throughput at the smallest and the largest n where both were timed whole,
+/// beside the score matrix `naive` forms there and the chunk `rabe-staats` works on.
+fn relative_speed_note(md: &mut String, t: &RsRows, layout: &RsLayout) {
+    let timed = |r: Option<&&Record>| {
+        r.filter(|r| r.status == Status::Ok && !r.extrapolated)
+            .and_then(|r| r.gflops)
+    };
+    let both: Vec<(usize, f64, f64)> = t
+        .standard
+        .keys()
+        .filter_map(|&n| {
+            Some((
+                n,
+                timed(t.standard.get(&n))?,
+                timed(t.memory_efficient.get(&n))?,
+            ))
+        })
+        .collect();
+    let (Some(&(a, sa, ma)), Some(&(b, sb, mb))) = (both.first(), both.last()) else {
+        return;
+    };
+    if a == b {
+        return;
+    }
+    // Bytes of the n x n matrices `naive` keeps: S or P (fwd), P and dS (fwd+bwd).
+    let kept = if *layout == TABLE3 { 8 } else { 4 };
+    let _ = writeln!(
+        md,
+        "\nWhat is behind the relative speeds: `{STANDARD}` keeps n×n matrices, {} at n = {} \
+         and {} at n = {}, and runs at {sa:.1} then {sb:.1} GFLOP/s there; `{MEMORY_EFFICIENT}` \
+         works on chunks of at most {PAPER_Q_CHUNK}×{PAPER_KV_CHUNK} scores ({}) and runs at \
+         {ma:.1} then {mb:.1} GFLOP/s{}.",
+        bytes((kept * a * a) as f64),
+        pow2(a),
+        bytes((kept * b * b) as f64),
+        pow2(b),
+        bytes((PAPER_Q_CHUNK * PAPER_KV_CHUNK * 4) as f64),
+        if *layout == TABLE3 {
+            ", and recomputes them in its backward (checkpointing, Sec. 5.2, where the paper \
+             expects the relative speed to fall by almost 2x)"
+        } else {
+            "; the paper's TPUv2 ran the two within a few percent of each other"
+        }
+    );
 }
 
 /// Table 3's reading of the memory rows (docs/papers.md, Rabe & Staats).
@@ -621,5 +684,48 @@ mod tests {
             }),
         ];
         assert!(header(&trees).contains("| allreduce |"));
+    }
+
+    #[test]
+    fn the_relative_speed_note_reads_both_ends_of_the_timed_rows() {
+        use crate::report::select::TABLE2;
+        let timed = |v: VariantId, n: usize, g: f64, extrapolated: bool| {
+            let mut r = row(v, Mode::Fwd, |c| c.shape = Shape::self_attention(1, n, 64));
+            (r.gflops, r.extrapolated) = (Some(g), extrapolated);
+            r
+        };
+        let rows = [
+            timed(VariantId::Naive, 256, 120.0, false),
+            timed(VariantId::RabeStaats, 256, 110.0, false),
+            timed(VariantId::Naive, 16384, 80.0, false),
+            timed(VariantId::RabeStaats, 16384, 112.0, false),
+            // Extrapolated: not an end of the note.
+            timed(VariantId::Naive, 65536, 10.0, true),
+            timed(VariantId::RabeStaats, 65536, 90.0, true),
+        ];
+        let mut t = RsRows::default();
+        for r in &rows {
+            let m = if r.variant == STANDARD {
+                &mut t.standard
+            } else {
+                &mut t.memory_efficient
+            };
+            m.insert(r.seq_q, r);
+        }
+        let mut md = String::new();
+        relative_speed_note(&mut md, &t, &TABLE2);
+        assert!(
+            md.contains(
+                "`naive` keeps n×n matrices, 256 KiB at n = 2^8 and 1.00 GiB at n = 2^14, \
+                 and runs at 120.0 then 80.0 GFLOP/s there; `rabe-staats` works on chunks of \
+                 at most 1024×4096 scores (16.0 MiB) and runs at 110.0 then 112.0 GFLOP/s;"
+            ),
+            "{md}"
+        );
+        // One timed n: no note.
+        t.standard.retain(|&n, _| n == 256);
+        let mut md = String::new();
+        relative_speed_note(&mut md, &t, &TABLE2);
+        assert!(md.is_empty(), "{md}");
     }
 }
