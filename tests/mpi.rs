@@ -262,3 +262,80 @@ fn a_signal_to_one_rank_stops_every_rank_at_the_same_case() {
     let rows = records(&out);
     assert!(rows.len() >= 2, "{} rows", rows.len());
 }
+
+/// Tree Attention's Tables 1-2 on MPI ranks, end to end: `reproduce tree-attention
+/// --quick` (not under mpirun) starts one `mpirun` per p of 2 and 4, whose ranks generate
+/// ring against tree; every generation equals one device's, the schedules that ran send
+/// exactly what the simulated generation's counted, and the claims include the ranks'.
+#[test]
+fn the_generations_on_ranks_equal_one_device_and_send_what_the_simulation_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("papers");
+    let o = Command::new(env!("CARGO_BIN_EXE_attnbench"))
+        .args(["reproduce", "tree-attention", "--quick", "--out"])
+        .arg(&out)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let read = |dir: &str| -> Vec<csv::StringRecord> {
+        let mut r =
+            csv::Reader::from_path(out.join("tree-attention").join(dir).join("generate.csv"))
+                .unwrap_or_else(|e| panic!("{dir}: {e}"));
+        r.records().map(|x| x.unwrap()).collect()
+    };
+    let header = csv::Reader::from_path(out.join("tree-attention/generate_ranks/generate.csv"))
+        .unwrap()
+        .headers()
+        .unwrap()
+        .clone();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let ranks = read("generate_ranks");
+    let simulated = read("generate");
+    // p = 2 and 4, N = 1024 and 2048, ring and tree.
+    assert_eq!(ranks.len(), 8, "{ranks:?}");
+    for r in &ranks {
+        assert_eq!(&r[col("topology")], "mpi");
+        assert_eq!(&r[col("tokens_match")], "true", "{r:?}");
+        let err: f64 = r[col("max_rel_err")].parse().unwrap();
+        assert!(err <= 1e-6, "{r:?}");
+        let key = |x: &csv::StringRecord| {
+            (
+                x[col("method")].to_string(),
+                x[col("devices")].to_string(),
+                x[col("tokens")].to_string(),
+            )
+        };
+        let sim = simulated
+            .iter()
+            .find(|s| key(s) == key(r))
+            .unwrap_or_else(|| panic!("no simulated row for {:?}", key(r)));
+        assert_eq!(r[col("comm_bytes")], sim[col("comm_bytes")], "{:?}", key(r));
+        let parts: f64 = ["prefill_s", "decode_s"]
+            .iter()
+            .map(|c| r[col(c)].parse::<f64>().unwrap())
+            .sum();
+        let total: f64 = r[col("total_s")].parse().unwrap();
+        assert!(
+            total > 0.0 && (parts - total).abs() <= 1e-9 * total,
+            "{r:?}"
+        );
+    }
+    for p in [2, 4] {
+        let dir = out.join(format!("tree-attention/generate_ranks/p{p}"));
+        assert!(dir.join("meta.json").is_file() && dir.join("generate.csv").is_file());
+    }
+    let claims = std::fs::read_to_string(out.join("tree-attention/claims.md")).unwrap();
+    let section = claims
+        .split("\n## ")
+        .find(|s| s.starts_with("Tables 1-2 on MPI ranks"))
+        .unwrap_or_else(|| panic!("{claims}"));
+    assert!(
+        section.contains("| **PASS** |") && section.contains("(MPI ranks)"),
+        "{section}"
+    );
+}

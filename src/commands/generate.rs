@@ -41,6 +41,57 @@ pub fn reproduce_generate(dir: &Path, quick: bool) -> Result<Vec<Check>> {
     Ok(checks)
 }
 
+/// Under `mpirun` (feature `mpi`): this rank's part of the generations on the run's
+/// ranks (`run::generate_ranks`); rank 0 writes `generate.csv` and `meta.json` into `dir`
+/// (created).
+pub fn measure_generate_ranks(dir: &Path, quick: bool) -> Result<()> {
+    #[cfg(feature = "mpi")]
+    {
+        let root = crate::dist::is_root();
+        let made = !root || std::fs::create_dir_all(dir).is_ok();
+        if !crate::dist::all_ok(made)? {
+            return Err(Error::Usage(format!("cannot create {}", dir.display())));
+        }
+        let rows = crate::run::generate_ranks::measure(quick, &INTERRUPTED)?;
+        if root {
+            let csv = generate::write(dir, &rows)?;
+            let config = serde_json::json!({ "generate_ranks": {
+                "quick": quick,
+                "tokens": crate::run::generate::tokens(quick),
+                "ranks": crate::dist::size(),
+                "steps": crate::run::generate::STEPS,
+            } });
+            Meta::collect(config, vec![1], Vec::new()).write(&dir.join(META_NAME))?;
+            eprintln!("generate on MPI ranks: wrote {}", csv.display());
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = (dir, quick);
+        Err(Error::Usage(
+            crate::dist::unavailable(2).unwrap_or_else(|| "MPI is not available".into()),
+        ))
+    }
+}
+
+/// The generations of every p of `ranks` (`p<p>/generate.csv` in `dir`, each from its
+/// own `mpirun`) in one `generate.csv` and `generate.md`, with this process's
+/// `meta.json`; the checks.
+pub fn gather_generate_ranks(dir: &Path, ranks: &[usize]) -> Result<Vec<Check>> {
+    let mut rows = Vec::new();
+    for p in ranks {
+        rows.extend(generate::read(&dir.join(format!("p{p}")))?);
+    }
+    generate::write(dir, &rows)?;
+    let config = serde_json::json!({ "generate_ranks": {
+        "ranks": ranks,
+        "steps": crate::run::generate::STEPS,
+    } });
+    Meta::collect(config, vec![1], Vec::new()).write(&dir.join(META_NAME))?;
+    render(dir, &rows)
+}
+
 /// `generate.md` again from the `generate.csv` already in `dir`, measuring nothing; the
 /// checks.
 pub fn report_generate(dir: &Path) -> Result<Vec<Check>> {

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
-use super::generate::{report_generate, reproduce_generate};
+use super::generate::{
+    gather_generate_ranks, measure_generate_ranks, report_generate, reproduce_generate,
+};
 use super::softmax::{report_softmax, reproduce_softmax};
 use super::sweep::{sweep, SweepArgs};
 use crate::backend::cpu::isa::Isa;
@@ -69,6 +71,52 @@ pub struct Table {
     pub name: &'static str,
     pub title: &'static str,
     pub source: Source,
+    /// What it needs beyond this CPU; without it the table is skipped, with the reason.
+    pub needs: Needs,
+}
+
+/// What a table needs beyond this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    Cpu,
+    /// An NVIDIA GPU and a build with the `cuda` feature.
+    Gpu,
+    /// A build with the `mpi` feature and `mpirun` on the PATH.
+    Mpi,
+}
+
+impl Needs {
+    /// What a table with these needs runs on, in words.
+    fn describe(self) -> &'static str {
+        match self {
+            Needs::Cpu => "this CPU only",
+            Needs::Gpu => "an NVIDIA GPU and a build with `--features cuda` (docs/guide/gpu.md)",
+            Needs::Mpi => "`mpirun` and a build with `--features mpi` (docs/guide/mpi.md)",
+        }
+    }
+
+    /// Why this process cannot run such a table, if it cannot.
+    pub fn unavailable(self) -> Option<String> {
+        match self {
+            Needs::Cpu => None,
+            Needs::Gpu => crate::run::cuda_unavailable_reason(),
+            Needs::Mpi if !cfg!(feature = "mpi") => Some(
+                "this attnbench was built without the `mpi` feature (cargo build --release --features mpi; docs/guide/mpi.md)".into(),
+            ),
+            Needs::Mpi => (!on_path(MPIRUN)).then(|| {
+                format!("no `{MPIRUN}` on the PATH (Open MPI or MPICH; docs/guide/mpi.md)")
+            }),
+        }
+    }
+}
+
+/// The launcher of the tables on MPI ranks.
+const MPIRUN: &str = "mpirun";
+
+/// Whether an executable `name` is in a directory of the PATH.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
 }
 
 /// What measures a table.
@@ -89,7 +137,14 @@ pub enum Source {
     /// against tree on simulated devices (`commands::generate`): prompts of 1K-8K, 1K and
     /// 2K with `--quick`.
     Generate,
+    /// The same generations on real MPI ranks, one `mpirun` per p of `RANKS`
+    /// (`run::generate_ranks`), each into `p<p>/`, then judged together.
+    GenerateRanks,
 }
+
+/// The rank counts of the generations on MPI ranks: Table 2's two devices and Table 1's
+/// four (ranks beyond the cores share them).
+pub const RANKS: [usize; 2] = [2, 4];
 
 /// One timed call per case, no calibration (no claim reads it) and 16 rows against the
 /// f64 oracle (the error claims compare every value with `naive`'s).
@@ -102,7 +157,7 @@ const QUICK_RUN: [&str; 5] = [
 ];
 
 /// Every table `reproduce` regenerates, in the order of docs/papers.md.
-pub const TABLES: [Table; 8] = [
+pub const TABLES: [Table; 10] = [
     Table {
         paper: Paper::RabeStaats,
         name: "table2",
@@ -119,6 +174,18 @@ pub const TABLES: [Table; 8] = [
                 "run.extrapolate_q_chunks=1",
             ],
         },
+        needs: Needs::Cpu,
+    },
+    Table {
+        paper: Paper::RabeStaats,
+        name: "table2_gpu",
+        title: "Table 2, inference, on an NVIDIA GPU",
+        source: Source::Sweep {
+            config: "configs/rabe_staats_table2_gpu.toml",
+            full: &["run.innermost=variant"],
+            quick: &["run.innermost=variant"],
+        },
+        needs: Needs::Gpu,
     },
     Table {
         paper: Paper::RabeStaats,
@@ -134,6 +201,7 @@ pub const TABLES: [Table; 8] = [
                 "run.extrapolate_q_chunks=1",
             ],
         },
+        needs: Needs::Cpu,
     },
     Table {
         paper: Paper::Bpt,
@@ -145,6 +213,7 @@ pub const TABLES: [Table; 8] = [
             // The rule's limits (memory-efficient 512, BPT 1024) and the sweep to 4x it.
             quick: &["seq_len=256,512,1024,2048,4096,8192", "q_chunk=64,256"],
         },
+        needs: Needs::Cpu,
     },
     Table {
         paper: Paper::Bpt,
@@ -155,6 +224,7 @@ pub const TABLES: [Table; 8] = [
             full: &[],
             quick: &["seq_len=1024,2048,4096,8192"],
         },
+        needs: Needs::Cpu,
     },
     Table {
         paper: Paper::Bpt,
@@ -165,6 +235,7 @@ pub const TABLES: [Table; 8] = [
             full: &[],
             quick: &["seq_len=1024,2048,4096", "q_chunk=512"],
         },
+        needs: Needs::Cpu,
     },
     Table {
         paper: Paper::TreeAttention,
@@ -175,18 +246,28 @@ pub const TABLES: [Table; 8] = [
             full: &[],
             quick: &["seq_kv=16000"],
         },
+        needs: Needs::Cpu,
     },
     Table {
         paper: Paper::TreeAttention,
         name: "generate",
         title: "Tables 1-2, prefill plus a 10-token decode, ring against tree",
         source: Source::Generate,
+        needs: Needs::Cpu,
+    },
+    Table {
+        paper: Paper::TreeAttention,
+        name: "generate_ranks",
+        title: "Tables 1-2 on MPI ranks, prefill plus a 10-token decode, ring against tree",
+        source: Source::GenerateRanks,
+        needs: Needs::Mpi,
     },
     Table {
         paper: Paper::Blog,
         name: "softmax",
         title: "online softmax and FlashAttention IO: memory accesses, overflow, timings",
         source: Source::SoftmaxPasses,
+        needs: Needs::Cpu,
     },
 ];
 
@@ -223,11 +304,12 @@ pub struct ReproduceArgs {
     pub dry_run: bool,
 }
 
-/// The claims of one table after its run.
+/// The claims of one table after its run, or why it did not run.
 struct Judged<'a> {
     table: &'a Table,
     dir: PathBuf,
     checks: Vec<Check>,
+    skipped: Option<String>,
 }
 
 /// The `reproduce` command: 0 when every claim holds (PASS or TREND), 3 otherwise.
@@ -243,6 +325,9 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
         .iter()
         .filter(|t| a.papers.is_empty() || a.papers.contains(&t.paper))
         .collect();
+    if crate::dist::active() {
+        return on_ranks(a, &out, &tables);
+    }
     for t in &tables {
         if let Source::Sweep { config, .. } = t.source {
             if !Path::new(config).is_file() {
@@ -287,6 +372,23 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
                     crate::run::generate::tokens(a.quick),
                     dir.display()
                 ),
+                Source::GenerateRanks => {
+                    for p in RANKS {
+                        println!(
+                            "{} {}: {}",
+                            t.paper.name(),
+                            t.name,
+                            rank_command(a, p, &out)
+                                .iter()
+                                .map(|w| super::shell_quote(w))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        );
+                    }
+                }
+            }
+            if let Some(why) = t.needs.unavailable() {
+                println!("  (skipped here: {why})");
             }
         }
         return Ok(0);
@@ -303,6 +405,22 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
             t.title,
             dir.display()
         );
+        let skipped = if a.report_only {
+            (t.needs != Needs::Cpu && !has_rows(t, &dir))
+                .then(|| format!("no rows in {}", dir.display()))
+        } else {
+            t.needs.unavailable()
+        };
+        if let Some(why) = skipped {
+            eprintln!("  skipped: {why}");
+            judged.push(Judged {
+                table: t,
+                checks: Vec::new(),
+                dir,
+                skipped: Some(why),
+            });
+            continue;
+        }
         let checks = match t.source {
             Source::Sweep { config, .. } => {
                 sweep_table(a, t, config, &dir, &out)?;
@@ -310,11 +428,13 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
             }
             Source::SoftmaxPasses => softmax_table(a, &dir)?,
             Source::Generate => generate_table(a, &dir)?,
+            Source::GenerateRanks => generate_ranks_table(a, &dir, &out)?,
         };
         judged.push(Judged {
             table: t,
             checks,
             dir,
+            skipped: None,
         });
     }
     let mut papers: Vec<Paper> = tables.iter().map(|t| t.paper).collect();
@@ -400,6 +520,139 @@ fn generate_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
     reproduce_generate(dir, a.quick)
 }
 
+/// Whether a table's rows are in `dir` (for `--report-only`).
+fn has_rows(t: &Table, dir: &Path) -> bool {
+    let name = match t.source {
+        Source::Sweep { .. } => CSV_NAME,
+        Source::SoftmaxPasses => softmax::CSV,
+        Source::Generate | Source::GenerateRanks => crate::results::generate::CSV,
+    };
+    dir.join(name).is_file()
+}
+
+/// Open MPI's settings for the ranks `reproduce` starts, unless the user set them: more
+/// ranks than cores (4 on a 2-core machine), and running as root (containers). MPICH
+/// ignores them.
+const OPEN_MPI_ENV: [(&str, &str); 3] = [
+    ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
+    ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+    ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+];
+
+/// The `mpirun` command line of the generations on `p` ranks: this program's
+/// `reproduce tree-attention` under it, with `a`'s flags.
+fn rank_command(a: &ReproduceArgs, p: usize, out: &Path) -> Vec<String> {
+    let exe = std::env::current_exe()
+        .map_or_else(|_| "attnbench".into(), |e| e.to_string_lossy().into_owned());
+    let mut v: Vec<String> = [MPIRUN, "-np", &p.to_string(), &exe, "reproduce"]
+        .map(String::from)
+        .into();
+    v.push(Paper::TreeAttention.name().into());
+    v.extend(["--out".into(), out.to_string_lossy().into_owned()]);
+    for (on, flag) in [
+        (a.quick, "--quick"),
+        (a.force, "--force"),
+        (a.resume, "--resume"),
+    ] {
+        if on {
+            v.push(flag.into());
+        }
+    }
+    if let Some(k) = a.kernel_path {
+        v.extend(["--kernel-path".into(), k.to_string()]);
+    }
+    v
+}
+
+/// The generations on MPI ranks: one `mpirun` per p of `RANKS` (its rank 0 writes
+/// `p<p>/generate.csv`), then every p's rows in `generate.csv` and `generate.md`; with
+/// `--report-only` (or `--resume` where it finished) the report again from the rows.
+fn generate_ranks_table(a: &ReproduceArgs, dir: &Path, out: &Path) -> Result<Vec<Check>> {
+    let held = dir.join(crate::results::generate::CSV).is_file();
+    if a.report_only || (a.resume && held) {
+        return report_generate(dir);
+    }
+    if held && !a.force {
+        return Err(Error::Usage(format!(
+            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
+            dir.display()
+        )));
+    }
+    for p in RANKS {
+        if a.resume
+            && dir
+                .join(format!("p{p}"))
+                .join(crate::results::generate::CSV)
+                .is_file()
+        {
+            continue;
+        }
+        let cmd = rank_command(a, p, out);
+        let shown = cmd
+            .iter()
+            .map(|w| super::shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ");
+        eprintln!("  {shown}");
+        let mut c = std::process::Command::new(&cmd[0]);
+        c.args(&cmd[1..]);
+        for (k, v) in OPEN_MPI_ENV {
+            if std::env::var_os(k).is_none() {
+                c.env(k, v);
+            }
+        }
+        let status = c
+            .status()
+            .map_err(|e| Error::io(format!("starting `{shown}`"), e))?;
+        if crate::run::INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Interrupted(format!(
+                "`{shown}` stopped by a signal; continue with `{}`",
+                resume_command(a, out)
+            )));
+        }
+        if !status.success() {
+            return Err(Error::Runtime(format!("`{shown}` failed ({status})")));
+        }
+    }
+    gather_generate_ranks(dir, &RANKS)
+}
+
+/// Under `mpirun`: this rank's part of the tables on MPI ranks among `tables` (rank 0
+/// writes them into `p<ranks>/`); the others run without `mpirun`.
+fn on_ranks(a: &ReproduceArgs, out: &Path, tables: &[&Table]) -> Result<i32> {
+    let mine: Vec<&Table> = tables
+        .iter()
+        .copied()
+        .filter(|t| t.needs == Needs::Mpi)
+        .collect();
+    if mine.is_empty() || a.report_only || a.dry_run {
+        return Err(Error::Usage(format!(
+            "under {MPIRUN}, `reproduce` measures only the tables on MPI ranks ({}): name that paper, and run --report-only, --dry-run and the other tables without {MPIRUN}",
+            TABLES
+                .iter()
+                .filter(|t| t.needs == Needs::Mpi)
+                .map(|t| format!("{} {}", t.paper.name(), t.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    for t in mine {
+        let dir = table_dir(out, t).join(format!("p{}", crate::dist::size()));
+        let held = dir.join(crate::results::generate::CSV).is_file();
+        if a.resume && held {
+            continue;
+        }
+        if held && !a.force {
+            return Err(Error::Usage(format!(
+                "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
+                dir.display()
+            )));
+        }
+        measure_generate_ranks(&dir, a.quick)?;
+    }
+    Ok(0)
+}
+
 /// The command line that continues `a` where it stopped.
 fn resume_command(a: &ReproduceArgs, out: &Path) -> String {
     let mut v = vec![super::this_program(), "reproduce".to_string()];
@@ -451,6 +704,9 @@ fn summary(judged: &[Judged]) -> String {
             j.table.name,
             j.table.title
         );
+        if let Some(why) = &j.skipped {
+            s += &format!("  skipped: {why}\n");
+        }
         for c in &j.checks {
             s += &format!(
                 "  {:<5}  {}: {} (paper: {})\n",
@@ -469,13 +725,17 @@ fn summary(judged: &[Judged]) -> String {
             .count()
     };
     s += &format!(
-        "{} PASS, {} FAIL, {} TREND, {} n/a\n",
+        "{} PASS, {} FAIL, {} TREND, {} n/a",
         count(Verdict::Pass),
         count(Verdict::Fail),
         count(Verdict::Trend),
         count(Verdict::NotApplicable)
     );
-    s
+    let skipped = judged.iter().filter(|j| j.skipped.is_some()).count();
+    if skipped > 0 {
+        s += &format!("; {skipped} table(s) skipped (not run here, see above)");
+    }
+    s + "\n"
 }
 
 /// `<paper>/claims.md`: per table, where its rows are, the build and machine that made
@@ -490,9 +750,19 @@ fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
         paper.title()
     );
     for j in of {
+        let rel = j.dir.strip_prefix(out.join(paper.name())).unwrap_or(&j.dir);
+        if j.skipped.is_some() {
+            // The same words on every machine that lacks it (the reason is the terminal's).
+            s += &format!(
+                "\n## {} (`{}/`)\n\nNot run: no rows. It needs {}.\n",
+                j.table.title,
+                rel.display(),
+                j.table.needs.describe()
+            );
+            continue;
+        }
         let meta = Meta::read(&j.dir.join(META_NAME)).ok();
         let meta = meta.as_ref();
-        let rel = j.dir.strip_prefix(out.join(paper.name())).unwrap_or(&j.dir);
         s += &format!(
             "\n## {} (`{}/`)\n\n{}; built at {}{}, on {}.\n\n",
             j.table.title,
@@ -503,6 +773,10 @@ fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
                     "The softmax passes and the FlashAttention loop orders' counted IO (`src/commands/softmax.rs`)".into()
                 }
                 Source::Generate => "The generations (`src/commands/generate.rs`)".into(),
+                Source::GenerateRanks => format!(
+                    "The generations on {} MPI ranks (`src/commands/generate.rs`, `{MPIRUN} -np P attnbench reproduce tree-attention`)",
+                    RANKS.map(|p| p.to_string()).join(" and ")
+                ),
             },
             meta.and_then(|m| m.git_revision.as_deref()).map_or(
                 "an unknown revision".to_string(),
@@ -569,6 +843,80 @@ mod tests {
         let dirs: std::collections::BTreeSet<PathBuf> =
             TABLES.iter().map(|t| table_dir(out, t)).collect();
         assert_eq!(dirs.len(), TABLES.len());
+    }
+
+    /// A table this process cannot run is skipped with its reason on the terminal and the
+    /// same words on every machine in `claims.md`; it is not a failed claim.
+    #[test]
+    fn a_table_this_machine_cannot_run_is_skipped_and_named() {
+        assert_eq!(Needs::Cpu.unavailable(), None);
+        if !cfg!(feature = "mpi") {
+            let why = Needs::Mpi.unavailable().unwrap();
+            assert!(why.contains("`mpi` feature"), "{why}");
+        }
+        if !cfg!(feature = "cuda") {
+            assert!(Needs::Gpu.unavailable().is_some());
+        }
+        let t = TABLES.iter().find(|t| t.needs == Needs::Mpi).unwrap();
+        let out = Path::new("o");
+        let skipped = Judged {
+            table: t,
+            dir: table_dir(out, t),
+            checks: Vec::new(),
+            skipped: Some("no mpirun here".into()),
+        };
+        let s = summary(std::slice::from_ref(&skipped));
+        assert!(s.contains("  skipped: no mpirun here\n"), "{s}");
+        assert!(
+            s.ends_with("0 n/a; 1 table(s) skipped (not run here, see above)\n"),
+            "{s}"
+        );
+        let md = claims_md(t.paper, &[&skipped], out).unwrap();
+        assert!(
+            md.contains("(`generate_ranks/`)\n\nNot run: no rows. It needs `mpirun` and a build with `--features mpi`"),
+            "{md}"
+        );
+        assert!(!md.contains("no mpirun here"), "{md}");
+        // Every table a GPU or MPI ranks measure says so; the rest run on this CPU alone.
+        for t in &TABLES {
+            let expected = match t.source {
+                Source::GenerateRanks => Needs::Mpi,
+                Source::Sweep { config, .. } if config.ends_with("_gpu.toml") => Needs::Gpu,
+                _ => Needs::Cpu,
+            };
+            assert_eq!(t.needs, expected, "{}", t.name);
+        }
+    }
+
+    /// Each p of the ranks is this program's `reproduce tree-attention` under `mpirun`,
+    /// with the head's output and flags.
+    #[test]
+    fn the_ranks_run_this_program_under_mpirun_with_the_same_flags() {
+        let mut a = args(vec![Paper::TreeAttention], true);
+        a.force = true;
+        let c = rank_command(&a, 4, Path::new("my out"));
+        assert_eq!(c[..3], ["mpirun", "-np", "4"]);
+        assert_eq!(
+            std::path::PathBuf::from(&c[3]),
+            std::env::current_exe().unwrap()
+        );
+        assert_eq!(
+            c[4..],
+            [
+                "reproduce",
+                "tree-attention",
+                "--out",
+                "my out",
+                "--quick",
+                "--force"
+            ]
+        );
+        a.force = false;
+        a.resume = true;
+        a.quick = false;
+        let c = rank_command(&a, 2, Path::new("o"));
+        assert_eq!(c[c.len() - 1], "--resume");
+        assert!(!c.contains(&"--quick".to_string()));
     }
 
     #[test]

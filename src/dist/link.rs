@@ -131,6 +131,18 @@ pub fn all_ok(ok: bool) -> Result<bool> {
     Ok(all[0] == 1)
 }
 
+/// `buf` on every rank as `root` holds it.
+pub fn broadcast_f32(root: usize, buf: &mut [f32], what: &str) -> Result<()> {
+    let world = SimpleCommunicator::world();
+    mpi::request::scope(|sc| {
+        let r = world
+            .process_at_rank(root as i32)
+            .immediate_broadcast_into(sc, buf);
+        wait_all(&world, vec![r], what);
+    });
+    Ok(())
+}
+
 /// One rank's end of the communication of one call: counters per collective, time spent.
 pub struct Link {
     world: SimpleCommunicator,

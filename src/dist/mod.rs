@@ -218,6 +218,25 @@ pub fn take_median_call_comm() -> Option<f64> {
     })
 }
 
+/// Every recorded call's communication seconds since the last take, summed, and forgets
+/// them (a generation's messages, call by call).
+pub fn take_total_call_comm() -> f64 {
+    std::mem::take(&mut *CALL_COMM_S.lock().unwrap_or_else(|e| e.into_inner()))
+        .iter()
+        .sum()
+}
+
+/// `buf` on every rank as `root` holds it (MPI_Ibcast, with the deadline); a no-op when
+/// not under MPI.
+pub fn broadcast_f32(root: usize, buf: &mut [f32], what: &str) -> Result<()> {
+    #[cfg(feature = "mpi")]
+    if active() {
+        return link::broadcast_f32(root, buf, what);
+    }
+    let _ = (root, buf, what);
+    Ok(())
+}
+
 /// The error of an MPI variant asked to run where it cannot (the runner skips such cases
 /// first; this is for direct calls).
 pub fn not_here(devices: usize) -> Error {

@@ -17,7 +17,7 @@ use crate::sim::device::DeviceMemory;
 use crate::sim::local::{self, Carry, KvRef, Work};
 use crate::sim::plan;
 use crate::sim::ring::{
-    query_positions, shard_elements, write_output, Spec, BROADCAST_Q, ROTATION,
+    query_positions, shard_elements, write_output, write_rows, Spec, BROADCAST_Q, ROTATION,
 };
 use crate::sim::shard::{gather, Placement};
 use crate::sim::stats::SimStats;
@@ -63,7 +63,8 @@ pub(super) fn broadcast_q(link: &mut Link, inputs: &Inputs, library: bool) -> Te
 }
 
 /// Ring Attention of `inputs` on this rank into `out` (decode: the whole output on every
-/// rank; prefill: this rank's rows, gathered on rank 0 when `counted`). Returns the
+/// rank; prefill: this rank's rows at their positions, every rank's gathered on rank 0
+/// instead when `counted`). Contiguous or appended shards (not striped). Returns the
 /// gathered counters when `counted` (the checked call), else records the call's
 /// communication time.
 pub fn run(
@@ -75,7 +76,7 @@ pub fn run(
     let s = inputs.shape;
     let mut link = Link::new();
     let (me, p) = (link.rank, link.p);
-    if spec.p() != p || spec.placement != Placement::Contiguous {
+    if spec.p() != p || spec.placement == Placement::Striped {
         return Err(super::not_here(spec.p()));
     }
     let (d, dtype) = (s.head_dim, inputs.dtype());
@@ -177,6 +178,8 @@ pub fn run(
         out.copy_from_slice(&acc);
     } else if counted {
         gather_rows(&mut link, spec, inputs, &acc, out)?;
+    } else {
+        write_rows(&s, &layout, me, &acc, out);
     }
     if !counted {
         link.close();

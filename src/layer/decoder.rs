@@ -8,6 +8,7 @@
 //! Cost per token and layer 2·h·(2·n_h + 2·n_kv)·d_h + 6·h·f FLOPs besides attention, plus
 //! 2·h·vocab for the LM head.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
@@ -16,7 +17,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use super::ops::gemm;
 use crate::backend::cpu::gemm::MatRef;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// RMSNorm epsilon (Llama's).
 pub const RMS_EPS: f32 = 1e-5;
@@ -130,9 +131,9 @@ pub fn prompt(cfg: &Config, n: usize, seed: u64) -> Vec<u32> {
 /// The attention of every layer, over the sequence's key/value cache, which the
 /// implementation keeps (on one device, or sharded over several).
 pub trait Attention {
-    /// Causal self-attention of the `n` prompt tokens in `layer`: q `[heads, n, d_h]`, k
-    /// and v `[kv_heads, n, d_h]` (RoPE applied) into `out` `[heads, n, d_h]`; k and v
-    /// become the layer's cache.
+    /// Causal self-attention of the `n` prompt tokens this device runs (`prefill_tokens`)
+    /// in `layer`: q `[heads, n, d_h]`, k and v `[kv_heads, n, d_h]` (RoPE applied) into
+    /// `out` `[heads, n, d_h]`; k and v become the layer's cache.
     fn prefill(
         &mut self,
         layer: usize,
@@ -153,6 +154,19 @@ pub trait Attention {
         v: &[f32],
         out: &mut [f32],
     ) -> Result<()>;
+
+    /// The prompt tokens this device runs through the model in the prefill: all of them
+    /// on one device; its own contiguous block when the prefill is sequence-parallel.
+    fn prefill_tokens(&self, n: usize) -> Range<usize> {
+        0..n
+    }
+
+    /// The logits every device continues from: those of the device that holds the
+    /// sequence's last token (a broadcast when the devices are processes; as they are on
+    /// one device).
+    fn shared_logits(&mut self, logits: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(logits)
+    }
 }
 
 /// A key or value cache of one layer, head by head: `rows[h]` is `[len, d_h]`.
@@ -226,7 +240,15 @@ pub fn generate(
         decode_other_s: 0.0,
     };
     let t0 = Instant::now();
-    let (logits, in_attn) = forward(w, prompt, 0, attn, true)?;
+    let mine = attn.prefill_tokens(prompt.len());
+    if mine.is_empty() || mine.end > prompt.len() {
+        return Err(Error::Usage(format!(
+            "prefill tokens {mine:?} of a {}-token prompt: each device needs at least one",
+            prompt.len()
+        )));
+    }
+    let (logits, in_attn) = forward(w, &prompt[mine.clone()], mine.start, attn, true)?;
+    let logits = attn.shared_logits(logits)?;
     g.prefill_other_s = t0.elapsed().as_secs_f64() - in_attn;
     g.tokens.push(argmax(&logits));
     g.logits.push(logits);
@@ -234,6 +256,7 @@ pub fn generate(
         let t0 = Instant::now();
         let last = [*g.tokens.last().unwrap_or(&0)];
         let (logits, in_attn) = forward(w, &last, prompt.len() + s, attn, false)?;
+        let logits = attn.shared_logits(logits)?;
         g.decode_other_s += t0.elapsed().as_secs_f64() - in_attn;
         g.tokens.push(argmax(&logits));
         g.logits.push(logits);
@@ -455,6 +478,43 @@ mod tests {
             k: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
             v: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
         }
+    }
+
+    /// A device given no prompt token (more devices than tokens) is refused with the
+    /// reason, not a panic.
+    #[test]
+    fn a_device_without_prompt_tokens_is_refused() {
+        struct NoTokens(Plain);
+        impl Attention for NoTokens {
+            fn prefill(
+                &mut self,
+                layer: usize,
+                q: &[f32],
+                k: &[f32],
+                v: &[f32],
+                n: usize,
+                out: &mut [f32],
+            ) -> Result<()> {
+                self.0.prefill(layer, q, k, v, n, out)
+            }
+            fn decode(
+                &mut self,
+                layer: usize,
+                q: &[f32],
+                k: &[f32],
+                v: &[f32],
+                out: &mut [f32],
+            ) -> Result<()> {
+                self.0.decode(layer, q, k, v, out)
+            }
+            fn prefill_tokens(&self, n: usize) -> Range<usize> {
+                n..n
+            }
+        }
+        let cfg = Config::TINY;
+        let w = Weights::generate(cfg, 3);
+        let e = generate(&w, &prompt(&cfg, 3, 3), 1, &mut NoTokens(plain(cfg))).unwrap_err();
+        assert!(e.to_string().contains("needs at least one"), "{e}");
     }
 
     /// With a KV cache, decoding token by token gives the logits of running the whole

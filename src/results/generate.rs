@@ -12,6 +12,10 @@ use crate::results::table_csv::{read_csv, write_csv};
 
 pub const CSV: &str = "generate.csv";
 
+/// The `topology` of generations on real MPI ranks (one machine's processes), in place of
+/// the α–β preset that prices simulated ones.
+pub const MPI_LINKS: &str = "mpi";
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenerateRow {
     /// `ring` or `tree`: the attention of the decode steps (both prefill with ring).
@@ -20,11 +24,12 @@ pub struct GenerateRow {
     /// Prompt tokens N.
     pub tokens: usize,
     pub steps: usize,
-    /// The α–β link preset that priced the messages.
+    /// The α–β link preset that priced the messages, or `MPI_LINKS` on real ranks.
     pub topology: String,
     /// Generations timed (interleaved with the other method); the row is the median one.
     pub reps: usize,
-    /// Simulated seconds of the whole generation: prefill + decode.
+    /// Seconds of the whole generation, prefill + decode: simulated, or rank 0's wall
+    /// clock on MPI ranks.
     pub total_s: f64,
     pub prefill_s: f64,
     /// Of the prefill: attention on the busiest devices, its priced messages (inside the
@@ -38,7 +43,8 @@ pub struct GenerateRow {
     pub decode_attention_s: f64,
     pub decode_comm_s: f64,
     pub decode_other_s: f64,
-    /// Bytes all devices sent in the whole generation (counted by the simulator).
+    /// Bytes all devices sent in the whole generation (counted by the simulator; on MPI
+    /// ranks, those of the schedules that ran).
     pub comm_bytes: u64,
     /// max |logits - one device's| / max |one device's| over every step's logits.
     pub max_rel_err: f64,

@@ -84,11 +84,11 @@ pub fn tokens(quick: bool) -> &'static [usize] {
 /// Simulated seconds of one generation's attention, and the bytes its devices sent.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Clock {
-    prefill_s: f64,
-    prefill_comm_s: f64,
-    decode_s: f64,
-    decode_comm_s: f64,
-    bytes: u64,
+    pub(super) prefill_s: f64,
+    pub(super) prefill_comm_s: f64,
+    pub(super) decode_s: f64,
+    pub(super) decode_comm_s: f64,
+    pub(super) bytes: u64,
 }
 
 /// The attention of every layer on p simulated devices.
@@ -359,7 +359,7 @@ pub fn sharded(w: &Weights, n: usize, p: usize, method: Method) -> Result<(Gener
 /// this machine's noise, so both are charged the same figures, from both methods' runs
 /// pooled: the run of median prefill (its parts) and the median decode rest.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Shared {
+pub(super) struct Shared {
     prefill_attention_s: f64,
     prefill_comm_s: f64,
     prefill_other_s: f64,
@@ -367,13 +367,19 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// From every run of both methods on `p` devices.
-    fn of(runs: &[&(Generated, Clock)], p: usize) -> Shared {
-        // The prefill's projections and MLP run sequence-parallel: each device its N/p
-        // tokens.
+    /// From every run of both methods; the prefill's rest of the model (its projections
+    /// and MLP, sequence-parallel) counted as its timed seconds over `parallel` (p when
+    /// one process ran every device's tokens, 1 when each rank timed its own).
+    pub(super) fn of(runs: &[&(Generated, Clock)], parallel: usize) -> Shared {
         let mut pre: Vec<(f64, f64, f64)> = runs
             .iter()
-            .map(|(g, c)| (c.prefill_s, c.prefill_comm_s, g.prefill_other_s / p as f64))
+            .map(|(g, c)| {
+                (
+                    c.prefill_s,
+                    c.prefill_comm_s,
+                    g.prefill_other_s / parallel as f64,
+                )
+            })
             .collect();
         pre.sort_by(|a, b| (a.0 + a.2).total_cmp(&(b.0 + b.2)));
         let mut rest: Vec<f64> = runs.iter().map(|(g, _)| g.decode_other_s).collect();
@@ -390,9 +396,9 @@ impl Shared {
 
 /// The row of one method's runs against the reference: the run of median decode
 /// attention, with the shared parts; the worst error over every run.
-fn row(
+pub(super) fn row(
     method: Method,
-    p: usize,
+    (p, links): (usize, String),
     n: usize,
     runs: &[(Generated, Clock)],
     shared: &Shared,
@@ -417,7 +423,7 @@ fn row(
         devices: p,
         tokens: n,
         steps: STEPS,
-        topology: topology(p).name,
+        topology: links,
         reps: runs.len(),
         total_s: prefill_s + decode_s,
         prefill_s,
@@ -469,7 +475,7 @@ pub fn measure(quick: bool, stop: &AtomicBool) -> Result<Vec<GenerateRow>> {
                 let pooled: Vec<&(Generated, Clock)> = runs.iter().flatten().collect();
                 let shared = Shared::of(&pooled, p);
                 for (m, v) in [Method::Ring, Method::Tree].into_iter().zip(&runs) {
-                    let r = row(m, p, n, v, &shared, &reference);
+                    let r = row(m, (p, topology(p).name), n, v, &shared, &reference);
                     eprintln!(
                         "generate: p {p} N {n} {}: {:.3} s (prefill {:.3}, decode {:.4}), err {:.1e}",
                         m.name(),
@@ -503,7 +509,7 @@ mod tests {
                 let run = sharded(&w, n, p, m).unwrap();
                 let shared = Shared::of(&[&run], p);
                 let tokens = run.0.tokens.clone();
-                let r = row(m, p, n, &[run], &shared, &reference);
+                let r = row(m, (p, topology(p).name), n, &[run], &shared, &reference);
                 assert!(r.tokens_match, "{m:?} p {p}: {tokens:?}");
                 assert!(r.max_rel_err <= 1e-6, "{m:?} p {p}: {}", r.max_rel_err);
                 assert!(r.comm_bytes > 0 && r.total_s > 0.0, "{r:?}");

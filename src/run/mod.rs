@@ -12,6 +12,8 @@ pub mod cuda;
 pub mod external;
 pub mod extrapolate;
 pub mod generate;
+#[cfg(feature = "mpi")]
+pub mod generate_ranks;
 pub mod hbm_io;
 pub mod interleave;
 pub mod serve;

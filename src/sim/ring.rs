@@ -400,7 +400,6 @@ pub(crate) fn write_output(
     o: &[Vec<f32>],
     out: &mut [f32],
 ) {
-    let d = s.head_dim;
     if spec.decode {
         if let Some(last) = o.last() {
             out.copy_from_slice(last);
@@ -408,13 +407,19 @@ pub(crate) fn write_output(
         return;
     }
     for (i, oi) in o.iter().enumerate() {
-        let (t, pos) = (layout.len(i), layout.positions(i));
-        for bh in 0..s.batch * s.heads {
-            for a in 0..t {
-                let src = (bh * t + a) * d;
-                let dst = (bh * s.seq_q + pos.at(a) as usize) * d;
-                out[dst..dst + d].copy_from_slice(&oi[src..src + d]);
-            }
+        write_rows(s, layout, i, oi, out);
+    }
+}
+
+/// Prefill: device `i`'s output rows `o` (`[b·h, t, d]`) to their positions in `out`.
+pub(crate) fn write_rows(s: &Shape, layout: &Layout, i: usize, o: &[f32], out: &mut [f32]) {
+    let d = s.head_dim;
+    let (t, pos) = (layout.len(i), layout.positions(i));
+    for bh in 0..s.batch * s.heads {
+        for a in 0..t {
+            let src = (bh * t + a) * d;
+            let dst = (bh * s.seq_q + pos.at(a) as usize) * d;
+            out[dst..dst + d].copy_from_slice(&o[src..src + d]);
         }
     }
 }

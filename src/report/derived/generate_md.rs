@@ -10,7 +10,7 @@
 use crate::model::markdown::{count, seconds, table};
 use crate::report::checks::Check;
 use crate::report::claims::markdown;
-use crate::results::generate::GenerateRow;
+use crate::results::generate::{GenerateRow, MPI_LINKS};
 
 pub const MARKDOWN: &str = "generate.md";
 
@@ -129,8 +129,13 @@ pub fn checks(rows: &[GenerateRow]) -> Vec<Check> {
         let lo = all.iter().map(|(_, x)| x.3).fold(f64::INFINITY, f64::min);
         let hi = all.iter().map(|(_, x)| x.3).fold(0.0, f64::max);
         c.trend(format!(
-            "tree faster at {faster} of {} (p, N): {lo:.2}x to {hi:.2}x (simulated)",
-            all.len()
+            "tree faster at {faster} of {} (p, N): {lo:.2}x to {hi:.2}x ({})",
+            all.len(),
+            if on_ranks(rows) {
+                "MPI ranks"
+            } else {
+                "simulated"
+            }
         ))
     });
     let c = Check::new(
@@ -169,12 +174,46 @@ pub fn checks(rows: &[GenerateRow]) -> Vec<Check> {
     v
 }
 
-/// `generate.md`: our table beside the paper's, the parts of each time, and the checks.
-pub fn render(rows: &[GenerateRow]) -> String {
-    let mut s = String::from(
-        "# Tree vs Ring attention: prefill plus a 10-token decode (Shyam et al., Tables 1-2)\n\n",
-    );
-    s += "Written by `attnbench reproduce tree-attention` (modules `src/run/generate.rs`, \
+/// Whether the rows were measured on real MPI ranks (all of them).
+fn on_ranks(rows: &[GenerateRow]) -> bool {
+    !rows.is_empty() && rows.iter().all(|r| r.topology == MPI_LINKS)
+}
+
+/// What runs and what the time is, on MPI ranks.
+const ON_RANKS: &str = "Written by `attnbench reproduce tree-attention` (modules \
+    `src/run/generate_ranks.rs`, `src/report/derived/generate_md.rs`), one `mpirun` per p; \
+    the rows are `generate.csv` (each p's also in `p<p>/`, with the rank's `meta.json`).\n\n\
+    **What runs.** The tiny Llama-style decoder of the simulated table \
+    (`layer::decoder::Config::TINY`: 2 layers, hidden 256, 8 query heads on 2 key/value heads \
+    of d_h = 32, SwiGLU 512, RoPE, RMSNorm, vocabulary 512, seeded random weights, f32) \
+    generates greedily from N seeded prompt tokens on p MPI ranks of this machine, one \
+    process per device with one thread, messages over shared memory, as the paper's \
+    protocol: the prefill is sequence-parallel, rank r running prompt block r (contiguous, \
+    N/p tokens) through the whole model, each layer's attention ring attention over MPI \
+    (causal); the rank holding the last token broadcasts its logits. Then 10 decode steps: \
+    every rank runs the new token's projections and MLP, its key and value join the last \
+    rank's shard, and each layer attends by ring decode or tree decode over MPI \
+    (Algorithm 3, binomial allreduces over point-to-point messages), the query broadcast \
+    from the last rank, K/V repeated to every query head before they are communicated \
+    (`repeat_kv`).\n\n\
+    **What the time is.** Rank 0's wall clock, summed over the prefill and the 10 steps: \
+    every phase ends with the last rank's logits arriving, so it covers the critical path. \
+    Attention is the time inside the MPI attention calls, messages the time inside their MPI \
+    operations (waits for a peer included), the rest the model around them; assembling each \
+    call's whole-length inputs (the MPI kernels address their shard inside the whole \
+    tensors) is harness work, in no figure. Ring and tree of one (p, N) are timed \
+    interleaved and run the same prefill, so both are charged the same prefill and decode \
+    rest, from both methods' runs pooled (the run of median prefill, the median decode \
+    rest); each method's decode attention is the median of its own runs. Bytes are what \
+    the schedules that ran send (the MPI kernels' counted traffic equals them, \
+    `tests/mpi.rs`). Ranks beyond this machine's cores share them (p = 4 on 2 cores waits \
+    for a core), and the links are one machine's memory, not NVLink or PCIe: compare \
+    directions, not seconds. Lengths are the paper's Table 1 lengths scaled down by 32 \
+    (Table 2's lengths set beside the same N in order).\n\n";
+
+/// What runs and what the time is, simulated.
+const SIMULATED: &str =
+    "Written by `attnbench reproduce tree-attention` (modules `src/run/generate.rs`, \
           `src/report/derived/generate_md.rs`); the rows are `generate.csv`.\n\n\
           **What runs.** A tiny Llama-style decoder (`layer::decoder::Config::TINY`: 2 \
           layers, hidden 256, 8 query heads on 2 key/value heads of d_h = 32, SwiGLU 512, \
@@ -201,6 +240,16 @@ pub fn render(rows: &[GenerateRow]) -> String {
           compute is a CPU's and the links a GPU cluster's, so compare directions, not \
           seconds. Lengths are the paper's Table 1 lengths scaled down by 32 (Table 2's \
           lengths are set beside the same N in order).\n\n";
+
+/// `generate.md`: our table beside the paper's, the parts of each time, and the checks.
+pub fn render(rows: &[GenerateRow]) -> String {
+    let ranks = on_ranks(rows);
+    let mut s = String::from(if ranks {
+        "# Tree vs Ring attention on MPI ranks: prefill plus a 10-token decode (Shyam et al., Tables 1-2)\n\n"
+    } else {
+        "# Tree vs Ring attention: prefill plus a 10-token decode (Shyam et al., Tables 1-2)\n\n"
+    });
+    s += if ranks { ON_RANKS } else { SIMULATED };
     s += "## Ours beside the paper's\n\n";
     for c in &PAPER {
         let ours = ratios(rows, c.devices);
@@ -242,11 +291,18 @@ pub fn render(rows: &[GenerateRow]) -> String {
     s += "The paper prints the ratio rounded (4, 4, 2, 3; 3, 3, 3, 2; 4, 5, 5, 5); it is \
           computed here from its seconds. Its ± (np.std over 10 trials) is left out.\n\n";
     s += "## Where the time goes\n\n";
-    s += "Prefill (attention on the busiest devices, of which messages alone, the rest of \
+    s += if ranks {
+        "Prefill (attention over MPI on rank 0, of which its MPI operations, the rest of the \
+         model on rank 0's prompt block) and the 10 decode steps (the same three); bytes \
+         every rank sent; error of the logits against one device (flash attention and \
+         flash-decoding on the GQA cache).\n\n"
+    } else {
+        "Prefill (attention on the busiest devices, of which messages alone, the rest of \
           the model) and the 10 decode steps (attention with its messages, of which \
           messages alone, the rest of the model on one device); bytes every device sent; \
           error of the logits against one device (flash attention and flash-decoding on the \
-          GQA cache).\n\n";
+          GQA cache).\n\n"
+    };
     let mut sorted: Vec<&GenerateRow> = rows.iter().collect();
     sorted.sort_by(|a, b| (b.devices, a.tokens, &a.method).cmp(&(a.devices, b.tokens, &b.method)));
     let body: Vec<Vec<String>> = sorted
@@ -360,7 +416,25 @@ mod tests {
         bad[3].tokens_match = false;
         assert_eq!(checks(&bad)[0].verdict, Verdict::Fail);
         assert_eq!(checks(&[])[0].verdict, Verdict::NotApplicable);
+        assert!(c[1].ours.ends_with("(simulated)"), "{}", c[1].ours);
+        // On MPI ranks: the same checks, said so, and the protocol of the ranks.
+        let ranks: Vec<GenerateRow> = rows
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                r.topology = MPI_LINKS.into();
+                r
+            })
+            .collect();
+        assert!(checks(&ranks)[1].ours.ends_with("(MPI ranks)"));
+        let md = render(&ranks);
+        assert!(
+            md.starts_with("# Tree vs Ring attention on MPI ranks"),
+            "{md}"
+        );
+        assert!(md.contains("Rank 0's wall clock") && !md.contains("Simulated, not"));
         let md = render(&rows);
+        assert!(md.contains("Simulated, not") && !md.contains("Rank 0's wall clock"));
         assert!(
             md.contains("| 2048 | 1.000 s | 4.000 s | 4.00× | 32k | 0.60 s | 2.57 s | 4.28× |"),
             "{md}"
