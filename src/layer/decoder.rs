@@ -213,6 +213,29 @@ impl KvCache {
     }
 }
 
+/// Every layer's key and value caches, as an `Attention` keeps them.
+#[derive(Clone, Debug)]
+pub struct LayerCaches {
+    pub k: Vec<KvCache>,
+    pub v: Vec<KvCache>,
+}
+
+impl LayerCaches {
+    pub fn new(cfg: &Config) -> LayerCaches {
+        let one = KvCache::new(cfg.kv_heads, cfg.head_dim);
+        LayerCaches {
+            k: vec![one.clone(); cfg.layers],
+            v: vec![one; cfg.layers],
+        }
+    }
+
+    /// Appends `n` tokens' keys and values (`[kv_heads, n, d_h]` each) to `layer`'s.
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n: usize) {
+        self.k[layer].append(k, n);
+        self.v[layer].append(v, n);
+    }
+}
+
 /// What one generation produced.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generated {
@@ -409,8 +432,7 @@ mod tests {
     /// Plain causal GQA attention, f64 sums, one query row at a time.
     struct Plain {
         cfg: Config,
-        k: Vec<KvCache>,
-        v: Vec<KvCache>,
+        cache: LayerCaches,
     }
 
     impl Plain {
@@ -418,7 +440,10 @@ mod tests {
             let c = &self.cfg;
             let (d, g) = (c.head_dim, c.heads / c.kv_heads);
             for hq in 0..c.heads {
-                let (k, v) = (&self.k[layer].rows[hq / g], &self.v[layer].rows[hq / g]);
+                let (k, v) = (
+                    &self.cache.k[layer].rows[hq / g],
+                    &self.cache.v[layer].rows[hq / g],
+                );
                 for r in 0..rows {
                     let qi = &q[(hq * rows + r) * d..][..d];
                     let keys = first + r + 1;
@@ -450,8 +475,7 @@ mod tests {
             n: usize,
             out: &mut [f32],
         ) -> Result<()> {
-            self.k[layer].append(k, n);
-            self.v[layer].append(v, n);
+            self.cache.append(layer, k, v, n);
             self.attend(layer, q, n, 0, out);
             Ok(())
         }
@@ -464,9 +488,8 @@ mod tests {
             v: &[f32],
             out: &mut [f32],
         ) -> Result<()> {
-            self.k[layer].append(k, 1);
-            self.v[layer].append(v, 1);
-            let first = self.k[layer].len() - 1;
+            self.cache.append(layer, k, v, 1);
+            let first = self.cache.k[layer].len() - 1;
             self.attend(layer, q, 1, first, out);
             Ok(())
         }
@@ -475,8 +498,7 @@ mod tests {
     fn plain(cfg: Config) -> Plain {
         Plain {
             cfg,
-            k: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
-            v: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
+            cache: LayerCaches::new(&cfg),
         }
     }
 

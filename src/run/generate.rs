@@ -22,7 +22,7 @@ use std::time::Instant;
 use crate::backend::cpu::decode::KV_BLOCK;
 use crate::backend::cpu::flash::{DEFAULT_KV_CHUNK, DEFAULT_Q_CHUNK};
 use crate::error::{Error, Result};
-use crate::layer::decoder::{self, Attention, Config, Generated, KvCache, Weights};
+use crate::layer::decoder::{self, Attention, Config, Generated, LayerCaches, Weights};
 use crate::model::cost::{plan_seconds, ring_steps};
 use crate::model::topology::Topology;
 use crate::problem::{DType, Inputs, Mode, Shape, Tensor, VariantId};
@@ -98,8 +98,7 @@ struct Sharded {
     cfg: Config,
     topo: Topology,
     prompt: usize,
-    k: Vec<KvCache>,
-    v: Vec<KvCache>,
+    cache: LayerCaches,
     clock: Clock,
 }
 
@@ -111,8 +110,7 @@ impl Sharded {
             cfg,
             topo: topology(p),
             prompt,
-            k: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
-            v: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
+            cache: LayerCaches::new(&cfg),
             clock: Clock::default(),
         }
     }
@@ -126,14 +124,14 @@ impl Sharded {
             heads: c.heads,
             kv_heads: c.heads,
             seq_q,
-            seq_kv: self.k[layer].len(),
+            seq_kv: self.cache.k[layer].len(),
             head_dim: c.head_dim,
         };
         Inputs {
             shape,
             q: Tensor::F32(q.to_vec()),
-            k: Tensor::F32(self.k[layer].repeated(group)),
-            v: Tensor::F32(self.v[layer].repeated(group)),
+            k: Tensor::F32(self.cache.k[layer].repeated(group)),
+            v: Tensor::F32(self.cache.v[layer].repeated(group)),
             paged: Vec::new(),
             fp8: Vec::new(),
             mla: None,
@@ -233,8 +231,7 @@ impl Attention for Sharded {
         n: usize,
         out: &mut [f32],
     ) -> Result<()> {
-        self.k[layer].append(k, n);
-        self.v[layer].append(v, n);
+        self.cache.append(layer, k, v, n);
         // Both methods prefill with ring attention (the paper's protocol).
         let x = self.inputs(layer, q, n);
         let (t, c) = self.ring(&x, false, out)?;
@@ -251,8 +248,7 @@ impl Attention for Sharded {
         v: &[f32],
         out: &mut [f32],
     ) -> Result<()> {
-        self.k[layer].append(k, 1);
-        self.v[layer].append(v, 1);
+        self.cache.append(layer, k, v, 1);
         let x = self.inputs(layer, q, 1);
         let (t, c) = match self.method {
             Method::Ring => self.ring(&x, true, out)?,
@@ -268,16 +264,14 @@ impl Attention for Sharded {
 /// on the GQA cache as it is (no repeat): the reference the sharded generations must equal.
 struct OneDevice {
     cfg: Config,
-    k: Vec<KvCache>,
-    v: Vec<KvCache>,
+    cache: LayerCaches,
 }
 
 impl OneDevice {
     fn new(cfg: Config) -> OneDevice {
         OneDevice {
             cfg,
-            k: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
-            v: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
+            cache: LayerCaches::new(&cfg),
         }
     }
 
@@ -288,7 +282,7 @@ impl OneDevice {
             heads: c.heads,
             kv_heads: c.kv_heads,
             seq_q,
-            seq_kv: self.k[layer].len(),
+            seq_kv: self.cache.k[layer].len(),
             head_dim: c.head_dim,
         };
         let (v, mode, causal) = if seq_q > 1 {
@@ -300,8 +294,8 @@ impl OneDevice {
         let x = Inputs {
             shape,
             q: Tensor::F32(q.to_vec()),
-            k: Tensor::F32(self.k[layer].repeated(1)),
-            v: Tensor::F32(self.v[layer].repeated(1)),
+            k: Tensor::F32(self.cache.k[layer].repeated(1)),
+            v: Tensor::F32(self.cache.v[layer].repeated(1)),
             paged: Vec::new(),
             fp8: Vec::new(),
             mla: None,
@@ -321,8 +315,7 @@ impl Attention for OneDevice {
         n: usize,
         out: &mut [f32],
     ) -> Result<()> {
-        self.k[layer].append(k, n);
-        self.v[layer].append(v, n);
+        self.cache.append(layer, k, v, n);
         self.attend(layer, q, n, out)
     }
 
@@ -334,8 +327,7 @@ impl Attention for OneDevice {
         v: &[f32],
         out: &mut [f32],
     ) -> Result<()> {
-        self.k[layer].append(k, 1);
-        self.v[layer].append(v, 1);
+        self.cache.append(layer, k, v, 1);
         self.attend(layer, q, 1, out)
     }
 }

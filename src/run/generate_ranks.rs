@@ -23,7 +23,7 @@ use crate::backend::cpu::decode::KV_BLOCK;
 use crate::backend::cpu::flash::{DEFAULT_KV_CHUNK, DEFAULT_Q_CHUNK};
 use crate::dist;
 use crate::error::{Error, Result};
-use crate::layer::decoder::{self, Attention, Config, Generated, KvCache, Weights};
+use crate::layer::decoder::{self, Attention, Config, Generated, LayerCaches, Weights};
 use crate::problem::{Inputs, Shape, Tensor};
 use crate::results::generate::{GenerateRow, MPI_LINKS};
 use crate::sim::shard::{Layout, Placement};
@@ -39,8 +39,7 @@ struct Ranks {
     /// Prompt tokens N.
     prompt: usize,
     /// This rank's keys and values per layer, from its first position on.
-    k: Vec<KvCache>,
-    v: Vec<KvCache>,
+    cache: LayerCaches,
     /// The sequence's length per layer (the prompt and the decoded tokens), on every rank.
     len: Vec<usize>,
     /// This rank's seconds in the attention calls and their messages, and the bytes the
@@ -57,8 +56,7 @@ impl Ranks {
             rank: dist::rank(),
             p: dist::size(),
             prompt,
-            k: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
-            v: vec![KvCache::new(cfg.kv_heads, cfg.head_dim); cfg.layers],
+            cache: LayerCaches::new(&cfg),
             len: vec![0; cfg.layers],
             clock: Clock::default(),
         }
@@ -95,7 +93,7 @@ impl Ranks {
     fn inputs(&self, layer: usize, q: Vec<f32>, seq_q: usize) -> Inputs {
         let c = &self.cfg;
         let group = c.heads / c.kv_heads;
-        let (rows, len) = (self.k[layer].len(), self.len[layer]);
+        let (rows, len) = (self.cache.k[layer].len(), self.len[layer]);
         Inputs {
             shape: Shape {
                 batch: 1,
@@ -106,8 +104,8 @@ impl Ranks {
                 head_dim: c.head_dim,
             },
             q: Tensor::F32(q),
-            k: Tensor::F32(self.spread(&self.k[layer].repeated(1), group, rows, len)),
-            v: Tensor::F32(self.spread(&self.v[layer].repeated(1), group, rows, len)),
+            k: Tensor::F32(self.spread(&self.cache.k[layer].repeated(1), group, rows, len)),
+            v: Tensor::F32(self.spread(&self.cache.v[layer].repeated(1), group, rows, len)),
             paged: Vec::new(),
             fp8: Vec::new(),
             mla: None,
@@ -177,8 +175,7 @@ impl Attention for Ranks {
         n: usize,
         out: &mut [f32],
     ) -> Result<()> {
-        self.k[layer].append(k, n);
-        self.v[layer].append(v, n);
+        self.cache.append(layer, k, v, n);
         self.len[layer] = self.prompt;
         let (heads, d) = (self.cfg.heads, self.cfg.head_dim);
         let x = self.inputs(layer, self.spread(q, 1, n, self.prompt), self.prompt);
@@ -206,8 +203,7 @@ impl Attention for Ranks {
     ) -> Result<()> {
         // The new token's key and value join the last rank's shard.
         if self.rank + 1 == self.p {
-            self.k[layer].append(k, 1);
-            self.v[layer].append(v, 1);
+            self.cache.append(layer, k, v, 1);
         }
         self.len[layer] += 1;
         let x = self.inputs(layer, q.to_vec(), 1);
