@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::series::{ceil_sqrt, distinct};
+use crate::config::paper::MIB;
 use crate::results::record::Record;
 
 pub const STANDARD: &str = "naive";
@@ -60,7 +61,7 @@ pub enum MbUnit {
 impl MbUnit {
     pub fn bytes(self) -> f64 {
         match self {
-            MbUnit::Mebibyte => (1u64 << 20) as f64,
+            MbUnit::Mebibyte => MIB,
             MbUnit::GibibyteThousandth => (1u64 << 30) as f64 / 1000.0,
         }
     }
