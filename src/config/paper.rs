@@ -29,9 +29,28 @@ pub struct PaperRow {
     pub cells: Vec<String>,
 }
 
-/// A printed cell, read. Sizes are read in binary units: "KB" is KiB, "MB" MiB, "GB" GiB
-/// (Rabe & Staats Table 2's inputs+outputs, 640·n bytes, fits every cell that way; Table 3
-/// prints a thousandth of a GiB as "MB", which `report::checks` reads where it matters).
+/// Bytes of a MiB: what `Cell::parse` reads "MB" as.
+pub const MIB: f64 = (1u64 << 20) as f64;
+
+/// Bytes of one printed size unit, the one table of them: binary ("KB" is KiB, "GB" GiB),
+/// except that "MB" is `mb` bytes, since a paper's "MB" may not be a MiB (Rabe & Staats
+/// Table 3 prints a thousandth of a GiB as "MB"). `None`: not a size unit.
+pub fn unit_bytes(unit: &str, mb: f64) -> Option<f64> {
+    let binary = |shift: u32| Some((1u64 << shift) as f64);
+    match unit {
+        "B" => binary(0),
+        "KB" | "KiB" => binary(10),
+        "MB" => Some(mb),
+        "MiB" => binary(20),
+        "GB" | "GiB" => binary(30),
+        "TB" | "TiB" => binary(40),
+        _ => None,
+    }
+}
+
+/// A printed cell, read. Sizes are read by `unit_bytes` with "MB" a MiB (Rabe & Staats
+/// Table 2's inputs+outputs, 640·n bytes, fits every cell that way; Table 3 prints a
+/// thousandth of a GiB as "MB", which `report::checks` reads where it matters).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Cell {
     Bytes(f64),
@@ -64,13 +83,10 @@ impl Cell {
         let Some(Printed { value: x, unit, .. }) = Printed::read(t) else {
             return Cell::Text;
         };
-        let bytes = |shift: u32| Cell::Bytes(x * (1u64 << shift) as f64);
+        if let Some(b) = unit_bytes(unit, MIB) {
+            return Cell::Bytes(x * b);
+        }
         match unit {
-            "B" => bytes(0),
-            "KB" | "KiB" => bytes(10),
-            "MB" | "MiB" => bytes(20),
-            "GB" | "GiB" => bytes(30),
-            "TB" | "TiB" => bytes(40),
             "us" | "µs" => Cell::Seconds(x * 1e-6),
             "ms" => Cell::Seconds(x * 1e-3),
             "s" => Cell::Seconds(x),
@@ -214,6 +230,8 @@ mod tests {
         assert_eq!(Cell::parse("160KB"), Cell::Bytes(160.0 * 1024.0));
         assert_eq!(Cell::parse("2.5MB"), Cell::Bytes(2.5 * 1048576.0));
         assert_eq!(Cell::parse("1GB"), Cell::Bytes(1073741824.0));
+        assert_eq!(Cell::parse("3MiB"), Cell::Bytes(3.0 * 1048576.0));
+        assert_eq!(Cell::parse("2TB"), Cell::Bytes(2.0 * (1u64 << 40) as f64));
         assert_eq!(Cell::parse("OOM"), Cell::Oom);
         assert_eq!(Cell::parse("0.15ms"), Cell::Seconds(0.15e-3));
         assert_eq!(Cell::parse("95.2s"), Cell::Seconds(95.2));
@@ -221,6 +239,17 @@ mod tests {
         assert_eq!(Cell::parse("−8%"), Cell::Fraction(-0.08));
         assert_eq!(Cell::parse("-"), Cell::Missing);
         assert_eq!(Cell::parse("soon"), Cell::Text);
+    }
+
+    #[test]
+    fn only_mb_reads_as_given() {
+        let thousandth = (1u64 << 30) as f64 / 1000.0;
+        assert_eq!(unit_bytes("MB", thousandth), Some(thousandth));
+        assert_eq!(unit_bytes("MB", MIB), Some(MIB));
+        assert_eq!(unit_bytes("MiB", thousandth), Some(MIB));
+        assert_eq!(unit_bytes("KB", thousandth), Some(1024.0));
+        assert_eq!(unit_bytes("GB", thousandth), Some(1073741824.0));
+        assert_eq!(unit_bytes("ms", MIB), None);
     }
 
     #[test]

@@ -504,6 +504,16 @@ mod tests {
     use super::*;
     use crate::layer::params;
 
+    /// A patterned input x and upstream gradient dout of `n` values each, within ±1.6, of
+    /// periods 23 and 17 (they do not line up): varied yet the same on every run, no RNG.
+    fn patterned(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..n)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let dout = (0..n).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+        (x, dout)
+    }
+
     fn loss(heads: usize, causal: bool, p: &[f32], x: &[f32], dout: &[f32]) -> f64 {
         let e = sequence(heads, causal, p, x, None);
         e.out.iter().zip(dout).map(|(o, g)| o * *g as f64).sum()
@@ -515,12 +525,7 @@ mod tests {
     fn gradients_match_central_differences() {
         let (h, heads, s) = (8, 2, 5);
         let p = params::generate(h, 3);
-        let x: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
-        let dout: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
-            .collect();
+        let (x, dout) = patterned(s * h);
         for causal in [true, false] {
             let ex = sequence(heads, causal, &p, &x, Some(&dout));
             let eps = 1e-3f32;
@@ -562,9 +567,7 @@ mod tests {
     fn causal_rows_equal_the_full_sequence() {
         let (h, heads, s) = (16, 4, 150);
         let p = params::generate(h, 5);
-        let x: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
+        let (x, _) = patterned(s * h);
         let full = sequence(heads, true, &p, &x, None).out;
         let big = full.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let lists: [Vec<Range<usize>>; 4] = [
@@ -592,12 +595,7 @@ mod tests {
     fn last_rows_dx_equal_the_full_backward() {
         let (h, heads, s) = (16, 4, 150);
         let p = params::generate(h, 5);
-        let x: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
-        let dout: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
-            .collect();
+        let (x, dout) = patterned(s * h);
         let full = sequence(heads, true, &p, &x, Some(&dout)).dx;
         let big = full.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         for r in [1, 7, 64, 150] {
@@ -616,9 +614,7 @@ mod tests {
     fn time_causal_rows_at_benchmark_size() {
         let (h, heads, s) = (256, 4, 65536);
         let p = params::generate(h, 5);
-        let x: Vec<f32> = (0..s * h)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
+        let (x, _) = patterned(s * h);
         let ranges = crate::layer::spread_rows(s);
         assert_eq!(ranges, vec![0..64, 32736..32800, 65472..65536]);
         let t = std::time::Instant::now();

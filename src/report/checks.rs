@@ -13,7 +13,7 @@ use std::fmt;
 use super::select::{
     MbUnit, RatioRule, RsLayout, RsRows, MEMORY_EFFICIENT, PAPER_Q_CHUNK, STANDARD, TABLE2,
 };
-use crate::config::paper::{Cell, PaperTable, Printed};
+use crate::config::paper::{unit_bytes, Cell, PaperTable, Printed};
 use crate::results::record::{Record, Status};
 use crate::units::{bytes, pow2, sci};
 
@@ -328,13 +328,7 @@ fn paper_io_check(t: &RsRows, paper: &PaperTable, layout: &RsLayout) -> Check {
     );
     let rounds_to = |text: &str, b: f64, mb: MbUnit| {
         Printed::read(text).is_some_and(|p| {
-            let unit = match p.unit {
-                "KB" => 1024.0,
-                "MB" => mb.bytes(),
-                "GB" => (1u64 << 30) as f64,
-                _ => return false,
-            };
-            p.rounds_from(b / unit)
+            unit_bytes(p.unit, mb.bytes()).is_some_and(|unit| p.rounds_from(b / unit))
         })
     };
     let mut cells = 0;

@@ -21,7 +21,7 @@ use super::plot::style::{self, Dash, Key, Marker, Style, GUIDE, LIGHT_GUIDE, RED
 use super::plot::{save, Format, Plot};
 use super::select::TABLE2;
 use super::series::{
-    group, is_decode, join_label, not_applicable, unremarkable, x_len, ChunkGrid, Series,
+    distinct, group, is_decode, join_label, not_applicable, unremarkable, x_len, ChunkGrid, Series,
     CHUNKS_PREFIX,
 };
 use super::tables_md::{PlotImage, PlotLink, DAGGER};
@@ -581,16 +581,12 @@ fn error(p: &Part) -> Figure {
         .find(|r| r.max_abs_diff.is_some())
         .map_or(String::new(), |r| r.diff_variant.clone());
     // One tolerance line per dtype drawn: where a series crosses its own, it failed.
-    let mut dtypes: Vec<DType> = Vec::new();
-    for m in &p.members {
-        let drawn = m.series.records.iter().any(|r| error_y(r).is_some());
-        if let (true, Ok(d)) = (drawn, m.series.dtype.parse::<DType>()) {
-            if !dtypes.contains(&d) {
-                dtypes.push(d);
-            }
-        }
-    }
-    dtypes.sort();
+    let dtypes: Vec<DType> = distinct(
+        p.members
+            .iter()
+            .filter(|m| m.series.records.iter().any(|r| error_y(r).is_some()))
+            .filter_map(|m| m.series.dtype.parse::<DType>().ok()),
+    );
     let diffs: Vec<Line> = lines(
         &p.members,
         |r| {

@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::series::ceil_sqrt;
+use super::series::{ceil_sqrt, distinct};
+use crate::config::paper::MIB;
 use crate::results::record::Record;
 
 pub const STANDARD: &str = "naive";
@@ -60,7 +61,7 @@ pub enum MbUnit {
 impl MbUnit {
     pub fn bytes(self) -> f64 {
         match self {
-            MbUnit::Mebibyte => (1u64 << 20) as f64,
+            MbUnit::Mebibyte => MIB,
             MbUnit::GibibyteThousandth => (1u64 << 30) as f64 / 1000.0,
         }
     }
@@ -180,19 +181,14 @@ impl RsRows<'_> {
             .chain(self.memory_efficient.values())
             .copied()
             .collect();
-        let distinct = |f: &dyn Fn(&Record) -> String| {
-            let mut v: Vec<String> = rows.iter().map(|r| f(r)).collect();
-            v.sort();
-            v.dedup();
-            v.join("/")
-        };
+        let values = |f: &dyn Fn(&Record) -> String| distinct(rows.iter().map(|r| f(r))).join("/");
         format!(
             "{} inputs, f32 output, b={} h={} d={}, {} thread(s)",
-            distinct(&|r| r.dtype.clone()),
-            distinct(&|r| r.batch.to_string()),
-            distinct(&|r| r.heads.to_string()),
-            distinct(&|r| r.head_dim.to_string()),
-            distinct(&|r| r.threads.to_string()),
+            values(&|r| r.dtype.clone()),
+            values(&|r| r.batch.to_string()),
+            values(&|r| r.heads.to_string()),
+            values(&|r| r.head_dim.to_string()),
+            values(&|r| r.threads.to_string()),
         )
     }
 }

@@ -59,6 +59,14 @@ pub fn ceil_sqrt(n: usize) -> usize {
     c
 }
 
+/// The distinct values of a column, ascending: what a table's rows or a sweep's axis run over.
+pub fn distinct<T: Ord>(values: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut v: Vec<T> = values.into_iter().collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// How a chunk size relates to n: the variant's default (`min(default, n)`, or no chunk
 /// for variants that do not cut that loop), `⌈√n⌉`, or a fixed value.
 pub fn chunk_rule(chunk: Option<usize>, default: Option<usize>, n: usize) -> String {
@@ -433,12 +441,8 @@ pub fn chunk_grids(records: &[Record]) -> Vec<ChunkGrid<'_>> {
         .into_iter()
         .filter(|g| g.cells.len() >= MIN_GRID_CELLS)
         .map(|mut g| {
-            g.q_chunks = g.cells.keys().map(|k| k.0).collect();
-            g.q_chunks.sort_unstable();
-            g.q_chunks.dedup();
-            g.kv_chunks = g.cells.keys().map(|k| k.1).collect();
-            g.kv_chunks.sort_unstable();
-            g.kv_chunks.dedup();
+            g.q_chunks = distinct(g.cells.keys().map(|k| k.0));
+            g.kv_chunks = distinct(g.cells.keys().map(|k| k.1));
             let mut stem = g.stem.clone();
             let mut k = 2;
             while !seen.insert(stem.clone()) {
@@ -698,5 +702,12 @@ mod tests {
         assert_eq!(chunk_rule(Some(1024), Some(4096), 1 << 20), "⌈√n⌉");
         assert_eq!(chunk_rule(Some(512), Some(4096), 1 << 20), "512");
         assert_eq!(chunk_rule(None, None, 64), "default");
+    }
+
+    #[test]
+    fn distinct_values_ascend_once_each() {
+        assert_eq!(distinct([4096, 256, 4096, 1024, 256]), [256, 1024, 4096]);
+        assert_eq!(distinct(["f32", "bf16", "f32"]), ["bf16", "f32"]);
+        assert!(distinct(Vec::<usize>::new()).is_empty());
     }
 }

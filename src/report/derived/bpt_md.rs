@@ -16,6 +16,7 @@ use crate::model::bpt_memory::{
 };
 use crate::model::markdown::table;
 use crate::report::checks::{Check, Verdict};
+use crate::report::series::distinct;
 use crate::results::record::Record;
 
 pub const MARKDOWN: &str = "bpt.md";
@@ -165,12 +166,7 @@ fn render(
             .iter()
             .map(|(v, dsg)| (*v, *dsg, cells(&mode_rows, v)))
             .collect();
-        let contexts: Vec<usize> = {
-            let mut c: Vec<usize> = mode_rows.iter().map(|r| r.seq_q).collect();
-            c.sort_unstable();
-            c.dedup();
-            c
-        };
+        let contexts = distinct(mode_rows.iter().map(|r| r.seq_q));
         // Table 2: the largest context that ran.
         s += "### Largest context that fits (Table 2's layout)\n\n";
         let sweep = model_layers.and_then(|l| Some((l, Sweep::new(&mode_rows, l)?)));

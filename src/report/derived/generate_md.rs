@@ -10,6 +10,7 @@
 use crate::model::markdown::{count, seconds, table};
 use crate::report::checks::Check;
 use crate::report::claims::markdown;
+use crate::report::series::distinct;
 use crate::results::generate::{GenerateRow, MPI_LINKS};
 
 pub const MARKDOWN: &str = "generate.md";
@@ -66,14 +67,7 @@ fn find<'a>(rows: &'a [GenerateRow], method: &str, p: usize, n: usize) -> Option
 
 /// The prompt lengths of `p`, ascending.
 fn lengths(rows: &[GenerateRow], p: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = rows
-        .iter()
-        .filter(|r| r.devices == p)
-        .map(|r| r.tokens)
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
+    distinct(rows.iter().filter(|r| r.devices == p).map(|r| r.tokens))
 }
 
 /// (N, ring s, tree s, ring / tree) of every length of `p` with both rows.

@@ -14,6 +14,7 @@ use std::fmt::Write;
 
 use crate::report::checks::Check;
 use crate::report::claims::markdown;
+use crate::report::series::distinct;
 use crate::results::hbm_io::{IoRow, FLASH1, FLASH2, STANDARD};
 
 pub const MARKDOWN: &str = "io.md";
@@ -114,10 +115,7 @@ fn check_standard(rows: &[IoRow]) -> Check {
 }
 
 fn dims(rows: &[IoRow]) -> Vec<usize> {
-    let mut v: Vec<usize> = rows.iter().map(|r| r.head_dim).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
+    distinct(rows.iter().map(|r| r.head_dim))
 }
 
 fn check_flash1_exact(rows: &[IoRow]) -> Check {

@@ -9,6 +9,7 @@
 use std::fmt::Write;
 
 use crate::report::checks::Check;
+use crate::report::series::distinct;
 use crate::results::softmax::{SoftmaxRow, MATRIX, OVERFLOW, VECTOR};
 
 pub const MARKDOWN: &str = "softmax.md";
@@ -49,10 +50,7 @@ fn find<'a>(
 
 /// The timed lengths, ascending.
 fn lengths(rows: &[SoftmaxRow]) -> Vec<usize> {
-    let mut v: Vec<usize> = of_kind(rows, VECTOR).map(|r| r.length).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
+    distinct(of_kind(rows, VECTOR).map(|r| r.length))
 }
 
 fn claim1(rows: &[SoftmaxRow]) -> Check {
@@ -60,9 +58,7 @@ fn claim1(rows: &[SoftmaxRow]) -> Check {
         "unfused L×L softmax traffic against fused (counted floats moved)",
         "5L²+L unfused (its itemised steps sum to 5L²+2L) vs 2L² fused; pass: counted = 5L²+2L and 2L²",
     );
-    let mut sides: Vec<usize> = of_kind(rows, MATRIX).map(|r| r.length).collect();
-    sides.sort_unstable();
-    sides.dedup();
+    let sides = distinct(of_kind(rows, MATRIX).map(|r| r.length));
     let mut parts = Vec::new();
     let mut pass = !sides.is_empty();
     for l in sides {
