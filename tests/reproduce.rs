@@ -22,8 +22,9 @@ const TABLES: [(&str, &str); 6] = [
 /// The blog's softmax table: no sweep, its rows in softmax.csv and io.csv.
 const SOFTMAX: (&str, &str) = ("blog", "softmax");
 
-/// Tree Attention's Tables 1-2: no sweep, its rows in generate.csv.
+/// Tree Attention's Tables 1-2, simulated and on MPI ranks: no sweep, rows in generate.csv.
 const GENERATE: (&str, &str) = ("tree-attention", "generate");
+const GENERATE_RANKS: (&str, &str) = ("tree-attention", "generate_ranks");
 
 /// Copies the committed results/papers/ runs (rows, meta and the Tree-vs-Ring
 /// measurements, which its report reads; the softmax rows) into `to`.
@@ -35,12 +36,13 @@ fn copy_papers(to: &Path) {
     for f in ["softmax.csv", "io.csv", "meta.json"] {
         fs::copy(from.join(f), dir.join(f)).unwrap();
     }
-    let (paper, table) = GENERATE;
-    let from = repo().join("results/papers").join(paper).join(table);
-    let dir = to.join(paper).join(table);
-    fs::create_dir_all(&dir).unwrap();
-    for f in ["generate.csv", "meta.json"] {
-        fs::copy(from.join(f), dir.join(f)).unwrap();
+    for (paper, table) in [GENERATE, GENERATE_RANKS] {
+        let from = repo().join("results/papers").join(paper).join(table);
+        let dir = to.join(paper).join(table);
+        fs::create_dir_all(&dir).unwrap();
+        for f in ["generate.csv", "meta.json"] {
+            fs::copy(from.join(f), dir.join(f)).unwrap();
+        }
     }
     for (paper, table) in TABLES {
         let from = repo().join("results/papers").join(paper).join(table);
@@ -92,7 +94,32 @@ fn dry_run_names_every_table_with_a_sweep_a_user_can_run() {
         text.contains(&format!("{paper} {table}: a tiny GQA model's prefill and 10 decode steps, ring against tree on [8, 4, 2] simulated devices, N = [1024, 2048], into results/papers-quick/{paper}/{table}")),
         "{text}"
     );
-    assert_eq!(text.lines().count(), TABLES.len() + 2, "{text}");
+    // The tables that need more than this CPU: the GPU Table 2's sweep, and one mpirun
+    // per p of the generations on ranks; each says when this build cannot run it.
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start} in {text}"))
+    };
+    assert!(line("rabe-staats table2_gpu:").contains("configs/rabe_staats_table2_gpu.toml"));
+    for p in [2, 4] {
+        assert!(
+            line(&format!("tree-attention generate_ranks: mpirun -np {p} "))
+                .ends_with(" reproduce tree-attention --out results/papers-quick --quick"),
+            "{text}"
+        );
+    }
+    let notes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("  (skipped here: "))
+        .collect();
+    let expected = usize::from(!cfg!(feature = "cuda")) + usize::from(!cfg!(feature = "mpi"));
+    assert!(notes.len() >= expected, "{text}");
+    assert_eq!(
+        text.lines().count() - notes.len(),
+        TABLES.len() + 2 + 1 + 2,
+        "{text}"
+    );
     // One paper: only its tables.
     let out = attnbench()
         .args(["reproduce", "bpt", "--dry-run"])
@@ -158,14 +185,16 @@ fn the_committed_claims_follow_from_the_committed_rows() {
             "{md} differs from its rows"
         );
     }
-    let (paper, table) = GENERATE;
-    let rendered =
-        |root: &Path| fs::read_to_string(root.join(paper).join(table).join("generate.md")).unwrap();
-    assert_eq!(
-        rendered(tmp.path()),
-        rendered(&repo().join("results/papers")),
-        "generate.md differs from its rows"
-    );
+    for (paper, table) in [GENERATE, GENERATE_RANKS] {
+        let rendered = |root: &Path| {
+            fs::read_to_string(root.join(paper).join(table).join("generate.md")).unwrap()
+        };
+        assert_eq!(
+            rendered(tmp.path()),
+            rendered(&repo().join("results/papers")),
+            "{table}/generate.md differs from its rows"
+        );
+    }
 }
 
 /// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows
