@@ -496,10 +496,7 @@ fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
         return report_softmax(dir);
     }
     if held && !a.force {
-        return Err(Error::Usage(format!(
-            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
-            dir.display()
-        )));
+        return Err(holds_results(&dir));
     }
     reproduce_softmax(dir, a.quick)
 }
@@ -512,10 +509,7 @@ fn generate_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
         return report_generate(dir);
     }
     if held && !a.force {
-        return Err(Error::Usage(format!(
-            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
-            dir.display()
-        )));
+        return Err(holds_results(&dir));
     }
     reproduce_generate(dir, a.quick)
 }
@@ -573,10 +567,7 @@ fn generate_ranks_table(a: &ReproduceArgs, dir: &Path, out: &Path) -> Result<Vec
         return report_generate(dir);
     }
     if held && !a.force {
-        return Err(Error::Usage(format!(
-            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
-            dir.display()
-        )));
+        return Err(holds_results(&dir));
     }
     for p in RANKS {
         if a.resume
@@ -643,14 +634,19 @@ fn on_ranks(a: &ReproduceArgs, out: &Path, tables: &[&Table]) -> Result<i32> {
             continue;
         }
         if held && !a.force {
-            return Err(Error::Usage(format!(
-                "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
-                dir.display()
-            )));
+            return Err(holds_results(&dir));
         }
         measure_generate_ranks(&dir, a.quick)?;
     }
     Ok(0)
+}
+
+/// The error of a table's directory that already holds results (as `sweep`'s).
+fn holds_results(dir: &Path) -> Error {
+    Error::Usage(format!(
+        "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
+        dir.display()
+    ))
 }
 
 /// The command line that continues `a` where it stopped.

@@ -433,6 +433,8 @@ mod tests {
     struct Plain {
         cfg: Config,
         cache: LayerCaches,
+        /// The prompt tokens it runs, where not all of them.
+        block: Option<Range<usize>>,
     }
 
     impl Plain {
@@ -493,12 +495,17 @@ mod tests {
             self.attend(layer, q, 1, first, out);
             Ok(())
         }
+
+        fn prefill_tokens(&self, n: usize) -> Range<usize> {
+            self.block.clone().unwrap_or(0..n)
+        }
     }
 
     fn plain(cfg: Config) -> Plain {
         Plain {
             cfg,
             cache: LayerCaches::new(&cfg),
+            block: None,
         }
     }
 
@@ -506,36 +513,11 @@ mod tests {
     /// reason, not a panic.
     #[test]
     fn a_device_without_prompt_tokens_is_refused() {
-        struct NoTokens(Plain);
-        impl Attention for NoTokens {
-            fn prefill(
-                &mut self,
-                layer: usize,
-                q: &[f32],
-                k: &[f32],
-                v: &[f32],
-                n: usize,
-                out: &mut [f32],
-            ) -> Result<()> {
-                self.0.prefill(layer, q, k, v, n, out)
-            }
-            fn decode(
-                &mut self,
-                layer: usize,
-                q: &[f32],
-                k: &[f32],
-                v: &[f32],
-                out: &mut [f32],
-            ) -> Result<()> {
-                self.0.decode(layer, q, k, v, out)
-            }
-            fn prefill_tokens(&self, n: usize) -> Range<usize> {
-                n..n
-            }
-        }
         let cfg = Config::TINY;
         let w = Weights::generate(cfg, 3);
-        let e = generate(&w, &prompt(&cfg, 3, 3), 1, &mut NoTokens(plain(cfg))).unwrap_err();
+        let mut attn = plain(cfg);
+        attn.block = Some(3..3);
+        let e = generate(&w, &prompt(&cfg, 3, 3), 1, &mut attn).unwrap_err();
         assert!(e.to_string().contains("needs at least one"), "{e}");
     }
 

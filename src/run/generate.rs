@@ -138,29 +138,10 @@ impl Sharded {
         }
     }
 
-    fn ring_spec(&self, decode: bool) -> ring::Spec {
-        ring::Spec {
-            placement: if decode {
-                Placement::Appended {
-                    prefill: self.prompt,
-                }
-            } else {
-                Placement::Contiguous
-            },
-            decode,
-            causal: !decode,
-            window: None,
-            devices: self.p,
-            bq: DEFAULT_Q_CHUNK,
-            bk: if decode { KV_BLOCK } else { DEFAULT_KV_CHUNK },
-            threads: 1,
-        }
-    }
-
     /// A ring call: its critical path (each step's busiest device, overlapped with the
     /// step's rotation round) plus, in decode, the q broadcast; and its messages alone.
     fn ring(&mut self, x: &Inputs, decode: bool, out: &mut [f32]) -> Result<(f64, f64)> {
-        let spec = self.ring_spec(decode);
+        let spec = ring_spec(self.p, self.prompt, decode);
         let t0 = Instant::now();
         let stats = ring::run(&spec, x, out, None)?;
         let wall = t0.elapsed().as_secs_f64();
@@ -184,17 +165,7 @@ impl Sharded {
     /// A tree call: the busiest device's local attention, then the q broadcast and the
     /// three allreduces priced.
     fn tree(&mut self, x: &Inputs, out: &mut [f32]) -> Result<(f64, f64)> {
-        let spec = tree::Spec {
-            placement: Placement::Appended {
-                prefill: self.prompt,
-            },
-            causal: false,
-            window: None,
-            devices: self.p,
-            allreduce: ALLREDUCE,
-            bk: KV_BLOCK,
-            threads: 1,
-        };
+        let spec = tree_spec(self.p, self.prompt);
         let t0 = Instant::now();
         let stats = tree::run(&spec, x, out, None)?;
         let wall = t0.elapsed().as_secs_f64();
@@ -207,6 +178,39 @@ impl Sharded {
         self.clock.bytes += stats.bytes();
         let compute: f64 = step_seconds(&stats, wall).iter().sum();
         Ok((compute + comm, comm))
+    }
+}
+
+/// The ring attention of the protocol on p devices after a `prompt`-token prefill: the
+/// causal prefill over contiguous shards, or one decode step with the new tokens on the
+/// last device; one thread.
+pub(super) fn ring_spec(p: usize, prompt: usize, decode: bool) -> ring::Spec {
+    ring::Spec {
+        placement: if decode {
+            Placement::Appended { prefill: prompt }
+        } else {
+            Placement::Contiguous
+        },
+        decode,
+        causal: !decode,
+        window: None,
+        devices: p,
+        bq: DEFAULT_Q_CHUNK,
+        bk: if decode { KV_BLOCK } else { DEFAULT_KV_CHUNK },
+        threads: 1,
+    }
+}
+
+/// The tree decode of the protocol on p devices after a `prompt`-token prefill (`ALLREDUCE`).
+pub(super) fn tree_spec(p: usize, prompt: usize) -> tree::Spec {
+    tree::Spec {
+        placement: Placement::Appended { prefill: prompt },
+        causal: false,
+        window: None,
+        devices: p,
+        allreduce: ALLREDUCE,
+        bk: KV_BLOCK,
+        threads: 1,
     }
 }
 

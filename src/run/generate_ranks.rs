@@ -17,17 +17,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::generate::{
-    reference, row, tokens, Clock, Method, Shared, ALLREDUCE, REPS, SEED, STEPS,
+    reference, ring_spec, row, tokens, tree_spec, Clock, Method, Shared, REPS, SEED, STEPS,
 };
-use crate::backend::cpu::decode::KV_BLOCK;
-use crate::backend::cpu::flash::{DEFAULT_KV_CHUNK, DEFAULT_Q_CHUNK};
 use crate::dist;
 use crate::error::{Error, Result};
 use crate::layer::decoder::{self, Attention, Config, Generated, LayerCaches, Weights};
 use crate::problem::{Inputs, Shape, Tensor};
 use crate::results::generate::{GenerateRow, MPI_LINKS};
 use crate::sim::shard::{Layout, Placement};
-use crate::sim::{ring, tree};
 
 /// The attention of every layer on this rank: its prompt block of every layer's cache (and,
 /// on the last rank, every decoded token's key and value).
@@ -112,45 +109,16 @@ impl Ranks {
         }
     }
 
-    fn ring_spec(&self, decode: bool) -> ring::Spec {
-        ring::Spec {
-            placement: if decode {
-                Placement::Appended {
-                    prefill: self.prompt,
-                }
-            } else {
-                Placement::Contiguous
-            },
-            decode,
-            causal: !decode,
-            window: None,
-            devices: self.p,
-            bq: DEFAULT_Q_CHUNK,
-            bk: if decode { KV_BLOCK } else { DEFAULT_KV_CHUNK },
-            threads: 1,
-        }
-    }
-
     /// One attention call over MPI: its wall and message seconds on this rank, and the
     /// bytes its schedules send (every rank's).
     fn call(&mut self, x: &Inputs, decode: bool, out: &mut [f32]) -> Result<(f64, f64)> {
         let t0 = Instant::now();
         let bytes = if decode && self.method == Method::Tree {
-            let spec = tree::Spec {
-                placement: Placement::Appended {
-                    prefill: self.prompt,
-                },
-                causal: false,
-                window: None,
-                devices: self.p,
-                allreduce: ALLREDUCE,
-                bk: KV_BLOCK,
-                threads: 1,
-            };
+            let spec = tree_spec(self.p, self.prompt);
             dist::tree::run(&spec, false, x, out, false)?;
             spec.planned(&x.shape, x.dtype())?.bytes
         } else {
-            let spec = self.ring_spec(decode);
+            let spec = ring_spec(self.p, self.prompt, decode);
             dist::ring::run(&spec, x, out, false)?;
             spec.planned(&x.shape, x.dtype()).bytes
         };
