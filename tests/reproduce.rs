@@ -145,6 +145,14 @@ fn bad_input_is_exit_2_naming_it() {
         .assert()
         .code(2)
         .stderr(predicates::str::contains("configs/rabe_staats_table2.toml"));
+    // A table no chosen paper has.
+    attnbench()
+        .args(["reproduce", "bpt", "--table", "table2", "--dry-run"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "--table table2: not a table of the papers named",
+        ));
     // No results to judge.
     let empty = tempfile::tempdir().unwrap();
     attnbench()
@@ -195,6 +203,37 @@ fn the_committed_claims_follow_from_the_committed_rows() {
             "{table}/generate.md differs from its rows"
         );
     }
+}
+
+/// `--table` measures only the tables named; the paper's others are judged from their
+/// rows, so its claims file is the committed one. Here the one named is the GPU table,
+/// which a build without `cuda` skips: nothing is measured.
+#[test]
+fn one_table_runs_and_the_others_are_judged_from_their_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_papers(tmp.path());
+    let out = attnbench()
+        .args(["reproduce", "rabe-staats", "--table", "table2_gpu", "--out"])
+        .arg(tmp.path())
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    assert!(text.contains("1 table(s) skipped"), "{text}");
+    let ours = fs::read_to_string(tmp.path().join("rabe-staats/claims.md")).unwrap();
+    let committed =
+        fs::read_to_string(repo().join("results/papers/rabe-staats/claims.md")).unwrap();
+    assert_eq!(ours, committed);
+    // The dry run names only the table it would measure.
+    let out = attnbench()
+        .args(["reproduce", "rabe-staats", "--table", "table3", "--dry-run"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with("rabe-staats table3: "), "{text}");
 }
 
 /// A rabe-staats error at n = 2^14 above the paper's bound is a FAIL and exit 3, and rows

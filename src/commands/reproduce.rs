@@ -271,7 +271,7 @@ pub const TABLES: [Table; 10] = [
     },
 ];
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct ReproduceArgs {
     /// The papers to reproduce [default: all of them].
     #[arg(value_enum, value_name = "PAPER")]
@@ -295,6 +295,10 @@ pub struct ReproduceArgs {
     /// there.
     #[arg(long)]
     pub report_only: bool,
+    /// Measure only this table of the chosen papers (its directory name, e.g. table2_gpu;
+    /// repeatable); the others are judged from the rows already there, as --report-only.
+    #[arg(long = "table", value_name = "TABLE")]
+    pub tables: Vec<String>,
     /// Run every CPU case on this kernel path (one this CPU runs, `attnbench list`), as
     /// `sweep --kernel-path` [default: this CPU's measured choice].
     #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
@@ -328,6 +332,39 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
     if crate::dist::active() {
         return on_ranks(a, &out, &tables);
     }
+    if let Some(bad) = a
+        .tables
+        .iter()
+        .find(|n| !tables.iter().any(|t| t.name == n.as_str()))
+    {
+        return Err(Error::Usage(format!(
+            "--table {bad}: not a table of {}; they are: {}",
+            if a.papers.is_empty() {
+                "any paper".to_string()
+            } else {
+                "the papers named".to_string()
+            },
+            tables
+                .iter()
+                .map(|t| format!("{} ({})", t.name, t.paper.name()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    // Tables left out by --table are judged from their rows.
+    let judge_only = ReproduceArgs {
+        report_only: true,
+        force: false,
+        resume: false,
+        ..a.clone()
+    };
+    let args_of = |t: &Table| -> &ReproduceArgs {
+        if a.tables.is_empty() || a.tables.iter().any(|n| n == t.name) {
+            a
+        } else {
+            &judge_only
+        }
+    };
     for t in &tables {
         if let Source::Sweep { config, .. } = t.source {
             if !Path::new(config).is_file() {
@@ -338,7 +375,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
         }
     }
     if a.dry_run {
-        for t in &tables {
+        for t in tables.iter().filter(|t| !args_of(t).report_only) {
             let dir = table_dir(&out, t);
             match t.source {
                 Source::Sweep { config, .. } => println!(
@@ -395,6 +432,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
     }
     let mut judged = Vec::new();
     for (i, t) in tables.iter().enumerate() {
+        let a = args_of(t);
         let dir = table_dir(&out, t);
         eprintln!(
             "[{}/{}] {} {} ({}) -> {}",
@@ -406,7 +444,7 @@ pub fn command(a: &ReproduceArgs) -> Result<i32> {
             dir.display()
         );
         let skipped = if a.report_only {
-            (t.needs != Needs::Cpu && !has_rows(t, &dir))
+            (!has_rows(t, &dir) && (t.needs != Needs::Cpu || !a.tables.is_empty()))
                 .then(|| format!("no rows in {}", dir.display()))
         } else {
             t.needs.unavailable()
@@ -659,6 +697,7 @@ fn resume_command(a: &ReproduceArgs, out: &Path) -> String {
     if let Some(p) = a.kernel_path {
         v.push(format!("--kernel-path {p}"));
     }
+    v.extend(a.tables.iter().map(|t| format!("--table {t}")));
     v.push(format!(
         "--out {} --resume",
         super::shell_quote(&out.to_string_lossy())
@@ -750,10 +789,13 @@ fn claims_md(paper: Paper, of: &[&Judged], out: &Path) -> Result<String> {
         if j.skipped.is_some() {
             // The same words on every machine that lacks it (the reason is the terminal's).
             s += &format!(
-                "\n## {} (`{}/`)\n\nNot run: no rows. It needs {}.\n",
+                "\n## {} (`{}/`)\n\nNot run: no rows.{}\n",
                 j.table.title,
                 rel.display(),
-                j.table.needs.describe()
+                match j.table.needs {
+                    Needs::Cpu => String::new(),
+                    n => format!(" It needs {}.", n.describe()),
+                }
             );
             continue;
         }
@@ -803,6 +845,7 @@ mod tests {
             force: false,
             resume: false,
             report_only: false,
+            tables: Vec::new(),
             kernel_path: None,
             dry_run: false,
         }
@@ -920,6 +963,13 @@ mod tests {
         let c = resume_command(&args(vec![Paper::Bpt], true), Path::new("my out"));
         assert!(
             c.ends_with(" reproduce bpt --quick --out 'my out' --resume"),
+            "{c}"
+        );
+        let mut one = args(vec![Paper::RabeStaats], false);
+        one.tables = vec!["table3".into()];
+        let c = resume_command(&one, Path::new("o"));
+        assert!(
+            c.ends_with(" reproduce rabe-staats --table table3 --out o --resume"),
             "{c}"
         );
         let c = resume_command(&args(vec![], false), Path::new("results/papers"));
