@@ -3,7 +3,10 @@
 //! into `results/papers/<paper>/<table>/`, then prints every claim of docs/papers.md with
 //! the paper's figure, ours and a verdict, and writes them to `<paper>/claims.md`.
 //! `--quick` judges the same claims with one timed call per case and the smaller sizes
-//! they need (CI runs it). Exit 3 when a claim fails or lacks its rows. Cost: the sweeps.
+//! they need (CI runs it). A table that needs a GPU or MPI ranks (`Needs`) is skipped with
+//! the reason where this process cannot run it; under `mpirun`, only the tables on ranks
+//! run. `--table` measures only the tables named and judges the rest from their rows. Exit
+//! 3 when a claim fails or lacks its rows. Cost: the sweeps.
 
 use std::path::{Path, PathBuf};
 
