@@ -537,7 +537,7 @@ fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
         return report_softmax(dir);
     }
     if held && !a.force {
-        return Err(holds_results(&dir));
+        return Err(holds_results(dir));
     }
     reproduce_softmax(dir, a.quick)
 }
@@ -550,7 +550,7 @@ fn generate_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
         return report_generate(dir);
     }
     if held && !a.force {
-        return Err(holds_results(&dir));
+        return Err(holds_results(dir));
     }
     reproduce_generate(dir, a.quick)
 }
@@ -608,7 +608,7 @@ fn generate_ranks_table(a: &ReproduceArgs, dir: &Path, out: &Path) -> Result<Vec
         return report_generate(dir);
     }
     if held && !a.force {
-        return Err(holds_results(&dir));
+        return Err(holds_results(dir));
     }
     for p in RANKS {
         if a.resume
