@@ -238,6 +238,45 @@ mod tests {
     }
 
     #[test]
+    fn mode_names_are_their_cli_and_json_spellings() {
+        let names = Normalize::ALL.map(Normalize::name);
+        assert_eq!(names, ["none", "calibration", "probe"]);
+        for mode in Normalize::ALL {
+            // `--normalize` takes `name()`, compare.json writes the serde spelling: one word.
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(json, format!("\"{}\"", mode.name()));
+        }
+        // Each help line (`compare --help`) says what the mode divides by.
+        assert_eq!(Normalize::None.help(), "Compare raw seconds");
+        assert!(Normalize::Calibration.help().contains("SGEMM"));
+        assert!(Normalize::Probe.help().contains("probe_gflops"));
+    }
+
+    #[test]
+    fn probe_factor_is_the_probe_rate_ratio() {
+        assert_eq!(probe_factor(Some(100.0), Some(50.0)), Ok(0.5));
+        assert_eq!(probe_factor(Some(40.0), Some(100.0)), Ok(2.5));
+        let e = probe_factor(None, Some(50.0)).unwrap_err();
+        assert!(e.contains("in the baseline"), "{e}");
+        let e = probe_factor(Some(50.0), None).unwrap_err();
+        assert!(e.contains("in the current run"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_negative_or_non_finite_rate_gives_no_factor() {
+        // Such a rate is a failed measurement, not a machine speed: no factor rather than
+        // an infinite, negative or NaN one.
+        let good = meta("A", 2, &[(1, 100.0)]);
+        for bad in [0.0, -90.0, f64::INFINITY, f64::NAN] {
+            assert!(probe_factor(Some(100.0), Some(bad)).is_err(), "{bad}");
+            assert!(probe_factor(Some(bad), Some(100.0)).is_err(), "{bad}");
+            let b = meta("B", 2, &[(1, bad)]);
+            assert!(factor(&good, &b, 1).is_err(), "{bad}");
+            assert!(factor(&b, &good, 1).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn factor_is_the_rate_ratio_for_the_thread_count() {
         let a = meta("A", 2, &[(1, 100.0), (2, 190.0)]);
         let b = meta("B", 2, &[(1, 50.0)]);

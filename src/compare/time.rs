@@ -72,7 +72,8 @@ pub fn median(v: &mut [f64]) -> f64 {
 }
 
 /// A stable 64-bit hash of a case id (FNV-1a), so each case gets its own bootstrap stream
-/// whatever the order of the rows.
+/// whatever the order of the rows; the run's seed enters by xor of `seed · ⌊2^64 / φ⌋`, so
+/// one id gets a different stream for every seed.
 pub fn case_seed(seed: u64, case_id: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in case_id.bytes() {
@@ -117,15 +118,19 @@ pub fn bootstrap_ratio(
     }
     ratios.sort_by(f64::total_cmp);
     let tail = (1.0 - CONFIDENCE) / 2.0;
-    let at = |q: f64| {
-        let i = (q * (ratios.len() - 1) as f64).round() as usize;
-        ratios[i.min(ratios.len() - 1)]
-    };
     Some(Interval {
         ratio: mc / mb,
-        lo: at(tail),
-        hi: at(1.0 - tail),
+        lo: percentile(&ratios, tail),
+        hi: percentile(&ratios, 1.0 - tail),
     })
+}
+
+/// The `q` quantile of ascending, non-empty `sorted`: the value at the nearest rank,
+/// position `round(q · (len − 1))`. A `q` outside [0, 1] gives the nearest end, so a
+/// rounding slip in the caller's `q` cannot index out of bounds.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let i = (q * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 /// The verdict of an interval against a relative threshold `t` (> 0), as the module doc says.
@@ -245,6 +250,101 @@ mod tests {
     #[test]
     fn degenerate_inputs_give_no_interval() {
         assert!(bootstrap_ratio(&[], &[1.0], 100, 0).is_none());
+        assert!(bootstrap_ratio(&[1.0], &[], 100, 0).is_none());
+        assert!(bootstrap_ratio(&[1.0], &[1.0], 0, 0).is_none());
         assert!(bootstrap_ratio(&[0.0, 0.0], &[1.0], 100, 0).is_none());
+        // A zero baseline median gives none even when some resamples' medians are positive
+        // (>= 2 of 3 draws hit the 5.0 in 7/27 of them): the point ratio itself is undefined.
+        assert!(bootstrap_ratio(&[0.0, 0.0, 5.0], &[1.0; 3], 1000, 0).is_none());
+        // A non-finite median on either side: no ratio to bound.
+        assert!(bootstrap_ratio(&[1.0], &[f64::INFINITY], 100, 0).is_none());
+        assert!(bootstrap_ratio(&[f64::INFINITY], &[1.0], 100, 0).is_none());
+    }
+
+    #[test]
+    fn a_resample_with_a_zero_baseline_median_is_dropped() {
+        // Baseline median 2.5, but a resample of [0, 0, 5, 5] has median 0 when >= 3 of its 4
+        // draws hit a 0 (5/16 of them): c / 0 would put infinity in the interval, so those
+        // are dropped. The rest give 1/2.5 (6/11 of them) or 1/5 (5/11), so the interval is
+        // exactly [0.2, 0.4].
+        let iv = bootstrap_ratio(&[0.0, 0.0, 5.0, 5.0], &[1.0; 4], 1000, 0).unwrap();
+        assert_eq!((iv.ratio, iv.lo, iv.hi), (0.4, 0.2, 0.4));
+    }
+
+    #[test]
+    fn the_interval_holds_the_middle_95_percent_of_resampled_medians() {
+        // Baseline constant, so each resampled ratio is the median of 9 draws from `cur`:
+        // 0.5 when >= 5 draws hit the two 0.5s (P = 0.0304), 2.0 when >= 5 hit the one 2.0
+        // (P = 0.0015), else 1.0. Of 100 000 resamples the 0.5s fill some 3 040 ranks, more
+        // than the 2 500 below the 2.5 % rank (10 sigma), and the 2.0s some 145, fewer than
+        // the 2 500 above the 97.5 % one: the interval is exactly [0.5, 1.0].
+        let cur = [0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0];
+        let iv = bootstrap_ratio(&[1.0; 3], &cur, 100_000, 7).unwrap();
+        assert_eq!((iv.ratio, iv.lo, iv.hi), (1.0, 0.5, 1.0));
+    }
+
+    #[test]
+    fn percentile_is_the_nearest_rank_clamped_to_the_ends() {
+        let v: Vec<f64> = (0..=40).map(f64::from).collect();
+        // Rank round(q · 40): 0.975 -> 39, not the maximum; 0.025 -> 1, not the minimum.
+        assert_eq!(percentile(&v, 0.975), 39.0);
+        assert_eq!(percentile(&v, 0.025), 1.0);
+        assert_eq!(percentile(&v, 0.5), 20.0);
+        // Outside [0, 1]: the nearest end.
+        assert_eq!(percentile(&v, 1.5), 40.0);
+        assert_eq!(percentile(&v, -0.5), 0.0);
+        assert_eq!(percentile(&[3.0], 0.975), 3.0);
+    }
+
+    #[test]
+    fn touching_a_bound_is_not_beyond_it() {
+        // t = 0.25: up = 1.25 and down = 1 / 1.25 = 0.8, both exact (0.8 as f64 rounds it).
+        let iv = |lo, hi| Interval { ratio: 1.0, lo, hi };
+        // `slower` and `faster` need the whole interval strictly beyond the bound...
+        assert_eq!(classify(&iv(1.25, 1.3), 0.25), TimeVerdict::Unclear);
+        assert_eq!(classify(&iv(0.7, 0.8), 0.25), TimeVerdict::Unclear);
+        // ...while `same` includes both bounds.
+        assert_eq!(classify(&iv(0.8, 1.25), 0.25), TimeVerdict::Same);
+    }
+
+    #[test]
+    fn case_seed_is_fnv1a_of_the_id_xor_the_mixed_seed() {
+        // The published FNV-1a 64-bit vectors: the ids' streams do not move between versions.
+        assert_eq!(case_seed(0, ""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(case_seed(0, "a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(case_seed(0, "foobar"), 0x8594_4171_f739_67e8);
+        // The seed enters by xor of seed · 0x9e37_79b9_7f4a_7c15.
+        assert_eq!(case_seed(1, "a") ^ case_seed(0, "a"), 0x9e37_79b9_7f4a_7c15);
+        assert_eq!(
+            case_seed(3, "foobar") ^ case_seed(0, "foobar"),
+            0x9e37_79b9_7f4a_7c15u64.wrapping_mul(3)
+        );
+    }
+
+    #[test]
+    fn scaling_multiplies_the_ratio_and_both_bounds() {
+        let iv = Interval {
+            ratio: 1.0,
+            lo: 0.5,
+            hi: 2.0,
+        };
+        let want = Interval {
+            ratio: 3.0,
+            lo: 1.5,
+            hi: 6.0,
+        };
+        assert_eq!(iv.scaled(3.0), want);
+    }
+
+    #[test]
+    fn verdict_names_are_the_report_words() {
+        let names = [
+            TimeVerdict::Slower,
+            TimeVerdict::Unclear,
+            TimeVerdict::Faster,
+            TimeVerdict::Same,
+        ]
+        .map(TimeVerdict::name);
+        assert_eq!(names, ["slower", "unclear", "faster", "same"]);
     }
 }
