@@ -532,12 +532,8 @@ fn sweep_table(a: &ReproduceArgs, t: &Table, config: &str, dir: &Path, out: &Pat
 /// The softmax table: measured into `dir`, or with `--report-only` (and `--resume` where
 /// it finished) `softmax.md` again from `softmax.csv`; its checks.
 fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
-    let held = dir.join(softmax::CSV).is_file();
-    if a.report_only || (a.resume && held) {
+    if keeps_rows(a, dir, softmax::CSV)? {
         return report_softmax(dir);
-    }
-    if held && !a.force {
-        return Err(holds_results(dir));
     }
     reproduce_softmax(dir, a.quick)
 }
@@ -545,12 +541,8 @@ fn softmax_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
 /// The generation table: measured into `dir`, or with `--report-only` (and `--resume`
 /// where it finished) `generate.md` again from `generate.csv`; its checks.
 fn generate_table(a: &ReproduceArgs, dir: &Path) -> Result<Vec<Check>> {
-    let held = dir.join(crate::results::generate::CSV).is_file();
-    if a.report_only || (a.resume && held) {
+    if keeps_rows(a, dir, crate::results::generate::CSV)? {
         return report_generate(dir);
-    }
-    if held && !a.force {
-        return Err(holds_results(dir));
     }
     reproduce_generate(dir, a.quick)
 }
@@ -603,12 +595,8 @@ fn rank_command(a: &ReproduceArgs, p: usize, out: &Path) -> Vec<String> {
 /// `p<p>/generate.csv`), then every p's rows in `generate.csv` and `generate.md`; with
 /// `--report-only` (or `--resume` where it finished) the report again from the rows.
 fn generate_ranks_table(a: &ReproduceArgs, dir: &Path, out: &Path) -> Result<Vec<Check>> {
-    let held = dir.join(crate::results::generate::CSV).is_file();
-    if a.report_only || (a.resume && held) {
+    if keeps_rows(a, dir, crate::results::generate::CSV)? {
         return report_generate(dir);
-    }
-    if held && !a.force {
-        return Err(holds_results(dir));
     }
     for p in RANKS {
         if a.resume
@@ -670,24 +658,30 @@ fn on_ranks(a: &ReproduceArgs, out: &Path, tables: &[&Table]) -> Result<i32> {
     }
     for t in mine {
         let dir = table_dir(out, t).join(format!("p{}", crate::dist::size()));
-        let held = dir.join(crate::results::generate::CSV).is_file();
-        if a.resume && held {
-            continue;
+        // `--report-only` was refused above: rows kept means a finished p to skip.
+        if !keeps_rows(a, &dir, crate::results::generate::CSV)? {
+            measure_generate_ranks(&dir, a.quick)?;
         }
-        if held && !a.force {
-            return Err(holds_results(&dir));
-        }
-        measure_generate_ranks(&dir, a.quick)?;
     }
     Ok(0)
 }
 
-/// The error of a table's directory that already holds results (as `sweep`'s).
-fn holds_results(dir: &Path) -> Error {
-    Error::Usage(format!(
-        "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
-        dir.display()
-    ))
+/// Whether a table measured by its own code (not a sweep) keeps the rows `csv` in `dir`
+/// and is judged from them: with `--report-only`, or `--resume` where they are there.
+/// Otherwise it is measured, unless rows are there without `--force` (refused, as
+/// `sweep` refuses them).
+fn keeps_rows(a: &ReproduceArgs, dir: &Path, csv: &str) -> Result<bool> {
+    let held = dir.join(csv).is_file();
+    if a.report_only || (a.resume && held) {
+        return Ok(true);
+    }
+    if held && !a.force {
+        return Err(Error::Usage(format!(
+            "output directory {} holds results: pass --resume to keep them, --force to replace them, or --out for another directory",
+            dir.display()
+        )));
+    }
+    Ok(false)
 }
 
 /// The command line that continues `a` where it stopped.
