@@ -81,7 +81,8 @@ pub fn tokens(quick: bool) -> &'static [usize] {
     }
 }
 
-/// Simulated seconds of one generation's attention, and the bytes its devices sent.
+/// Seconds of one generation's attention (simulated, or a rank's wall clock on MPI
+/// ranks) and its messages, and the bytes its devices sent.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Clock {
     pub(super) prefill_s: f64,
@@ -355,7 +356,7 @@ pub fn sharded(w: &Weights, n: usize, p: usize, method: Method) -> Result<(Gener
 /// this machine's noise, so both are charged the same figures, from both methods' runs
 /// pooled: the run of median prefill (its parts) and the median decode rest.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Shared {
+struct Shared {
     prefill_attention_s: f64,
     prefill_comm_s: f64,
     prefill_other_s: f64,
@@ -366,7 +367,7 @@ impl Shared {
     /// From every run of both methods; the prefill's rest of the model (its projections
     /// and MLP, sequence-parallel) counted as its timed seconds over `parallel` (p when
     /// one process ran every device's tokens, 1 when each rank timed its own).
-    pub(super) fn of(runs: &[&(Generated, Clock)], parallel: usize) -> Shared {
+    fn of(runs: &[&(Generated, Clock)], parallel: usize) -> Shared {
         let mut pre: Vec<(f64, f64, f64)> = runs
             .iter()
             .map(|(g, c)| {
@@ -392,7 +393,7 @@ impl Shared {
 
 /// The row of one method's runs against the reference: the run of median decode
 /// attention, with the shared parts; the worst error over every run.
-pub(super) fn row(
+fn row(
     method: Method,
     (p, links): (usize, String),
     n: usize,
@@ -436,13 +437,68 @@ pub(super) fn row(
     }
 }
 
+/// Both methods' generations of one point, interleaved: one warm-up of each (none when
+/// `quick`), then `REPS` each (one when `quick`), ring first on even repetitions and tree
+/// first on odd, so both see the same machine speed.
+pub(super) fn interleaved(
+    quick: bool,
+    mut generate: impl FnMut(Method) -> Result<(Generated, Clock)>,
+) -> Result<[Vec<(Generated, Clock)>; 2]> {
+    if !quick {
+        for m in [Method::Ring, Method::Tree] {
+            generate(m)?;
+        }
+    }
+    let mut runs: [Vec<(Generated, Clock)>; 2] = [Vec::new(), Vec::new()];
+    for rep in 0..if quick { 1 } else { REPS } {
+        let order = if rep % 2 == 0 {
+            [Method::Ring, Method::Tree]
+        } else {
+            [Method::Tree, Method::Ring]
+        };
+        for m in order {
+            runs[m as usize].push(generate(m)?);
+        }
+    }
+    Ok(runs)
+}
+
+/// The two rows of one point from its `interleaved` runs: both methods charged the shared
+/// parts of every run pooled (the prefill's rest over `parallel`, as `Shared::of`), each
+/// its own decode attention; each row's progress line on stderr after `label`.
+pub(super) fn point_rows(
+    runs: &[Vec<(Generated, Clock)>; 2],
+    (p, links): (usize, String),
+    n: usize,
+    parallel: usize,
+    reference: &Generated,
+    label: &str,
+) -> Vec<GenerateRow> {
+    let pooled: Vec<&(Generated, Clock)> = runs.iter().flatten().collect();
+    let shared = Shared::of(&pooled, parallel);
+    [Method::Ring, Method::Tree]
+        .into_iter()
+        .zip(runs)
+        .map(|(m, v)| {
+            let r = row(m, (p, links.clone()), n, v, &shared, reference);
+            eprintln!(
+                "{label} N {n} {}: {:.3} s (prefill {:.3}, decode {:.4}), err {:.1e}",
+                m.name(),
+                r.total_s,
+                r.prefill_s,
+                r.decode_s,
+                r.max_rel_err
+            );
+            r
+        })
+        .collect()
+}
+
 /// Every point: per prompt length the reference once, then per p the two methods'
-/// generations interleaved (ring first on even repetitions, tree first on odd), `REPS`
-/// each (one when `quick`), after one warm-up generation of each (none when `quick`).
-/// One thread (the devices share this machine's cores either way).
+/// generations `interleaved`. One thread (the devices share this machine's cores either
+/// way).
 pub fn measure(quick: bool, stop: &AtomicBool) -> Result<Vec<GenerateRow>> {
     let w = Weights::generate(Config::TINY, SEED);
-    let reps = if quick { 1 } else { REPS };
     let pool = crate::measure::pool::pool(1)?;
     pool.install(|| {
         let mut rows = Vec::new();
@@ -452,36 +508,16 @@ pub fn measure(quick: bool, stop: &AtomicBool) -> Result<Vec<GenerateRow>> {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Error::Interrupted("generate: stopped by a signal".into()));
                 }
-                if !quick {
-                    for m in [Method::Ring, Method::Tree] {
-                        sharded(&w, n, p, m)?;
-                    }
-                }
-                let mut runs: [Vec<(Generated, Clock)>; 2] = [Vec::new(), Vec::new()];
-                for rep in 0..reps {
-                    let order = if rep % 2 == 0 {
-                        [Method::Ring, Method::Tree]
-                    } else {
-                        [Method::Tree, Method::Ring]
-                    };
-                    for m in order {
-                        runs[m as usize].push(sharded(&w, n, p, m)?);
-                    }
-                }
-                let pooled: Vec<&(Generated, Clock)> = runs.iter().flatten().collect();
-                let shared = Shared::of(&pooled, p);
-                for (m, v) in [Method::Ring, Method::Tree].into_iter().zip(&runs) {
-                    let r = row(m, (p, topology(p).name), n, v, &shared, &reference);
-                    eprintln!(
-                        "generate: p {p} N {n} {}: {:.3} s (prefill {:.3}, decode {:.4}), err {:.1e}",
-                        m.name(),
-                        r.total_s,
-                        r.prefill_s,
-                        r.decode_s,
-                        r.max_rel_err
-                    );
-                    rows.push(r);
-                }
+                let runs = interleaved(quick, |m| sharded(&w, n, p, m))?;
+                // One process timed every device's prefill tokens.
+                rows.extend(point_rows(
+                    &runs,
+                    (p, topology(p).name),
+                    n,
+                    p,
+                    &reference,
+                    &format!("generate: p {p}"),
+                ));
             }
         }
         Ok(rows)

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::generate::{
-    reference, ring_spec, row, tokens, tree_spec, Clock, Method, Shared, REPS, SEED, STEPS,
+    interleaved, point_rows, reference, ring_spec, tokens, tree_spec, Clock, Method, SEED, STEPS,
 };
 use crate::dist;
 use crate::error::{Error, Result};
@@ -200,17 +200,15 @@ fn generation(w: &Weights, n: usize, method: Method) -> Result<(Generated, Clock
 }
 
 /// Every point on this run's ranks (p = the ranks mpirun started): per prompt length the
-/// reference on rank 0, then ring and tree generations interleaved (ring first on even
-/// repetitions), `REPS` each after one warm-up of each (one and none when `quick`). Rank
-/// 0's rows, as `run::generate::measure` makes them (both methods charged the same
-/// prefill and decode rest, pooled); no rows on the other ranks. One thread per rank.
+/// reference on rank 0, then ring and tree generations `interleaved` as
+/// `run::generate::measure` runs them. Rank 0's rows (`point_rows`); none on the other
+/// ranks. One thread per rank.
 pub fn measure(quick: bool, stop: &AtomicBool) -> Result<Vec<GenerateRow>> {
     let p = dist::size();
     if let Some(why) = dist::unavailable(p) {
         return Err(Error::Usage(why));
     }
     let w = Weights::generate(Config::TINY, SEED);
-    let reps = if quick { 1 } else { REPS };
     let pool = crate::measure::pool::pool(1)?;
     pool.install(|| {
         let mut rows = Vec::new();
@@ -224,37 +222,17 @@ pub fn measure(quick: bool, stop: &AtomicBool) -> Result<Vec<GenerateRow>> {
             } else {
                 None
             };
-            if !quick {
-                for m in [Method::Ring, Method::Tree] {
-                    generation(&w, n, m)?;
-                }
-            }
-            let mut runs: [Vec<(Generated, Clock)>; 2] = [Vec::new(), Vec::new()];
-            for rep in 0..reps {
-                let order = if rep % 2 == 0 {
-                    [Method::Ring, Method::Tree]
-                } else {
-                    [Method::Tree, Method::Ring]
-                };
-                for m in order {
-                    runs[m as usize].push(generation(&w, n, m)?);
-                }
-            }
-            let Some(one) = one else { continue };
-            let pooled: Vec<&(Generated, Clock)> = runs.iter().flatten().collect();
-            // Each rank ran and timed its own prompt block.
-            let shared = Shared::of(&pooled, 1);
-            for (m, v) in [Method::Ring, Method::Tree].into_iter().zip(&runs) {
-                let r = row(m, (p, MPI_LINKS.into()), n, v, &shared, &one);
-                eprintln!(
-                    "generate on {p} MPI ranks: N {n} {}: {:.3} s (prefill {:.3}, decode {:.4}), err {:.1e}",
-                    m.name(),
-                    r.total_s,
-                    r.prefill_s,
-                    r.decode_s,
-                    r.max_rel_err
-                );
-                rows.push(r);
+            let runs = interleaved(quick, |m| generation(&w, n, m))?;
+            if let Some(one) = one {
+                // Each rank ran and timed its own prompt block.
+                rows.extend(point_rows(
+                    &runs,
+                    (p, MPI_LINKS.into()),
+                    n,
+                    1,
+                    &one,
+                    &format!("generate on {p} MPI ranks:"),
+                ));
             }
         }
         Ok(rows)
