@@ -512,6 +512,9 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
         }
         None => None,
     };
+    // The calibrations the sweep recorded (none if meta.json cannot be read: the derived
+    // files then go without the read roofline).
+    let calibration = Meta::read(&dir.join(META_NAME)).map_or(Vec::new(), |m| m.calibration);
     paths.extend(crate::report::derived::write_renderings(
         dir,
         &crate::report::derived::Sources {
@@ -520,6 +523,7 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
             budget: config.run.memory_budget.map(|b| b.0),
             model: config.model.as_ref(),
             measured: measured.as_ref(),
+            calibration: &calibration,
         },
     )?);
     Ok(paths)

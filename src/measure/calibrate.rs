@@ -1,8 +1,8 @@
 //! Machine calibration for `meta.json` and rooflines: the f32 FMA peak (and the bf16
 //! `vdpbf16ps` peak where the CPU has it) of the kernels' instruction-set path, SGEMM
-//! GFLOP/s (`matrixmultiply`, row panels over threads) and memory copy bandwidth; about
-//! 1.5 s on 2 cores with the defaults, and 2 × 256 MiB of extra memory for the copy buffers
-//! (halved until they fit).
+//! GFLOP/s (`matrixmultiply`, row panels over threads), memory copy bandwidth and read
+//! bandwidth (the copy's source summed at the widest path's loads); about 1.6 s on 2 cores with the defaults, and
+//! 2 × 256 MiB of extra memory for the copy buffers (halved until they fit).
 
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::tiles::peak_loop;
+use crate::backend::cpu::vecops::read_sum;
 
 /// Default SGEMM size (square n × n × n).
 pub const SGEMM_N: usize = 1024;
@@ -42,6 +43,11 @@ pub struct Calibration {
     /// Size of the copied buffer actually used (it may be smaller than asked for under a
     /// memory budget).
     pub copy_bytes: u64,
+    /// Read bandwidth: the copy's source summed (reads alone, `copy_bytes` per pass) /
+    /// best time, in 10⁹ B/s; the roofline of a kernel that only streams its inputs, such
+    /// as decode. None in results calibrated before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_gbytes_per_s: Option<f64>,
     /// Wall time the calibration took.
     pub seconds: f64,
     /// The kernels' default instruction-set path (`attnbench list`); the peaks are those of
@@ -108,7 +114,7 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
     }
     let sgemm_gflops = 2.0 * (n as f64).powi(3) / sgemm_best / 1e9;
 
-    let (copy_bytes, copy_best) = match copy_buffers(copy_bytes) {
+    let (copy_bytes, copy_best, read_best) = match copy_buffers(copy_bytes) {
         Some((src, mut dst)) => {
             let chunk = src.len().div_ceil(threads).max(1);
             let mut best = f64::INFINITY;
@@ -126,15 +132,32 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
                     best = best.min(dt);
                 }
             }
-            ((src.len() * 4) as u64, best)
+            let mut read_best = f64::INFINITY;
+            for i in 0..=COPY_RUNS {
+                let mut dt = 0.0;
+                run(&mut || {
+                    let t0 = Instant::now();
+                    let sum: f32 = src
+                        .par_chunks(chunk)
+                        .map(|x| read_sum(Isa::widest(), x))
+                        .sum();
+                    dt = t0.elapsed().as_secs_f64();
+                    std::hint::black_box(sum);
+                });
+                if i > 0 {
+                    read_best = read_best.min(dt);
+                }
+            }
+            ((src.len() * 4) as u64, best, read_best)
         }
-        None => (0, f64::INFINITY),
+        None => (0, f64::INFINITY, f64::INFINITY),
     };
     let copy_gbytes_per_s = if copy_bytes == 0 {
         0.0
     } else {
         2.0 * copy_bytes as f64 / copy_best / 1e9
     };
+    let read_gbytes_per_s = (copy_bytes > 0).then(|| copy_bytes as f64 / read_best / 1e9);
 
     // The peaks of the widest path: its FMA loop is the default path's, and the bf16 pair
     // peak is measured wherever the instruction exists, chosen or not (`isa::choose`).
@@ -170,6 +193,7 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
         sgemm_n: n,
         copy_gbytes_per_s,
         copy_bytes,
+        read_gbytes_per_s,
         seconds: start.elapsed().as_secs_f64(),
         kernel_isa: Isa::detect().name().to_string(),
         fma_peak_gflops,
@@ -237,6 +261,7 @@ mod tests {
         for x in [
             c.sgemm_gflops,
             c.copy_gbytes_per_s,
+            c.read_gbytes_per_s.unwrap(),
             c.seconds,
             c.fma_peak_gflops,
         ] {

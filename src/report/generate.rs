@@ -110,6 +110,7 @@ pub fn generate(
             budget: results.memory_budget(),
             model: model.as_ref(),
             measured: measured.as_ref(),
+            calibration: results.calibration(),
         },
     )?;
     // The one-page view of all of it (index.html), after the files it inlines.

@@ -49,7 +49,7 @@ impl<'a> KvRef<'a> {
             len: self.len,
             pages: None,
             // Simulated devices run this CPU's default path (`variant::impossible`).
-            bf16_dot: Isa::detect().bf16_dot(),
+            isa: Isa::detect(),
             fp8: None,
         }
     }

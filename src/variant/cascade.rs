@@ -325,7 +325,7 @@ impl Ctx<'_> {
             base: case.seq_layout().kv_base(b, g) + keys.start * p.d,
             len: keys.len(),
             pages: None,
-            bf16_dot: self.isa.bf16_dot(),
+            isa: self.isa,
             fp8: None,
         };
         let mut state = RowState { acc: o, m, l };

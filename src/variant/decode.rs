@@ -521,7 +521,7 @@ fn naive(
                 base: kv_off,
                 len: s.seq_kv,
                 pages: None,
-                bf16_dot: isa.bf16_dot(),
+                isa,
                 fp8,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);
@@ -562,7 +562,7 @@ fn online(
                 base: kv_off,
                 len: s.seq_kv,
                 pages: None,
-                bf16_dot: isa.bf16_dot(),
+                isa,
                 fp8,
             };
             let range = |r| geo.range(s.seq_q, r, 0, s.seq_kv);

@@ -400,7 +400,7 @@ fn pool_keys<'a>(
             offsets: &offsets[pool.indptr[b]..pool.indptr[b + 1]],
             first: part.start,
         }),
-        bf16_dot: isa.bf16_dot(),
+        isa,
         fp8: None,
     }
 }
@@ -559,7 +559,7 @@ fn run_item(
                     base: sched.seqs.kv_base(b, item.kv_head) + part.start * d,
                     len: part.len(),
                     pages: None,
-                    bf16_dot: isa.bf16_dot(),
+                    isa,
                     fp8,
                 },
             };

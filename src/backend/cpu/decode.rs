@@ -17,7 +17,7 @@ use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, row_max, scale_row};
 use super::vecops::{self, Dims, Elems};
 use super::workspace::carve;
-use crate::problem::{Fp8Kv, Tensor};
+use crate::problem::{Fp8Kv, Isa, Tensor};
 
 /// Keys per block of `attend` in decode (B_c): 1024 keys of d = 128 f32 are 1 MiB of K and V,
 /// streamed; only the block's scores (rows x 1024) must stay in cache. Longer blocks
@@ -183,9 +183,9 @@ pub struct Keys<'a> {
     pub base: usize,
     pub len: usize,
     pub pages: Option<Pages<'a>>,
-    /// bf16 keys are multiplied as bf16 pairs (`vdpbf16ps`) by the dot-product loop: the
-    /// kernel path's choice (`Isa::bf16_dot`); false: widened to f32.
-    pub bf16_dot: bool,
+    /// The kernel path the loops run on; on one whose `Isa::bf16_dot` holds, bf16 keys are
+    /// multiplied as bf16 pairs (`vdpbf16ps`) by the dot-product loop, else widened to f32.
+    pub isa: Isa,
     /// The same keys and values stored as FP8 (same element offsets), which are then read
     /// instead of `k` and `v`, widened block by block; contiguous runs only.
     pub fp8: Option<&'a Fp8Kv>,
@@ -380,7 +380,7 @@ pub fn attend_with(
     // products, exact products and f32 sums like the path below.
     let q_bf16 = match keys.k {
         crate::problem::Tensor::Bf16(_)
-            if !gemm && keys.bf16_dot && keys.fp8.is_none() && vecops::has_bf16_dot() =>
+            if !gemm && keys.isa.bf16_dot() && keys.fp8.is_none() && vecops::has_bf16_dot() =>
         {
             vecops::to_bf16_bits(q, qs)
         }
@@ -422,7 +422,7 @@ pub fn attend_with(
                         _ => {
                             let w = if widen_kv { at * d } else { 0 };
                             let k = keys.k_elems(o, n * d, &mut ks[w..]);
-                            vecops::scores(q, k, dims, scale, &mut s[at..], kn);
+                            vecops::scores(keys.isa, q, k, dims, scale, &mut s[at..], kn);
                         }
                     }
                     j += n;
@@ -443,7 +443,7 @@ pub fn attend_with(
         } else {
             keys.for_each_run(k0, kn, d, |j, off, n| {
                 let v = keys.v_elems(off, n * d, &mut vs[if widen_kv { j * d } else { 0 }..]);
-                vecops::accumulate(&s[j..], kn, v, d, state.acc);
+                vecops::accumulate(keys.isa, &s[j..], kn, v, d, state.acc);
             });
         }
         k0 += kn;
@@ -479,7 +479,7 @@ pub fn attend_paged_heads(
     let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, total * bk]);
     let (span, _) = span(rows, range);
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if keys.bf16_dot && vecops::has_bf16_dot() => {
+        crate::problem::Tensor::Bf16(_) if keys.isa.bf16_dot() && vecops::has_bf16_dot() => {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,
@@ -506,7 +506,7 @@ pub fn attend_paged_heads(
                         }
                         _ => {
                             let k = keys.k_elems(o, n * d, &mut ks[..]);
-                            vecops::scores(qh, k, dims, scale, &mut s[sh + at..], kn);
+                            vecops::scores(keys.isa, qh, k, dims, scale, &mut s[sh + at..], kn);
                         }
                     }
                     j += n;
@@ -518,7 +518,7 @@ pub fn attend_paged_heads(
             for h in 0..heads {
                 let v = keys.v_elems(off + h * head_stride, n * d, &mut vs[..]);
                 let acc = &mut state.acc[h * rows * d..(h + 1) * rows * d];
-                vecops::accumulate(&s[h * rows * kn + j..], kn, v, d, acc);
+                vecops::accumulate(keys.isa, &s[h * rows * kn + j..], kn, v, d, acc);
             }
         });
         k0 += kn;
@@ -631,7 +631,7 @@ pub fn attend_sequential(
         let off = keys.base + j * d;
         let k = keys.k_elems(off, d, ks);
         let v = keys.v_elems(off, d, vs);
-        vecops::scores(q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
+        vecops::scores(keys.isa, q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
         for (r, s) in sc.iter_mut().enumerate() {
             if !range(r).contains(&j) {
                 *s = 0.0;
@@ -647,7 +647,7 @@ pub fn attend_sequential(
             *s = (*s - m_new).exp();
             state.l[r] += *s;
         }
-        vecops::accumulate(sc, 1, v, d, state.acc);
+        vecops::accumulate(keys.isa, sc, 1, v, d, state.acc);
     }
 }
 
@@ -687,6 +687,7 @@ pub fn attend_materialized(
         let kn = KV_BLOCK.min(span.end - k0);
         let k = keys.k_elems(keys.base + k0 * d, kn * d, ks);
         vecops::scores(
+            keys.isa,
             q,
             k,
             Dims { rows, keys: kn, d },
@@ -707,7 +708,7 @@ pub fn attend_materialized(
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
         let v = keys.v_elems(keys.base + k0 * d, kn * d, vs);
-        vecops::accumulate(&scores[k0..], n, v, d, out);
+        vecops::accumulate(keys.isa, &scores[k0..], n, v, d, out);
     }
 }
 
@@ -715,120 +716,124 @@ pub fn attend_materialized(
 mod tests {
     use super::*;
 
-    /// Both loops of `attend` (forced), over contiguous and reversed-page keys of every
-    /// dtype, rows on both sides of the crossover, each row with its own visible range:
+    /// Both loops of `attend` (forced) on every kernel path, over contiguous and
+    /// reversed-page keys of every dtype, rows on both sides of the crossover, each row with its own visible range:
     /// every output within 1e-4 of the f64 oracle (`reference::exact_row`) on the same
     /// dtype-rounded values.
     #[test]
     fn both_loops_attend_like_the_f64_softmax() {
         use crate::problem::{DType, Inputs, Shape};
         use crate::reference::exact_row;
-        let (d, n, page, bk): (usize, usize, usize, usize) = (24, 300, 16, 64);
+        let (n, page, bk): (usize, usize, usize) = (300, 16, 64);
         let vals = |seed: u32, len: usize| crate::backend::cpu::kernel_paths::values(len, seed);
         let widened = |t: &Tensor| {
             let mut out = Vec::new();
             t.for_each_f32(|x| out.push(x));
             out
         };
-        // The pool: page p of the run at physical slot pages - 1 - p (reversed order).
-        let pages = n.div_ceil(page);
-        let offsets: Vec<usize> = (0..pages).map(|p| (pages - 1 - p) * page * d).collect();
-        for dtype in DType::ALL {
-            let (kf, vf) = (vals(1, n * d), vals(2, n * d));
-            let (k, v) = (Tensor::from_f32(kf, dtype), Tensor::from_f32(vf, dtype));
-            let (kr, vr) = (widened(&k), widened(&v));
-            let mut pk = vec![0.0f32; pages * page * d];
-            let mut pv = pk.clone();
-            for i in 0..n {
-                let at = offsets[i / page] + (i % page) * d;
-                pk[at..at + d].copy_from_slice(&kr[i * d..(i + 1) * d]);
-                pv[at..at + d].copy_from_slice(&vr[i * d..(i + 1) * d]);
-            }
-            let (pk, pv) = (Tensor::from_f32(pk, dtype), Tensor::from_f32(pv, dtype));
-            for rows in [15, 16, 40] {
-                let oracle = Inputs {
-                    shape: Shape {
-                        batch: 1,
-                        heads: 1,
-                        kv_heads: 1,
-                        seq_q: rows,
-                        seq_kv: n,
-                        head_dim: d,
-                    },
-                    q: Tensor::from_f32(vals(3 + rows as u32, rows * d), dtype),
-                    k: k.clone(),
-                    v: v.clone(),
-                    paged: Vec::new(),
-                    fp8: Vec::new(),
-                    mla: None,
-                };
-                let q = widened(&oracle.q);
-                let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
-                let scale = 1.0 / (d as f32).sqrt();
-                // Both bf16 loops: pairs (where the CPU has them) and widened.
-                for (paged, bf16_dot) in
-                    [(false, false), (false, true), (true, false), (true, true)]
-                {
-                    let keys = if paged {
-                        Keys {
-                            k: &pk,
-                            v: &pv,
-                            base: 0,
-                            len: n,
-                            pages: Some(Pages {
-                                size: page,
-                                offsets: &offsets,
-                                first: 0,
-                            }),
-                            bf16_dot,
-                            fp8: None,
-                        }
-                    } else {
-                        Keys {
-                            k: &k,
-                            v: &v,
-                            base: 0,
-                            len: n,
-                            pages: None,
-                            bf16_dot,
-                            fp8: None,
-                        }
+        // Head dimensions for the AVX2 loops (24), and the AVX-512 ones: any whole number of
+        // vectors (48) and the query row held in registers (128).
+        for d in [24, 48, 128] {
+            // The pool: page p of the run at physical slot pages - 1 - p (reversed order).
+            let pages = n.div_ceil(page);
+            let offsets: Vec<usize> = (0..pages).map(|p| (pages - 1 - p) * page * d).collect();
+            for dtype in DType::ALL {
+                let (kf, vf) = (vals(1, n * d), vals(2, n * d));
+                let (k, v) = (Tensor::from_f32(kf, dtype), Tensor::from_f32(vf, dtype));
+                let (kr, vr) = (widened(&k), widened(&v));
+                let mut pk = vec![0.0f32; pages * page * d];
+                let mut pv = pk.clone();
+                for i in 0..n {
+                    let at = offsets[i / page] + (i % page) * d;
+                    pk[at..at + d].copy_from_slice(&kr[i * d..(i + 1) * d]);
+                    pv[at..at + d].copy_from_slice(&vr[i * d..(i + 1) * d]);
+                }
+                let (pk, pv) = (Tensor::from_f32(pk, dtype), Tensor::from_f32(pv, dtype));
+                for rows in [15, 16, 40] {
+                    let oracle = Inputs {
+                        shape: Shape {
+                            batch: 1,
+                            heads: 1,
+                            kv_heads: 1,
+                            seq_q: rows,
+                            seq_kv: n,
+                            head_dim: d,
+                        },
+                        q: Tensor::from_f32(vals(3 + rows as u32, rows * d), dtype),
+                        k: k.clone(),
+                        v: v.clone(),
+                        paged: Vec::new(),
+                        fp8: Vec::new(),
+                        mla: None,
                     };
-                    for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {
-                        let widen = dtype != DType::F32;
-                        let mut scratch = vec![0.0f32; scratch_len(rows, bk, d, widen, paged)];
-                        let (mut acc, mut m, mut l) = (
-                            vec![0.0f32; rows * d],
-                            vec![0.0f32; rows],
-                            vec![0.0f32; rows],
-                        );
-                        let mut state = RowState {
-                            acc: &mut acc,
-                            m: &mut m,
-                            l: &mut l,
+                    let q = widened(&oracle.q);
+                    let range = |r: usize| (r * 7) % 50..n - (r * 5) % 40;
+                    let scale = 1.0 / (d as f32).sqrt();
+                    // Every kernel path this CPU runs (bf16 pairs where it has them,
+                    // widened bf16 on the others), over contiguous and paged keys.
+                    let paths = Isa::ALL.into_iter().filter(|i| i.available());
+                    for (paged, isa) in paths.flat_map(|i| [(false, i), (true, i)]) {
+                        let keys = if paged {
+                            Keys {
+                                k: &pk,
+                                v: &pv,
+                                base: 0,
+                                len: n,
+                                pages: Some(Pages {
+                                    size: page,
+                                    offsets: &offsets,
+                                    first: 0,
+                                }),
+                                isa,
+                                fp8: None,
+                            }
+                        } else {
+                            Keys {
+                                k: &k,
+                                v: &v,
+                                base: 0,
+                                len: n,
+                                pages: None,
+                                isa,
+                                fp8: None,
+                            }
                         };
-                        state.reset();
-                        attend_with(
-                            &q,
-                            rows,
-                            &range,
-                            keys,
-                            d,
-                            scale,
-                            bk,
-                            &mut state,
-                            &mut scratch,
-                            gemm_from,
-                        );
-                        state.finish(None);
-                        for r in 0..rows {
-                            let exact = exact_row(&oracle, r * d, 0, range(r));
-                            for (c, want) in exact.into_iter().enumerate() {
-                                let got = acc[r * d + c] as f64;
-                                assert!(
-                                    (got - want).abs() <= 1e-4,
-                                    "{dtype:?} rows {rows} paged {paged} bf16_dot {bf16_dot} gemm_from {gemm_from}: row {r} col {c}: {got} vs {want}"
-                                );
+                        for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {
+                            let widen = dtype != DType::F32;
+                            let mut scratch = vec![0.0f32; scratch_len(rows, bk, d, widen, paged)];
+                            let (mut acc, mut m, mut l) = (
+                                vec![0.0f32; rows * d],
+                                vec![0.0f32; rows],
+                                vec![0.0f32; rows],
+                            );
+                            let mut state = RowState {
+                                acc: &mut acc,
+                                m: &mut m,
+                                l: &mut l,
+                            };
+                            state.reset();
+                            attend_with(
+                                &q,
+                                rows,
+                                &range,
+                                keys,
+                                d,
+                                scale,
+                                bk,
+                                &mut state,
+                                &mut scratch,
+                                gemm_from,
+                            );
+                            state.finish(None);
+                            for r in 0..rows {
+                                let exact = exact_row(&oracle, r * d, 0, range(r));
+                                for (c, want) in exact.into_iter().enumerate() {
+                                    let got = acc[r * d + c] as f64;
+                                    assert!(
+                                        (got - want).abs() <= 1e-4,
+                                        "{dtype:?} rows {rows} paged {paged} {isa:?} gemm_from {gemm_from}: row {r} col {c}: {got} vs {want}"
+                                    );
+                                }
                             }
                         }
                     }

@@ -211,7 +211,7 @@ fn probe_dtype(dtype: DType, d: usize, n: usize) -> Vec<ProbeRow> {
         base: 0,
         len: n,
         pages: None,
-        bf16_dot: Isa::detect().bf16_dot(),
+        isa: Isa::detect(),
         fp8: None,
     };
     let widen = dtype != DType::F32;

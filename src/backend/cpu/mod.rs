@@ -11,6 +11,8 @@ pub mod chunked;
 pub mod chunked_bwd;
 pub mod combine;
 pub mod decode;
+#[cfg(target_arch = "x86_64")]
+mod decode_avx512;
 pub mod decode_path;
 pub mod flash;
 pub mod flash_bwd;

@@ -1,14 +1,17 @@
 //! Vector primitives of the decode kernels: a block of scaled dot products (one key against
 //! a few query rows), the matching value accumulation (acc_r += p_r * v), and the bf16/f16
 //! -> f32 widening every CPU kernel loads low-precision tiles with. Each is one streaming
-//! pass, O(rows * keys * d), no allocation. On x86_64 with AVX2+FMA (checked at run time)
-//! hand-blocked intrinsics run instead of the portable loops: decode reads every key once
-//! and must keep up with memory, which the compiler's own vectorization of these loops
-//! (2-wide here) does not on 2 cores.
+//! pass, O(rows * keys * d), no allocation. The kernel path (`Isa`) picks the loops: the
+//! AVX-512 ones (`decode_avx512`) on the avx512 paths, hand-blocked AVX2+FMA intrinsics on
+//! avx2 (and for head dimensions that are not whole 16-lane vectors), plain loops on
+//! portable: decode reads every key once and must keep up with memory, which the
+//! compiler's own vectorization of these loops (2-wide here) does not on 2 cores.
 
 use half::{bf16, f16};
 
-use crate::problem::Tensor;
+#[cfg(target_arch = "x86_64")]
+use super::decode_avx512;
+use crate::problem::{Isa, Tensor};
 
 /// Lanes of the independent accumulators: enough for the compiler to keep two 8-wide
 /// FMA chains in flight per dot product.
@@ -45,10 +48,29 @@ impl<'a> Elems<'a> {
 }
 
 /// `scores[r * stride + j] = scale * q_r . k_j` for every query row r of `q` and every key j
-/// of `k` (row-major, `d` long each).
-pub fn scores(q: &[f32], k: Elems, dims: Dims, scale: f32, scores: &mut [f32], stride: usize) {
+/// of `k` (row-major, `d` long each), on the kernel path `isa`.
+pub fn scores(
+    isa: Isa,
+    q: &[f32],
+    k: Elems,
+    dims: Dims,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+) {
     #[cfg(target_arch = "x86_64")]
-    if fast() {
+    if wide(isa, dims.d) {
+        // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
+        unsafe {
+            match k {
+                Elems::F32(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
+                Elems::Bf16(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
+            }
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable && fast() {
         // SAFETY: AVX2 and FMA were detected on this CPU just above.
         unsafe {
             match k {
@@ -114,10 +136,21 @@ pub fn to_bf16_bits<'a>(src: &[f32], dst: &'a mut [f32]) -> Option<&'a [u16]> {
 }
 
 /// `acc_r += sum_j p[r * stride + j] * v_j` for every row r of `acc` (each `d` long) and
-/// every value row j of `v`.
-pub fn accumulate(p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
+/// every value row j of `v`, on the kernel path `isa`.
+pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if fast() {
+    if wide(isa, d) {
+        // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
+        unsafe {
+            match v {
+                Elems::F32(v) => decode_avx512::accumulate(p, stride, v, d, acc),
+                Elems::Bf16(v) => decode_avx512::accumulate(p, stride, v, d, acc),
+            }
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable && fast() {
         // SAFETY: AVX2 and FMA were detected on this CPU just above.
         unsafe {
             match v {
@@ -258,6 +291,38 @@ fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
 fn widen_f16(src: &[f16], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     src.convert_to_f32_slice(dst);
+}
+
+/// The sum of `x` read at the widest loads of the kernel path `isa`: the loop whose rate
+/// the calibration records as the read bandwidth (decode only reads its cache, so that is
+/// its roofline). Narrow loads cost instructions per cache line and so keep fewer lines in
+/// flight: a 4-lane loop reads about 0.6 of what 16 lanes do on one core of a Xeon.
+pub fn read_sum(isa: Isa, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && isa.available() {
+        // SAFETY: AVX-512 F was detected just above.
+        return unsafe { decode_avx512::sum(x) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable && fast() {
+        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+        return unsafe { avx2::sum(x) };
+    }
+    let mut lanes = [0.0f32; 16];
+    let mut blocks = x.chunks_exact(16);
+    for b in &mut blocks {
+        for (l, v) in lanes.iter_mut().zip(b) {
+            *l += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + blocks.remainder().iter().sum::<f32>()
+}
+
+/// Whether the AVX-512 loops (`decode_avx512`) run: an AVX-512 path this CPU has, and a
+/// head dimension of whole 16-lane vectors (others take the AVX2 loops).
+#[cfg(target_arch = "x86_64")]
+fn wide(isa: Isa, d: usize) -> bool {
+    matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && isa.available() && d.is_multiple_of(16)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -570,6 +635,21 @@ mod avx2 {
     /// over the column strips.
     const KEY_CHUNK: usize = 16;
 
+    /// `read_sum` on 8-lane loads, four accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sum(x: &[f32]) -> f32 {
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut blocks = x.chunks_exact(32);
+        for b in &mut blocks {
+            // SAFETY: each block is 32 floats, four vectors of 8.
+            for (i, acc) in a.iter_mut().enumerate() {
+                *acc = _mm256_add_ps(*acc, _mm256_loadu_ps(b.as_ptr().add(8 * i)));
+            }
+        }
+        let total = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        hsum(total) + blocks.remainder().iter().sum::<f32>()
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn row_max(row: &[f32]) -> f32 {
@@ -735,37 +815,66 @@ fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// Every path this CPU runs, f32 and bf16 keys, head dimensions of the AVX2 loops and
+    /// of the AVX-512 ones (a query row in 4 or 8 registers, or any whole number of
+    /// vectors), whole and partial groups of 16 keys, row blocks of 4 and single rows.
     #[test]
     fn scores_and_accumulate_match_plain_loops_on_ragged_sizes() {
-        for d in [1, 3, 8, 16, 17, 64, 130] {
-            let (rows, keys) = (6, 5);
-            let q: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
-            let k: Vec<f32> = (0..keys * d).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
-            let mut s = vec![0.0f32; rows * (keys + 2)];
-            scores(
-                &q,
-                Elems::F32(&k),
-                Dims { rows, keys, d },
-                0.5,
-                &mut s,
-                keys + 2,
-            );
-            for r in 0..rows {
-                for j in 0..keys {
-                    let want: f32 = 0.5 * (0..d).map(|x| q[r * d + x] * k[j * d + x]).sum::<f32>();
-                    assert!((s[r * (keys + 2) + j] - want).abs() < 1e-4, "d {d}");
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for d in [1, 3, 8, 16, 17, 48, 64, 128, 130] {
+                for (keys, bf) in [(5, false), (21, false), (37, true)] {
+                    let rows = 6;
+                    let q: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
+                    let kb: Vec<bf16> = (0..keys * d)
+                        .map(|i| bf16::from_f32((i % 5) as f32 * 0.2 - 0.4))
+                        .collect();
+                    let k: Vec<f32> = if bf {
+                        kb.iter().map(|x| x.to_f32()).collect()
+                    } else {
+                        (0..keys * d).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect()
+                    };
+                    let elems = if bf { Elems::Bf16(&kb) } else { Elems::F32(&k) };
+                    let stride = keys + 2;
+                    let mut s = vec![0.0f32; rows * stride];
+                    scores(isa, &q, elems, Dims { rows, keys, d }, 0.5, &mut s, stride);
+                    for r in 0..rows {
+                        for j in 0..keys {
+                            let want: f32 =
+                                0.5 * (0..d).map(|x| q[r * d + x] * k[j * d + x]).sum::<f32>();
+                            let got = s[r * stride + j];
+                            assert!((got - want).abs() < 1e-4, "{isa:?} d {d} keys {keys}");
+                        }
+                        // Nothing written past the keys.
+                        assert_eq!(&s[r * stride + keys..r * stride + stride], &[0.0, 0.0]);
+                    }
+                    let mut acc = vec![1.0f32; rows * d];
+                    accumulate(isa, &s, stride, elems, d, &mut acc);
+                    for r in 0..rows {
+                        for x in 0..d {
+                            let want: f32 = 1.0
+                                + (0..keys)
+                                    .map(|j| s[r * stride + j] * k[j * d + x])
+                                    .sum::<f32>();
+                            let got = acc[r * d + x];
+                            assert!((got - want).abs() < 1e-3, "{isa:?} d {d} keys {keys}");
+                        }
+                    }
                 }
             }
-            let mut acc = vec![1.0f32; rows * d];
-            accumulate(&s, keys + 2, Elems::F32(&k), d, &mut acc);
-            for r in 0..rows {
-                for x in 0..d {
-                    let want: f32 = 1.0
-                        + (0..keys)
-                            .map(|j| s[r * (keys + 2) + j] * k[j * d + x])
-                            .sum::<f32>();
-                    assert!((acc[r * d + x] - want).abs() < 1e-3, "d {d}");
-                }
+        }
+    }
+
+    #[test]
+    fn the_read_loop_sums_every_element_on_every_path() {
+        // Whole vectors, blocks of 64 and a ragged tail: 0 + 1 + ... + (n - 1).
+        for n in [0, 15, 37, 64, 200] {
+            let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                assert_eq!(
+                    read_sum(isa, &x),
+                    (n * (n.max(1) - 1) / 2) as f32,
+                    "{isa:?} {n}"
+                );
             }
         }
     }
@@ -811,7 +920,7 @@ mod tests {
             let dims = Dims { rows, keys, d };
             let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
             scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
-            scores(&qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
+            scores(Isa::Avx2, &qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
             for (x, y) in a.iter().zip(&b) {
                 assert!(
                     (x - y).abs() <= 1e-5 * y.abs().max(1.0),

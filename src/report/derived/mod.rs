@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::measure::calibrate::Calibration;
 use crate::results::record::Record;
 use crate::results::tree_vs_ring::Measured;
 
@@ -48,6 +49,8 @@ pub struct Sources<'a> {
     /// `[model]` and what the sweep measured for it; the Tree-vs-Ring files need both.
     pub model: Option<&'a ModelConfig>,
     pub measured: Option<&'a Measured>,
+    /// `meta.json`'s calibrations (the read roofline of `decode.md`).
+    pub calibration: &'a [Calibration],
 }
 
 /// What two rows share when they ran the same problem on the same inputs: everything but
@@ -102,7 +105,7 @@ pub fn same_problem(a: &Record, b: &Record) -> bool {
 /// measurements. Returns the paths written.
 pub fn write_renderings(dir: &Path, s: &Sources) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
-    paths.extend(decode_md::write(dir, s.records)?);
+    paths.extend(decode_md::write(dir, s.records, s.calibration)?);
     paths.extend(prefill_md::write(dir, s.records)?);
     paths.extend(bpt_md::write(dir, s.records, s.model_layers, s.budget)?);
     if let (Some(model), Some(measured)) = (s.model, s.measured) {
