@@ -276,7 +276,10 @@ pub unsafe fn accumulate<T: Elem16>(p: &[f32], stride: usize, v: &[T], d: usize,
     if d == 0 {
         return;
     }
-    assert!(d.is_multiple_of(16), "accumulate: d must be a multiple of 16");
+    assert!(
+        d.is_multiple_of(16),
+        "accumulate: d must be a multiple of 16"
+    );
     let rows = acc.len() / d;
     let keys = v.len() / d;
     assert!(

@@ -126,6 +126,11 @@ pub fn write(dir: &Path, records: &[Record], calibration: &[Calibration]) -> Res
             if let (Some(c), Some(k)) = (r.latent_dim, r.rope_dim) {
                 variant += &format!(" (latent {c} + RoPE {k})");
             }
+            // A forced kernel path (no column of its own, so reports without one stay as
+            // they were).
+            if !r.kernel_path.is_empty() {
+                variant += &format!(" [{}]", r.kernel_path);
+            }
             // A ragged batch: its lengths are the spec's; the row's are the totals.
             if !r.batch_spec.is_empty() {
                 variant += &format!(" on {}", r.batch_spec);
@@ -544,4 +549,81 @@ fn fp8_section(rows: &[&Record]) -> String {
 
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::record::Status;
+
+    /// A flash-decoding row over 512 MiB of cache at `gbs` GB/s, copy 15 GB/s.
+    fn row(dtype: &str, path: &str, gbs: f64) -> Record {
+        Record {
+            variant: "flash-decoding".into(),
+            mode: "decode".into(),
+            dtype: dtype.into(),
+            heads: 32,
+            kv_heads: 8,
+            seq_q: 1,
+            seq_kv: 65536,
+            head_dim: 128,
+            threads: 1,
+            kernel_path: path.into(),
+            status: Status::Ok,
+            time_median_s: Some(0.07),
+            kv_read_bytes: Some(512 << 20),
+            kv_gbytes_per_s: Some(gbs),
+            copy_gbytes_per_s: Some(15.0),
+            copy_bw_frac: Some(gbs / 15.0),
+            ..Record::default()
+        }
+    }
+
+    fn calibration(threads: usize, read: Option<f64>) -> Calibration {
+        Calibration {
+            threads,
+            sgemm_gflops: 100.0,
+            sgemm_n: 1024,
+            copy_gbytes_per_s: 15.0,
+            copy_bytes: 256 << 20,
+            read_gbytes_per_s: read,
+            seconds: 1.0,
+            kernel_isa: "avx512".into(),
+            fma_peak_gflops: 160.0,
+            bf16_peak_gflops: None,
+        }
+    }
+
+    fn render(records: &[Record], calibration: &[Calibration]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), records, calibration).unwrap();
+        std::fs::read_to_string(dir.path().join(MARKDOWN)).unwrap()
+    }
+
+    #[test]
+    fn the_read_roofline_shows_only_where_the_calibration_measured_it() {
+        let rows = [row("f32", "avx512", 7.5), row("f32", "", 6.0)];
+        // 7.5 GB/s of a 10 GB/s read bandwidth at 1 thread; read / copy = 10 / 15.
+        let md = render(&rows, &[calibration(1, Some(10.0))]);
+        assert!(
+            md.contains("| 7.5 | 15.0 | 512.0 MiB | 1 | no | 10.0 | 67% | 75% |"),
+            "{md}"
+        );
+        assert!(md.contains("| % copy | % read | max rel err |"), "{md}");
+        assert!(md.contains("| 7.50 | 50% | 75% |"), "{md}");
+        assert!(md.contains("| 6.00 | 40% | 60% |"), "{md}");
+        // The forced path names its row; the default path's row is the variant alone.
+        assert!(md.contains("| flash-decoding [avx512] | f32 |"), "{md}");
+        assert!(md.contains("| flash-decoding | f32 |"), "{md}");
+        // No read figure at the rows' thread count, or none at all: the report as before.
+        for cal in [
+            vec![calibration(2, Some(10.0))],
+            vec![calibration(1, None)],
+            vec![],
+        ] {
+            let md = render(&rows, &cal);
+            assert!(!md.contains("% read") && !md.contains("read GB/s"), "{md}");
+            assert!(md.contains("| 7.50 | 50% | - |"), "{md}");
+        }
+    }
 }
