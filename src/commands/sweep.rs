@@ -514,7 +514,9 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
     };
     // The calibrations the sweep recorded (none if meta.json cannot be read: the derived
     // files then go without the read roofline).
-    let calibration = Meta::read(&dir.join(META_NAME)).map_or(Vec::new(), |m| m.calibration);
+    let read_bandwidth = Meta::read(&dir.join(META_NAME)).map_or(Vec::new(), |m| {
+        crate::results::meta::read_bandwidths(&m.calibration)
+    });
     paths.extend(crate::report::derived::write_renderings(
         dir,
         &crate::report::derived::Sources {
@@ -523,7 +525,7 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
             budget: config.run.memory_budget.map(|b| b.0),
             model: config.model.as_ref(),
             measured: measured.as_ref(),
-            calibration: &calibration,
+            read_bandwidth: &read_bandwidth,
         },
     )?);
     Ok(paths)

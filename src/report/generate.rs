@@ -17,6 +17,7 @@ use super::summary::{choose, summarize, Summary};
 use super::tables_md::{render, Inputs};
 use crate::error::{Error, Result};
 use crate::results::load::{Results, CSV_NAME};
+use crate::results::meta::read_bandwidths;
 
 /// The report directory's name inside a results directory.
 pub const REPORT_DIR: &str = "report";
@@ -110,7 +111,7 @@ pub fn generate(
             budget: results.memory_budget(),
             model: model.as_ref(),
             measured: measured.as_ref(),
-            calibration: results.calibration(),
+            read_bandwidth: &read_bandwidths(results.calibration()),
         },
     )?;
     // The one-page view of all of it (index.html), after the files it inlines.

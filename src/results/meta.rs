@@ -106,6 +106,15 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The read bandwidth of each calibration that measured it: (threads, 10⁹ B/s), the
+/// roofline `decode.md` sets decode rows against.
+pub fn read_bandwidths(calibration: &[Calibration]) -> Vec<(usize, f64)> {
+    calibration
+        .iter()
+        .filter_map(|c| Some((c.threads, c.read_gbytes_per_s?)))
+        .collect()
+}
+
 impl Meta {
     pub fn collect(
         config: serde_json::Value,
@@ -237,7 +246,26 @@ fn cpu_id(cpuinfo: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_id, cpuinfo_field, machine_key_of};
+    use super::{cpu_id, cpuinfo_field, machine_key_of, read_bandwidths, Calibration};
+
+    #[test]
+    fn read_bandwidths_keep_only_the_calibrations_that_measured_one() {
+        let cal = |threads, read| Calibration {
+            threads,
+            sgemm_gflops: 100.0,
+            sgemm_n: 1024,
+            copy_gbytes_per_s: 15.0,
+            copy_bytes: 256 << 20,
+            read_gbytes_per_s: read,
+            seconds: 1.0,
+            kernel_isa: "avx512".into(),
+            fma_peak_gflops: 160.0,
+            bf16_peak_gflops: None,
+        };
+        let got = read_bandwidths(&[cal(1, Some(10.0)), cal(2, None), cal(4, Some(19.5))]);
+        assert_eq!(got, vec![(1, 10.0), (4, 19.5)]);
+        assert!(read_bandwidths(&[]).is_empty());
+    }
 
     #[test]
     fn machine_keys_name_vendor_family_model_and_path() {

@@ -12,7 +12,6 @@ use super::same_problem;
 use super::svg::{line_chart, Series};
 use super::tree_vs_ring::write_file;
 use crate::error::Result;
-use crate::measure::calibrate::Calibration;
 use crate::model::markdown::{seconds, table};
 use crate::results::record::Record;
 
@@ -25,7 +24,11 @@ pub const LARGE_CACHE_BYTES: u64 = 256 << 20;
 
 /// Writes `decode.md` if `records` hold decode rows of single-device variants (those with
 /// no simulated communication), and `paging.svg` if some of them page their cache.
-pub fn write(dir: &Path, records: &[Record], calibration: &[Calibration]) -> Result<Vec<PathBuf>> {
+pub fn write(
+    dir: &Path,
+    records: &[Record],
+    read_bandwidth: &[(usize, f64)],
+) -> Result<Vec<PathBuf>> {
     let rows: Vec<&Record> = records
         .iter()
         .filter(|r| r.mode == "decode" && r.comm_elements.is_none() && r.kv_read_bytes.is_some())
@@ -45,7 +48,7 @@ pub fn write(dir: &Path, records: &[Record], calibration: &[Calibration]) -> Res
           same thread count (`meta.json`, bytes read + written per second).\n\n";
     // The read roofline only where the calibration measured it (older reports stay as
     // they were).
-    let read = |r: &Record| read_gbytes_per_s(calibration, r.threads);
+    let read = |r: &Record| read_gbytes_per_s(read_bandwidth, r.threads);
     let reads = rows.iter().any(|r| read(r).is_some());
     if reads {
         s += "`% read` compares `GB/s` with the read bandwidth calibrated at the same thread \
@@ -197,11 +200,11 @@ pub fn write(dir: &Path, records: &[Record], calibration: &[Calibration]) -> Res
 }
 
 /// The read bandwidth calibrated at `threads` threads, where it was measured.
-fn read_gbytes_per_s(calibration: &[Calibration], threads: usize) -> Option<f64> {
-    calibration
+fn read_gbytes_per_s(read_bandwidth: &[(usize, f64)], threads: usize) -> Option<f64> {
+    read_bandwidth
         .iter()
-        .find(|c| c.threads == threads)
-        .and_then(|c| c.read_gbytes_per_s)
+        .find(|(t, _)| *t == threads)
+        .map(|(_, g)| *g)
 }
 
 /// GB/s against page size: one line per (dtype, new tokens, page order) of paged-decode,
@@ -579,24 +582,9 @@ mod tests {
         }
     }
 
-    fn calibration(threads: usize, read: Option<f64>) -> Calibration {
-        Calibration {
-            threads,
-            sgemm_gflops: 100.0,
-            sgemm_n: 1024,
-            copy_gbytes_per_s: 15.0,
-            copy_bytes: 256 << 20,
-            read_gbytes_per_s: read,
-            seconds: 1.0,
-            kernel_isa: "avx512".into(),
-            fma_peak_gflops: 160.0,
-            bf16_peak_gflops: None,
-        }
-    }
-
-    fn render(records: &[Record], calibration: &[Calibration]) -> String {
+    fn render(records: &[Record], read_bandwidth: &[(usize, f64)]) -> String {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), records, calibration).unwrap();
+        write(dir.path(), records, read_bandwidth).unwrap();
         std::fs::read_to_string(dir.path().join(MARKDOWN)).unwrap()
     }
 
@@ -604,7 +592,7 @@ mod tests {
     fn the_read_roofline_shows_only_where_the_calibration_measured_it() {
         let rows = [row("f32", "avx512", 7.5), row("f32", "", 6.0)];
         // 7.5 GB/s of a 10 GB/s read bandwidth at 1 thread; read / copy = 10 / 15.
-        let md = render(&rows, &[calibration(1, Some(10.0))]);
+        let md = render(&rows, &[(1, 10.0)]);
         assert!(
             md.contains("| 7.5 | 15.0 | 512.0 MiB | 1 | no | 10.0 | 67% | 75% |"),
             "{md}"
@@ -615,12 +603,9 @@ mod tests {
         // The forced path names its row; the default path's row is the variant alone.
         assert!(md.contains("| flash-decoding [avx512] | f32 |"), "{md}");
         assert!(md.contains("| flash-decoding | f32 |"), "{md}");
-        // No read figure at the rows' thread count, or none at all: the report as before.
-        for cal in [
-            vec![calibration(2, Some(10.0))],
-            vec![calibration(1, None)],
-            vec![],
-        ] {
+        // No read figure at the rows' thread count, or none at all (`read_bandwidths` leaves
+        // out calibrations without one): the report as before.
+        for cal in [vec![(2, 10.0)], vec![]] {
             let md = render(&rows, &cal);
             assert!(!md.contains("% read") && !md.contains("read GB/s"), "{md}");
             assert!(md.contains("| 7.50 | 50% | - |"), "{md}");

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::measure::calibrate::Calibration;
 use crate::results::record::Record;
 use crate::results::tree_vs_ring::Measured;
 
@@ -49,8 +48,9 @@ pub struct Sources<'a> {
     /// `[model]` and what the sweep measured for it; the Tree-vs-Ring files need both.
     pub model: Option<&'a ModelConfig>,
     pub measured: Option<&'a Measured>,
-    /// `meta.json`'s calibrations (the read roofline of `decode.md`).
-    pub calibration: &'a [Calibration],
+    /// `meta.json`'s read bandwidths, (threads, 10⁹ B/s) (`results::meta::read_bandwidths`):
+    /// the read roofline of `decode.md`.
+    pub read_bandwidth: &'a [(usize, f64)],
 }
 
 /// What two rows share when they ran the same problem on the same inputs: everything but
@@ -105,7 +105,7 @@ pub fn same_problem(a: &Record, b: &Record) -> bool {
 /// measurements. Returns the paths written.
 pub fn write_renderings(dir: &Path, s: &Sources) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
-    paths.extend(decode_md::write(dir, s.records, s.calibration)?);
+    paths.extend(decode_md::write(dir, s.records, s.read_bandwidth)?);
     paths.extend(prefill_md::write(dir, s.records)?);
     paths.extend(bpt_md::write(dir, s.records, s.model_layers, s.budget)?);
     if let (Some(model), Some(measured)) = (s.model, s.measured) {
