@@ -404,7 +404,8 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     ));
     let mut derived = Vec::new();
     if !INTERRUPTED.load(Ordering::Relaxed) {
-        derived = write_derived(&dir, &config, &csv_path)?;
+        let read_bandwidth = crate::results::meta::read_bandwidths(&calibration);
+        derived = write_derived(&dir, &config, &csv_path, &read_bandwidth)?;
         for p in &derived {
             say(format!("wrote {}", p.display()));
         }
@@ -500,8 +501,14 @@ fn statuses(records: &[Record]) -> BTreeMap<&'static str, usize> {
 
 /// What a finished sweep writes beside its CSV: for a config with `[model]`, the
 /// Tree-vs-Ring measurements (`run::tree_vs_ring`, into `results::tree_vs_ring`), then the
-/// derived files rendered from the rows and those (`report::derived`). Returns the paths.
-fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>> {
+/// derived files rendered from the rows and those (`report::derived`), decode's against
+/// the sweep's calibrated read bandwidths. Returns the paths.
+fn write_derived(
+    dir: &Path,
+    config: &Config,
+    csv: &Path,
+    read_bandwidth: &[(usize, f64)],
+) -> Result<Vec<PathBuf>> {
     let records = crate::results::runs::read_if_present(csv)?;
     let mut paths = Vec::new();
     let measured = match &config.model {
@@ -512,11 +519,6 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
         }
         None => None,
     };
-    // The calibrations the sweep recorded (none if meta.json cannot be read: the derived
-    // files then go without the read roofline).
-    let read_bandwidth = Meta::read(&dir.join(META_NAME)).map_or(Vec::new(), |m| {
-        crate::results::meta::read_bandwidths(&m.calibration)
-    });
     paths.extend(crate::report::derived::write_renderings(
         dir,
         &crate::report::derived::Sources {
@@ -525,7 +527,7 @@ fn write_derived(dir: &Path, config: &Config, csv: &Path) -> Result<Vec<PathBuf>
             budget: config.run.memory_budget.map(|b| b.0),
             model: config.model.as_ref(),
             measured: measured.as_ref(),
-            read_bandwidth: &read_bandwidth,
+            read_bandwidth,
         },
     )?);
     Ok(paths)

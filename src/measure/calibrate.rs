@@ -1,8 +1,9 @@
 //! Machine calibration for `meta.json` and rooflines: the f32 FMA peak (and the bf16
 //! `vdpbf16ps` peak where the CPU has it) of the kernels' instruction-set path, SGEMM
 //! GFLOP/s (`matrixmultiply`, row panels over threads), memory copy bandwidth and read
-//! bandwidth (the copy's source summed at the widest path's loads); about 1.6 s on 2 cores with the defaults, and
-//! 2 × 256 MiB of extra memory for the copy buffers (halved until they fit).
+//! bandwidth (the copy's source summed at the widest path's loads); about 1.6 s on 2 cores
+//! with the defaults, and 2 × 256 MiB of extra memory for the copy buffers (halved until
+//! they fit).
 
 use std::time::Instant;
 
@@ -90,64 +91,55 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
     };
     let threads = if pool.is_some() { threads } else { 1 };
 
+    // The best wall time of `runs` runs of `job` on the pool, after one warm-up run.
+    let best_of = |runs: usize, job: &mut (dyn FnMut() + Send)| {
+        let mut best = f64::INFINITY;
+        for i in 0..=runs {
+            let mut dt = 0.0;
+            run(&mut || {
+                let t0 = Instant::now();
+                job();
+                dt = t0.elapsed().as_secs_f64();
+            });
+            if i > 0 {
+                best = best.min(dt);
+            }
+        }
+        best
+    };
+
     let n = n.max(1);
-    let mut sgemm_best = f64::INFINITY;
-    {
+    let sgemm_best = {
         let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
         let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
         let mut c = vec![0.0f32; n * n];
         let rows = n.div_ceil(threads);
-        for i in 0..=SGEMM_RUNS {
-            let mut dt = 0.0;
-            run(&mut || {
-                let t0 = Instant::now();
-                c.par_chunks_mut(rows * n)
-                    .enumerate()
-                    .for_each(|(p, panel)| sgemm_panel(&a, &b, panel, p * rows, n));
-                dt = t0.elapsed().as_secs_f64();
-            });
-            if i > 0 {
-                sgemm_best = sgemm_best.min(dt);
-            }
-        }
+        let best = best_of(SGEMM_RUNS, &mut || {
+            c.par_chunks_mut(rows * n)
+                .enumerate()
+                .for_each(|(p, panel)| sgemm_panel(&a, &b, panel, p * rows, n));
+        });
         std::hint::black_box(&c);
-    }
+        best
+    };
     let sgemm_gflops = 2.0 * (n as f64).powi(3) / sgemm_best / 1e9;
 
     let (copy_bytes, copy_best, read_best) = match copy_buffers(copy_bytes) {
         Some((src, mut dst)) => {
             let chunk = src.len().div_ceil(threads).max(1);
-            let mut best = f64::INFINITY;
-            for i in 0..=COPY_RUNS {
-                let mut dt = 0.0;
-                run(&mut || {
-                    let t0 = Instant::now();
-                    dst.par_chunks_mut(chunk)
-                        .zip(src.par_chunks(chunk))
-                        .for_each(|(d, s)| d.copy_from_slice(s));
-                    dt = t0.elapsed().as_secs_f64();
-                });
-                std::hint::black_box(&dst);
-                if i > 0 {
-                    best = best.min(dt);
-                }
-            }
-            let mut read_best = f64::INFINITY;
-            for i in 0..=COPY_RUNS {
-                let mut dt = 0.0;
-                run(&mut || {
-                    let t0 = Instant::now();
-                    let sum: f32 = src
-                        .par_chunks(chunk)
-                        .map(|x| read_sum(Isa::widest(), x))
-                        .sum();
-                    dt = t0.elapsed().as_secs_f64();
-                    std::hint::black_box(sum);
-                });
-                if i > 0 {
-                    read_best = read_best.min(dt);
-                }
-            }
+            let best = best_of(COPY_RUNS, &mut || {
+                dst.par_chunks_mut(chunk)
+                    .zip(src.par_chunks(chunk))
+                    .for_each(|(d, s)| d.copy_from_slice(s));
+            });
+            std::hint::black_box(&dst);
+            let read_best = best_of(COPY_RUNS, &mut || {
+                let sum: f32 = src
+                    .par_chunks(chunk)
+                    .map(|x| read_sum(Isa::widest(), x))
+                    .sum();
+                std::hint::black_box(sum);
+            });
             ((src.len() * 4) as u64, best, read_best)
         }
         None => (0, f64::INFINITY, f64::INFINITY),

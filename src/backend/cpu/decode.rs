@@ -717,9 +717,9 @@ mod tests {
     use super::*;
 
     /// Both loops of `attend` (forced) on every kernel path, over contiguous and
-    /// reversed-page keys of every dtype, rows on both sides of the crossover, each row with its own visible range:
-    /// every output within 1e-4 of the f64 oracle (`reference::exact_row`) on the same
-    /// dtype-rounded values.
+    /// reversed-page keys of every dtype, rows on both sides of the crossover, each row with
+    /// its own visible range: every output within 1e-4 of the f64 oracle
+    /// (`reference::exact_row`) on the same dtype-rounded values.
     #[test]
     fn both_loops_attend_like_the_f64_softmax() {
         use crate::problem::{DType, Inputs, Shape};

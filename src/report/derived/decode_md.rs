@@ -1,10 +1,10 @@
 //! `decode.md` beside a sweep's CSV when it has single-device decode rows: achieved KV
 //! bandwidth against the calibrated copy bandwidth per case and, where the calibration
 //! measured it, the read bandwidth (decode only reads its cache: its roofline), and the
-//! best flash-decoding fraction for caches of at least
-//! 256 MiB per dtype (the acceptance line); with paged-decode rows, each against
-//! flash-decoding on the same cache, and `paging.svg` (GB/s against page size). O(rows^2)
-//! matching, over the few rows of a sweep.
+//! best flash-decoding fraction for caches of at least 256 MiB per dtype (the issue's
+//! acceptance line); with paged-decode rows, each against flash-decoding on the same cache,
+//! and `paging.svg` (GB/s against page size). O(rows^2) matching, over the few rows of a
+//! sweep.
 
 use std::path::{Path, PathBuf};
 
