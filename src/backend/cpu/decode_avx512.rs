@@ -153,10 +153,36 @@ unsafe fn key_rows<T: Elem16>(
             128 => key_sums::<T, 8>(qr, k, n),
             _ => key_sums_any(qr, k, n, d),
         };
+        if n < TREE_MIN_KEYS {
+            // A few keys (Rabe–Staats' one at a time): each reduced alone, in the tree's
+            // order, so its score has the same bits however the keys were grouped.
+            for j in 0..n {
+                *s.add(r * stride + j) = _mm512_cvtss_f32(sc) * reduce1(sums[j]);
+            }
+            continue;
+        }
         let out = _mm512_mul_ps(sc, reduce16(&sums));
         let mask = if n == 16 { !0 } else { (1u16 << n) - 1 };
         _mm512_mask_storeu_ps(s.add(r * stride), mask, out);
     }
+}
+
+/// Keys from which `key_rows` reduces a group with the 16-key tree (45 shuffles and adds
+/// whatever the count): below it, one key at a time costs less (decode-online, one key per
+/// call, ran 1.25x slower on the tree than on the AVX2 loop).
+const TREE_MIN_KEYS: usize = 8;
+
+/// The sum of the 16 lanes of `v`, added in `reduce16`'s order (lanes i and i + 2 of each
+/// quarter, then the pair, then quarters 0 + 1 and 2 + 3, then the halves), so the two agree
+/// bit for bit.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce1(v: __m512) -> f32 {
+    let t = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+    let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b10_11_00_01>(t, t));
+    let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b01_00_11_10>(t, t));
+    _mm512_cvtss_f32(t)
 }
 
 /// Per key j < n of the `n` keys at `k` (`16 V` long each): the vector whose lanes sum to

@@ -58,10 +58,8 @@ pub fn scores(
     scores: &mut [f32],
     stride: usize,
 ) {
-    // Fewer than `WIDE_MIN_KEYS` keys (Rabe–Staats' one key at a time) take the AVX2 loop:
-    // the 16-key reduction tree costs more than it saves there (1.25x slower, measured).
     #[cfg(target_arch = "x86_64")]
-    if wide(isa, dims.d) && dims.keys >= WIDE_MIN_KEYS {
+    if wide(isa, dims.d) {
         // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
         unsafe {
             match k {
@@ -319,9 +317,6 @@ pub fn read_sum(isa: Isa, x: &[f32]) -> f32 {
     }
     lanes.iter().sum::<f32>() + blocks.remainder().iter().sum::<f32>()
 }
-
-/// Keys from which `scores` takes the AVX-512 loop (it reduces 16 keys' sums at once).
-const WIDE_MIN_KEYS: usize = 8;
 
 /// Whether the AVX-512 loops (`decode_avx512`) run: an AVX-512 path this CPU has, and a
 /// head dimension of whole 16-lane vectors (others take the AVX2 loops).
@@ -864,6 +859,38 @@ mod tests {
                             assert!((got - want).abs() < 1e-3, "{isa:?} d {d} keys {keys}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// A key's score has the same bits whether it is scored alone or in a group of 16 (the
+    /// AVX-512 body reduces few keys one by one and groups by a tree, in the same order):
+    /// ring and tree attention group a sequence's keys differently from one device.
+    #[test]
+    fn a_score_does_not_depend_on_how_the_keys_are_grouped() {
+        let (rows, keys, d) = (5, 21, 128);
+        let q: Vec<f32> = (0..rows * d)
+            .map(|i| ((i * 37) % 101) as f32 * 0.013 - 0.6)
+            .collect();
+        let k: Vec<f32> = (0..keys * d)
+            .map(|i| ((i * 53) % 97) as f32 * 0.017 - 0.8)
+            .collect();
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let mut whole = vec![0.0f32; rows * keys];
+            let dims = Dims { rows, keys, d };
+            scores(isa, &q, Elems::F32(&k), dims, 0.3, &mut whole, keys);
+            for j in 0..keys {
+                let mut one = vec![0.0f32; rows];
+                let kj = Elems::F32(&k[j * d..(j + 1) * d]);
+                scores(isa, &q, kj, Dims { rows, keys: 1, d }, 0.3, &mut one, 1);
+                for r in 0..rows {
+                    let (a, b) = (whole[r * keys + j], one[r]);
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{isa:?} row {r} key {j}: {a} vs {b}"
+                    );
                 }
             }
         }
