@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::blocks::{blocks_per_head, head_row_blocks};
 use crate::backend::cpu::decode::{attend, scratch_len, span, Keys, Mask, Positions, RowState};
+use crate::backend::cpu::decode_path;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, Workspace};
@@ -49,7 +50,7 @@ impl<'a> KvRef<'a> {
             len: self.len,
             pages: None,
             // Simulated devices run this CPU's default path (`variant::impossible`).
-            isa: Isa::detect(),
+            isa: decode_path::loops_path(Isa::detect(), false),
             fp8: None,
         }
     }

@@ -23,6 +23,7 @@ use super::decode::{attended, Geometry};
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{attend, scratch_len, Keys, RowState, GEMM_MIN_ROWS, KV_BLOCK};
+use crate::backend::cpu::decode_path;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
@@ -197,6 +198,7 @@ impl Variant for Cascade {
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let isa = decode_path::loops_path(isa, case.kernel_path.is_some());
         let plan = Plan::of(case);
         let name = self.info.name;
         let (d, rows) = (plan.d, plan.partial_rows());

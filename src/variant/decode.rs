@@ -14,6 +14,7 @@
 //!
 //! All three support a sliding `window` (Transformers Inference Optimization Toolset) and causal masks for seq_q > 1.
 
+use crate::backend::cpu::decode_path;
 use crate::backend::cpu::isa::Isa;
 use rayon::prelude::*;
 
@@ -411,6 +412,7 @@ impl Variant for Decode {
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let isa = decode_path::loops_path(isa, case.kernel_path.is_some());
         let fp8 = fp8_of(case, inputs)?;
         // The schedule once per call: the workers' layout and the items both read it.
         let sched = self.schedule(case);

@@ -207,27 +207,29 @@ impl<'a> Keys<'a> {
         self.fp8.is_some() || self.k.dtype().size_bytes() != 4
     }
 
-    /// `len` keys' elements from element `offset` as the kernels read them: FP8 codes
-    /// widened with their head's scale, else `Elems::of` the storage tensor.
+    /// `len` keys' elements (of keys `d` long) from element `offset` as the kernels read
+    /// them: FP8 codes with their head's scale, in place where the loops widen them in
+    /// registers (`vecops::fp8_in_registers`), else widened into `scratch`; otherwise
+    /// `Elems::of` the storage tensor.
     #[inline]
-    fn k_elems<'s>(&self, offset: usize, len: usize, scratch: &'s mut [f32]) -> Elems<'s>
+    fn k_elems<'s>(&self, offset: usize, len: usize, d: usize, scratch: &'s mut [f32]) -> Elems<'s>
     where
         'a: 's,
     {
         match self.fp8 {
-            Some(x) => Elems::F32(widen_fp8(&x.k, offset, len, scratch)),
+            Some(x) => fp8_elems(&x.k, offset, len, self.isa, d, scratch),
             None => Elems::of(self.k, offset, len, scratch),
         }
     }
 
     /// `k_elems` for the values.
     #[inline]
-    fn v_elems<'s>(&self, offset: usize, len: usize, scratch: &'s mut [f32]) -> Elems<'s>
+    fn v_elems<'s>(&self, offset: usize, len: usize, d: usize, scratch: &'s mut [f32]) -> Elems<'s>
     where
         'a: 's,
     {
         match self.fp8 {
-            Some(x) => Elems::F32(widen_fp8(&x.v, offset, len, scratch)),
+            Some(x) => fp8_elems(&x.v, offset, len, self.isa, d, scratch),
             None => Elems::of(self.v, offset, len, scratch),
         }
     }
@@ -421,7 +423,7 @@ pub fn attend_with(
                         }
                         _ => {
                             let w = if widen_kv { at * d } else { 0 };
-                            let k = keys.k_elems(o, n * d, &mut ks[w..]);
+                            let k = keys.k_elems(o, n * d, d, &mut ks[w..]);
                             vecops::scores(keys.isa, q, k, dims, scale, &mut s[at..], kn);
                         }
                     }
@@ -442,7 +444,7 @@ pub fn attend_with(
             );
         } else {
             keys.for_each_run(k0, kn, d, |j, off, n| {
-                let v = keys.v_elems(off, n * d, &mut vs[if widen_kv { j * d } else { 0 }..]);
+                let v = keys.v_elems(off, n * d, d, &mut vs[if widen_kv { j * d } else { 0 }..]);
                 vecops::accumulate(keys.isa, &s[j..], kn, v, d, state.acc);
             });
         }
@@ -505,7 +507,7 @@ pub fn attend_paged_heads(
                             vecops::scores_bf16(qb, kb, dims, scale, &mut s[sh + at..], kn);
                         }
                         _ => {
-                            let k = keys.k_elems(o, n * d, &mut ks[..]);
+                            let k = keys.k_elems(o, n * d, d, &mut ks[..]);
                             vecops::scores(keys.isa, qh, k, dims, scale, &mut s[sh + at..], kn);
                         }
                     }
@@ -516,7 +518,7 @@ pub fn attend_paged_heads(
         fold_scores(s, kn, k0, &|r| range(r % rows.max(1)), state, d);
         keys.for_each_run(k0, kn, d, |j, off, n| {
             for h in 0..heads {
-                let v = keys.v_elems(off + h * head_stride, n * d, &mut vs[..]);
+                let v = keys.v_elems(off + h * head_stride, n * d, d, &mut vs[..]);
                 let acc = &mut state.acc[h * rows * d..(h + 1) * rows * d];
                 vecops::accumulate(keys.isa, &s[h * rows * kn + j..], kn, v, d, acc);
             }
@@ -547,6 +549,24 @@ fn gather<'a>(
         vecops::widen_into(t, off, &mut scratch[j * d..(j + n) * d]);
     });
     &scratch[..kn * d]
+}
+
+/// `len` FP8 values of `t` from element `offset` (within one head, so one scale) as the
+/// loops of path `isa` at head dimension `d` read them: the codes in place, or widened.
+#[inline]
+fn fp8_elems<'s>(
+    t: &'s crate::problem::Fp8Tensor,
+    offset: usize,
+    len: usize,
+    isa: Isa,
+    d: usize,
+    scratch: &'s mut [f32],
+) -> Elems<'s> {
+    if vecops::fp8_in_registers(isa, d) {
+        Elems::Fp8(&t.codes[offset..offset + len], t.format, t.scale_of(offset))
+    } else {
+        Elems::F32(widen_fp8(t, offset, len, scratch))
+    }
 }
 
 /// `len` FP8 values of `t` from element `offset` (within one head, so one scale), widened.
@@ -629,8 +649,8 @@ pub fn attend_sequential(
     let (span, _) = span(rows, range);
     for j in span {
         let off = keys.base + j * d;
-        let k = keys.k_elems(off, d, ks);
-        let v = keys.v_elems(off, d, vs);
+        let k = keys.k_elems(off, d, d, ks);
+        let v = keys.v_elems(off, d, d, vs);
         vecops::scores(keys.isa, q, k, Dims { rows, keys: 1, d }, scale, sc, 1);
         for (r, s) in sc.iter_mut().enumerate() {
             if !range(r).contains(&j) {
@@ -685,7 +705,7 @@ pub fn attend_materialized(
     let (span, _) = span(rows, range);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let k = keys.k_elems(keys.base + k0 * d, kn * d, ks);
+        let k = keys.k_elems(keys.base + k0 * d, kn * d, d, ks);
         vecops::scores(
             keys.isa,
             q,
@@ -707,7 +727,7 @@ pub fn attend_materialized(
     out.fill(0.0);
     for k0 in (span.start..span.end).step_by(KV_BLOCK) {
         let kn = KV_BLOCK.min(span.end - k0);
-        let v = keys.v_elems(keys.base + k0 * d, kn * d, vs);
+        let v = keys.v_elems(keys.base + k0 * d, kn * d, d, vs);
         vecops::accumulate(keys.isa, &scores[k0..], n, v, d, out);
     }
 }

@@ -4,8 +4,10 @@
 //! a time, the 16 per-key vector sums reduced to one vector of 16 scores by a transposing
 //! add tree (45 shuffles and adds for 16 dot products, against 16 horizontal sums of 8 each).
 //! Accumulation: 4 rows x 64 columns of the output in 16 registers across a chunk of keys,
-//! each P weight broadcast once per row. Keys and values are f32 or bf16 (widened in
-//! registers). Same O(rows * keys * d) work as the AVX2 loops, half the instructions.
+//! each P weight broadcast once per row. Keys and values are f32, bf16 or FP8 codes, the
+//! last two widened in registers (an FP8 code becomes an f16 by integer shifts and then an
+//! f32 by `vcvtph2ps`, as `fp8::widen` does, its scale applied to the scores and to each
+//! chunk's sum). Same O(rows * keys * d) work as the AVX2 loops, half the instructions.
 
 #![allow(clippy::needless_range_loop)] // rows and keys index register arrays in step
 
@@ -45,6 +47,58 @@ impl Elem16 for bf16 {
         let h = _mm256_loadu_si256(p as *const __m256i);
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
     }
+}
+
+/// An FP8 E4M3 code (Micikevicius et al. 2022) as the loops read it: its value times 2^-8
+/// (the f16 with the code's sign, exponent and mantissa bits in place), which the caller's
+/// scale makes up (`E4M3_UNIT`). Codes 0x7f and 0xff (NaN) read as 480 x 2^-8; the quantizer
+/// never writes them.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct E4m3(pub u8);
+
+/// An FP8 E5M2 code as the loops read it: its value (the upper byte of an IEEE f16).
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct E5m2(pub u8);
+
+/// What an `E4m3` load must be multiplied by to give the code's value.
+pub const E4M3_UNIT: f32 = 256.0;
+
+impl Elem16 for E4m3 {
+    const WIDENS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const E4m3) -> __m512 {
+        // Sign-extended to 16 bits and shifted left 7, the code's sign lands in bit 15, its
+        // exponent and mantissa in bits 7 to 13 (f16's exponent bias is 8 more than
+        // E4M3's); bit 14 holds the sign again and is cleared.
+        let c = _mm_loadu_si128(p as *const __m128i);
+        let h = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(c));
+        _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(0xbf80u16 as i16)))
+    }
+}
+
+impl Elem16 for E5m2 {
+    const WIDENS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const E5m2) -> __m512 {
+        let c = _mm_loadu_si128(p as *const __m128i);
+        _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(c)))
+    }
+}
+
+/// FP8 codes as `E4m3` elements.
+pub fn as_e4m3(codes: &[u8]) -> &[E4m3] {
+    // SAFETY: `E4m3` is a transparent wrapper of u8 (same size, alignment and validity).
+    unsafe { std::slice::from_raw_parts(codes.as_ptr() as *const E4m3, codes.len()) }
+}
+
+/// FP8 codes as `E5m2` elements.
+pub fn as_e5m2(codes: &[u8]) -> &[E5m2] {
+    // SAFETY: `E5m2` is a transparent wrapper of u8 (same size, alignment and validity).
+    unsafe { std::slice::from_raw_parts(codes.as_ptr() as *const E5m2, codes.len()) }
 }
 
 /// Lane j of the result is the sum of the 16 lanes of `v[j]`.
@@ -231,7 +285,9 @@ unsafe fn key_sums_any<T: Elem16>(q: *const f32, k: *const T, n: usize, d: usize
     sums
 }
 
-/// `R` rows x `C` vectors of 16 columns (from column `c`) of acc += P V over `keys` keys.
+/// `R` rows x `C` vectors of 16 columns (from column `c`) of acc += `vs` x P V over `keys`
+/// keys.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn pv_strip<T: Elem16, const R: usize, const C: usize>(
@@ -240,6 +296,7 @@ unsafe fn pv_strip<T: Elem16, const R: usize, const C: usize>(
     v: *const T,
     keys: usize,
     d: usize,
+    vs: __m512,
     acc: *mut f32,
     c: usize,
 ) {
@@ -260,12 +317,13 @@ unsafe fn pv_strip<T: Elem16, const R: usize, const C: usize>(
     for r in 0..R {
         for x in 0..C {
             let at = acc.add(r * d + c + 16 * x);
-            _mm512_storeu_ps(at, _mm512_add_ps(_mm512_loadu_ps(at), a[r][x]));
+            // With vs = 1 (f32 and bf16 values) exactly the sum acc + a.
+            _mm512_storeu_ps(at, _mm512_fmadd_ps(a[r][x], vs, _mm512_loadu_ps(at)));
         }
     }
 }
 
-/// `R` rows of acc += P V over all keys, by chunks of keys and strips of columns.
+/// `R` rows of acc += `vs` x P V over all keys, by chunks of keys and strips of columns.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn pv_rows<T: Elem16, const R: usize>(
@@ -274,6 +332,7 @@ unsafe fn pv_rows<T: Elem16, const R: usize>(
     v: *const T,
     keys: usize,
     d: usize,
+    vs: __m512,
     acc: *mut f32,
 ) {
     let mut j0 = 0;
@@ -282,23 +341,32 @@ unsafe fn pv_rows<T: Elem16, const R: usize>(
         let (pj, vj) = (p.add(j0), v.add(j0 * d));
         let mut c = 0;
         while c + 64 <= d {
-            pv_strip::<T, R, 4>(pj, stride, vj, kn, d, acc, c);
+            pv_strip::<T, R, 4>(pj, stride, vj, kn, d, vs, acc, c);
             c += 64;
         }
         while c < d {
-            pv_strip::<T, R, 1>(pj, stride, vj, kn, d, acc, c);
+            pv_strip::<T, R, 1>(pj, stride, vj, kn, d, vs, acc, c);
             c += 16;
         }
         j0 += kn;
     }
 }
 
-/// `acc_r += sum_j p[r * stride + j] * v_j` (the contract of `vecops::accumulate`).
+/// `acc_r += v_scale * sum_j p[r * stride + j] * v_j` (the contract of
+/// `vecops::accumulate`, with the values' scale: 1 for f32 and bf16, which then add exactly
+/// as without it).
 ///
 /// # Safety
 /// AVX-512 F must be available; `d` must be a multiple of 16.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn accumulate<T: Elem16>(p: &[f32], stride: usize, v: &[T], d: usize, acc: &mut [f32]) {
+pub unsafe fn accumulate<T: Elem16>(
+    p: &[f32],
+    stride: usize,
+    v: &[T],
+    v_scale: f32,
+    d: usize,
+    acc: &mut [f32],
+) {
     if d == 0 {
         return;
     }
@@ -314,14 +382,15 @@ pub unsafe fn accumulate<T: Elem16>(p: &[f32], stride: usize, v: &[T], d: usize,
     );
     // SAFETY: rows * d <= acc.len(), keys * d <= v.len(), and the weights of row r and key
     // j are inside p by the assert.
+    let vs = _mm512_set1_ps(v_scale);
     let mut r = 0;
     while r < rows {
         let (pr, ar) = (p.as_ptr().add(r * stride), acc.as_mut_ptr().add(r * d));
         if r + 4 <= rows {
-            pv_rows::<T, 4>(pr, stride, v.as_ptr(), keys, d, ar);
+            pv_rows::<T, 4>(pr, stride, v.as_ptr(), keys, d, vs, ar);
             r += 4;
         } else {
-            pv_rows::<T, 1>(pr, stride, v.as_ptr(), keys, d, ar);
+            pv_rows::<T, 1>(pr, stride, v.as_ptr(), keys, d, vs, ar);
             r += 1;
         }
     }

@@ -12,8 +12,14 @@
 //!
 //! Memory never depends on the choice: scratch is sized by `GEMM_MIN_ROWS`, the fewest rows
 //! that may take the SGEMM, so a noisy probe cannot change a gated memory figure.
+//!
+//! Where the CPU has both, it also measures how decode's dot products take bf16 keys: as
+//! pairs (`vdpbf16ps`, the `avx512-bf16` path) or widened to f32 (`avx512`). The default
+//! kernel path is chosen by the tiles' peak rates, where bf16 pairs may lose; decode waits
+//! on loads instead, and on a Xeon whose pairs run at half the FMA rate they still won
+//! there (docs/internals/decode-path.md). Cases that force a kernel path keep it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -55,6 +61,61 @@ pub fn gemm_rows(dtype: DType) -> usize {
     GEMM_ROWS[slot(dtype)].load(Ordering::Relaxed)
 }
 
+/// bf16 decode's dot products in this process: 0 as the kernel path says (no probe), 1 as
+/// pairs, 2 widened (`DecodePath::install`).
+static BF16_PAIRS: AtomicU8 = AtomicU8::new(0);
+
+/// The kernel path decode's loops run for a case on `isa` (`forced`: the case names its
+/// path): the measured bf16 choice where the path is the default AVX-512 one.
+pub fn loops_path(isa: Isa, forced: bool) -> Isa {
+    let pairs = match BF16_PAIRS.load(Ordering::Relaxed) {
+        1 => Some(true),
+        2 => Some(false),
+        _ => None,
+    };
+    loops_path_with(isa, forced, pairs)
+}
+
+/// `loops_path` given the measured choice (`pairs`: bf16 as pairs; `None`: not measured).
+pub fn loops_path_with(isa: Isa, forced: bool, pairs: Option<bool>) -> Isa {
+    match pairs {
+        Some(p) if !forced && matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) => {
+            if p {
+                Isa::Avx512Bf16
+            } else {
+                Isa::Avx512
+            }
+        }
+        _ => isa,
+    }
+}
+
+/// Rows of the bf16 probe: a GQA group of 4 query heads on one KV head, one new token.
+pub const BF16_PROBE_ROWS: usize = 4;
+
+/// The bf16 probe: best seconds of decode's dot-product loop on bf16 keys as pairs and
+/// widened, and the choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bf16Dots {
+    pub rows: usize,
+    pub pairs_s: f64,
+    pub widened_s: f64,
+    /// bf16 keys multiplied as pairs (else widened to f32).
+    pub pairs: bool,
+}
+
+impl Bf16Dots {
+    /// Pairs where they took less time than widening.
+    pub fn of(rows: usize, pairs_s: f64, widened_s: f64) -> Bf16Dots {
+        Bf16Dots {
+            rows,
+            pairs_s,
+            widened_s,
+            pairs: pairs_s < widened_s,
+        }
+    }
+}
+
 /// One probed row count: best seconds of each loop.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeRow {
@@ -81,6 +142,10 @@ pub struct DecodePath {
     /// Set by the user (`run.decode_gemm_rows`), not measured: no probe behind it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pinned: bool,
+    /// bf16 keys as pairs or widened in decode, where the CPU runs both (absent in runs
+    /// before it was measured, and where it does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bf16_dots: Option<Bf16Dots>,
 }
 
 impl DecodePath {
@@ -98,6 +163,7 @@ impl DecodePath {
                 })
                 .collect(),
             pinned: true,
+            bf16_dots: None,
         }
     }
 
@@ -108,6 +174,12 @@ impl DecodePath {
                 GEMM_ROWS[slot(t)].store(c.gemm_min_rows.max(GEMM_MIN_ROWS), Ordering::Relaxed);
             }
         }
+        let pairs = match &self.bf16_dots {
+            Some(b) if b.pairs => 1,
+            Some(_) => 2,
+            None => 0,
+        };
+        BF16_PAIRS.store(pairs, Ordering::Relaxed);
     }
 
     /// One line for `attnbench list` and logs: `SGEMM from 64 query rows per KV head
@@ -130,8 +202,22 @@ impl DecodePath {
         } else {
             ""
         };
+        let bf16 = match &self.bf16_dots {
+            Some(b) => format!(
+                "; bf16 keys {} ({} rows: pairs {:.0} us, widened {:.0} us)",
+                if b.pairs {
+                    "as pairs (vdpbf16ps)"
+                } else {
+                    "widened to f32"
+                },
+                b.rows,
+                b.pairs_s * 1e6,
+                b.widened_s * 1e6
+            ),
+            None => String::new(),
+        };
         format!(
-            "SGEMM from {} query rows per KV head; dot products below{how}",
+            "SGEMM from {} query rows per KV head; dot products below{how}{bf16}",
             parts.join(", ")
         )
     }
@@ -172,12 +258,16 @@ pub fn measured() -> Option<&'static DecodePath> {
     MEASURED.get()
 }
 
-/// Times both loops on this core for every dtype and probed row count.
+/// Times both loops on this core for every dtype and probed row count, after the bf16
+/// dot products as pairs and widened (whose choice the bf16 row counts then run with).
 pub fn measure() -> DecodePath {
+    let bf16_dots = (Isa::Avx512.available() && Isa::Avx512Bf16.available())
+        .then(|| probe_bf16_dots(PROBE_HEAD_DIM, PROBE_KEYS));
+    let isa = loops_path_with(Isa::detect(), false, bf16_dots.as_ref().map(|b| b.pairs));
     let dtypes = DType::ALL
         .iter()
         .map(|&t| {
-            let probe = probe_dtype(t, PROBE_HEAD_DIM, PROBE_KEYS);
+            let probe = probe_dtype(t, PROBE_HEAD_DIM, PROBE_KEYS, isa);
             DtypeChoice {
                 dtype: t.name().to_string(),
                 gemm_min_rows: choose(&probe),
@@ -190,77 +280,113 @@ pub fn measure() -> DecodePath {
         keys: PROBE_KEYS,
         dtypes,
         pinned: false,
+        bf16_dots,
     }
 }
 
-/// Best seconds of `attend_with` forced to each loop, for each of `PROBE_ROWS`, over `n`
-/// contiguous keys of width `d` stored as `dtype`.
-fn probe_dtype(dtype: DType, d: usize, n: usize) -> Vec<ProbeRow> {
+/// Probe keys and values of `n` keys of width `d` stored as `dtype`.
+fn probe_kv(dtype: DType, d: usize, n: usize) -> (Tensor, Tensor) {
     let values = |seed: usize| -> Vec<f32> {
         (0..n * d)
             .map(|i| ((i * 7 + seed) % 13) as f32 * 0.05 - 0.3)
             .collect()
     };
-    let (k, v) = (
+    (
         Tensor::from_f32(values(1), dtype),
         Tensor::from_f32(values(2), dtype),
+    )
+}
+
+/// Best seconds of `attend_with`'s dot products for `rows` query rows over the keys,
+/// each closure in `runs` timed in turn per round (interleaved, so a slower phase of the
+/// host touches every one alike), after one warm-up round.
+fn time_interleaved<const N: usize>(rows: usize, d: usize, runs: [(Keys, usize); N]) -> [f64; N] {
+    let n = runs.first().map_or(0, |(k, _)| k.len);
+    let widen = runs.iter().any(|(k, _)| k.widens());
+    // bf16-valued queries, so the pairs path takes them as they are.
+    let q: Vec<f32> = (0..rows * d).map(|i| (i % 11) as f32 * 0.03125).collect();
+    let mut acc = vec![0.0f32; rows * d];
+    let (mut m, mut l) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+    let mut scratch = vec![0.0f32; scratch_len(rows, KV_BLOCK, d, widen, false)];
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut best = [f64::INFINITY; N];
+    for run in 0..=PROBE_RUNS {
+        for (i, &(keys, gemm_from)) in runs.iter().enumerate() {
+            let mut state = RowState {
+                acc: &mut acc,
+                m: &mut m,
+                l: &mut l,
+            };
+            state.reset();
+            let t0 = Instant::now();
+            attend_with(
+                &q,
+                rows,
+                &|_| 0..n,
+                keys,
+                d,
+                scale,
+                KV_BLOCK,
+                &mut state,
+                &mut scratch,
+                gemm_from,
+            );
+            let dt = t0.elapsed().as_secs_f64();
+            std::hint::black_box(&state.acc);
+            if run > 0 {
+                best[i] = best[i].min(dt);
+            }
+        }
+    }
+    best
+}
+
+/// Decode's dot products over `n` bf16 keys of width `d`, `BF16_PROBE_ROWS` rows, on the
+/// `avx512-bf16` path (pairs) and the `avx512` one (widened).
+fn probe_bf16_dots(d: usize, n: usize) -> Bf16Dots {
+    let (k, v) = probe_kv(DType::Bf16, d, n);
+    let keys = |isa| Keys {
+        k: &k,
+        v: &v,
+        base: 0,
+        len: n,
+        pages: None,
+        isa,
+        fp8: None,
+    };
+    let [pairs_s, widened_s] = time_interleaved(
+        BF16_PROBE_ROWS,
+        d,
+        [
+            (keys(Isa::Avx512Bf16), usize::MAX),
+            (keys(Isa::Avx512), usize::MAX),
+        ],
     );
+    Bf16Dots::of(BF16_PROBE_ROWS, pairs_s, widened_s)
+}
+
+/// Best seconds of `attend_with` forced to each loop, for each of `PROBE_ROWS`, over `n`
+/// contiguous keys of width `d` stored as `dtype`, on the kernel path `isa`.
+fn probe_dtype(dtype: DType, d: usize, n: usize, isa: Isa) -> Vec<ProbeRow> {
+    let (k, v) = probe_kv(dtype, d, n);
     let keys = Keys {
         k: &k,
         v: &v,
         base: 0,
         len: n,
         pages: None,
-        isa: Isa::detect(),
+        isa,
         fp8: None,
     };
-    let widen = dtype != DType::F32;
     PROBE_ROWS
         .iter()
         .map(|&rows| {
-            let q: Vec<f32> = (0..rows * d).map(|i| (i % 11) as f32 * 0.03).collect();
-            let mut acc = vec![0.0f32; rows * d];
-            let (mut m, mut l) = (vec![0.0f32; rows], vec![0.0f32; rows]);
-            let mut scratch = vec![0.0f32; scratch_len(rows, KV_BLOCK, d, widen, false)];
-            let scale = 1.0 / (d as f32).sqrt();
-            let mut time = |gemm_from: usize| {
-                let mut state = RowState {
-                    acc: &mut acc,
-                    m: &mut m,
-                    l: &mut l,
-                };
-                state.reset();
-                let t0 = Instant::now();
-                attend_with(
-                    &q,
-                    rows,
-                    &|_| 0..n,
-                    keys,
-                    d,
-                    scale,
-                    KV_BLOCK,
-                    &mut state,
-                    &mut scratch,
-                    gemm_from,
-                );
-                let dt = t0.elapsed().as_secs_f64();
-                std::hint::black_box(&state.acc);
-                dt
-            };
-            let (mut vec_best, mut gemm_best) = (f64::INFINITY, f64::INFINITY);
-            for run in 0..=PROBE_RUNS {
-                // Interleaved, so a slower phase of the host touches both loops alike.
-                let tv = time(usize::MAX);
-                let tg = time(GEMM_MIN_ROWS);
-                if run > 0 {
-                    vec_best = vec_best.min(tv);
-                    gemm_best = gemm_best.min(tg);
-                }
-            }
+            let [vecops_s, sgemm_s] =
+                time_interleaved(rows, d, [(keys, usize::MAX), (keys, GEMM_MIN_ROWS)]);
             ProbeRow {
                 rows,
-                vecops_s: vec_best,
-                sgemm_s: gemm_best,
+                vecops_s,
+                sgemm_s,
             }
         })
         .collect()
@@ -294,7 +420,7 @@ mod tests {
 
     #[test]
     fn a_probe_measures_both_loops_at_every_row_count() {
-        let probe = probe_dtype(DType::Bf16, 32, 64);
+        let probe = probe_dtype(DType::Bf16, 32, 64, Isa::detect());
         assert_eq!(
             probe.iter().map(|p| p.rows).collect::<Vec<_>>(),
             PROBE_ROWS.to_vec()
@@ -304,5 +430,43 @@ mod tests {
             assert!(p.sgemm_s > 0.0 && p.sgemm_s.is_finite(), "{p:?}");
         }
         assert!(choose(&probe) >= GEMM_MIN_ROWS);
+    }
+
+    #[test]
+    fn decode_takes_the_measured_bf16_loop_unless_the_case_forces_a_path() {
+        // Measured pairs faster (this Xeon) or slower: the default AVX-512 path follows.
+        for isa in [Isa::Avx512, Isa::Avx512Bf16] {
+            assert_eq!(loops_path_with(isa, false, Some(true)), Isa::Avx512Bf16);
+            assert_eq!(loops_path_with(isa, false, Some(false)), Isa::Avx512);
+            // A forced path, or nothing measured: the path as given.
+            assert_eq!(loops_path_with(isa, true, Some(true)), isa);
+            assert_eq!(loops_path_with(isa, true, Some(false)), isa);
+            assert_eq!(loops_path_with(isa, false, None), isa);
+        }
+        // Narrower paths have no pairs to choose.
+        for isa in [Isa::Avx2, Isa::Portable] {
+            assert_eq!(loops_path_with(isa, false, Some(true)), isa);
+        }
+        assert!(Bf16Dots::of(4, 1.0, 1.2).pairs);
+        assert!(!Bf16Dots::of(4, 1.2, 1.0).pairs);
+    }
+
+    #[test]
+    fn the_bf16_probe_times_both_loops_and_the_choice_reaches_meta_and_list() {
+        if !(Isa::Avx512.available() && Isa::Avx512Bf16.available()) {
+            return; // nothing to choose on this CPU
+        }
+        let b = probe_bf16_dots(32, 64);
+        assert!(b.pairs_s > 0.0 && b.pairs_s.is_finite(), "{b:?}");
+        assert!(b.widened_s > 0.0 && b.widened_s.is_finite(), "{b:?}");
+        assert_eq!(b.pairs, b.pairs_s < b.widened_s);
+        let mut p = DecodePath::pinned(32);
+        p.bf16_dots = Some(b.clone());
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<DecodePath>(&json).unwrap(), p);
+        assert!(p.summary().contains("bf16 keys"), "{}", p.summary());
+        // Runs recorded before the probe existed read back without it.
+        p.bf16_dots = None;
+        assert!(!serde_json::to_string(&p).unwrap().contains("bf16_dots"));
     }
 }

@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 #[cfg(target_arch = "x86_64")]
 use super::decode_avx512;
-use crate::problem::{Isa, Tensor};
+use crate::problem::{Fp8Format, Isa, Tensor};
 
 /// Lanes of the independent accumulators: enough for the compiler to keep two 8-wide
 /// FMA chains in flight per dot product.
@@ -26,11 +26,14 @@ pub struct Dims {
 }
 
 /// Keys or values as the kernels read them: f32 and bf16 in place (bf16 is widened in
-/// registers), f16 widened into scratch first.
+/// registers), f16 widened into scratch first; FP8 codes with their scale in place on the
+/// AVX-512 loops (`fp8_in_registers`), which widen them in registers.
 #[derive(Clone, Copy, Debug)]
 pub enum Elems<'a> {
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
+    /// Codes, their format and the scale every code's value is multiplied by.
+    Fp8(&'a [u8], Fp8Format, f32),
 }
 
 impl<'a> Elems<'a> {
@@ -65,6 +68,15 @@ pub fn scores(
             match k {
                 Elems::F32(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
                 Elems::Bf16(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
+                Elems::Fp8(c, Fp8Format::Fp8e4m3, s8) => {
+                    let unit = s8 * decode_avx512::E4M3_UNIT;
+                    let c = decode_avx512::as_e4m3(c);
+                    decode_avx512::scores(q, c, dims, scale * unit, scores, stride)
+                }
+                Elems::Fp8(c, Fp8Format::Fp8e5m2, s8) => {
+                    let c = decode_avx512::as_e5m2(c);
+                    decode_avx512::scores(q, c, dims, scale * s8, scores, stride)
+                }
             }
         };
         return;
@@ -76,6 +88,9 @@ pub fn scores(
             match k {
                 Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride),
                 Elems::Bf16(k) => avx2::scores(q, k, dims, scale, scores, stride),
+                Elems::Fp8(c, f, s8) => {
+                    avx2::scores(q, &fp8_vec(c, f, s8), dims, scale, scores, stride)
+                }
             }
         };
         return;
@@ -86,7 +101,16 @@ pub fn scores(
             let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
             scores_body(q, &k, dims, scale, scores, stride)
         }
+        Elems::Fp8(c, f, s8) => scores_body(q, &fp8_vec(c, f, s8), dims, scale, scores, stride),
     }
+}
+
+/// FP8 codes widened with their scale, for the loops that do not read them in place
+/// (callers widen into scratch before reaching those, `fp8_in_registers`).
+fn fp8_vec(codes: &[u8], format: Fp8Format, scale: f32) -> Vec<f32> {
+    let mut w = vec![0.0f32; codes.len()];
+    super::fp8::widen(codes, format, scale, &mut w);
+    w
 }
 
 /// Whether `scores_bf16` runs here (AVX512-BF16, e.g. Zen 4, Sapphire Rapids).
@@ -143,8 +167,16 @@ pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &
         // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
         unsafe {
             match v {
-                Elems::F32(v) => decode_avx512::accumulate(p, stride, v, d, acc),
-                Elems::Bf16(v) => decode_avx512::accumulate(p, stride, v, d, acc),
+                Elems::F32(v) => decode_avx512::accumulate(p, stride, v, 1.0, d, acc),
+                Elems::Bf16(v) => decode_avx512::accumulate(p, stride, v, 1.0, d, acc),
+                Elems::Fp8(c, Fp8Format::Fp8e4m3, s8) => {
+                    let unit = s8 * decode_avx512::E4M3_UNIT;
+                    let c = decode_avx512::as_e4m3(c);
+                    decode_avx512::accumulate(p, stride, c, unit, d, acc)
+                }
+                Elems::Fp8(c, Fp8Format::Fp8e5m2, s8) => {
+                    decode_avx512::accumulate(p, stride, decode_avx512::as_e5m2(c), s8, d, acc)
+                }
             }
         };
         return;
@@ -156,6 +188,7 @@ pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &
             match v {
                 Elems::F32(v) => avx2::accumulate(p, stride, v, d, acc),
                 Elems::Bf16(v) => avx2::accumulate(p, stride, v, d, acc),
+                Elems::Fp8(c, f, s8) => avx2::accumulate(p, stride, &fp8_vec(c, f, s8), d, acc),
             }
         };
         return;
@@ -166,6 +199,7 @@ pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &
             let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
             accumulate_body(p, stride, &v, d, acc)
         }
+        Elems::Fp8(c, f, s8) => accumulate_body(p, stride, &fp8_vec(c, f, s8), d, acc),
     }
 }
 
@@ -323,6 +357,18 @@ pub fn read_sum(isa: Isa, x: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 fn wide(isa: Isa, d: usize) -> bool {
     matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && isa.available() && d.is_multiple_of(16)
+}
+
+/// Whether `scores` and `accumulate` read FP8 codes in place (`Elems::Fp8`) on the kernel
+/// path `isa` at head dimension `d`; elsewhere callers widen them into scratch first.
+pub fn fp8_in_registers(isa: Isa, d: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return wide(isa, d);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, d);
+        false
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -857,6 +903,76 @@ mod tests {
                                     .sum::<f32>();
                             let got = acc[r * d + x];
                             assert!((got - want).abs() < 1e-3, "{isa:?} d {d} keys {keys}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// FP8 codes read in place (widened in registers on the AVX-512 loops, the scale applied
+    /// to scores and chunk sums) give what the same loops give on the codes widened with
+    /// their scale first (`fp8::widen`), for every code of both formats, on every path.
+    #[test]
+    fn fp8_codes_read_in_place_match_the_widened_values() {
+        use crate::problem::Fp8Format;
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for f in Fp8Format::ALL {
+                for (d, keys, rows, scale) in [
+                    (128, 37, 6, 1.0 / 448.0),
+                    (64, 21, 1, 3.0),
+                    (48, 16, 4, 0.01),
+                    (24, 5, 3, 1.0),
+                ] {
+                    // Every finite code, cycled (the quantizer writes no NaN or infinity).
+                    let codes: Vec<u8> = (0..keys * d)
+                        .map(|i| ((i * 7) % 256) as u8)
+                        .map(|c| if f.decode(c).is_finite() { c } else { 0x3c })
+                        .collect();
+                    let mut wide = vec![0.0f32; codes.len()];
+                    super::super::fp8::widen(&codes, f, scale, &mut wide);
+                    let q: Vec<f32> = (0..rows * d).map(|i| (i % 9) as f32 * 0.05 - 0.2).collect();
+                    let dims = Dims { rows, keys, d };
+                    let (mut got, mut want) =
+                        (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+                    scores(
+                        isa,
+                        &q,
+                        Elems::Fp8(&codes, f, scale),
+                        dims,
+                        0.7,
+                        &mut got,
+                        keys,
+                    );
+                    scores(isa, &q, Elems::F32(&wide), dims, 0.7, &mut want, keys);
+                    let magnitude = |i: usize, x: &[f32]| {
+                        (0..d)
+                            .map(|y| (q[(i / keys) * d + y] * x[(i % keys) * d + y]).abs())
+                            .sum::<f32>()
+                    };
+                    for i in 0..rows * keys {
+                        let tol = 1e-6 * (0.7 * magnitude(i, &wide)).max(1e-30);
+                        let (g, w) = (got[i], want[i]);
+                        assert!(
+                            (g - w).abs() <= tol,
+                            "{isa:?} {f} d {d} score {i}: {g} vs {w}"
+                        );
+                    }
+                    let p: Vec<f32> = (0..rows * keys).map(|i| (i % 5) as f32 * 0.1).collect();
+                    let (mut got, mut want) = (vec![0.5f32; rows * d], vec![0.5f32; rows * d]);
+                    accumulate(isa, &p, keys, Elems::Fp8(&codes, f, scale), d, &mut got);
+                    accumulate(isa, &p, keys, Elems::F32(&wide), d, &mut want);
+                    for r in 0..rows {
+                        for x in 0..d {
+                            let m: f32 = 0.5
+                                + (0..keys)
+                                    .map(|j| (p[r * keys + j] * wide[j * d + x]).abs())
+                                    .sum::<f32>();
+                            let (g, w) = (got[r * d + x], want[r * d + x]);
+                            assert!(
+                                (g - w).abs() <= 1e-6 * m,
+                                "{isa:?} {f} d {d} acc {r},{x}: {g} vs {w}"
+                            );
                         }
                     }
                 }
