@@ -202,6 +202,19 @@ pub struct Pages<'a> {
 }
 
 impl<'a> Keys<'a> {
+    /// The first `len` keys and values of `k` and `v`, one contiguous run, on path `isa`.
+    pub fn contiguous(k: &'a Tensor, v: &'a Tensor, len: usize, isa: Isa) -> Keys<'a> {
+        Keys {
+            k,
+            v,
+            base: 0,
+            len,
+            pages: None,
+            isa,
+            fp8: None,
+        }
+    }
+
     /// Whether the kernels widen keys and values into scratch (not f32 in place).
     pub fn widens(&self) -> bool {
         self.fp8.is_some() || self.k.dtype().size_bytes() != 4
@@ -808,15 +821,7 @@ mod tests {
                                 fp8: None,
                             }
                         } else {
-                            Keys {
-                                k: &k,
-                                v: &v,
-                                base: 0,
-                                len: n,
-                                pages: None,
-                                isa,
-                                fp8: None,
-                            }
+                            Keys::contiguous(&k, &v, n, isa)
                         };
                         for gemm_from in [GEMM_MIN_ROWS, usize::MAX] {
                             let widen = dtype != DType::F32;

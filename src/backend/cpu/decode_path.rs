@@ -360,15 +360,7 @@ fn time_interleaved<const N: usize>(
 /// `avx512-bf16` path (pairs) and the `avx512` one (widened).
 fn probe_bf16_dots(d: usize, n: usize) -> Bf16Dots {
     let (k, v) = probe_kv(DType::Bf16, d, n);
-    let keys = |isa| Keys {
-        k: &k,
-        v: &v,
-        base: 0,
-        len: n,
-        pages: None,
-        isa,
-        fp8: None,
-    };
+    let keys = |isa| Keys::contiguous(&k, &v, n, isa);
     let [pairs_s, widened_s] = time_interleaved(
         BF16_PROBE_ROWS,
         d,
@@ -385,15 +377,7 @@ fn probe_bf16_dots(d: usize, n: usize) -> Bf16Dots {
 /// contiguous keys of width `d` stored as `dtype`, on the kernel path `isa`.
 fn probe_dtype(dtype: DType, d: usize, n: usize, isa: Isa) -> Vec<ProbeRow> {
     let (k, v) = probe_kv(dtype, d, n);
-    let keys = Keys {
-        k: &k,
-        v: &v,
-        base: 0,
-        len: n,
-        pages: None,
-        isa,
-        fp8: None,
-    };
+    let keys = Keys::contiguous(&k, &v, n, isa);
     PROBE_ROWS
         .iter()
         .map(|&rows| {
