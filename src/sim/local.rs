@@ -49,7 +49,8 @@ impl<'a> KvRef<'a> {
             base: self.base0 + head * self.head_stride,
             len: self.len,
             pages: None,
-            // Simulated devices run this CPU's default path (`variant::impossible`).
+            // Simulated devices run this CPU's default path (`variant::impossible`), with
+            // decode's measured bf16 loop as one device's decode does.
             isa: decode_path::loops_path(Isa::detect(), false),
             fp8: None,
         }
