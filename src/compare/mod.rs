@@ -140,12 +140,8 @@ impl CaseComparison {
                     f64::MAX
                 }
             });
-        let b = time.max(mem).max(err);
-        if b.is_nan() {
-            f64::MAX
-        } else {
-            b
-        }
+        // `f64::max` skips a NaN ratio: it counts as no growth.
+        time.max(mem).max(err)
     }
 }
 
@@ -576,4 +572,159 @@ fn advice(cases: &[CaseComparison], decision: &Decision, opts: &Options) -> Vec<
         opts.time_threshold
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matched case with nothing to say: every figure the same, nothing regressed.
+    fn unchanged() -> CaseComparison {
+        CaseComparison {
+            case_id: "c".into(),
+            variant: "flash".into(),
+            dtype: "f32".into(),
+            threads: 1,
+            baseline_status: Status::Ok,
+            current_status: Status::Ok,
+            status: StatusChange::Same,
+            time: None,
+            memory: None,
+            error: None,
+            regressions: Vec::new(),
+            unrecorded: Vec::new(),
+            unclear: false,
+        }
+    }
+
+    fn time(verdict: TimeVerdict, ratio: f64) -> Option<TimeResult> {
+        Some(TimeResult {
+            verdict,
+            interval: Some(Interval {
+                ratio,
+                lo: ratio,
+                hi: ratio,
+            }),
+            baseline_median_s: Some(1.0),
+            current_median_s: Some(ratio),
+            baseline_reps: 5,
+            current_reps: 5,
+            factor: None,
+            note: None,
+        })
+    }
+
+    fn memory(verdict: MemVerdict, baseline_bytes: u64, current_bytes: u64) -> Option<MemResult> {
+        Some(MemResult {
+            verdict,
+            baseline_bytes,
+            current_bytes,
+            delta_bytes: current_bytes as i64 - baseline_bytes as i64,
+            tolerated_bytes: 0,
+        })
+    }
+
+    fn error(verdict: ErrVerdict, baseline: f64, current: f64) -> Option<ErrResult> {
+        Some(ErrResult {
+            verdict,
+            baseline,
+            current,
+            tolerance: 1e-6,
+        })
+    }
+
+    #[test]
+    fn cases_rank_regressions_then_unclear_then_improvements_then_unchanged() {
+        let with = |f: &dyn Fn(&mut CaseComparison)| {
+            let mut c = unchanged();
+            f(&mut c);
+            c.rank()
+        };
+        assert_eq!(unchanged().rank(), 3);
+        // Figures that stayed the same (or got worse within the gate) are not improvements.
+        assert_eq!(with(&|c| c.time = time(TimeVerdict::Same, 1.0)), 3);
+        assert_eq!(with(&|c| c.memory = memory(MemVerdict::Same, 8, 8)), 3);
+        assert_eq!(with(&|c| c.error = error(ErrVerdict::Same, 1e-7, 1e-7)), 3);
+        assert_eq!(with(&|c| c.status = StatusChange::Changed), 3);
+        // Each improvement alone.
+        assert_eq!(with(&|c| c.status = StatusChange::Fixed), 2);
+        assert_eq!(with(&|c| c.time = time(TimeVerdict::Faster, 0.8)), 2);
+        assert_eq!(with(&|c| c.memory = memory(MemVerdict::Lower, 8, 4)), 2);
+        assert_eq!(
+            with(&|c| c.error = error(ErrVerdict::Better, 1e-5, 1e-7)),
+            2
+        );
+        // Unclear before improvements, regressions before everything.
+        assert_eq!(with(&|c| c.unclear = true), 1);
+        assert_eq!(
+            with(&|c| {
+                c.unclear = true;
+                c.time = time(TimeVerdict::Faster, 0.8);
+            }),
+            1
+        );
+        assert_eq!(with(&|c| c.regressions = vec!["memory"]), 0);
+        assert_eq!(
+            with(&|c| {
+                c.regressions = vec!["slower"];
+                c.unclear = true;
+                c.status = StatusChange::Fixed;
+            }),
+            0
+        );
+    }
+
+    #[test]
+    fn badness_is_the_largest_growth_and_losing_ok_is_worst() {
+        let with = |f: &dyn Fn(&mut CaseComparison)| {
+            let mut c = unchanged();
+            f(&mut c);
+            c.badness()
+        };
+        assert_eq!(unchanged().badness(), 0.0);
+        assert_eq!(with(&|c| c.status = StatusChange::Lost), f64::INFINITY);
+        assert_eq!(with(&|c| c.status = StatusChange::Fixed), 0.0);
+        // Time: the interval's ratio of medians.
+        assert_eq!(with(&|c| c.time = time(TimeVerdict::Slower, 1.3)), 1.3);
+        // Memory: current over baseline bytes, a zero baseline counted as one byte.
+        assert_eq!(
+            with(&|c| c.memory = memory(MemVerdict::Higher, 200, 300)),
+            1.5
+        );
+        assert_eq!(with(&|c| c.memory = memory(MemVerdict::Higher, 0, 5)), 5.0);
+        // Error: only a worse error counts, as current over baseline; from zero, the most.
+        assert_eq!(
+            with(&|c| c.error = error(ErrVerdict::Worse, 1e-6, 4e-6)),
+            4.0
+        );
+        assert_eq!(
+            with(&|c| c.error = error(ErrVerdict::Same, 1e-7, 9e-7)),
+            0.0
+        );
+        assert_eq!(
+            with(&|c| c.error = error(ErrVerdict::Worse, 0.0, 1e-6)),
+            f64::MAX
+        );
+        // The largest of the three.
+        assert_eq!(
+            with(&|c| {
+                c.time = time(TimeVerdict::Slower, 1.3);
+                c.memory = memory(MemVerdict::Higher, 200, 300);
+                c.error = error(ErrVerdict::Worse, 1e-6, 2e-6);
+            }),
+            2.0
+        );
+        // A ratio that is not a number counts as no growth; the others still count.
+        assert_eq!(
+            with(&|c| c.time = time(TimeVerdict::Unclear, f64::NAN)),
+            0.0
+        );
+        assert_eq!(
+            with(&|c| {
+                c.time = time(TimeVerdict::Unclear, f64::NAN);
+                c.memory = memory(MemVerdict::Higher, 200, 300);
+            }),
+            1.5
+        );
+    }
 }
