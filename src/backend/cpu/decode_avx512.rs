@@ -25,6 +25,9 @@ const KEY_CHUNK: usize = 16;
 pub trait Elem16: Copy {
     /// Whether loading widens (bf16), so that a block read by several rows is widened once.
     const WIDENS: bool;
+    /// Whether the loaded values need a scale (FP8 codes): the value accumulation then
+    /// multiplies each chunk's sum by it; otherwise adds it as it is.
+    const SCALED: bool = false;
     /// # Safety
     /// `p..p + 16` must be readable; AVX-512 F must be available.
     unsafe fn load16(p: *const Self) -> __m512;
@@ -67,6 +70,7 @@ pub const E4M3_UNIT: f32 = 256.0;
 
 impl Elem16 for E4m3 {
     const WIDENS: bool = true;
+    const SCALED: bool = true;
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const E4m3) -> __m512 {
@@ -81,6 +85,7 @@ impl Elem16 for E4m3 {
 
 impl Elem16 for E5m2 {
     const WIDENS: bool = true;
+    const SCALED: bool = true;
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const E5m2) -> __m512 {
@@ -317,8 +322,12 @@ unsafe fn pv_strip<T: Elem16, const R: usize, const C: usize>(
     for r in 0..R {
         for x in 0..C {
             let at = acc.add(r * d + c + 16 * x);
-            // With vs = 1 (f32 and bf16 values) exactly the sum acc + a.
-            _mm512_storeu_ps(at, _mm512_fmadd_ps(a[r][x], vs, _mm512_loadu_ps(at)));
+            let sum = if T::SCALED {
+                _mm512_fmadd_ps(a[r][x], vs, _mm512_loadu_ps(at))
+            } else {
+                _mm512_add_ps(_mm512_loadu_ps(at), a[r][x])
+            };
+            _mm512_storeu_ps(at, sum);
         }
     }
 }

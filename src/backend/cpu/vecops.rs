@@ -68,15 +68,7 @@ pub fn scores(
             match k {
                 Elems::F32(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
                 Elems::Bf16(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
-                Elems::Fp8(c, Fp8Format::Fp8e4m3, s8) => {
-                    let unit = s8 * decode_avx512::E4M3_UNIT;
-                    let c = decode_avx512::as_e4m3(c);
-                    decode_avx512::scores(q, c, dims, scale * unit, scores, stride)
-                }
-                Elems::Fp8(c, Fp8Format::Fp8e5m2, s8) => {
-                    let c = decode_avx512::as_e5m2(c);
-                    decode_avx512::scores(q, c, dims, scale * s8, scores, stride)
-                }
+                Elems::Fp8(c, f, s8) => fp8_scores(q, c, f, s8, dims, scale, scores, stride),
             }
         };
         return;
@@ -102,6 +94,64 @@ pub fn scores(
             scores_body(q, &k, dims, scale, scores, stride)
         }
         Elems::Fp8(c, f, s8) => scores_body(q, &fp8_vec(c, f, s8), dims, scale, scores, stride),
+    }
+}
+
+/// `scores` of FP8 keys on the AVX-512 loops, out of line so that the f32 and bf16
+/// dispatch stays as small as it was (decode-online calls it once per key).
+///
+/// # Safety
+/// AVX-512 F must be available and `dims.d` a multiple of 16 (`wide`).
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fp8_scores(
+    q: &[f32],
+    codes: &[u8],
+    format: Fp8Format,
+    s8: f32,
+    dims: Dims,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+) {
+    match format {
+        Fp8Format::Fp8e4m3 => {
+            let c = decode_avx512::as_e4m3(codes);
+            let unit = s8 * decode_avx512::E4M3_UNIT;
+            decode_avx512::scores(q, c, dims, scale * unit, scores, stride)
+        }
+        Fp8Format::Fp8e5m2 => {
+            let c = decode_avx512::as_e5m2(codes);
+            decode_avx512::scores(q, c, dims, scale * s8, scores, stride)
+        }
+    }
+}
+
+/// `accumulate` of FP8 values on the AVX-512 loops, out of line as `fp8_scores`.
+///
+/// # Safety
+/// AVX-512 F must be available and `d` a multiple of 16 (`wide`).
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn fp8_accumulate(
+    p: &[f32],
+    stride: usize,
+    codes: &[u8],
+    format: Fp8Format,
+    s8: f32,
+    d: usize,
+    acc: &mut [f32],
+) {
+    match format {
+        Fp8Format::Fp8e4m3 => {
+            let c = decode_avx512::as_e4m3(codes);
+            let unit = s8 * decode_avx512::E4M3_UNIT;
+            decode_avx512::accumulate(p, stride, c, unit, d, acc)
+        }
+        Fp8Format::Fp8e5m2 => {
+            decode_avx512::accumulate(p, stride, decode_avx512::as_e5m2(codes), s8, d, acc)
+        }
     }
 }
 
@@ -169,14 +219,7 @@ pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &
             match v {
                 Elems::F32(v) => decode_avx512::accumulate(p, stride, v, 1.0, d, acc),
                 Elems::Bf16(v) => decode_avx512::accumulate(p, stride, v, 1.0, d, acc),
-                Elems::Fp8(c, Fp8Format::Fp8e4m3, s8) => {
-                    let unit = s8 * decode_avx512::E4M3_UNIT;
-                    let c = decode_avx512::as_e4m3(c);
-                    decode_avx512::accumulate(p, stride, c, unit, d, acc)
-                }
-                Elems::Fp8(c, Fp8Format::Fp8e5m2, s8) => {
-                    decode_avx512::accumulate(p, stride, decode_avx512::as_e5m2(c), s8, d, acc)
-                }
+                Elems::Fp8(c, f, s8) => fp8_accumulate(p, stride, c, f, s8, d, acc),
             }
         };
         return;
