@@ -597,6 +597,13 @@ mod tests {
         }
     }
 
+    /// `unchanged()` with `f` applied.
+    fn changed(f: &dyn Fn(&mut CaseComparison)) -> CaseComparison {
+        let mut c = unchanged();
+        f(&mut c);
+        c
+    }
+
     fn time(verdict: TimeVerdict, ratio: f64) -> Option<TimeResult> {
         Some(TimeResult {
             verdict,
@@ -635,11 +642,7 @@ mod tests {
 
     #[test]
     fn cases_rank_regressions_then_unclear_then_improvements_then_unchanged() {
-        let with = |f: &dyn Fn(&mut CaseComparison)| {
-            let mut c = unchanged();
-            f(&mut c);
-            c.rank()
-        };
+        let with = |f: &dyn Fn(&mut CaseComparison)| changed(f).rank();
         assert_eq!(unchanged().rank(), 3);
         // Figures that stayed the same (or got worse within the gate) are not improvements.
         assert_eq!(with(&|c| c.time = time(TimeVerdict::Same, 1.0)), 3);
@@ -676,11 +679,7 @@ mod tests {
 
     #[test]
     fn badness_is_the_largest_growth_and_losing_ok_is_worst() {
-        let with = |f: &dyn Fn(&mut CaseComparison)| {
-            let mut c = unchanged();
-            f(&mut c);
-            c.badness()
-        };
+        let with = |f: &dyn Fn(&mut CaseComparison)| changed(f).badness();
         assert_eq!(unchanged().badness(), 0.0);
         assert_eq!(with(&|c| c.status = StatusChange::Lost), f64::INFINITY);
         assert_eq!(with(&|c| c.status = StatusChange::Fixed), 0.0);

@@ -362,8 +362,8 @@ unsafe fn pv_rows<T: Elem16, const R: usize>(
 }
 
 /// `acc_r += v_scale * sum_j p[r * stride + j] * v_j` (the contract of
-/// `vecops::accumulate`, with the values' scale: 1 for f32 and bf16, which then add exactly
-/// as without it).
+/// `vecops::accumulate`, with the values' scale); `v_scale` is read only for FP8 codes
+/// (`Elem16::SCALED`), f32 and bf16 values are added as they are.
 ///
 /// # Safety
 /// AVX-512 F must be available; `d` must be a multiple of 16.

@@ -271,7 +271,9 @@ pub fn measured() -> Option<&'static DecodePath> {
 /// Times both loops on this core for every dtype and probed row count, after the bf16
 /// dot products as pairs and widened (whose choice the bf16 row counts then run with).
 pub fn measure() -> DecodePath {
-    let bf16_dots = (Isa::Avx512.available() && Isa::Avx512Bf16.available())
+    // The `avx512-bf16` path runs wherever both do (it is `avx512` plus the pairs).
+    let bf16_dots = Isa::Avx512Bf16
+        .available()
         .then(|| probe_bf16_dots(PROBE_HEAD_DIM, PROBE_KEYS));
     let isa = loops_path_with(Isa::detect(), false, bf16_dots.as_ref().map(|b| b.pairs));
     let dtypes = DType::ALL
@@ -307,9 +309,9 @@ fn probe_kv(dtype: DType, d: usize, n: usize) -> (Tensor, Tensor) {
     )
 }
 
-/// Best seconds of `attend_with`'s dot products for `rows` query rows over the keys,
-/// each closure in `runs` timed in turn per round (interleaved, so a slower phase of the
-/// host touches every one alike), after one warm-up round.
+/// Best seconds of `attend_with` for `rows` query rows over each of `runs` (its keys, and
+/// the rows from which it takes the SGEMM), each timed in turn per round (interleaved, so a
+/// slower phase of the host touches every one alike), `rounds` rounds after a warm-up.
 fn time_interleaved<const N: usize>(
     rows: usize,
     d: usize,
@@ -461,7 +463,7 @@ mod tests {
 
     #[test]
     fn the_bf16_probe_times_both_loops_and_the_choice_reaches_meta_and_list() {
-        if !(Isa::Avx512.available() && Isa::Avx512Bf16.available()) {
+        if !Isa::Avx512Bf16.available() {
             return; // nothing to choose on this CPU
         }
         let b = probe_bf16_dots(32, 64);
