@@ -660,6 +660,32 @@ pub fn attend_sequential(
     let w = if widen_kv { d } else { 0 };
     let [ks, vs, sc] = carve(scratch, [w, w, rows]);
     let (span, _) = span(rows, range);
+    // One loop with no per-key dispatch where the path has it (the same bits): a call per
+    // key costs more than the key's work at small d.
+    if keys.fp8.is_none() && keys.pages.is_none() {
+        let parts = (&mut *state.m, &mut *state.l, &mut *state.acc);
+        let kv = (keys.k, keys.v, keys.base);
+        if vecops::sequential(keys.isa, q, kv, d, scale, span.clone(), range, parts, sc) {
+            return;
+        }
+    }
+    sequential_by_key(q, rows, range, keys, span, d, scale, state, [ks, vs, sc]);
+}
+
+/// `attend_sequential`'s loop one call per key: FP8 and paged runs, and paths without the
+/// one-loop kernel.
+#[allow(clippy::too_many_arguments)]
+fn sequential_by_key(
+    q: &[f32],
+    rows: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    keys: Keys,
+    span: Range<usize>,
+    d: usize,
+    scale: f32,
+    state: &mut RowState,
+    [ks, vs, sc]: [&mut [f32]; 3],
+) {
     for j in span {
         let off = keys.base + j * d;
         let k = keys.k_elems(off, d, d, ks);
@@ -748,6 +774,67 @@ pub fn attend_materialized(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `attend_sequential`'s one-loop kernel gives the key-by-key loop's bits (scores,
+    /// running max and sum, output) on every path that has it, for every storage dtype,
+    /// head dimensions held in registers (64, 128) or not (48), and rows that see
+    /// different keys (so some skip keys the others fold).
+    #[test]
+    fn the_one_loop_sequential_kernel_gives_the_key_by_key_bits() {
+        use crate::problem::DType;
+        let vals = |seed: u32, len: usize| crate::backend::cpu::kernel_paths::values(len, seed);
+        let n = 70;
+        let mut checked = 0;
+        for isa in Isa::available_paths() {
+            for d in [48, 64, 128] {
+                for dtype in DType::ALL {
+                    let k = Tensor::from_f32(vals(3, n * d), dtype);
+                    let v = Tensor::from_f32(vals(4, n * d), dtype);
+                    for rows in [1, 2, 5] {
+                        let q = vals(5, rows * d);
+                        let range = |r: usize| 3 * r..n - r;
+                        let run = |by_key: bool| {
+                            let (mut acc, mut m, mut l) =
+                                (vec![0.0; rows * d], vec![0.0; rows], vec![0.0; rows]);
+                            let mut st = RowState {
+                                acc: &mut acc,
+                                m: &mut m,
+                                l: &mut l,
+                            };
+                            st.reset();
+                            let keys = Keys::contiguous(&k, &v, n, isa);
+                            let mut scratch = vec![0.0; sequential_scratch_len(rows, d, true)];
+                            if by_key {
+                                let [ks, vs, sc] = carve(&mut scratch, [d, d, rows]);
+                                let span = span(rows, &range).0;
+                                let (scale, sc3) = (0.125, [ks, vs, sc]);
+                                sequential_by_key(
+                                    &q, rows, &range, keys, span, d, scale, &mut st, sc3,
+                                );
+                            } else {
+                                attend_sequential(
+                                    &q,
+                                    rows,
+                                    &range,
+                                    keys,
+                                    d,
+                                    0.125,
+                                    &mut st,
+                                    &mut scratch,
+                                );
+                            }
+                            let bits =
+                                |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            (bits(&acc), bits(&m), bits(&l))
+                        };
+                        assert_eq!(run(false), run(true), "{isa:?} d {d} {dtype:?} rows {rows}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 0);
+    }
 
     /// Both loops of `attend` (forced) on every kernel path, over contiguous and
     /// reversed-page keys of every dtype, rows on both sides of the crossover, each row with

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::vecops::Dims;
 
@@ -49,6 +49,15 @@ impl Elem16 for bf16 {
     unsafe fn load16(p: *const bf16) -> __m512 {
         let h = _mm256_loadu_si256(p as *const __m256i);
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+impl Elem16 for f16 {
+    const WIDENS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
 }
 
@@ -253,23 +262,37 @@ unsafe fn key_sums<T: Elem16, const V: usize>(
     k: *const T,
     n: usize,
 ) -> [__m512; 16] {
+    let qv = load_row::<V>(q);
+    let mut sums = [_mm512_setzero_ps(); 16];
+    for j in 0..n {
+        sums[j] = key_sum(&qv, k.add(j * 16 * V));
+    }
+    sums
+}
+
+/// The `V` vectors of the query row at `q`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_row<const V: usize>(q: *const f32) -> [__m512; V] {
     let mut qv = [_mm512_setzero_ps(); V];
     for x in 0..V {
         qv[x] = _mm512_loadu_ps(q.add(16 * x));
     }
-    let mut sums = [_mm512_setzero_ps(); 16];
-    for j in 0..n {
-        let kj = k.add(j * 16 * V);
-        // Two chains so consecutive FMAs do not wait on each other.
-        let mut a = _mm512_mul_ps(qv[0], T::load16(kj));
-        let mut b = _mm512_mul_ps(qv[1], T::load16(kj.add(16)));
-        for x in (2..V).step_by(2) {
-            a = _mm512_fmadd_ps(qv[x], T::load16(kj.add(16 * x)), a);
-            b = _mm512_fmadd_ps(qv[x + 1], T::load16(kj.add(16 * x + 16)), b);
-        }
-        sums[j] = _mm512_add_ps(a, b);
+    qv
+}
+
+/// The vector whose lanes sum to q . k for the query row `qv` (V >= 2 vectors) and the key
+/// at `k`: two chains, so consecutive FMAs do not wait on each other.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn key_sum<T: Elem16, const V: usize>(qv: &[__m512; V], k: *const T) -> __m512 {
+    let mut a = _mm512_mul_ps(qv[0], T::load16(k));
+    let mut b = _mm512_mul_ps(qv[1], T::load16(k.add(16)));
+    for x in (2..V).step_by(2) {
+        a = _mm512_fmadd_ps(qv[x], T::load16(k.add(16 * x)), a);
+        b = _mm512_fmadd_ps(qv[x + 1], T::load16(k.add(16 * x + 16)), b);
     }
-    sums
+    _mm512_add_ps(a, b)
 }
 
 /// `key_sums` for any multiple of 16 as `d`, the query row read from L1 per key.
@@ -278,16 +301,105 @@ unsafe fn key_sums<T: Elem16, const V: usize>(
 unsafe fn key_sums_any<T: Elem16>(q: *const f32, k: *const T, n: usize, d: usize) -> [__m512; 16] {
     let mut sums = [_mm512_setzero_ps(); 16];
     for j in 0..n {
-        let kj = k.add(j * d);
-        let mut a = _mm512_setzero_ps();
-        let mut x = 0;
-        while x < d {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(x)), T::load16(kj.add(x)), a);
-            x += 16;
-        }
-        sums[j] = a;
+        sums[j] = key_sum_any(q, k.add(j * d), d);
     }
     sums
+}
+
+/// `key_sum` for any multiple of 16 as `d`: one chain.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn key_sum_any<T: Elem16>(q: *const f32, k: *const T, d: usize) -> __m512 {
+    let mut a = _mm512_setzero_ps();
+    let mut x = 0;
+    while x < d {
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(x)), T::load16(k.add(x)), a);
+        x += 16;
+    }
+    a
+}
+
+/// The score of query row `q` against the key at `k` (`d` long), scaled: the bits
+/// `key_rows` gives that key alone.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn key_score<T: Elem16>(q: *const f32, k: *const T, d: usize, scale: f32) -> f32 {
+    let sum = match d {
+        64 => key_sum(&load_row::<4>(q), k),
+        128 => key_sum(&load_row::<8>(q), k),
+        _ => key_sum_any(q, k, d),
+    };
+    scale * reduce1(sum)
+}
+
+/// Rabe–Staats Section 3 (the contract of `decode::attend_sequential`) over the keys `span`
+/// of one contiguous run (`k` and `v` from its key 0, `d` each) for the query rows `q`
+/// (`m.len()` of them): per key and row whose `range` holds it, the score, the running max
+/// `m` and sum `l` of exp(score - m), and acc = acc e^(m - m') + e^(s - m') v; one loop with
+/// no per-key dispatch, the same bits as `scores` and `accumulate` key by key.
+///
+/// # Safety
+/// AVX-512 F must be available; `d` must be a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn sequential<T: Elem16>(
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    d: usize,
+    scale: f32,
+    span: std::ops::Range<usize>,
+    range: &impl Fn(usize) -> std::ops::Range<usize>,
+    (m, l, acc): (&mut [f32], &mut [f32], &mut [f32]),
+    p: &mut [f32],
+) {
+    let rows = m.len();
+    assert!(
+        d.is_multiple_of(16),
+        "sequential: d must be a multiple of 16"
+    );
+    assert!(
+        q.len() >= rows * d && acc.len() >= rows * d && l.len() >= rows && p.len() >= rows,
+        "sequential: rows too short"
+    );
+    assert!(
+        k.len() >= span.end * d && v.len() >= span.end * d,
+        "sequential: keys too short"
+    );
+    // SAFETY (every pointer below): row r < rows and key j < span.end stay inside q, acc,
+    // k and v by the asserts above.
+    for j in span {
+        let (kj, vj) = (k.as_ptr().add(j * d), v.as_ptr().add(j * d));
+        for r in 0..rows {
+            if !range(r).contains(&j) {
+                p[r] = 0.0;
+                continue;
+            }
+            let s = key_score(q.as_ptr().add(r * d), kj, d, scale);
+            let m_new = m[r].max(s);
+            let ar = acc.as_mut_ptr().add(r * d);
+            if m_new > m[r] {
+                let c = (m[r] - m_new).exp();
+                l[r] *= c;
+                let cv = _mm512_set1_ps(c);
+                for x in (0..d).step_by(16) {
+                    _mm512_storeu_ps(ar.add(x), _mm512_mul_ps(_mm512_loadu_ps(ar.add(x)), cv));
+                }
+                m[r] = m_new;
+            }
+            p[r] = (s - m_new).exp();
+            l[r] += p[r];
+        }
+        // acc_r += p_r v as `pv_strip` adds one key: the product rounded (an FMA from zero),
+        // then added.
+        for r in 0..rows {
+            let (w, ar) = (_mm512_set1_ps(p[r]), acc.as_mut_ptr().add(r * d));
+            for x in (0..d).step_by(16) {
+                let pv = _mm512_fmadd_ps(w, T::load16(vj.add(x)), _mm512_setzero_ps());
+                _mm512_storeu_ps(ar.add(x), _mm512_add_ps(_mm512_loadu_ps(ar.add(x)), pv));
+            }
+        }
+    }
 }
 
 /// `R` rows x `C` vectors of 16 columns (from column `c`) of acc += `vs` x P V over `keys`

@@ -209,6 +209,71 @@ pub fn to_bf16_bits<'a>(src: &[f32], dst: &'a mut [f32]) -> Option<&'a [u16]> {
     exact.then_some(&*bits)
 }
 
+/// Rabe–Staats' one key at a time (`decode::attend_sequential`) over the keys `span` of
+/// the contiguous run of `k` and `v` from element `base`, in one AVX-512 loop, where the
+/// path `isa` has it for `d` and the storage is not FP8 (`fp8`); `false` (nothing done)
+/// otherwise, and the caller runs its key-by-key loop.
+#[allow(clippy::too_many_arguments)]
+pub fn sequential(
+    isa: Isa,
+    q: &[f32],
+    (k, v, base): (&Tensor, &Tensor, usize),
+    d: usize,
+    scale: f32,
+    span: std::ops::Range<usize>,
+    range: &impl Fn(usize) -> std::ops::Range<usize>,
+    state: (&mut [f32], &mut [f32], &mut [f32]),
+    p: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if wide(isa, d) {
+        let run = |n: usize| base..base + n;
+        let n = span.end * d;
+        // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
+        unsafe {
+            match (k, v) {
+                (Tensor::F32(k), Tensor::F32(v)) => decode_avx512::sequential(
+                    q,
+                    &k[run(n)],
+                    &v[run(n)],
+                    d,
+                    scale,
+                    span,
+                    range,
+                    state,
+                    p,
+                ),
+                (Tensor::Bf16(k), Tensor::Bf16(v)) => decode_avx512::sequential(
+                    q,
+                    &k[run(n)],
+                    &v[run(n)],
+                    d,
+                    scale,
+                    span,
+                    range,
+                    state,
+                    p,
+                ),
+                (Tensor::F16(k), Tensor::F16(v)) => decode_avx512::sequential(
+                    q,
+                    &k[run(n)],
+                    &v[run(n)],
+                    d,
+                    scale,
+                    span,
+                    range,
+                    state,
+                    p,
+                ),
+                _ => return false,
+            }
+        }
+        return true;
+    }
+    let _ = (isa, q, k, v, base, d, scale, span, range, state, p);
+    false
+}
+
 /// `acc_r += sum_j p[r * stride + j] * v_j` for every row r of `acc` (each `d` long) and
 /// every value row j of `v`, on the kernel path `isa`.
 pub fn accumulate(isa: Isa, p: &[f32], stride: usize, v: Elems, d: usize, acc: &mut [f32]) {
