@@ -10,6 +10,9 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Isa {
+    /// The `avx512` path, with `flash`'s bf16 forward on AMX tiles (`tdpbf16ps`, Intel
+    /// Sapphire Rapids and later, where Linux grants the tile state).
+    AmxBf16,
     /// AVX-512 (F, BW, VL) f32 kernels, and `vdpbf16ps` (AVX512_BF16) for bf16 inputs: bf16
     /// pairs multiplied exactly and accumulated in f32.
     Avx512Bf16,
@@ -24,10 +27,17 @@ pub enum Isa {
 
 impl Isa {
     /// Every path, widest instructions first.
-    pub const ALL: [Isa; 4] = [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Portable];
+    pub const ALL: [Isa; 5] = [
+        Isa::AmxBf16,
+        Isa::Avx512Bf16,
+        Isa::Avx512,
+        Isa::Avx2,
+        Isa::Portable,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
+            Isa::AmxBf16 => "amx-bf16",
             Isa::Avx512Bf16 => "avx512-bf16",
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
@@ -44,10 +54,15 @@ impl Isa {
         self == Isa::Avx512Bf16
     }
 
+    /// Whether the path runs the AVX-512 loops (16 f32 lanes).
+    pub fn avx512(self) -> bool {
+        matches!(self, Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512)
+    }
+
     /// f32 lanes of one vector register: the granularity tiles are padded to.
     pub fn lanes(self) -> usize {
         match self {
-            Isa::Avx512Bf16 | Isa::Avx512 => 16,
+            Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => 16,
             Isa::Avx2 | Isa::Portable => 8,
         }
     }

@@ -54,7 +54,7 @@ fn tiles(case: &Case) -> (usize, usize) {
 }
 
 /// (operand path, workers, floats per worker).
-fn layout(case: &Case, isa: Isa) -> (kernel::ReadPath, usize, usize) {
+fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = tiles(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);

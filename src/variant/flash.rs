@@ -33,7 +33,7 @@ pub fn chunks(case: &Case) -> (usize, usize) {
 
 /// (operand path, workers, floats per worker) of the forward on kernel path `isa`; `exact`
 /// for the forward of a training step (P kept in f32), as `precision = highest` keeps it.
-fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::ReadPath, usize, usize) {
+fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::FlashPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = chunks(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);

@@ -28,7 +28,7 @@ static INFO: VariantInfo = VariantInfo {
 };
 
 /// (operand path, workers, floats per worker): a worker per head at most.
-fn layout(case: &Case, isa: Isa) -> (kernel::ReadPath, usize, usize) {
+fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = case.chunks_or(kernel::DEFAULT_Q_CHUNK, kernel::DEFAULT_KV_CHUNK);
     let workers = case.threads.min(s.batch * s.heads).max(1);

@@ -1416,13 +1416,26 @@ fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> In
 /// (plus `f32_tol` for the exp polynomial and the summation order). Elsewhere both compute
 /// in f32 and agree to `f32_tol`.
 fn blocking_tolerance(dtype: DType, head_dim: usize, v: &Tensor, f32_tol: f64) -> f64 {
-    match ReadPath::of(dtype, Isa::detect(), head_dim) {
-        ReadPath::Bf16Dot => {
-            let mut max_v = 0.0f64;
-            v.for_each_f32(|x| max_v = max_v.max(f64::from(x.abs())));
-            2f64.powi(-7) * max_v + f32_tol
+    if rounds_p(VariantId::Flash, dtype, Isa::detect(), head_dim, false) {
+        let mut max_v = 0.0f64;
+        v.for_each_f32(|x| max_v = max_v.max(f64::from(x.abs())));
+        2f64.powi(-7) * max_v + f32_tol
+    } else {
+        f32_tol
+    }
+}
+
+/// Whether variant `v` may round P to bf16 for PV on `isa` (the bound's 2^-8 A term):
+/// flash's forwards (flash, flash-varlen, chunked-prefill) by `flash::path`, which puts
+/// bf16 on AMX tiles on amx-bf16; the others where their tiles multiply bf16 pairs
+/// (naive and rabe-staats only where V's rows are whole vectors, `ReadPath::bf16_pv`; the
+/// bound allows the rounding wherever the path may do it). With `highest`, none may.
+fn rounds_p(v: VariantId, dtype: DType, isa: Isa, d: usize, highest: bool) -> bool {
+    match v {
+        VariantId::Flash | VariantId::FlashVarlen | VariantId::ChunkedPrefill => {
+            crate::backend::cpu::flash::path(dtype, isa, d, highest).rounds_p()
         }
-        ReadPath::F32 | ReadPath::Widen => f32_tol,
+        _ => !highest && ReadPath::of(dtype, isa, d) == ReadPath::Bf16Dot,
     }
 }
 
@@ -1719,12 +1732,9 @@ fn assert_all_within_bound_at(s: &Setup, precision: Option<Precision>) -> Vec<(R
     let mut worst: Vec<(ReadPath, f64)> = Vec::new();
     for isa in paths() {
         let path = ReadPath::of(s.dtype, isa, s.shape.head_dim);
-        // Forward-only cases: flash rounds P to bf16 on this path at every even d, naive and
-        // rabe-staats where V's rows are whole vectors (`ReadPath::bf16_pv`); the bound allows
-        // the rounding wherever the path may do it.
-        // With `highest`, none may.
-        let p_rounded = path == ReadPath::Bf16Dot && precision != Some(Precision::Highest);
+        let highest = precision == Some(Precision::Highest);
         for v in fwd_variants(s) {
+            let p_rounded = rounds_p(v, s.dtype, isa, s.shape.head_dim, highest);
             let c = Case {
                 precision,
                 ..case(v, s)
@@ -1950,7 +1960,7 @@ fn every_pass_size_rule_against_the_oracle() {
                                 "{} [{isa}] {rule:?} ({rows} rows) {dtype} {nq}x{nkv} causal {causal}",
                                 v.name()
                             );
-                            let p_rounded = path == ReadPath::Bf16Dot;
+                            let p_rounded = rounds_p(v, dtype, isa, 32, false);
                             assert_within_bound(&out, &want, p_rounded, &what);
                             ran.insert((v, rule, isa));
                         }

@@ -79,7 +79,7 @@ pub fn loops_path(isa: Isa, forced: bool) -> Isa {
 /// `loops_path` given the measured choice (`pairs`: bf16 as pairs; `None`: not measured).
 pub fn loops_path_with(isa: Isa, forced: bool, pairs: Option<bool>) -> Isa {
     match pairs {
-        Some(p) if !forced && matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) => {
+        Some(p) if !forced && isa.avx512() => {
             if p {
                 Isa::Avx512Bf16
             } else {

@@ -18,6 +18,7 @@
 //! AVX512_BF16 use `vdpbf16ps` for both products (P rounded to bf16 for PV, V_j paired per
 //! block); other low-precision paths widen K_j and V_j to f32 per block.
 
+use super::flash_amx;
 use super::isa::Isa;
 use super::sched::{for_each_item, Blocks};
 use super::simd::{KC, LOG2E};
@@ -46,8 +47,15 @@ pub fn items(shape: &Shape, bq: usize) -> usize {
 /// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
 /// paired V_j, S^T, bf16 P^T pairs, O^T, and five column vectors (block max, running max,
 /// running sum, correction, visible keys per query row).
-pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: ReadPath) -> [usize; 11] {
+pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: FlashPath) -> [usize; 11] {
     let d = shape.head_dim;
+    let path = match path {
+        FlashPath::Amx => {
+            let a = flash_amx::worker_lens(d, bq, bk);
+            return std::array::from_fn(|i| a.get(i).copied().unwrap_or(0));
+        }
+        FlashPath::Tiles(p) => p,
+    };
     let nb = pad_lanes(bq);
     let (qt, kw, vw, pp) = match path {
         ReadPath::F32 => (d * nb, 0, 0, 0),
@@ -62,10 +70,29 @@ pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: ReadPath) -> [usiz
 /// the backward (`exact`) keeps P in f32 (bf16 inputs widened instead of `vdpbf16ps`, which
 /// would round P to bf16 for PV: fine for the forward's bf16 tolerance, too coarse for the
 /// gradients' 1e-4).
-pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> ReadPath {
-    match ReadPath::of(dtype, isa, head_dim) {
+pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> FlashPath {
+    // The AMX tiles round P to bf16 as the pairs do.
+    if isa == Isa::AmxBf16 && dtype == DType::Bf16 && !exact && flash_amx::fits(head_dim) {
+        return FlashPath::Amx;
+    }
+    FlashPath::Tiles(match ReadPath::of(dtype, isa, head_dim) {
         ReadPath::Bf16Dot if exact => ReadPath::Widen,
         p => p,
+    })
+}
+
+/// How flash's forward reads its operands: on the shared tiles (`ReadPath`), or on AMX
+/// tiles (`flash_amx`, bf16 on the amx-bf16 path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashPath {
+    Tiles(ReadPath),
+    Amx,
+}
+
+impl FlashPath {
+    /// Whether P is rounded to bf16 for PV (bf16 pairs or AMX tiles).
+    pub fn rounds_p(self) -> bool {
+        matches!(self, FlashPath::Amx | FlashPath::Tiles(ReadPath::Bf16Dot))
     }
 }
 
@@ -80,7 +107,7 @@ pub fn forward(
     causal: bool,
     (window, sinks): (Option<usize>, usize),
     (bq, bk): (usize, usize),
-    path: ReadPath,
+    path: FlashPath,
     isa: Isa,
     ws: &Workspace,
     out: &mut [f32],
@@ -89,7 +116,9 @@ pub fn forward(
     let s = inputs.shape;
     let (d, nq) = (s.head_dim, s.seq_q);
     assert!(
-        path == ReadPath::of(inputs.dtype(), isa, d) || path == ReadPath::Widen,
+        path == FlashPath::Tiles(ReadPath::of(inputs.dtype(), isa, d))
+            || path == FlashPath::Tiles(ReadPath::Widen)
+            || path == self::path(inputs.dtype(), isa, d, false),
         "flash path {path:?} does not fit these inputs on {isa}"
     );
     let nqb = nq.div_ceil(bq);
@@ -135,7 +164,7 @@ pub fn forward_steps(
     inputs: &Inputs,
     (bq, bk): (usize, usize),
     chunk: usize,
-    path: ReadPath,
+    path: FlashPath,
     isa: Isa,
     ws: &Workspace,
     out: &mut [f32],
@@ -189,7 +218,7 @@ pub fn forward_varlen(
     causal: bool,
     (bq, bk): (usize, usize),
     (cu_q, cu_kv): (&[usize], &[usize]),
-    path: ReadPath,
+    path: FlashPath,
     isa: Isa,
     ws: &Workspace,
     out: &mut [f32],
@@ -292,7 +321,7 @@ fn block(
     row0: usize,
     bk: usize,
     isa: Isa,
-    path: ReadPath,
+    path: FlashPath,
     buf: &mut [f32],
     lens: [usize; 11],
     o: &mut [f32],
@@ -302,6 +331,23 @@ fn block(
     let d = s.head_dim;
     let (q_off, kv_off) = (seq.q_off, seq.kv_off);
     let rows = o.len() / d;
+    let path = match path {
+        FlashPath::Tiles(p) => p,
+        FlashPath::Amx => {
+            flash_amx_block(
+                inputs,
+                causal,
+                (window, sinks),
+                seq,
+                row0,
+                (rows, bk),
+                buf,
+                o,
+                lse,
+            );
+            return;
+        }
+    };
     let nb = pad_lanes(rows);
     let c = s.scale() * LOG2E;
     let [qt, kw, vw, st, pp, ot, colmax, m2, l, corr, vis] = carve(buf, lens);
@@ -463,4 +509,52 @@ fn block(
             };
         }
     }
+}
+
+/// One query block on AMX tiles (`flash_amx::block`), as `block` takes it.
+#[allow(clippy::too_many_arguments)]
+fn flash_amx_block(
+    inputs: &Inputs,
+    causal: bool,
+    window_sinks: (Option<usize>, usize),
+    seq: Seq,
+    row0: usize,
+    rows_bk: (usize, usize),
+    buf: &mut [f32],
+    o: &mut [f32],
+    lse: Option<&mut [f32]>,
+) {
+    assert!(
+        Isa::AmxBf16.available(),
+        "flash: the AMX tiles are not usable here"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the tiles are usable (asserted); `path` gives `Amx` only for bf16 inputs whose
+    // head dim `fits`, and `buf` holds `worker_lens` for blocks of at least the block's rows.
+    unsafe {
+        flash_amx::block(
+            inputs,
+            causal,
+            window_sinks,
+            &seq.shape,
+            (seq.q_off, seq.kv_off),
+            row0,
+            rows_bk,
+            buf,
+            o,
+            lse,
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (
+        inputs,
+        causal,
+        window_sinks,
+        seq,
+        row0,
+        rows_bk,
+        buf,
+        o,
+        lse,
+    );
 }

@@ -53,6 +53,7 @@ impl Isa {
                     && is_x86_feature_detected!("f16c")
             };
             match self {
+                Isa::AmxBf16 => avx512() && super::amx::usable(),
                 Isa::Avx512Bf16 => avx512() && is_x86_feature_detected!("avx512bf16"),
                 Isa::Avx512 => avx512(),
                 Isa::Avx2 => {
@@ -119,6 +120,19 @@ pub struct PathChoice {
     /// bf16 pair (`vdpbf16ps`) peak of one core, GFLOP/s; only where the widest path has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bf16_dot_gflops: Option<f64>,
+    /// AMX bf16 tile (`tdpbf16ps`) peak of one core, GFLOP/s; only where the CPU and OS
+    /// offer the tiles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amx_gflops: Option<f64>,
+}
+
+/// The AMX peak loop: a tenth of the vector loops' rounds (each round is 64x the work).
+fn amx_peak() -> (f64, f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: called only where `Isa::AmxBf16` is available, so the tiles are usable.
+    return unsafe { super::amx::peak_loop(PROBE_ITERS / 10) };
+    #[cfg(not(target_arch = "x86_64"))]
+    (0.0, 0.0)
 }
 
 impl PathChoice {
@@ -128,32 +142,42 @@ impl PathChoice {
         CHOICE.get_or_init(PathChoice::probe)
     }
 
-    /// Times the FMA and (where the widest path has it) the bf16 pair peak loops on the
-    /// calling thread, interleaved, and chooses.
+    /// Times the FMA, (where the CPU has them) the bf16 pair and the AMX tile peak loops on
+    /// the calling thread, interleaved, and chooses.
     fn probe() -> PathChoice {
         let widest = Isa::widest();
-        let rate = |bf16: bool| {
+        let timed = |run: &dyn Fn() -> (f64, f32)| {
             let t0 = Instant::now();
-            let (flops, v) = super::tiles::peak_loop(widest, bf16, PROBE_ITERS);
+            let (flops, v) = run();
             let dt = t0.elapsed().as_secs_f64();
             std::hint::black_box(v);
             flops / dt.max(1e-9) / 1e9
         };
-        let (mut fma, mut dot) = (0.0f64, 0.0f64);
+        let pairs = Isa::Avx512Bf16.available();
+        let amx = Isa::AmxBf16.available();
+        let (mut fma, mut dot, mut tiles) = (0.0f64, 0.0f64, 0.0f64);
         for run in 0..=PROBE_RUNS {
-            let f = rate(false);
-            let d = if widest.bf16_dot() { rate(true) } else { 0.0 };
+            let f = timed(&|| super::tiles::peak_loop(widest, false, PROBE_ITERS));
+            let d = if pairs {
+                timed(&|| super::tiles::peak_loop(Isa::Avx512Bf16, true, PROBE_ITERS))
+            } else {
+                0.0
+            };
+            let a = if amx { timed(&amx_peak) } else { 0.0 };
             if run > 0 {
                 fma = fma.max(f);
                 dot = dot.max(d);
+                tiles = tiles.max(a);
             }
         }
-        let bf16_dot_gflops = widest.bf16_dot().then_some(dot);
+        let bf16_dot_gflops = pairs.then_some(dot);
+        let amx_gflops = amx.then_some(tiles);
         PathChoice {
             widest,
-            chosen: choose(widest, fma, bf16_dot_gflops),
+            chosen: choose(widest, fma, bf16_dot_gflops, amx_gflops),
             fma_gflops: fma,
             bf16_dot_gflops,
+            amx_gflops,
         }
     }
 
@@ -174,16 +198,38 @@ impl PathChoice {
                 self.fma_gflops
             ),
         };
+        let why = match self.amx_gflops {
+            Some(a) => format!(
+                "AMX tiles (tdpbf16ps) at {a:.0} GFLOP/s per core: {}; {why}",
+                if self.chosen == Isa::AmxBf16 {
+                    "flash's bf16 forward on them"
+                } else {
+                    "not used"
+                }
+            ),
+            None => why,
+        };
         format!("{} by default, measured: {why}", self.chosen)
     }
 }
 
-/// The default path: the widest, except that bf16 is widened to f32 (`avx512`) where the
-/// pair instruction's rate is below [`BF16_DOT_MIN_RATIO`] of the FMA's.
-pub fn choose(widest: Isa, fma_gflops: f64, bf16_dot_gflops: Option<f64>) -> Isa {
+/// The default path: `amx-bf16` where the AMX tiles' rate is at least the FMA's; else the
+/// widest vector path, except that bf16 is widened to f32 (`avx512`) where the pair
+/// instruction's rate is below [`BF16_DOT_MIN_RATIO`] of the FMA's.
+pub fn choose(
+    widest: Isa,
+    fma_gflops: f64,
+    bf16_dot_gflops: Option<f64>,
+    amx_gflops: Option<f64>,
+) -> Isa {
+    if widest == Isa::AmxBf16 && amx_gflops.is_some_and(|a| a >= fma_gflops) {
+        return Isa::AmxBf16;
+    }
     match bf16_dot_gflops {
-        Some(dot) if widest.bf16_dot() && dot < BF16_DOT_MIN_RATIO * fma_gflops => Isa::Avx512,
-        _ => widest,
+        Some(dot) if dot < BF16_DOT_MIN_RATIO * fma_gflops => Isa::Avx512,
+        Some(_) => Isa::Avx512Bf16,
+        None if widest == Isa::AmxBf16 => Isa::Avx512,
+        None => widest,
     }
 }
 
@@ -204,15 +250,47 @@ mod tests {
     fn pairs_are_kept_where_they_are_faster_and_widened_where_slower() {
         // Zen 4's calibration (results/cpu_perf_zen4/meta.json, one core): 117.5 GFLOP/s FMA,
         // 235.7 bf16 pairs.
-        assert_eq!(choose(Isa::Avx512Bf16, 117.5, Some(235.7)), Isa::Avx512Bf16);
+        assert_eq!(
+            choose(Isa::Avx512Bf16, 117.5, Some(235.7), None),
+            Isa::Avx512Bf16
+        );
         // The Xeon of family 6 model 207: 172 FMA, 85 pairs.
-        assert_eq!(choose(Isa::Avx512Bf16, 172.0, Some(85.0)), Isa::Avx512);
+        assert_eq!(
+            choose(Isa::Avx512Bf16, 172.0, Some(85.0), None),
+            Isa::Avx512
+        );
         // At equal rates the pairs stay (half the bytes, no widening).
-        assert_eq!(choose(Isa::Avx512Bf16, 100.0, Some(100.0)), Isa::Avx512Bf16);
+        assert_eq!(
+            choose(Isa::Avx512Bf16, 100.0, Some(100.0), None),
+            Isa::Avx512Bf16
+        );
         // Without the instruction the widest path is the choice, whatever the rates.
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
-            assert_eq!(choose(isa, 50.0, None), isa);
+            assert_eq!(choose(isa, 50.0, None, None), isa);
         }
+    }
+
+    #[test]
+    fn amx_tiles_are_chosen_where_faster_and_the_vector_rule_decides_otherwise() {
+        // This VM's probe (Xeon with AMX, `attnbench list`): about 170 FMA, 85 pairs, and
+        // the tiles far above both; the tiles win.
+        assert_eq!(
+            choose(Isa::AmxBf16, 170.0, Some(85.0), Some(1500.0)),
+            Isa::AmxBf16
+        );
+        // Tiles slower than the FMA (a hypothetical throttled unit): the vector rule, which
+        // widens here and keeps pairs where they are faster.
+        assert_eq!(
+            choose(Isa::AmxBf16, 170.0, Some(85.0), Some(100.0)),
+            Isa::Avx512
+        );
+        assert_eq!(
+            choose(Isa::AmxBf16, 100.0, Some(200.0), Some(50.0)),
+            Isa::Avx512Bf16
+        );
+        // Without the AMX rate (the OS refused the tiles) the widest is never AMX.
+        assert_eq!(choose(Isa::AmxBf16, 170.0, Some(85.0), None), Isa::Avx512);
+        assert_eq!(choose(Isa::AmxBf16, 170.0, None, None), Isa::Avx512);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! decode kernels with their split-KV combine, on `vecops`); the backward passes still use
 //! the `matrixmultiply` SGEMM wrapper (`gemm`).
 
+pub mod amx;
 pub mod block_grads;
 pub mod blocks;
 pub mod cache;
@@ -15,6 +16,7 @@ pub mod decode;
 mod decode_avx512;
 pub mod decode_path;
 pub mod flash;
+pub mod flash_amx;
 pub mod flash_bwd;
 pub mod fp8;
 pub mod gemm;

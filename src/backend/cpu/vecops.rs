@@ -441,7 +441,7 @@ fn widen_f16(src: &[f16], dst: &mut [f32]) {
 /// flight: a 4-lane loop reads about 0.6 of what 16 lanes do on one core of a Xeon.
 pub fn read_sum(isa: Isa, x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && isa.available() {
+    if isa.avx512() && isa.available() {
         // SAFETY: AVX-512 F was detected just above.
         return unsafe { decode_avx512::sum(x) };
     }
@@ -464,7 +464,7 @@ pub fn read_sum(isa: Isa, x: &[f32]) -> f32 {
 /// head dimension of whole 16-lane vectors (others take the AVX2 loops).
 #[cfg(target_arch = "x86_64")]
 fn wide(isa: Isa, d: usize) -> bool {
-    matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && isa.available() && d.is_multiple_of(16)
+    isa.avx512() && isa.available() && d.is_multiple_of(16)
 }
 
 /// Whether `scores` and `accumulate` read FP8 codes in place (`Elems::Fp8`) on the kernel

@@ -201,7 +201,7 @@ pub(crate) unsafe fn exp2_nonpos_bf16(x: V) -> V {
 /// quads of rows, within each 128-bit group; rounds 3 and 4 move the 128-bit groups.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+pub(crate) unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     let r: [V; W] = std::array::from_fn(|i| load(src.add(i * lds)));
     // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved (low and high pairs of each group).
     let mut t = [_mm512_setzero_ps(); W];

@@ -1,0 +1,305 @@
+//! FlashAttention-2's forward (Dao 2023, Algorithm 1 in the FA-2 loop order) for bf16
+//! inputs on AMX tiles (`amx`): per query block Q_i and key block K_j, S = Q_i K_j^T and
+//! O += P V_j as `tdpbf16ps` tile products (bf16 pairs, f32 sums), the online softmax
+//! between them row by row on AVX-512 (m' = max(m, rowmax S), P = 2^(S log2e / sqrt(d) - m')
+//! rounded to bf16, l = 2^(m - m') l + rowsum P, O = 2^(m - m') O + P V_j); O / l at the
+//! end. Q_i is read in place as A tiles; K_j is transposed into bf16 pairs (the B tiles of
+//! S) and V_j interleaved by pairs of rows (the B tiles of PV) once per block pair, 1/B_r of
+//! the products' work. Blocks are processed 2 x 2 tiles at a time (four C tiles, two A, two
+//! B: all eight tile registers). Causal, sliding-window and sink masks as `flash` (the same
+//! key tiles, `flash::key_tiles`). Time O(n_q n_kv d); per-worker scratch
+//! O(B_r B_c + (B_r + B_c) d) floats (`worker_lens`), O(1) in n.
+
+#![allow(clippy::needless_range_loop)]
+
+use super::flash::key_tiles;
+use super::workspace::carve;
+use crate::problem::{Inputs, Shape};
+
+/// Query and key blocks are rounded up to a multiple of this (two 16-row tiles; 32 keys,
+/// one A tile of P).
+pub const GRAIN: usize = 32;
+
+fn round(n: usize) -> usize {
+    n.div_ceil(GRAIN) * GRAIN
+}
+
+/// Whether the AMX forward runs a head dimension: whole A tiles of Q (32 bf16) and whole
+/// pairs of C tiles of O (32 columns).
+pub fn fits(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(GRAIN)
+}
+
+/// Per-worker scratch floats, in the order `block` carves them: the Q block (bf16), K_j as
+/// pairs (bf16), V_j interleaved (bf16), S, P (bf16), O, the row max, sum and correction,
+/// and the PV tile staging.
+pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 10] {
+    let (nb, kb) = (round(bq), round(bk));
+    [
+        nb * d / 2,
+        kb * d / 2,
+        kb * d / 2,
+        nb * kb,
+        nb * kb / 2,
+        nb * d,
+        nb,
+        nb,
+        nb,
+        nb * d,
+    ]
+}
+
+/// One query block: rows `row0..row0 + o.len() / d` of the head whose first query row and
+/// first key sit at elements `q_off` and `kv_off` of bf16 `inputs` of shape `s`. With
+/// `lse`, each row's logsumexp (natural log; -inf for a row that sees no key).
+///
+/// # Safety
+/// `amx::usable()` must be true; the inputs must be bf16 and `fits(s.head_dim)`; `buf` at
+/// least the sum of `worker_lens(d, bq, bk)` for a `bq` of at least the block's rows.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn block(
+    inputs: &Inputs,
+    causal: bool,
+    (window, sinks): (Option<usize>, usize),
+    s: &Shape,
+    (q_off, kv_off): (usize, usize),
+    row0: usize,
+    (bq, bk): (usize, usize),
+    buf: &mut [f32],
+    o: &mut [f32],
+    lse: Option<&mut [f32]>,
+) {
+    use std::arch::x86_64::*;
+
+    use super::amx::{self, Tiles};
+    use super::simd::avx512::exp2_nonpos_bf16;
+    use super::tiles::{as_u16, bf16_bits};
+
+    let d = s.head_dim;
+    let rows = o.len() / d;
+    let (nb, kb) = (round(bq), round(bk));
+    assert!(fits(d) && rows > 0 && rows <= nb, "flash_amx: block shape");
+    let [qb, kp, vp, st, pb, ob, m, l, corr, pv] = carve(buf, worker_lens(d, bq, bk));
+    let (q16, k16, v16) = match (
+        bf16_bits(&inputs.q),
+        bf16_bits(&inputs.k),
+        bf16_bits(&inputs.v),
+    ) {
+        (Some(q), Some(k), Some(v)) => (q, k, v),
+        _ => panic!("flash_amx: the inputs are not bf16"),
+    };
+    // The Q block as A tiles, rows past the block zero.
+    let qb = &mut as_u16(qb)[..nb * d];
+    qb[..rows * d].copy_from_slice(&q16[q_off + row0 * d..][..rows * d]);
+    qb[rows * d..].fill(0);
+    let (kp, vp, pb) = (as_u16(kp), as_u16(vp), as_u16(pb));
+    pb.fill(0);
+    ob.fill(0.0);
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    let c = s.scale() * std::f32::consts::LOG2_E;
+    // Each row's keys: its window lo..hi (the causal bound, all keys without) and its
+    // sinks 0..sk (`Shape::key_range`, `Shape::sink_range`).
+    let seen = |r: usize| {
+        let w = s.key_range(causal, window, row0 + r);
+        let sk = s.sink_range(causal, window, sinks, row0 + r).end;
+        (w.start as i32, w.end as i32, sk as i32)
+    };
+    let _tiles = Tiles::configure();
+    let (ab, bb) = (amx::ROW_BYTES, 2 * d);
+
+    for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
+        let kw = round(kn);
+        let at = kv_off + k0 * d;
+        pack_pairs(&k16[at..][..kn * d], kn, d, kb, kp);
+        let v = &v16[at..][..kn * d];
+        super::simd::bf16::interleave_rows(v.as_ptr(), kn, d, vp.as_mut_ptr());
+        vp[kn.div_ceil(2) * 2 * d..kw / 2 * 2 * d].fill(0);
+
+        // S = Q_i K_j^T, 2 x 2 tiles at a time: C0..C3, A4/A5 (Q rows), B6/B7 (key pairs).
+        let (qp, kpp, sp) = (
+            qb.as_ptr() as *const u8,
+            kp.as_ptr() as *const u8,
+            st.as_mut_ptr() as *mut u8,
+        );
+        for qt in (0..nb / 16).step_by(2) {
+            for kt in (0..kw / 16).step_by(2) {
+                amx::zero::<0>();
+                amx::zero::<1>();
+                amx::zero::<2>();
+                amx::zero::<3>();
+                for ds in 0..d / 32 {
+                    let a = qp.add((qt * 16 * d + ds * 32) * 2);
+                    amx::load::<4>(a, bb);
+                    amx::load::<5>(a.add(16 * bb), bb);
+                    let b = kpp.add((ds * 16 * kb + kt * 16) * 4);
+                    amx::load::<6>(b, kb * 4);
+                    amx::load::<7>(b.add(ab), kb * 4);
+                    amx::dot::<0, 4, 6>();
+                    amx::dot::<1, 4, 7>();
+                    amx::dot::<2, 5, 6>();
+                    amx::dot::<3, 5, 7>();
+                }
+                let cp = sp.add((qt * 16 * kb + kt * 16) * 4);
+                amx::store::<0>(cp, kb * 4);
+                amx::store::<1>(cp.add(ab), kb * 4);
+                amx::store::<2>(cp.add(16 * kb * 4), kb * 4);
+                amx::store::<3>(cp.add(16 * kb * 4 + ab), kb * 4);
+            }
+        }
+
+        // The online softmax, row by row; P as bf16 A tiles (keys past kn, and keys a row
+        // does not see, 0).
+        let iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        let end = _mm512_set1_epi32((k0 + kn) as i32);
+        let neg = _mm512_set1_ps(f32::NEG_INFINITY);
+        let cv = _mm512_set1_ps(c);
+        for r in 0..rows {
+            let (lo, hi, sk) = seen(r);
+            let (lo, hi, sk) = (
+                _mm512_set1_epi32(lo),
+                _mm512_set1_epi32(hi),
+                _mm512_set1_epi32(sk),
+            );
+            // Key k0 + j + lane is seen when below the row's bound and the tile's end, and in
+            // its window or a sink.
+            let lane = |j: usize| -> __mmask16 {
+                let idx = _mm512_add_epi32(iota, _mm512_set1_epi32((k0 + j) as i32));
+                let below = _mm512_cmplt_epi32_mask(idx, hi) & _mm512_cmplt_epi32_mask(idx, end);
+                below & (_mm512_cmpge_epi32_mask(idx, lo) | _mm512_cmplt_epi32_mask(idx, sk))
+            };
+            let srow = st.as_ptr().add(r * kb);
+            let prow = pb.as_mut_ptr().add(r * kb);
+            let mut mx = neg;
+            for j in (0..kw).step_by(16) {
+                let x = _mm512_mask_mul_ps(neg, lane(j), _mm512_loadu_ps(srow.add(j)), cv);
+                mx = _mm512_max_ps(mx, x);
+            }
+            let m_new = m[r].max(_mm512_reduce_max_ps(mx));
+            if m_new == f32::NEG_INFINITY {
+                // Nothing seen yet: P = 0, and O (0) needs no correction.
+                corr[r] = 1.0;
+                std::ptr::write_bytes(prow, 0, kw);
+                continue;
+            }
+            corr[r] = (m[r] - m_new).exp2();
+            let mv = _mm512_set1_ps(m_new);
+            let mut sum = _mm512_setzero_ps();
+            for j in (0..kw).step_by(16) {
+                let seen = lane(j);
+                let x = _mm512_mask_mul_ps(neg, seen, _mm512_loadu_ps(srow.add(j)), cv);
+                let p = _mm512_maskz_mov_ps(seen, exp2_nonpos_bf16(_mm512_sub_ps(x, mv)));
+                sum = _mm512_add_ps(sum, p);
+                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(p));
+                _mm256_storeu_si256(prow.add(j) as *mut __m256i, h);
+            }
+            l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(sum);
+            m[r] = m_new;
+        }
+
+        // PV = P V_j: C0..C3 over 2 x 2 tiles of (rows, columns of d), A4/A5 (P), B6/B7 (V).
+        let (pp, vpp, pvp) = (
+            pb.as_ptr() as *const u8,
+            vp.as_ptr() as *const u8,
+            pv.as_mut_ptr() as *mut u8,
+        );
+        for qt in (0..nb / 16).step_by(2) {
+            for dt in (0..d / 16).step_by(2) {
+                amx::zero::<0>();
+                amx::zero::<1>();
+                amx::zero::<2>();
+                amx::zero::<3>();
+                for ks in 0..kw / 32 {
+                    let a = pp.add((qt * 16 * kb + ks * 32) * 2);
+                    amx::load::<4>(a, kb * 2);
+                    amx::load::<5>(a.add(16 * kb * 2), kb * 2);
+                    let b = vpp.add((ks * 16 * 2 * d + dt * 32) * 2);
+                    amx::load::<6>(b, 4 * d);
+                    amx::load::<7>(b.add(ab), 4 * d);
+                    amx::dot::<0, 4, 6>();
+                    amx::dot::<1, 4, 7>();
+                    amx::dot::<2, 5, 6>();
+                    amx::dot::<3, 5, 7>();
+                }
+                let cp = pvp.add((qt * 16 * d + dt * 16) * 4);
+                amx::store::<0>(cp, 4 * d);
+                amx::store::<1>(cp.add(ab), 4 * d);
+                amx::store::<2>(cp.add(16 * d * 4), 4 * d);
+                amx::store::<3>(cp.add(16 * d * 4 + ab), 4 * d);
+            }
+        }
+        // O = corr O + PV.
+        for r in 0..rows {
+            let cr = _mm512_set1_ps(corr[r]);
+            let (orow, prow) = (ob.as_mut_ptr().add(r * d), pv.as_ptr().add(r * d));
+            for x in (0..d).step_by(16) {
+                let y = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(orow.add(x)),
+                    cr,
+                    _mm512_loadu_ps(prow.add(x)),
+                );
+                _mm512_storeu_ps(orow.add(x), y);
+            }
+        }
+    }
+    drop(_tiles);
+
+    // O = O / l; rows that saw no key are 0.
+    for r in 0..rows {
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        for (y, x) in o[r * d..(r + 1) * d]
+            .iter_mut()
+            .zip(&ob[r * d..(r + 1) * d])
+        {
+            *y = x * inv;
+        }
+    }
+    if let Some(lse) = lse {
+        for (r, x) in lse.iter_mut().enumerate() {
+            *x = if l[r] > 0.0 {
+                m[r] * std::f32::consts::LN_2 + l[r].ln()
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+    }
+}
+
+/// K_j (`kn` rows of `d` bf16) as the B tiles of S = Q K_j^T: `kp[p * kb + j]` is the pair
+/// (K[j][2p], K[j][2p + 1]) (32 bits), keys past `kn` zero. 16 x 16 blocks of pairs are
+/// transposed in registers.
+///
+/// # Safety
+/// AVX-512 available; `k` holds kn x d, `kp` at least d / 2 x kb pairs; d even, kn <= kb.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_pairs(k: &[u16], kn: usize, d: usize, kb: usize, kp: &mut [u16]) {
+    let (src, dst) = (k.as_ptr() as *const f32, kp.as_mut_ptr() as *mut f32);
+    let (pairs, full) = (d / 2, kn / 16 * 16);
+    let mut p0 = 0;
+    while p0 + 16 <= pairs {
+        for j0 in (0..full).step_by(16) {
+            super::simd::avx512::transpose_block(
+                src.add(j0 * pairs + p0),
+                pairs,
+                dst.add(p0 * kb + j0),
+                kb,
+            );
+        }
+        p0 += 16;
+    }
+    // Pairs past the last 16 (d not a multiple of 32 never comes here: `fits`) and keys
+    // past the last whole 16, one by one; keys past kn zero.
+    let (src, dst) = (src as *const u32, dst as *mut u32);
+    for p in 0..pairs {
+        let from = if p < p0 { full } else { 0 };
+        for j in from..kn {
+            *dst.add(p * kb + j) = *src.add(j * pairs + p);
+        }
+        for j in kn..round(kn) {
+            *dst.add(p * kb + j) = 0;
+        }
+    }
+}
