@@ -63,6 +63,14 @@ enum Read {
     Pairs,
 }
 
+/// flash's operands: on the shared tiles, or bf16 on AMX tiles (amx-bf16, head dims of
+/// whole 32s, a forward that does not feed the backward).
+#[derive(Clone, Copy)]
+enum FlashRead {
+    Tiles(Read),
+    Amx,
+}
+
 fn read(dtype: DType, isa: Isa, d: usize) -> Read {
     match dtype {
         DType::F32 => Read::F32,
@@ -148,11 +156,21 @@ fn naive_train(c: &Case, isa: Isa) -> u64 {
 
 /// flash's per-worker floats for tiles (bq, bk): Q^T, K_j and V_j copies, S^T, P^T pairs,
 /// O^T and five column vectors.
-fn flash_worker(d: usize, bq: usize, bk: usize, path: Read) -> usize {
+fn flash_worker(d: usize, bq: usize, bk: usize, path: FlashRead) -> usize {
     let nb = bq.div_ceil(LANES) * LANES; // query columns padded to the widest vector
     let st = bk * nb; // S^T
     let ot = d * nb; // O^T
     let cols = 5 * nb; // block max, running max, running sum, correction, visible keys
+    let path = match path {
+        FlashRead::Amx => {
+            // Blocks rounded up to 32 rows and 32 keys: the Q block, K_j as pairs and V_j
+            // interleaved (bf16, half a float each), S and P (bf16), O and its PV staging, the
+            // row max, sum and correction.
+            let (nq, nk) = (bq.div_ceil(32) * 32, bk.div_ceil(32) * 32);
+            return nq * d / 2 + 2 * (nk * d / 2) + nq * nk + nq * nk / 2 + 2 * nq * d + 3 * nq;
+        }
+        FlashRead::Tiles(p) => p,
+    };
     match path {
         Read::F32 => d * nb + st + ot + cols, // Q^T packed
         // Q^T, K_j and V_j widened
@@ -163,11 +181,15 @@ fn flash_worker(d: usize, bq: usize, bk: usize, path: Read) -> usize {
 }
 
 /// flash's operand path; a forward feeding the backward keeps P in f32 (widens instead).
-fn flash_path(c: &Case, isa: Isa, exact: bool) -> Read {
-    match read(c.dtype, isa, c.shape.head_dim) {
+fn flash_path(c: &Case, isa: Isa, exact: bool) -> FlashRead {
+    let d = c.shape.head_dim;
+    if isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && !exact && d.is_multiple_of(32) {
+        return FlashRead::Amx;
+    }
+    FlashRead::Tiles(match read(c.dtype, isa, d) {
         Read::Pairs if exact => Read::Widen,
         p => p,
-    }
+    })
 }
 
 fn flash_chunks(c: &Case) -> (usize, usize) {

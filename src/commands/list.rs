@@ -12,8 +12,8 @@ use crate::variant::Registry;
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    /// Print only the CPU kernel path this machine runs by default (avx512-bf16, avx512,
-    /// avx2 or portable; measured, see `cpu kernel path choice`), e.g. to pick the CI
+    /// Print only the CPU kernel path this machine runs by default (amx-bf16, avx512-bf16,
+    /// avx512, avx2 or portable; measured, see `cpu kernel path choice`), e.g. to pick the CI
     /// baseline measured on the same path.
     #[arg(long)]
     pub kernel_path: bool,
@@ -149,7 +149,7 @@ pub fn list() -> String {
             d.tolerance()
         );
     }
-    s += "precision of P for PV (`precision` / --precision): fast (default; bf16 P on the avx512-bf16 path), highest (P in f32)\n";
+    s += "precision of P for PV (`precision` / --precision): fast (default; bf16 P on the avx512-bf16 path, and in flash on amx-bf16), highest (P in f32)\n";
     let modes: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
     s += &format!(
         "\nmodes: {} (a variant lacking a mode gives skipped rows; see each variant's modes)\n",

@@ -49,8 +49,8 @@ pub struct SweepArgs {
     /// a `run.`, `report.` or `model.` key (`run.max_time_s=0.5`). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUES")]
     pub sets: Vec<String>,
-    /// Run every CPU case on this kernel path (avx512-bf16, avx512, avx2, portable; one
-    /// this CPU runs), as `--set run.kernel_path=PATH` [default: the config's, else this
+    /// Run every CPU case on this kernel path (amx-bf16, avx512-bf16, avx512, avx2, portable;
+    /// one this CPU runs), as `--set run.kernel_path=PATH` [default: the config's, else this
     /// CPU's measured choice, `attnbench list`]. To compare paths in one sweep, give the
     /// `kernel_path` axis a list.
     #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
