@@ -1799,6 +1799,33 @@ fn every_dtype_within_the_derived_bound_on_ragged_shapes() {
     }
 }
 
+/// flash on AMX tiles (amx-bf16: bf16, head dims of whole 32s) within the derived bound
+/// where no block is whole: rows and keys no multiple of a tile (77, 130), chunks that pad
+/// both tile sides (48 rows, 40 keys), causal and not, self- and cross-attention. Where
+/// the CPU or OS offers no AMX, the other paths run and a line says so.
+#[test]
+fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
+    if !Isa::AmxBf16.available() {
+        println!("AMX tiles not usable here: amx-bf16 not among the paths");
+    }
+    for (nq, nkv, d, causal) in [
+        (77, 130, 64, true),
+        (130, 77, 96, false),
+        (130, 130, 64, true),
+    ] {
+        for chunks in [None, Some((48, 40))] {
+            let mut s = setup(nq, nkv, d);
+            s.dtype = DType::Bf16;
+            s.causal = causal;
+            s.chunks = chunks;
+            let worst = assert_all_within_bound(&s);
+            assert!(!worst.is_empty());
+            let amx = crate::backend::cpu::flash::path(DType::Bf16, Isa::AmxBf16, d, false);
+            assert!(amx.rounds_p() && amx == crate::backend::cpu::flash::FlashPath::Amx);
+        }
+    }
+}
+
 /// Every dtype within the derived bound at aligned shapes with the defaults (head dims of
 /// whole vectors: bf16 P rounded for PV on AVX512_BF16), where rabe-staats takes its
 /// one-phase path (one key chunk, query chunks of whole strips; asserted).

@@ -74,7 +74,7 @@ pub unsafe fn block(
     use std::arch::x86_64::*;
 
     use super::amx::{self, Tiles};
-    use super::simd::avx512::exp2_nonpos_bf16;
+    use super::simd::avx512::{exp2, exp2_nonpos_bf16};
     use super::tiles::{as_u16, bf16_bits};
 
     let d = s.head_dim;
@@ -158,6 +158,8 @@ pub unsafe fn block(
         let cv = _mm512_set1_ps(c);
         for r in 0..rows {
             let (lo, hi, sk) = seen(r);
+            // A row whose window holds the whole tile masks only the keys past kn.
+            let whole = lo as usize <= k0 && hi as usize >= k0 + kn;
             let (lo, hi, sk) = (
                 _mm512_set1_epi32(lo),
                 _mm512_set1_epi32(hi),
@@ -166,6 +168,10 @@ pub unsafe fn block(
             // Key k0 + j + lane is seen when below the row's bound and the tile's end, and in
             // its window or a sink.
             let lane = |j: usize| -> __mmask16 {
+                if whole {
+                    let n = kn.saturating_sub(j).min(16);
+                    return ((1u32 << n) - 1) as __mmask16;
+                }
                 let idx = _mm512_add_epi32(iota, _mm512_set1_epi32((k0 + j) as i32));
                 let below = _mm512_cmplt_epi32_mask(idx, hi) & _mm512_cmplt_epi32_mask(idx, end);
                 below & (_mm512_cmpge_epi32_mask(idx, lo) | _mm512_cmplt_epi32_mask(idx, sk))
@@ -173,30 +179,54 @@ pub unsafe fn block(
             let srow = st.as_ptr().add(r * kb);
             let prow = pb.as_mut_ptr().add(r * kb);
             let mut mx = neg;
+            // The raw scores' max (c > 0, so c max s = max c s, rounded alike).
             for j in (0..kw).step_by(16) {
-                let x = _mm512_mask_mul_ps(neg, lane(j), _mm512_loadu_ps(srow.add(j)), cv);
-                mx = _mm512_max_ps(mx, x);
+                mx = _mm512_mask_max_ps(mx, lane(j), mx, _mm512_loadu_ps(srow.add(j)));
             }
-            let m_new = m[r].max(_mm512_reduce_max_ps(mx));
+            let m_new = m[r].max(c * _mm512_reduce_max_ps(mx));
+            // The old max and this block's row sum wait in `corr` and the PV staging for the
+            // vector pass below.
+            corr[r] = m[r];
             if m_new == f32::NEG_INFINITY {
                 // Nothing seen yet: P = 0, and O (0) needs no correction.
-                corr[r] = 1.0;
+                pv[r] = 0.0;
                 std::ptr::write_bytes(prow, 0, kw);
                 continue;
             }
-            corr[r] = (m[r] - m_new).exp2();
-            let mv = _mm512_set1_ps(m_new);
-            let mut sum = _mm512_setzero_ps();
-            for j in (0..kw).step_by(16) {
-                let seen = lane(j);
-                let x = _mm512_mask_mul_ps(neg, seen, _mm512_loadu_ps(srow.add(j)), cv);
-                let p = _mm512_maskz_mov_ps(seen, exp2_nonpos_bf16(_mm512_sub_ps(x, mv)));
-                sum = _mm512_add_ps(sum, p);
+            let mv = _mm512_set1_ps(-m_new);
+            // p = 2^(c s - m'), two sums so consecutive adds do not wait on each other (kw is
+            // a multiple of 32).
+            let p_at = |j: usize| {
+                let x = _mm512_fmadd_ps(_mm512_loadu_ps(srow.add(j)), cv, mv);
+                let p = _mm512_maskz_mov_ps(lane(j), exp2_nonpos_bf16(x));
                 let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(p));
                 _mm256_storeu_si256(prow.add(j) as *mut __m256i, h);
+                p
+            };
+            let mut sums = [_mm512_setzero_ps(); 2];
+            for j in (0..kw).step_by(32) {
+                sums[0] = _mm512_add_ps(sums[0], p_at(j));
+                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16));
             }
-            l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(sum);
+            let sum = _mm512_add_ps(sums[0], sums[1]);
+            pv[r] = _mm512_reduce_add_ps(sum);
             m[r] = m_new;
+        }
+        // corr = 2^(m - m') (1 where nothing is seen yet), l = corr l + rowsum P: 16 rows at
+        // a time.
+        for r in (0..rows).step_by(16) {
+            let k: __mmask16 = ((1u32 << (rows - r).min(16)) - 1) as __mmask16;
+            let mn = _mm512_maskz_loadu_ps(k, m.as_ptr().add(r));
+            let mo = _mm512_maskz_loadu_ps(k, corr.as_ptr().add(r));
+            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(mn, neg);
+            let cr = _mm512_mask_mov_ps(exp2(_mm512_sub_ps(mo, mn)), none, _mm512_set1_ps(1.0));
+            let lr = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(k, l.as_ptr().add(r)),
+                cr,
+                _mm512_maskz_loadu_ps(k, pv.as_ptr().add(r)),
+            );
+            _mm512_mask_storeu_ps(corr.as_mut_ptr().add(r), k, cr);
+            _mm512_mask_storeu_ps(l.as_mut_ptr().add(r), k, lr);
         }
 
         // PV = P V_j: C0..C3 over 2 x 2 tiles of (rows, columns of d), A4/A5 (P), B6/B7 (V).
