@@ -178,9 +178,14 @@ pub unsafe fn block(
             };
             let srow = st.as_ptr().add(r * kb);
             let prow = pb.as_mut_ptr().add(r * kb);
+            // Keys 0..open need no mask (a whole row's full vectors, in pairs); the rest do.
+            let open = if whole { kn / 32 * 32 } else { 0 };
             let mut mx = neg;
             // The raw scores' max (c > 0, so c max s = max c s, rounded alike).
-            for j in (0..kw).step_by(16) {
+            for j in (0..open).step_by(16) {
+                mx = _mm512_max_ps(mx, _mm512_loadu_ps(srow.add(j)));
+            }
+            for j in (open..kw).step_by(16) {
                 mx = _mm512_mask_max_ps(mx, lane(j), mx, _mm512_loadu_ps(srow.add(j)));
             }
             let m_new = m[r].max(c * _mm512_reduce_max_ps(mx));
@@ -194,19 +199,23 @@ pub unsafe fn block(
                 continue;
             }
             let mv = _mm512_set1_ps(-m_new);
-            // p = 2^(c s - m'), two sums so consecutive adds do not wait on each other (kw is
-            // a multiple of 32).
-            let p_at = |j: usize| {
+            // p = 2^(c s - m') on the lanes of `seen`, stored as bf16; two sums so
+            // consecutive adds do not wait on each other (open and kw are multiples of 32).
+            let p_at = |j: usize, seen: __mmask16| {
                 let x = _mm512_fmadd_ps(_mm512_loadu_ps(srow.add(j)), cv, mv);
-                let p = _mm512_maskz_mov_ps(lane(j), exp2_nonpos_bf16(x));
+                let p = _mm512_maskz_mov_ps(seen, exp2_nonpos_bf16(x));
                 let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(p));
                 _mm256_storeu_si256(prow.add(j) as *mut __m256i, h);
                 p
             };
             let mut sums = [_mm512_setzero_ps(); 2];
-            for j in (0..kw).step_by(32) {
-                sums[0] = _mm512_add_ps(sums[0], p_at(j));
-                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16));
+            for j in (0..open).step_by(32) {
+                sums[0] = _mm512_add_ps(sums[0], p_at(j, !0));
+                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16, !0));
+            }
+            for j in (open..kw).step_by(32) {
+                sums[0] = _mm512_add_ps(sums[0], p_at(j, lane(j)));
+                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16, lane(j + 16)));
             }
             let sum = _mm512_add_ps(sums[0], sums[1]);
             pv[r] = _mm512_reduce_add_ps(sum);
