@@ -227,44 +227,29 @@ pub fn sequential(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if wide(isa, d) {
-        let run = |n: usize| base..base + n;
         let n = span.end * d;
+        // The same call for each storage type, the run sliced to the keys it reads.
+        macro_rules! on {
+            ($k:expr, $v:expr) => {
+                decode_avx512::sequential(
+                    q,
+                    &$k[base..base + n],
+                    &$v[base..base + n],
+                    d,
+                    scale,
+                    span,
+                    range,
+                    state,
+                    p,
+                )
+            };
+        }
         // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
         unsafe {
             match (k, v) {
-                (Tensor::F32(k), Tensor::F32(v)) => decode_avx512::sequential(
-                    q,
-                    &k[run(n)],
-                    &v[run(n)],
-                    d,
-                    scale,
-                    span,
-                    range,
-                    state,
-                    p,
-                ),
-                (Tensor::Bf16(k), Tensor::Bf16(v)) => decode_avx512::sequential(
-                    q,
-                    &k[run(n)],
-                    &v[run(n)],
-                    d,
-                    scale,
-                    span,
-                    range,
-                    state,
-                    p,
-                ),
-                (Tensor::F16(k), Tensor::F16(v)) => decode_avx512::sequential(
-                    q,
-                    &k[run(n)],
-                    &v[run(n)],
-                    d,
-                    scale,
-                    span,
-                    range,
-                    state,
-                    p,
-                ),
+                (Tensor::F32(k), Tensor::F32(v)) => on!(k, v),
+                (Tensor::Bf16(k), Tensor::Bf16(v)) => on!(k, v),
+                (Tensor::F16(k), Tensor::F16(v)) => on!(k, v),
                 _ => return false,
             }
         }
