@@ -74,7 +74,7 @@ pub unsafe fn block(
     use std::arch::x86_64::*;
 
     use super::amx::{self, Tiles};
-    use super::simd::avx512::{exp2, exp2_nonpos_bf16};
+    use super::simd::avx512::{exp2, exp2_bf16};
     use super::tiles::{as_u16, bf16_bits};
 
     let d = s.head_dim;
@@ -203,7 +203,7 @@ pub unsafe fn block(
             // consecutive adds do not wait on each other (open and kw are multiples of 32).
             let p_at = |j: usize, seen: __mmask16| {
                 let x = _mm512_fmadd_ps(_mm512_loadu_ps(srow.add(j)), cv, mv);
-                let p = _mm512_maskz_mov_ps(seen, exp2_nonpos_bf16(x));
+                let p = _mm512_maskz_mov_ps(seen, exp2_bf16(x));
                 let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(p));
                 _mm256_storeu_si256(prow.add(j) as *mut __m256i, h);
                 p

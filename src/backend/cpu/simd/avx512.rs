@@ -166,20 +166,37 @@ pub(crate) unsafe fn exp2(x: V) -> V {
     _mm512_maskz_scalef_ps(normal, p, n)
 }
 
+/// Least-squares fit of 2^f on [-1/2, 1/2], relative error weighted (2.7e-6): the
+/// polynomial of the exps whose results are rounded to bf16 next.
+const P4: [f32; 5] = [
+    0.009_560_518,
+    0.055_917_04,
+    0.240_249_81,
+    0.693_121_97,
+    0.999_999_17,
+];
+
+/// 2^x with [`P4`] (as [`exp2_nonpos_bf16`], any x up to 128): n = round(x) by
+/// `vrndscaleps`, p(x - n) 2^n by `vscalefps`, 7 operations against that one's 12; 0 for x
+/// far below -126 (`vscalefps` flushes). For the AMX forward's probabilities.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn exp2_bf16(x: V) -> V {
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(P4[0]);
+    for c in &P4[1..] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(*c));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
 /// 2^x for x <= 0 with a degree-4 polynomial (relative error 2.7e-6): for probabilities
 /// that are rounded to bf16 (relative step 2^-8) right after, where the full polynomial's
 /// last two terms change nothing. 0 from -125.5 down, like [`exp2`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn exp2_nonpos_bf16(x: V) -> V {
-    // Least-squares fit of 2^f on [-1/2, 1/2], relative error weighted, doubled (see exp2).
-    const P4: [f32; 5] = [
-        0.009_560_518,
-        0.055_917_04,
-        0.240_249_81,
-        0.693_121_97,
-        0.999_999_17,
-    ];
     let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
     let magic = _mm512_set1_ps(12_582_912.0);
     let t = _mm512_add_ps(x, magic);
@@ -245,3 +262,44 @@ pub(crate) unsafe fn transpose_block(src: *const f32, lds: usize, dst: *mut f32,
 }
 
 super::kernels!(6, 4, #[target_feature(enable = "avx512f,avx512bw,avx512vl")]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both bf16-precision exps within their polynomial's relative error (2.7e-6, plus f32
+    /// rounding) of 2^x in f64 from -125 to 0 (and `exp2_bf16` on to 8, where the AMX
+    /// forward may reach), 0 far below; far under bf16's step 2^-8.
+    #[test]
+    fn bf16_exps_are_within_their_polynomial_error() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")) {
+            println!("no AVX-512 here: nothing to check");
+            return;
+        }
+        let at = |f: unsafe fn(V) -> V, x: f32| -> f32 {
+            // SAFETY: AVX-512 F and BW were detected above.
+            unsafe { _mm512_cvtss_f32(f(_mm512_set1_ps(x))) }
+        };
+        let mut worst = [0.0f64; 2];
+        for i in 0..=133_000 {
+            let x = -125.0 + i as f32 * 1e-3;
+            let want = 2f64.powf(f64::from(x));
+            for (k, f) in [exp2_bf16 as unsafe fn(V) -> V, exp2_nonpos_bf16]
+                .into_iter()
+                .enumerate()
+            {
+                if k == 1 && x > 0.0 {
+                    continue;
+                }
+                let rel = (f64::from(at(f, x)) - want).abs() / want;
+                worst[k] = worst[k].max(rel);
+            }
+        }
+        assert!(
+            worst.iter().all(|&w| w < 3.0e-6),
+            "relative errors {worst:?}"
+        );
+        assert_eq!(at(exp2_bf16, -200.0), 0.0);
+        assert_eq!(at(exp2_nonpos_bf16, -200.0), 0.0);
+    }
+}
