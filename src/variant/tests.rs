@@ -1801,8 +1801,9 @@ fn every_dtype_within_the_derived_bound_on_ragged_shapes() {
 
 /// flash on AMX tiles (amx-bf16: bf16, head dims of whole 32s) within the derived bound
 /// where no block is whole: rows and keys no multiple of a tile (77, 130), chunks that pad
-/// both tile sides (48 rows, 40 keys), causal and not, self- and cross-attention. Where
-/// the CPU or OS offers no AMX, the other paths run and a line says so.
+/// both tile sides (48 rows, 40 keys), causal and not, self- and cross-attention, GQA
+/// (4 query heads on 2). Where the CPU or OS offers no AMX, the other paths run and a line
+/// says so.
 #[test]
 fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
     if !Isa::AmxBf16.available() {
@@ -1815,6 +1816,10 @@ fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
     ] {
         for chunks in [None, Some((48, 40))] {
             let mut s = setup(nq, nkv, d);
+            if causal {
+                s.shape.heads = 4;
+                s.shape.kv_heads = 2;
+            }
             s.dtype = DType::Bf16;
             s.causal = causal;
             s.chunks = chunks;
