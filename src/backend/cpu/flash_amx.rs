@@ -156,49 +156,53 @@ pub unsafe fn block(
         let end = _mm512_set1_epi32((k0 + kn) as i32);
         let neg = _mm512_set1_ps(f32::NEG_INFINITY);
         let cv = _mm512_set1_ps(c);
-        for r in 0..rows {
+        // Row r's keys: whether it sees the whole tile, and its window and sink bounds.
+        let row_keys = |r: usize| {
             let (lo, hi, sk) = seen(r);
-            // A row whose window holds the whole tile masks only the keys past kn.
             let whole = lo as usize <= k0 && hi as usize >= k0 + kn;
-            let (lo, hi, sk) = (
-                _mm512_set1_epi32(lo),
-                _mm512_set1_epi32(hi),
-                _mm512_set1_epi32(sk),
-            );
-            // Key k0 + j + lane is seen when below the row's bound and the tile's end, and in
-            // its window or a sink.
-            let lane = |j: usize| -> __mmask16 {
-                if whole {
-                    let n = kn.saturating_sub(j).min(16);
-                    return ((1u32 << n) - 1) as __mmask16;
-                }
-                let idx = _mm512_add_epi32(iota, _mm512_set1_epi32((k0 + j) as i32));
-                let below = _mm512_cmplt_epi32_mask(idx, hi) & _mm512_cmplt_epi32_mask(idx, end);
-                below & (_mm512_cmpge_epi32_mask(idx, lo) | _mm512_cmplt_epi32_mask(idx, sk))
-            };
+            let v = _mm512_set1_epi32;
+            (whole, v(lo), v(hi), v(sk))
+        };
+        // Which of the 16 keys from k0 + j the row sees: below its bound and the tile's end,
+        // and in its window or a sink (a whole row: all but those past kn).
+        let lane = |(whole, lo, hi, sk): (bool, __m512i, __m512i, __m512i), j: usize| {
+            if whole {
+                let n = kn.saturating_sub(j).min(16);
+                return ((1u32 << n) - 1) as __mmask16;
+            }
+            let idx = _mm512_add_epi32(iota, _mm512_set1_epi32((k0 + j) as i32));
+            let below = _mm512_cmplt_epi32_mask(idx, hi) & _mm512_cmplt_epi32_mask(idx, end);
+            below & (_mm512_cmpge_epi32_mask(idx, lo) | _mm512_cmplt_epi32_mask(idx, sk))
+        };
+        // Keys 0..open of a row need no mask (a whole row's full vectors, in pairs).
+        let open = |whole: bool| if whole { kn / 32 * 32 } else { 0 };
+        // Every row's new max first (the old one waits in `corr` for the vector pass
+        // below), so that no row's exponentials wait on its own max's reduction.
+        for r in 0..rows {
+            let keys = row_keys(r);
             let srow = st.as_ptr().add(r * kb);
-            let prow = pb.as_mut_ptr().add(r * kb);
-            // Keys 0..open need no mask (a whole row's full vectors, in pairs); the rest do.
-            let open = if whole { kn / 32 * 32 } else { 0 };
             let mut mx = neg;
             // The raw scores' max (c > 0, so c max s = max c s, rounded alike).
-            for j in (0..open).step_by(16) {
+            for j in (0..open(keys.0)).step_by(16) {
                 mx = _mm512_max_ps(mx, _mm512_loadu_ps(srow.add(j)));
             }
-            for j in (open..kw).step_by(16) {
-                mx = _mm512_mask_max_ps(mx, lane(j), mx, _mm512_loadu_ps(srow.add(j)));
+            for j in (open(keys.0)..kw).step_by(16) {
+                mx = _mm512_mask_max_ps(mx, lane(keys, j), mx, _mm512_loadu_ps(srow.add(j)));
             }
-            let m_new = m[r].max(c * _mm512_reduce_max_ps(mx));
-            // The old max and this block's row sum wait in `corr` and the PV staging for the
-            // vector pass below.
             corr[r] = m[r];
-            if m_new == f32::NEG_INFINITY {
+            m[r] = m[r].max(c * _mm512_reduce_max_ps(mx));
+        }
+        for r in 0..rows {
+            let srow = st.as_ptr().add(r * kb);
+            let prow = pb.as_mut_ptr().add(r * kb);
+            if m[r] == f32::NEG_INFINITY {
                 // Nothing seen yet: P = 0, and O (0) needs no correction.
                 pv[r] = 0.0;
                 std::ptr::write_bytes(prow, 0, kw);
                 continue;
             }
-            let mv = _mm512_set1_ps(-m_new);
+            let keys = row_keys(r);
+            let mv = _mm512_set1_ps(-m[r]);
             // p = 2^(c s - m') on the lanes of `seen`, stored as bf16; two sums so
             // consecutive adds do not wait on each other (open and kw are multiples of 32).
             let p_at = |j: usize, seen: __mmask16| {
@@ -209,17 +213,16 @@ pub unsafe fn block(
                 p
             };
             let mut sums = [_mm512_setzero_ps(); 2];
-            for j in (0..open).step_by(32) {
+            for j in (0..open(keys.0)).step_by(32) {
                 sums[0] = _mm512_add_ps(sums[0], p_at(j, !0));
                 sums[1] = _mm512_add_ps(sums[1], p_at(j + 16, !0));
             }
-            for j in (open..kw).step_by(32) {
-                sums[0] = _mm512_add_ps(sums[0], p_at(j, lane(j)));
-                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16, lane(j + 16)));
+            for j in (open(keys.0)..kw).step_by(32) {
+                sums[0] = _mm512_add_ps(sums[0], p_at(j, lane(keys, j)));
+                sums[1] = _mm512_add_ps(sums[1], p_at(j + 16, lane(keys, j + 16)));
             }
-            let sum = _mm512_add_ps(sums[0], sums[1]);
-            pv[r] = _mm512_reduce_add_ps(sum);
-            m[r] = m_new;
+            // This block's row sum waits in the PV staging for the vector pass below.
+            pv[r] = _mm512_reduce_add_ps(_mm512_add_ps(sums[0], sums[1]));
         }
         // corr = 2^(m - m') (1 where nothing is seen yet), l = corr l + rowsum P: 16 rows at
         // a time.
