@@ -167,6 +167,46 @@ pub unsafe fn dot<const C: u8, const A: u8, const B: u8>() {
     };
 }
 
+/// C = A B for one 32 x 32 f32 block as 2 x 2 tiles (C in tiles 0 to 3, A in 4 and 5, B in
+/// 6 and 7: all eight), over `steps` steps of 32 bf16 of the shared dimension. A: 32 rows
+/// of bf16 at `a`, `a_stride` bytes apart, step s at `a + 64 s`. B: rows of 16 bf16 pairs
+/// at `b`, `b_stride` bytes apart, two tiles side by side (32 columns), step s at
+/// `b + 16 s b_stride`. C: 32 rows of 32 f32 at `c`, `c_stride` bytes apart, overwritten.
+///
+/// # Safety
+/// Tiles configured; every row named readable (A, B) or writable (C).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn product_32x32(
+    (a, a_stride): (*const u8, usize),
+    (b, b_stride): (*const u8, usize),
+    steps: usize,
+    (c, c_stride): (*mut u8, usize),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        zero::<0>();
+        zero::<1>();
+        zero::<2>();
+        zero::<3>();
+        for s in 0..steps {
+            let (a, b) = (a.add(s * ROW_BYTES), b.add(s * ROWS * b_stride));
+            load::<4>(a, a_stride);
+            load::<5>(a.add(ROWS * a_stride), a_stride);
+            load::<6>(b, b_stride);
+            load::<7>(b.add(ROW_BYTES), b_stride);
+            dot::<0, 4, 6>();
+            dot::<1, 4, 7>();
+            dot::<2, 5, 6>();
+            dot::<3, 5, 7>();
+        }
+        store::<0>(c, c_stride);
+        store::<1>(c.add(ROW_BYTES), c_stride);
+        store::<2>(c.add(ROWS * c_stride), c_stride);
+        store::<3>(c.add(ROWS * c_stride + ROW_BYTES), c_stride);
+    }
+}
+
 /// FLOPs of `iters` rounds of four independent `tdpbf16ps` (the AMX peak loop) after running
 /// them on the calling thread, and a value of the result that keeps it from being
 /// optimized away.

@@ -108,7 +108,6 @@ pub unsafe fn block(
         (w.start as i32, w.end as i32, sk as i32)
     };
     let _tiles = Tiles::configure();
-    let (ab, bb) = (amx::ROW_BYTES, 2 * d);
 
     for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
         let kw = round(kn);
@@ -118,7 +117,7 @@ pub unsafe fn block(
         super::simd::bf16::interleave_rows(v.as_ptr(), kn, d, vp.as_mut_ptr());
         vp[kn.div_ceil(2) * 2 * d..kw / 2 * 2 * d].fill(0);
 
-        // S = Q_i K_j^T, 2 x 2 tiles at a time: C0..C3, A4/A5 (Q rows), B6/B7 (key pairs).
+        // S = Q_i K_j^T by 32 x 32 blocks: Q rows as A, the key pairs as B.
         let (qp, kpp, sp) = (
             qb.as_ptr() as *const u8,
             kp.as_ptr() as *const u8,
@@ -126,27 +125,12 @@ pub unsafe fn block(
         );
         for qt in (0..nb / 16).step_by(2) {
             for kt in (0..kw / 16).step_by(2) {
-                amx::zero::<0>();
-                amx::zero::<1>();
-                amx::zero::<2>();
-                amx::zero::<3>();
-                for ds in 0..d / 32 {
-                    let a = qp.add((qt * 16 * d + ds * 32) * 2);
-                    amx::load::<4>(a, bb);
-                    amx::load::<5>(a.add(16 * bb), bb);
-                    let b = kpp.add((ds * 16 * kb + kt * 16) * 4);
-                    amx::load::<6>(b, kb * 4);
-                    amx::load::<7>(b.add(ab), kb * 4);
-                    amx::dot::<0, 4, 6>();
-                    amx::dot::<1, 4, 7>();
-                    amx::dot::<2, 5, 6>();
-                    amx::dot::<3, 5, 7>();
-                }
-                let cp = sp.add((qt * 16 * kb + kt * 16) * 4);
-                amx::store::<0>(cp, kb * 4);
-                amx::store::<1>(cp.add(ab), kb * 4);
-                amx::store::<2>(cp.add(16 * kb * 4), kb * 4);
-                amx::store::<3>(cp.add(16 * kb * 4 + ab), kb * 4);
+                amx::product_32x32(
+                    (qp.add(qt * 16 * d * 2), 2 * d),
+                    (kpp.add(kt * 16 * 4), kb * 4),
+                    d / 32,
+                    (sp.add((qt * 16 * kb + kt * 16) * 4), kb * 4),
+                );
             }
         }
 
@@ -241,7 +225,7 @@ pub unsafe fn block(
             _mm512_mask_storeu_ps(l.as_mut_ptr().add(r), k, lr);
         }
 
-        // PV = P V_j: C0..C3 over 2 x 2 tiles of (rows, columns of d), A4/A5 (P), B6/B7 (V).
+        // PV = P V_j by 32 x 32 blocks (rows, columns of d): P rows as A, V's pairs as B.
         let (pp, vpp, pvp) = (
             pb.as_ptr() as *const u8,
             vp.as_ptr() as *const u8,
@@ -249,27 +233,12 @@ pub unsafe fn block(
         );
         for qt in (0..nb / 16).step_by(2) {
             for dt in (0..d / 16).step_by(2) {
-                amx::zero::<0>();
-                amx::zero::<1>();
-                amx::zero::<2>();
-                amx::zero::<3>();
-                for ks in 0..kw / 32 {
-                    let a = pp.add((qt * 16 * kb + ks * 32) * 2);
-                    amx::load::<4>(a, kb * 2);
-                    amx::load::<5>(a.add(16 * kb * 2), kb * 2);
-                    let b = vpp.add((ks * 16 * 2 * d + dt * 32) * 2);
-                    amx::load::<6>(b, 4 * d);
-                    amx::load::<7>(b.add(ab), 4 * d);
-                    amx::dot::<0, 4, 6>();
-                    amx::dot::<1, 4, 7>();
-                    amx::dot::<2, 5, 6>();
-                    amx::dot::<3, 5, 7>();
-                }
-                let cp = pvp.add((qt * 16 * d + dt * 16) * 4);
-                amx::store::<0>(cp, 4 * d);
-                amx::store::<1>(cp.add(ab), 4 * d);
-                amx::store::<2>(cp.add(16 * d * 4), 4 * d);
-                amx::store::<3>(cp.add(16 * d * 4 + ab), 4 * d);
+                amx::product_32x32(
+                    (pp.add(qt * 16 * kb * 2), kb * 2),
+                    (vpp.add(dt * 16 * 4), 4 * d),
+                    kw / 32,
+                    (pvp.add((qt * 16 * d + dt * 16) * 4), 4 * d),
+                );
             }
         }
         // O = corr O + PV.
