@@ -61,9 +61,10 @@ impl Isa {
 
     /// f32 lanes of one vector register: the granularity tiles are padded to.
     pub fn lanes(self) -> usize {
-        match self {
-            Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => 16,
-            Isa::Avx2 | Isa::Portable => 8,
+        if self.avx512() {
+            16
+        } else {
+            8
         }
     }
 }

@@ -116,9 +116,8 @@ pub fn forward(
     let s = inputs.shape;
     let (d, nq) = (s.head_dim, s.seq_q);
     assert!(
-        path == FlashPath::Tiles(ReadPath::of(inputs.dtype(), isa, d))
-            || path == FlashPath::Tiles(ReadPath::Widen)
-            || path == self::path(inputs.dtype(), isa, d, false),
+        path == self::path(inputs.dtype(), isa, d, false)
+            || path == FlashPath::Tiles(ReadPath::Widen),
         "flash path {path:?} does not fit these inputs on {isa}"
     );
     let nqb = nq.div_ceil(bq);

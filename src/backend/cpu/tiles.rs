@@ -120,7 +120,7 @@ fn check_isa(isa: Isa) {
 fn tile_shape(isa: Isa) -> (usize, usize, usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => (avx512::MR_MAX, avx512::NV_MAX, avx512::W),
+        i if i.avx512() => (avx512::MR_MAX, avx512::NV_MAX, avx512::W),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => (avx2::MR_MAX, avx2::NV_MAX, avx2::W),
         _ => (portable::MR_MAX, portable::NV_MAX, portable::W),
@@ -242,9 +242,7 @@ fn gemm_fused(isa: Isa, a: AOp<f32>, b: BOp<f32>, c: &mut [f32], ldc: usize, out
                 // (checked).
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => {
-                        avx512::tile_any(mr, nv, partial, t)
-                    }
+                    i if i.avx512() => avx512::tile_any(mr, nv, partial, t),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2 => avx2::tile_any(mr, nv, partial, t),
                     _ => portable::tile_any(mr, nv, partial, t),
@@ -402,7 +400,7 @@ pub fn col_softmax(isa: Isa, st: &mut [f32], kn: usize, nb: usize, c: f32, s: &m
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => avx512::col_softmax(&a),
+            i if i.avx512() => avx512::col_softmax(&a),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::col_softmax(&a),
             _ => portable::col_softmax(&a),
@@ -460,9 +458,7 @@ pub fn mask_colmax(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => {
-                avx512::mask_colmax(sp, kn, nb, nb, vis, k0, mp)
-            }
+            i if i.avx512() => avx512::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
             _ => portable::mask_colmax(sp, kn, nb, nb, vis, k0, mp),
@@ -477,7 +473,7 @@ macro_rules! row_op {
         unsafe {
             match $isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => avx512::$f($($arg),*),
+                i if i.avx512() => avx512::$f($($arg),*),
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => avx2::$f($($arg),*),
                 _ => portable::$f($($arg),*),
@@ -730,7 +726,7 @@ pub fn peak_loop(isa: Isa, bf16: bool, iters: usize) -> (f64, f32) {
     let v = unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512 => avx512::fma_chains(iters),
+            i if i.avx512() => avx512::fma_chains(iters),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::fma_chains(iters),
             _ => portable::fma_chains(iters),
