@@ -141,10 +141,10 @@ pub trait Variant: Sync {
 
     /// Whether the case's kernels call the `matrixmultiply` SGEMM (`backend::cpu::gemm`),
     /// whose packing buffers (up to `gemm::PACK_BYTES_MAX` per thread) are allocated
-    /// infallibly and left out of the predictions. The forward microkernels do not; the
-    /// backward passes still do.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        case.mode == Mode::FwdBwd
+    /// infallibly and left out of the predictions. The attention kernels' register tiles,
+    /// forward and backward, do not.
+    fn uses_packing_gemm(&self, _case: &Case) -> bool {
+        false
     }
 
     /// Whether the variant reads an FP8 KV cache (`Case::kv_dtype`); the others leave such
@@ -208,10 +208,13 @@ pub trait Variant: Sync {
         Err(no_backward(self.info()))
     }
 
-    /// dQ, dK, dV for the upstream gradient `d_out`, overwriting `grads`.
+    /// dQ, dK, dV for the upstream gradient `d_out`, overwriting `grads`, on kernel path
+    /// `isa` (the forward's).
+    #[allow(clippy::too_many_arguments)]
     fn backward_cpu(
         &self,
         _case: &Case,
+        _isa: Isa,
         _inputs: &Inputs,
         _out: &[f32],
         _saved: &Saved,

@@ -140,11 +140,13 @@ fn naive_train(c: &Case, isa: Isa) -> u64 {
     let kv_items = s.batch * s.kv_heads * s.seq_kv.div_ceil(NAIVE_ROWS);
     let items = q_items.max(kv_items);
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
-    // widened K and V (row pass) or one widened Q head (column pass)
+    // V^T with keys padded to the widest vector and, for 16-bit inputs, widened K (row
+    // pass), or one widened Q head (column pass)
+    let vt = d * nkv.div_ceil(LANES) * LANES;
     let bwd_floats = if widen(c) {
-        (2 * nkv * d).max(nq * d)
+        (vt + nkv * d).max(nq * d)
     } else {
-        0
+        vt
     };
     let bwd = p // dS
         + ws(c.threads.min(items).max(1), bwd_floats)
@@ -223,9 +225,11 @@ fn flash_train(c: &Case, isa: Isa) -> u64 {
     let d = s.head_dim;
     let rows = 4 * (s.batch * s.heads * s.seq_q) as u64; // L kept; the backward's D as many
     let kv_items = s.batch * s.kv_heads * s.seq_kv.div_ceil(bk);
-    let (qw, kvw) = if widen(c) { (bq * d, bk * d) } else { (0, 0) };
-    // widened Q_i, K_j, V_j; S and dS tiles; dK_j, dV_j; dQ_i
-    let bwd_floats = qw + 2 * kvw + 2 * bq * bk + 2 * bk * d + bq * d;
+    let (qw, kw) = if widen(c) { (bq * d, bk * d) } else { (0, 0) };
+    // K_j^T or V_j^T, keys padded to the widest vector
+    let t = d * bk.div_ceil(LANES) * LANES;
+    // widened Q_i and K_j; K_j^T, V_j^T; S and dS tiles; dK_j, dV_j; dQ_i
+    let bwd_floats = qw + kw + 2 * t + 2 * bq * bk + 2 * bk * d + bq * d;
     let q_blocks = (s.batch * s.heads * s.seq_q.div_ceil(bq)) as u64;
     let bwd = rows // D
         + ws(c.threads.min(kv_items).max(1), bwd_floats)
@@ -299,9 +303,10 @@ fn rs_train(c: &Case, isa: Isa) -> u64 {
     let (qc, kc) = rs_chunks(c);
     let d = s.head_dim;
     let nkc = s.seq_kv.div_ceil(kc);
-    let kv = if widen(c) { kc * d } else { 0 };
+    let kw = if widen(c) { kc * d } else { 0 };
     let floats = qc * d // the scaled query chunk
-        + 2 * kv // widened K_j, V_j
+        + kw // widened K_j
+        + 2 * d * kc.div_ceil(LANES) * LANES // K_j^T and V_j^T, keys padded to the widest vector
         + 2 * qc * kc // S (then P) and dP (then dS) of one key chunk
         + 2 * nkc * qc // recomputed chunk maxima and sums
         + 2 * qc // L and D of the query chunk

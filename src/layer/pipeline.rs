@@ -498,7 +498,7 @@ impl Layer<'_> {
                 case.shape,
                 |inputs| {
                     lend_grads(grads, |g| {
-                        variant.backward_cpu(&case, inputs, ob, sv, dob, g)
+                        variant.backward_cpu(&case, self.isa, inputs, ob, sv, dob, g)
                     })
                 },
             );
@@ -529,7 +529,7 @@ impl Layer<'_> {
                 case.shape,
                 |inputs| {
                     lend_grads(grads, |g| {
-                        variant.backward_cpu(&case, inputs, o_h, sv, do_h, g)
+                        variant.backward_cpu(&case, self.isa, inputs, o_h, sv, do_h, g)
                     })
                 },
             )?;

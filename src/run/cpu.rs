@@ -508,7 +508,7 @@ pub fn train_step_with(
     pool(case.threads)?.install(|| {
         let saved = variant.forward_train_cpu(case, isa, inputs, out)?;
         let start = Instant::now();
-        variant.backward_cpu(case, inputs, out, &saved, d_out, grads)?;
+        variant.backward_cpu(case, isa, inputs, out, &saved, d_out, grads)?;
         Ok(start.elapsed().as_secs_f64())
     })
 }

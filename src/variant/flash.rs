@@ -124,6 +124,7 @@ impl Variant for Flash {
     fn backward_cpu(
         &self,
         case: &Case,
+        isa: Isa,
         inputs: &Inputs,
         out: &[f32],
         saved: &Saved,
@@ -142,6 +143,7 @@ impl Variant for Flash {
             case.causal,
             (case.window, case.sinks.unwrap_or(0)),
             (bq, bk),
+            isa,
             out,
             d_out,
             lse,

@@ -147,6 +147,7 @@ impl Variant for Naive {
     fn backward_cpu(
         &self,
         case: &Case,
+        isa: Isa,
         inputs: &Inputs,
         out: &[f32],
         saved: &Saved,
@@ -163,7 +164,7 @@ impl Variant for Naive {
             bwd::worker_floats(s, widen(case)),
             "naive backward workspace",
         )?;
-        bwd::backward(inputs, out, d_out, probs, &mut ds, &ws, grads);
+        bwd::backward(inputs, isa, out, d_out, probs, &mut ds, &ws, grads);
         Ok(())
     }
 }

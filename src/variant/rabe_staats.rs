@@ -109,6 +109,7 @@ impl Variant for RabeStaats {
     fn backward_cpu(
         &self,
         case: &Case,
+        isa: Isa,
         inputs: &Inputs,
         out: &[f32],
         saved: &Saved,
@@ -120,7 +121,16 @@ impl Variant for RabeStaats {
         };
         let (workers, floats) = bwd_layout(case);
         let ws = Workspace::new(workers, floats, "rabe-staats backward chunk workspace")?;
-        bwd::backward(inputs, case.causal, chunks(case), out, d_out, &ws, grads);
+        bwd::backward(
+            inputs,
+            case.causal,
+            chunks(case),
+            isa,
+            out,
+            d_out,
+            &ws,
+            grads,
+        );
         Ok(())
     }
 }

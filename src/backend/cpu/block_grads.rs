@@ -1,32 +1,53 @@
 //! The gradient products of one (query block, key block) pair, shared by the tiled
 //! backward passes (FlashAttention-2's backward, Dao 2023 Alg. 2; Rabe & Staats Sec. 5.2,
-//! pass 2; docs/papers.md): P = exp(S - L) from the row logsumexp, dV += P^T dO,
-//! dP = dO V^T, dS = P * (dP - D), dQ += dS K, dK += dS^T Q. The passes differ in which
-//! block they own and where the scale 1/sqrt(d) goes, so every product takes its own alpha
-//! and beta. Time 4 GEMMs of rows x kn x d plus O(rows * kn); no allocation.
+//! pass 2; docs/papers.md): S = Q K^T, P = exp(S c - L) from the row logsumexp,
+//! dV += P^T dO, dP = dO V^T, dS = s P * (dP - D), dQ += dS K, dK += dS^T Q, every product
+//! on the forward's register tiles (`tiles::gemm`) with K^T and V^T packed once per key
+//! block by the caller. The passes differ in which block they own and where the scale
+//! 1/sqrt(d) goes (`s`, or a pre-scaled Q). Time 5 GEMMs of rows x kn x d plus
+//! O(rows * kn); no allocation.
 
-use super::gemm::{sgemm, MatRef};
+use super::isa::Isa;
 use super::softmax::softmax_grad_rows;
+use super::tiles::{self, gemm, AOp, BOp, Out};
 
-/// Turns the scores S of `p` (rows of `kn`, masked entries -inf) into P = exp(S - L) in
-/// place, with `lse` the rows' L; a row that sees no key (L = -inf) becomes 0.
-pub fn probs_from_lse(p: &mut [f32], lse: &[f32], kn: usize) {
+/// S = Q K^T (`rows` x `kn`) into `p`, from Q (`rows` x `d`) and K^T (`d` rows of at least
+/// `kn` floats at stride `ldt`).
+pub fn scores(isa: Isa, q: &[f32], kt: &[f32], ldt: usize, (rows, kn, d): Dims, p: &mut [f32]) {
+    let kt = BOp {
+        data: kt,
+        k: d,
+        n: kn,
+        ld: ldt,
+    };
+    gemm(isa, a_rows(q, rows, d), kt, p, kn, Out::Store);
+}
+
+/// (rows, keys, head dim) of a block.
+pub type Dims = (usize, usize, usize);
+
+/// Turns the scores S of `p` (rows of `kn`, masked entries -inf) into P = exp(S c - L) in
+/// place, with `lse` the rows' L (natural log, of the scores times `c`); a row that sees
+/// no key (L = -inf) becomes 0. By the kernels' vector exp (2^x).
+pub fn probs_from_lse(isa: Isa, p: &mut [f32], lse: &[f32], kn: usize, c: f32) {
+    let log2e = std::f32::consts::LOG2_E;
     for (row, &l) in p.chunks_mut(kn).zip(lse) {
-        for x in row.iter_mut() {
-            *x = if l == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (*x - l).exp()
-            };
+        if l == f32::NEG_INFINITY {
+            row.fill(0.0);
+        } else {
+            tiles::exp_sum(isa, row, c * log2e, l * log2e);
         }
     }
 }
 
-/// The operands of one block: `rows` query rows against `kn` keys, all of width `d`.
+/// The operands of one block: `rows` query rows against `kn` keys, all of width `d`; K^T
+/// and V^T as `d` rows of at least `kn` floats at stride `ldt` (`tiles::pack_t`).
 pub struct Block<'a> {
     pub q: &'a [f32],
     pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub kt: &'a [f32],
+    pub vt: &'a [f32],
+    pub ldt: usize,
     pub d_out: &'a [f32],
     /// D = rowsum(dO * O) of the rows.
     pub d_rows: &'a [f32],
@@ -35,49 +56,88 @@ pub struct Block<'a> {
     pub d: usize,
 }
 
-/// An output of the products: `c = alpha * product + beta * c`.
+/// Where a product goes: `c = product` (`add` false) or `c += product`.
 pub struct Acc<'a> {
     pub c: &'a mut [f32],
-    pub alpha: f32,
-    pub beta: f32,
+    pub add: bool,
 }
 
-/// From P in `p` (rows x kn): `dv` gets P^T dO, then dS = P * (dO V^T - D) is formed in
-/// `ds` (rows x kn scratch), `dq` gets dS K and `dk` gets dS^T Q.
-pub fn products(b: &Block, p: &[f32], ds: &mut [f32], dv: Acc, dk: Acc, dq: Acc) {
+impl Acc<'_> {
+    fn out(&self) -> Out<'static> {
+        if self.add {
+            Out::Add
+        } else {
+            Out::Store
+        }
+    }
+}
+
+/// A row-major `rows x k` matrix as the broadcast operand.
+fn a_rows(data: &[f32], rows: usize, k: usize) -> AOp<'_, f32> {
+    AOp {
+        data,
+        rows,
+        k,
+        rs: k,
+        cs: 1,
+    }
+}
+
+/// The transpose of a row-major `k x rows` matrix as the broadcast operand.
+fn a_cols(data: &[f32], k: usize, rows: usize) -> AOp<'_, f32> {
+    AOp {
+        data,
+        rows,
+        k,
+        rs: 1,
+        cs: rows,
+    }
+}
+
+/// A row-major `k x n` matrix as the vector operand.
+fn b_rows(data: &[f32], k: usize, n: usize) -> BOp<'_, f32> {
+    BOp { data, k, n, ld: n }
+}
+
+/// From P in `p` (rows x kn): `dv` gets P^T dO, then dS = `s` P * (dO V^T - D) is formed
+/// in `ds` (rows x kn scratch), `dq` gets dS K and `dk` gets dS^T Q.
+#[allow(clippy::too_many_arguments)]
+pub fn products(isa: Isa, b: &Block, p: &[f32], ds: &mut [f32], s: f32, dv: Acc, dk: Acc, dq: Acc) {
     let (rows, kn, d) = (b.rows, b.kn, b.d);
-    sgemm(
-        dv.alpha,
-        MatRef::new(p, rows, kn).t(),
-        MatRef::new(b.d_out, rows, d),
-        dv.beta,
+    let (p, ds) = (&p[..rows * kn], &mut ds[..rows * kn]);
+    let out = dv.out();
+    gemm(
+        isa,
+        a_cols(p, rows, kn),
+        b_rows(b.d_out, rows, d),
         dv.c,
         d,
+        out,
     );
-    sgemm(
-        1.0,
-        MatRef::new(b.d_out, rows, d),
-        MatRef::new(b.v, kn, d).t(),
-        0.0,
+    gemm(
+        isa,
+        a_rows(b.d_out, rows, d),
+        BOp {
+            data: b.vt,
+            k: d,
+            n: kn,
+            ld: b.ldt,
+        },
         ds,
         kn,
+        Out::Store,
     );
-    softmax_grad_rows(ds, p, b.d_rows, kn);
-    sgemm(
-        dq.alpha,
-        MatRef::new(ds, rows, kn),
-        MatRef::new(b.k, kn, d),
-        dq.beta,
-        dq.c,
-        d,
-    );
-    sgemm(
-        dk.alpha,
-        MatRef::new(ds, rows, kn).t(),
-        MatRef::new(b.q, rows, d),
-        dk.beta,
+    softmax_grad_rows(ds, p, b.d_rows, kn, s);
+    let out = dq.out();
+    gemm(isa, a_rows(ds, rows, kn), b_rows(b.k, kn, d), dq.c, d, out);
+    let out = dk.out();
+    gemm(
+        isa,
+        a_cols(ds, rows, kn),
+        b_rows(b.q, rows, d),
         dk.c,
         d,
+        out,
     );
 }
 
@@ -85,92 +145,115 @@ pub fn products(b: &Block, p: &[f32], ds: &mut [f32], dv: Acc, dk: Acc, dq: Acc)
 mod tests {
     use super::*;
 
-    /// The products against their definitions, written out element by element.
+    /// The block's products against their definitions, written out element by element, on
+    /// every kernel path of this CPU, at a ragged shape (rows and keys not multiples of a
+    /// tile, K^T and V^T at a padded stride).
     #[test]
     fn products_match_their_definitions() {
-        let (rows, kn, d) = (3, 4, 2);
+        let (rows, kn, d, ldt) = (7, 19, 5, 32);
         let val = |i: usize, s: f32| (i as f32 * 0.37 + s).sin() * 0.5;
         let q: Vec<f32> = (0..rows * d).map(|i| val(i, 0.1)).collect();
         let k: Vec<f32> = (0..kn * d).map(|i| val(i, 0.2)).collect();
         let v: Vec<f32> = (0..kn * d).map(|i| val(i, 0.3)).collect();
         let go: Vec<f32> = (0..rows * d).map(|i| val(i, 0.4)).collect();
         let dd: Vec<f32> = (0..rows).map(|i| val(i, 0.5)).collect();
-        let mut p: Vec<f32> = (0..rows * kn).map(|i| val(i, 0.6)).collect();
-        // A row with L = -inf sees no key.
-        let lse = [0.3f32, f32::NEG_INFINITY, -0.2];
-        let s = p.clone();
-        probs_from_lse(&mut p, &lse, kn);
-        for r in 0..rows {
+        let t = |m: &[f32]| {
+            let mut t = vec![f32::NAN; d * ldt];
             for j in 0..kn {
-                let want = if r == 1 {
-                    0.0
-                } else {
-                    (s[r * kn + j] - lse[r]).exp()
-                };
-                assert_eq!(p[r * kn + j], want);
+                for c in 0..d {
+                    t[c * ldt + j] = m[j * d + c];
+                }
             }
-        }
-        let b = Block {
-            q: &q,
-            k: &k,
-            v: &v,
-            d_out: &go,
-            d_rows: &dd,
-            rows,
-            kn,
-            d,
+            t
         };
-        let (mut ds, mut dv, mut dk, mut dq) = (
-            vec![0.0; rows * kn],
-            vec![1.0; kn * d],
-            vec![1.0; kn * d],
-            vec![0.0; rows * d],
-        );
-        products(
-            &b,
-            &p,
-            &mut ds,
-            Acc {
-                c: &mut dv,
-                alpha: 1.0,
-                beta: 1.0,
-            },
-            Acc {
-                c: &mut dk,
-                alpha: 0.5,
-                beta: 0.0,
-            },
-            Acc {
-                c: &mut dq,
-                alpha: 2.0,
-                beta: 0.0,
-            },
-        );
-        let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
-        for r in 0..rows {
+        let (kt, vt) = (t(&k), t(&v));
+        // Row 1 sees no key (L = -inf); row 3's last two keys are masked.
+        let mut lse: Vec<f32> = (0..rows).map(|i| val(i, 0.7) + 2.0).collect();
+        lse[1] = f32::NEG_INFINITY;
+        let (c, s) = (0.8f32, 0.5f32);
+        let close = |a: f32, b: f32| (a - b).abs() <= 2e-5 * (1.0 + b.abs());
+        for isa in Isa::available_paths() {
+            let b = Block {
+                q: &q,
+                k: &k,
+                kt: &kt,
+                vt: &vt,
+                ldt,
+                d_out: &go,
+                d_rows: &dd,
+                rows,
+                kn,
+                d,
+            };
+            let mut p = vec![0.0; rows * kn];
+            scores(isa, &q, &kt, ldt, (rows, kn, d), &mut p);
+            for r in 0..rows {
+                for j in 0..kn {
+                    let want: f32 = (0..d).map(|x| q[r * d + x] * k[j * d + x]).sum();
+                    assert!(close(p[r * kn + j], want), "{isa}: S at ({r}, {j})");
+                }
+            }
+            let sc = p.clone();
+            p[3 * kn + kn - 2..4 * kn].fill(f32::NEG_INFINITY);
+            probs_from_lse(isa, &mut p, &lse, kn, c);
+            for r in 0..rows {
+                for j in 0..kn {
+                    let want = if r == 1 || (r == 3 && j >= kn - 2) {
+                        0.0
+                    } else {
+                        (c * sc[r * kn + j] - lse[r]).exp()
+                    };
+                    assert!(close(p[r * kn + j], want), "{isa}: P at ({r}, {j})");
+                }
+            }
+            let (mut ds, mut dv, mut dk, mut dq) = (
+                vec![0.0; rows * kn],
+                vec![1.0; kn * d],
+                vec![1.0; kn * d],
+                vec![1.0; rows * d],
+            );
+            products(
+                isa,
+                &b,
+                &p,
+                &mut ds,
+                s,
+                Acc {
+                    c: &mut dv,
+                    add: true,
+                },
+                Acc {
+                    c: &mut dk,
+                    add: false,
+                },
+                Acc {
+                    c: &mut dq,
+                    add: true,
+                },
+            );
+            for r in 0..rows {
+                for j in 0..kn {
+                    let dp: f32 = (0..d).map(|x| go[r * d + x] * v[j * d + x]).sum();
+                    let want = s * p[r * kn + j] * (dp - dd[r]);
+                    assert!(close(ds[r * kn + j], want), "{isa}: dS at ({r}, {j})");
+                }
+            }
             for j in 0..kn {
-                let dp: f32 = (0..d).map(|c| go[r * d + c] * v[j * d + c]).sum();
-                assert!(close(ds[r * kn + j], p[r * kn + j] * (dp - dd[r])));
+                for x in 0..d {
+                    let want_dv = 1.0
+                        + (0..rows)
+                            .map(|r| p[r * kn + j] * go[r * d + x])
+                            .sum::<f32>();
+                    let want_dk: f32 = (0..rows).map(|r| ds[r * kn + j] * q[r * d + x]).sum();
+                    assert!(close(dv[j * d + x], want_dv), "{isa}: dV at ({j}, {x})");
+                    assert!(close(dk[j * d + x], want_dk), "{isa}: dK at ({j}, {x})");
+                }
             }
-        }
-        for j in 0..kn {
-            for c in 0..d {
-                let want_dv = 1.0
-                    + (0..rows)
-                        .map(|r| p[r * kn + j] * go[r * d + c])
-                        .sum::<f32>();
-                let want_dk = 0.5
-                    * (0..rows)
-                        .map(|r| ds[r * kn + j] * q[r * d + c])
-                        .sum::<f32>();
-                assert!(close(dv[j * d + c], want_dv));
-                assert!(close(dk[j * d + c], want_dk));
-            }
-        }
-        for r in 0..rows {
-            for c in 0..d {
-                let want = 2.0 * (0..kn).map(|j| ds[r * kn + j] * k[j * d + c]).sum::<f32>();
-                assert!(close(dq[r * d + c], want));
+            for r in 0..rows {
+                for x in 0..d {
+                    let want = 1.0 + (0..kn).map(|j| ds[r * kn + j] * k[j * d + x]).sum::<f32>();
+                    assert!(close(dq[r * d + x], want), "{isa}: dQ at ({r}, {x})");
+                }
             }
         }
     }

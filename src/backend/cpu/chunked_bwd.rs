@@ -5,17 +5,18 @@
 //! giving L = M + log sum_j w_j e^(m_j - M); D = rowsum(dO * O); pass 2 over key chunks
 //! recomputes P = exp(S - L), then dV_j += P^T dO, dS = P * (dO V_j^T - D),
 //! dQ += dS K_j / sqrt(d), dK_j += dS^T Q / sqrt(d) (dK_j, dV_j added under their chunk's
-//! lock). Time O(n_q*n_kv*d) with 8 matmul units against standard attention's 6; extra
+//! lock), on the forward's register tiles (`block_grads`). Time O(n_q*n_kv*d) with 8 matmul units against standard attention's 6; extra
 //! memory per worker two q_c x k_c slabs, the summaries and O(q_c*d + k_c*d): O(sqrt n)
 //! with the paper's chunks, and no n_q x n_kv matrix ever.
 
 use rayon::prelude::*;
 
-use super::block_grads::{probs_from_lse, products, Acc, Block};
+use super::block_grads::{probs_from_lse, products, scores, Acc, Block};
 use super::blocks::LockedBlocks;
-use super::gemm::{sgemm, MatRef};
+use super::isa::Isa;
 use super::naive_bwd::dot;
-use super::softmax::{exp_sub_sum, mask_from, row_max};
+use super::softmax::mask_from;
+use super::tiles::{self, pack_t, pad_lanes};
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -30,14 +31,16 @@ pub fn bookkeeping_bytes(shape: &Shape, kc: usize) -> u64 {
 }
 
 /// Per-worker scratch floats, in the order they are carved.
-pub fn worker_lens(shape: &Shape, qc: usize, kc: usize, widen: bool) -> [usize; 11] {
+pub fn worker_lens(shape: &Shape, qc: usize, kc: usize, widen: bool) -> [usize; 12] {
     let d = shape.head_dim;
     let nkc = shape.seq_kv.div_ceil(kc);
-    let kv = if widen { kc * d } else { 0 };
+    let k = if widen { kc * d } else { 0 };
+    let t = d * pad_lanes(kc);
     [
         qc * d,   // the scaled query chunk
-        kv,       // widened key chunk
-        kv,       // widened value chunk
+        k,        // widened key chunk
+        t,        // K_j^T
+        t,        // V_j^T
         qc * kc,  // S, then P, of one key chunk
         qc * kc,  // dP, then dS
         nkc * qc, // recomputed chunk maxima m_j
@@ -54,6 +57,7 @@ pub fn backward(
     inputs: &Inputs,
     causal: bool,
     (qc, kc): (usize, usize),
+    isa: Isa,
     out: &[f32],
     d_out: &[f32],
     ws: &Workspace,
@@ -64,6 +68,7 @@ pub fn backward(
     let scale = s.scale();
     let widen = inputs.dtype().size_bytes() != 4;
     let nkc = nkv.div_ceil(kc);
+    let ldt = pad_lanes(kc);
     grads.dk.fill(0.0);
     grads.dv.fill(0.0);
     let dkv = LockedBlocks::new(&mut grads.dk, Some(&mut grads.dv), nkv, d, kc);
@@ -83,7 +88,7 @@ pub fn backward(
                     let row0 = ci * qc;
                     let rows = dq_c.len() / d;
                     let mut guard = ws.acquire();
-                    let [qs, ks, vs, p, dp, maxes, sums, ld, dq_acc, dk_t, dv_t] =
+                    let [qs, ks, kt, vt, p, dp, maxes, sums, ld, dq_acc, dk_t, dv_t] =
                         carve(&mut guard, worker_lens(&s, qc, kc, widen));
                     let qs = &mut qs[..rows * d];
                     vecops::widen_into(&inputs.q, q_off + row0 * d, qs);
@@ -91,19 +96,14 @@ pub fn backward(
                     let go = &d_out[q_off + row0 * d..][..rows * d];
                     let o = &out[q_off + row0 * d..][..rows * d];
                     let last_visible = s.visible_keys(causal, row0 + rows - 1);
-                    let score = |p: &mut [f32], k: &[f32], k0: usize, kn: usize| {
-                        sgemm(
-                            1.0,
-                            MatRef::new(qs, rows, d),
-                            MatRef::new(k, kn, d).t(),
-                            0.0,
-                            p,
-                            kn,
-                        );
+                    // The scaled scores of key chunk j (K_j^T in `kt`), masked.
+                    let score = |p: &mut [f32], kt: &[f32], k0: usize, kn: usize| {
+                        scores(isa, qs, kt, ldt, (rows, kn, d), p);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
                             mask_from(row, s.visible_keys(causal, row0 + r).saturating_sub(k0));
                         }
                     };
+                    let log2e = std::f32::consts::LOG2_E;
 
                     // Pass 1: the forward's chunk summaries again, then L per row.
                     for j in 0..nkc {
@@ -115,12 +115,16 @@ pub fn backward(
                             w_j.fill(0.0);
                             continue;
                         }
-                        let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
+                        pack_t(isa, &inputs.k, kv_off + k0 * d, kn, d, ldt, kt);
                         let p = &mut p[..rows * kn];
-                        score(p, k, k0, kn);
+                        score(p, kt, k0, kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
-                            m_j[r] = row_max(row);
-                            w_j[r] = exp_sub_sum(row, m_j[r]);
+                            m_j[r] = tiles::row_max(isa, row);
+                            w_j[r] = if m_j[r] == f32::NEG_INFINITY {
+                                0.0
+                            } else {
+                                tiles::exp_sum(isa, row, log2e, m_j[r] * log2e)
+                            };
                         }
                     }
                     let (l, dd) = ld.split_at_mut(qc);
@@ -149,31 +153,36 @@ pub fn backward(
                             continue;
                         }
                         let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
-                        let v = vecops::widen(&inputs.v, kv_off + k0 * d, kn * d, vs);
+                        pack_t(isa, &inputs.k, kv_off + k0 * d, kn, d, ldt, kt);
+                        pack_t(isa, &inputs.v, kv_off + k0 * d, kn, d, ldt, vt);
                         let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
-                        score(p, k, k0, kn);
-                        probs_from_lse(p, l, kn);
+                        score(p, kt, k0, kn);
+                        probs_from_lse(isa, p, l, kn, 1.0);
                         let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
                         let block = Block {
                             q: qs,
                             k,
-                            v,
+                            kt,
+                            vt,
+                            ldt,
                             d_out: go,
                             d_rows: dd,
                             rows,
                             kn,
                             d,
                         };
-                        let acc = |c, alpha, beta| Acc { c, alpha, beta };
+                        let acc = |c, add| Acc { c, add };
                         // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d); dQ is
                         // scaled once at the end.
                         products(
+                            isa,
                             &block,
                             p,
                             dp,
-                            acc(&mut *dv_t, 1.0, 0.0),
-                            acc(&mut *dk_t, 1.0, 0.0),
-                            acc(&mut *dq_acc, 1.0, 1.0),
+                            1.0,
+                            acc(&mut *dv_t, false),
+                            acc(&mut *dk_t, false),
+                            acc(&mut *dq_acc, true),
                         );
                         dkv.add(kv_block0 + j, &[dk_t, dv_t]);
                     }

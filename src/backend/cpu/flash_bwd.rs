@@ -6,16 +6,19 @@
 //! under dQ_i's lock, the CPU stand-in for the GPU's atomic adds). Causal: query blocks that
 //! see nothing of block j are skipped; with a sliding window (`Shape::key_range`) so are
 //! those whose first row's window starts after block j and that hold no attention sink, and
-//! keys before a row's window start, sinks aside, are masked. Time O(b*h*n_q*n_kv*d) (5 matmuls incl. the
-//! recomputed S); extra memory D (4*b*h*n_q bytes) and per-worker tiles, O(1) in n.
+//! keys before a row's window start, sinks aside, are masked. The products run on the
+//! forward's register tiles (`block_grads`), K_j^T and V_j^T packed once per item. Time
+//! O(b*h*n_q*n_kv*d) (5 matmuls incl. the recomputed S); extra memory D (4*b*h*n_q bytes)
+//! and per-worker tiles, O(1) in n.
 
 use rayon::prelude::*;
 
-use super::block_grads::{probs_from_lse, products, Acc, Block};
+use super::block_grads::{probs_from_lse, products, scores, Acc, Block};
 use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
-use super::gemm::{sgemm, MatRef};
+use super::isa::Isa;
 use super::naive_bwd::dot;
 use super::softmax::mask_from;
+use super::tiles::{pack_t, pad_lanes};
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -30,11 +33,13 @@ pub fn bookkeeping_bytes(shape: &Shape, bq: usize, bk: usize) -> u64 {
     LockedBlocks::bytes(q_blocks) + 2 * split_bytes(items(shape, bk))
 }
 
-/// Per-worker scratch floats, in the order they are carved.
-pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 8] {
+/// Per-worker scratch floats, in the order they are carved: Q_i and K_j widened (16-bit
+/// inputs), K_j^T and V_j^T (d rows of `pad_lanes(bk)`), P and dS, dK_j and dV_j, dQ_i.
+pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 9] {
     let d = shape.head_dim;
-    let (q, kv) = if widen { (bq * d, bk * d) } else { (0, 0) };
-    [q, kv, kv, bq * bk, bq * bk, bk * d, bk * d, bq * d]
+    let (q, k) = if widen { (bq * d, bk * d) } else { (0, 0) };
+    let t = d * pad_lanes(bk);
+    [q, k, t, t, bq * bk, bq * bk, bk * d, bk * d, bq * d]
 }
 
 /// Floats of D = rowsum(dO * O), one per query row.
@@ -48,6 +53,7 @@ pub fn backward(
     causal: bool,
     (window, sinks): (Option<usize>, usize),
     (bq, bk): (usize, usize),
+    isa: Isa,
     out: &[f32],
     d_out: &[f32],
     lse: &[f32],
@@ -67,6 +73,7 @@ pub fn backward(
     let dq = LockedBlocks::new(&mut grads.dq, None, nq, d, bq);
     let nqb = nq.div_ceil(bq);
     let nkb = nkv.div_ceil(bk);
+    let ldt = pad_lanes(bk);
     let dk_blocks = head_row_blocks(&mut grads.dk, nkv, d, bk);
     let dv_blocks = head_row_blocks(&mut grads.dv, nkv, d, bk);
     dk_blocks
@@ -79,11 +86,13 @@ pub fn backward(
             let k0 = kj * bk;
             let kn = dk_j.len() / d;
             let mut guard = ws.acquire();
-            let [qs, ks, vs, p, dp, dk_acc, dv_acc, dq_tmp] =
+            let [qs, ks, kt, vt, p, dp, dk_acc, dv_acc, dq_tmp] =
                 carve(&mut guard, worker_lens(&s, bq, bk, widen));
             let kv_off = (b * s.kv_heads + g) * nkv * d;
             let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
-            let v = vecops::widen(&inputs.v, kv_off + k0 * d, kn * d, vs);
+            // K_j^T and V_j^T once per key block: the B operands of S and dP.
+            pack_t(isa, &inputs.k, kv_off + k0 * d, kn, d, ldt, kt);
+            pack_t(isa, &inputs.v, kv_off + k0 * d, kn, d, ldt, vt);
             let (dk_acc, dv_acc) = (&mut dk_acc[..kn * d], &mut dv_acc[..kn * d]);
             dk_acc.fill(0.0);
             dv_acc.fill(0.0);
@@ -102,18 +111,20 @@ pub fn backward(
                         continue; // block j is before every row's window, no sink in it
                     }
                     let q = vecops::widen(&inputs.q, q_off + row0 * d, rows * d, qs);
-                    let go = &d_out[q_off + row0 * d..][..rows * d];
-                    let l_i = &lse[head * nq + row0..][..rows];
-                    let d_i = &dd[head * nq + row0..][..rows];
-                    let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
-                    sgemm(
-                        scale,
-                        MatRef::new(q, rows, d),
-                        MatRef::new(k, kn, d).t(),
-                        0.0,
-                        p,
+                    let block = Block {
+                        q,
+                        k,
+                        kt,
+                        vt,
+                        ldt,
+                        d_out: &d_out[q_off + row0 * d..][..rows * d],
+                        d_rows: &dd[head * nq + row0..][..rows],
+                        rows,
                         kn,
-                    );
+                        d,
+                    };
+                    let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
+                    scores(isa, q, kt, ldt, (rows, kn, d), p);
                     if causal {
                         for (r, row) in p.chunks_mut(kn).enumerate() {
                             mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
@@ -127,26 +138,18 @@ pub fn backward(
                             row[first.min(n)..n].fill(f32::NEG_INFINITY);
                         }
                     }
-                    probs_from_lse(p, l_i, kn);
+                    probs_from_lse(isa, p, &lse[head * nq + row0..][..rows], kn, scale);
                     let dq_t = &mut dq_tmp[..rows * d];
-                    let block = Block {
-                        q,
-                        k,
-                        v,
-                        d_out: go,
-                        d_rows: d_i,
-                        rows,
-                        kn,
-                        d,
-                    };
-                    let acc = |c, alpha, beta| Acc { c, alpha, beta };
+                    let acc = |c, add| Acc { c, add };
                     products(
+                        isa,
                         &block,
                         p,
                         dp,
-                        acc(&mut *dv_acc, 1.0, 1.0),
-                        acc(&mut *dk_acc, scale, 1.0),
-                        acc(dq_t, scale, 0.0),
+                        scale,
+                        acc(&mut *dv_acc, true),
+                        acc(&mut *dk_acc, true),
+                        acc(dq_t, false),
                     );
                     dq.add(head * nqb + qi, &[dq_t]);
                 }

@@ -2,15 +2,18 @@
 //! dP = dO V^T and dS = P * (dP - rowsum(dO * O)) into a second n_q x n_kv buffer (as a
 //! framework materializes it), dQ = dS K / sqrt(d) in the same row pass; then per key/value
 //! row block dV = sum_h P_h^T dO_h and dK = sum_h dS_h^T Q_h / sqrt(d) over the query heads
-//! sharing that key/value head. Time O(b*h*n_q*n_kv*d) (4 matmuls); extra memory the dS
-//! buffer (4*b*h*n_q*n_kv bytes) plus, for bf16/f16, per-worker f32 copies of one head.
+//! sharing that key/value head; every product on the forward's register tiles
+//! (`tiles::gemm`), V^T packed per row block. Time O(b*h*n_q*n_kv*d) (4 matmuls); extra
+//! memory the dS buffer (4*b*h*n_q*n_kv bytes) plus per worker one head's V^T and, for
+//! bf16/f16, f32 copies of one head's K (or Q).
 
 use rayon::prelude::*;
 
 use super::blocks::{head_row_blocks, split_bytes};
-use super::gemm::{sgemm, MatRef};
+use super::isa::Isa;
 use super::naive::ROW_BLOCK;
 use super::softmax::softmax_grad_rows;
+use super::tiles::{gemm, pack_t, pad_lanes, AOp, BOp, Out};
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -29,13 +32,12 @@ pub fn bookkeeping_bytes(shape: &Shape) -> u64 {
     2 * split_bytes(q.max(kv))
 }
 
-/// Per-worker floats: widened K and V (row pass) or one widened Q head (column pass).
+/// Per-worker floats: V^T (d rows of `pad_lanes(n_kv)`) and K widened (16-bit inputs) in
+/// the row pass, or one widened Q head in the column pass, whichever is larger.
 pub fn worker_floats(shape: &Shape, widen: bool) -> usize {
-    if widen {
-        (2 * shape.seq_kv * shape.head_dim).max(shape.seq_q * shape.head_dim)
-    } else {
-        0
-    }
+    let (d, nq, nkv) = (shape.head_dim, shape.seq_q, shape.seq_kv);
+    let w = usize::from(widen);
+    (d * pad_lanes(nkv) + w * nkv * d).max(w * nq * d)
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -45,6 +47,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     inputs: &Inputs,
+    isa: Isa,
     out: &[f32],
     d_out: &[f32],
     probs: &[f32],
@@ -57,8 +60,10 @@ pub fn backward(
     let scale = s.scale();
     let widen = inputs.dtype().size_bytes() != 4;
     let nqb = nq.div_ceil(ROW_BLOCK);
+    let ldt = pad_lanes(nkv);
 
-    // Row pass: dS and dQ per (head, query row block).
+    // Row pass: dS (scaled by 1/sqrt(d), which both dQ and dK take) and dQ per (head, query
+    // row block).
     let ds_blocks = head_row_blocks(ds, nq, nkv, ROW_BLOCK);
     let dq_blocks = head_row_blocks(&mut grads.dq, nq, d, ROW_BLOCK);
     ds_blocks
@@ -72,34 +77,31 @@ pub fn backward(
             let row0 = blk * ROW_BLOCK;
             let rows = dq_b.len() / d;
             let mut guard = ws.acquire();
-            let lens = if widen { [nkv * d, nkv * d] } else { [0; 2] };
-            let [ks, vs] = carve(&mut guard, lens);
+            let [vt, ks] = carve(&mut guard, [d * ldt, if widen { nkv * d } else { 0 }]);
             let k = vecops::widen(&inputs.k, kv_off, nkv * d, ks);
-            let v = vecops::widen(&inputs.v, kv_off, nkv * d, vs);
+            pack_t(isa, &inputs.v, kv_off, nkv, d, ldt, vt);
             let go = &d_out[q_off + row0 * d..][..rows * d];
             let o = &out[q_off + row0 * d..][..rows * d];
             let p = &probs[(head * nq + row0) * nkv..][..rows * nkv];
-            sgemm(
-                1.0,
-                MatRef::new(go, rows, d),
-                MatRef::new(v, nkv, d).t(),
-                0.0,
-                ds_b,
-                nkv,
-            );
+            let vt = BOp {
+                data: vt,
+                k: d,
+                n: nkv,
+                ld: ldt,
+            };
+            gemm(isa, rows_of(go, rows, d), vt, ds_b, nkv, Out::Store);
             let mut dd = [0.0f32; ROW_BLOCK];
             for (r, x) in dd[..rows].iter_mut().enumerate() {
                 *x = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
             }
-            softmax_grad_rows(ds_b, p, &dd[..rows], nkv);
-            sgemm(
-                scale,
-                MatRef::new(ds_b, rows, nkv),
-                MatRef::new(k, nkv, d),
-                0.0,
-                dq_b,
-                d,
-            );
+            softmax_grad_rows(ds_b, p, &dd[..rows], nkv, scale);
+            let k = BOp {
+                data: k,
+                k: nkv,
+                n: d,
+                ld: d,
+            };
+            gemm(isa, rows_of(ds_b, rows, nkv), k, dq_b, d, Out::Store);
         });
 
     // Column pass: dV and dK per (key/value head, key row block), summed over the group.
@@ -120,38 +122,55 @@ pub fn backward(
             let [qs] = carve(&mut guard, [if widen { nq * d } else { 0 }]);
             for (t, h) in (g * s.group()..(g + 1) * s.group()).enumerate() {
                 let head = b * s.heads + h;
-                let beta = if t == 0 { 0.0 } else { 1.0 };
+                let add = || if t == 0 { Out::Store } else { Out::Add };
                 let q_off = s.q_head_offset(b, h);
                 let q = vecops::widen(&inputs.q, q_off, nq * d, qs);
                 let go = &d_out[q_off..][..nq * d];
                 let at = head * nq * nkv + j0;
-                sgemm(
-                    1.0,
+                let b_rows = |data| BOp {
+                    data,
+                    k: nq,
+                    n: d,
+                    ld: d,
+                };
+                gemm(
+                    isa,
                     columns_t(&probs[at..], jn, nq, nkv),
-                    MatRef::new(go, nq, d),
-                    beta,
+                    b_rows(go),
                     dv_b,
                     d,
+                    add(),
                 );
-                sgemm(
-                    scale,
+                gemm(
+                    isa,
                     columns_t(&ds[at..], jn, nq, nkv),
-                    MatRef::new(q, nq, d),
-                    beta,
+                    b_rows(q),
                     dk_b,
                     d,
+                    add(),
                 );
             }
         });
 }
 
+/// A row-major `rows x k` matrix as the broadcast operand.
+fn rows_of(data: &[f32], rows: usize, k: usize) -> AOp<'_, f32> {
+    AOp {
+        data,
+        rows,
+        k,
+        rs: k,
+        cs: 1,
+    }
+}
+
 /// The first `cols` columns of a row-major matrix with row stride `stride` and `rows` rows,
-/// transposed, as a view (`cols x rows`).
-fn columns_t(data: &[f32], cols: usize, rows: usize, stride: usize) -> MatRef<'_> {
-    MatRef {
+/// transposed, as the broadcast operand (`cols x rows`).
+fn columns_t(data: &[f32], cols: usize, rows: usize, stride: usize) -> AOp<'_, f32> {
+    AOp {
         data,
         rows: cols,
-        cols: rows,
+        k: rows,
         rs: 1,
         cs: stride,
     }

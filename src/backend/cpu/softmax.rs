@@ -51,13 +51,15 @@ pub fn scale_row(row: &mut [f32], f: f32) {
     }
 }
 
-/// The softmax backward on a tile: each dP_ij becomes dS_ij = P_ij (dP_ij - D_i), with
-/// `d_rows[i]` = D_i = rowsum(dO_i * O_i). `dp` and `p` are `rows x cols`, row-major.
+/// The softmax backward on a tile, times `s`: each dP_ij becomes dS_ij = s P_ij (dP_ij -
+/// D_i), with `d_rows[i]` = D_i = rowsum(dO_i * O_i). `dp` and `p` are `rows x cols`,
+/// row-major. (`s` carries the score scale 1/sqrt(d) into the dQ and dK products, which
+/// the tiles take without a factor.)
 #[inline]
-pub fn softmax_grad_rows(dp: &mut [f32], p: &[f32], d_rows: &[f32], cols: usize) {
+pub fn softmax_grad_rows(dp: &mut [f32], p: &[f32], d_rows: &[f32], cols: usize, s: f32) {
     for ((dp_r, p_r), d_i) in dp.chunks_mut(cols).zip(p.chunks(cols)).zip(d_rows) {
         for (x, pj) in dp_r.iter_mut().zip(p_r) {
-            *x = pj * (*x - d_i);
+            *x = s * pj * (*x - d_i);
         }
     }
 }
