@@ -415,7 +415,16 @@ fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
     widen_bf16_body(src, dst);
 }
 
+/// f16 to f32 by F16C (`vcvtph2ps`, 8 at a time, inlined into the loop) where the CPU has
+/// it, else `half`'s conversion: `half` dispatches per call and converts 8 values per
+/// non-inlined call, a quarter of flash `fwd+bwd`'s time on f16 at the CI's small shapes.
 fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fast() && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: AVX2, FMA and F16C were detected on this CPU just above.
+        unsafe { avx2::widen_f16(src, dst) };
+        return;
+    }
     use half::slice::HalfFloatSliceExt;
     src.convert_to_f32_slice(dst);
 }
@@ -887,6 +896,24 @@ mod avx2 {
             dst[j] = src[j].to_f32();
         }
     }
+
+    /// [`super::widen_f16`]'s F16C loop.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        // SAFETY: i + 8 <= n8 <= both lengths; f16 is a u16 in memory.
+        while i < n8 {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for j in n8..n {
+            dst[j] = src[j].to_f32();
+        }
+    }
 }
 
 #[inline(always)]
@@ -953,6 +980,23 @@ fn widen_bf16_body(src: &[bf16], dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every f16 bit pattern widens to `f16::to_f32`'s value (NaNs to a NaN), at an offset
+    /// and a length that leave a ragged tail past the 8-wide loop.
+    #[test]
+    fn f16_widens_exactly_on_every_bit_pattern() {
+        let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let mut dst = vec![0.0f32; src.len() - 3];
+        widen_f16(&src[3..], &mut dst);
+        for (x, y) in src[3..].iter().zip(&dst) {
+            let want = x.to_f32();
+            assert!(
+                want.to_bits() == y.to_bits() || (want.is_nan() && y.is_nan()),
+                "{:#06x}: {want} against {y}",
+                x.to_bits()
+            );
+        }
+    }
 
     /// Every path this CPU runs, f32 and bf16 keys, head dimensions of the AVX2 loops and
     /// of the AVX-512 ones (a query row in 4 or 8 registers, or any whole number of
