@@ -71,10 +71,7 @@ pub unsafe fn block(
     o: &mut [f32],
     lse: Option<&mut [f32]>,
 ) {
-    use std::arch::x86_64::*;
-
-    use super::amx::{self, Tiles};
-    use super::simd::avx512::{exp2, exp2_bf16};
+    use super::amx::Tiles;
     use super::tiles::{as_u16, bf16_bits};
 
     let d = s.head_dim;
@@ -94,11 +91,21 @@ pub unsafe fn block(
     let qb = &mut as_u16(qb)[..nb * d];
     qb[..rows * d].copy_from_slice(&q16[q_off + row0 * d..][..rows * d]);
     qb[rows * d..].fill(0);
-    let (kp, vp, pb) = (as_u16(kp), as_u16(vp), as_u16(pb));
-    pb.fill(0);
-    ob.fill(0.0);
-    m.fill(f32::NEG_INFINITY);
-    l.fill(0.0);
+    let (kp, vp) = (as_u16(kp), as_u16(vp));
+    let mut t = Block {
+        rows,
+        dims: (d, d),
+        kb,
+        qb,
+        st,
+        pb: as_u16(pb),
+        o: &mut ob[..rows * d],
+        m,
+        l,
+        corr,
+        pv,
+    };
+    t.reset();
     let c = s.scale() * std::f32::consts::LOG2_E;
     // Each row's keys: its window lo..hi (the causal bound, all keys without) and its
     // sinks 0..sk (`Shape::key_range`, `Shape::sink_range`).
@@ -108,27 +115,124 @@ pub unsafe fn block(
         (w.start as i32, w.end as i32, sk as i32)
     };
     let _tiles = Tiles::configure();
-
     for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
-        let kw = round(kn);
         let at = kv_off + k0 * d;
         pack_pairs(&k16[at..][..kn * d], kn, d, kb, kp);
-        let v = &v16[at..][..kn * d];
-        super::simd::bf16::interleave_rows(v.as_ptr(), kn, d, vp.as_mut_ptr());
-        vp[kn.div_ceil(2) * 2 * d..kw / 2 * 2 * d].fill(0);
+        pack_rows(&v16[at..][..kn * d], kn, d, vp);
+        t.key_block((k0, kn), c, &seen, kp, vp);
+    }
+    drop(_tiles);
+    t.finish(lse);
+    o.copy_from_slice(t.o);
+}
+
+/// The online-softmax state of one query block on tiles, in the caller's scratch: `rows`
+/// query rows (A tiles of `dims.0` bf16 in `qb`, padded to whole 32-row tiles with zeros),
+/// keys of `dims.0` and values of `dims.1`, key blocks of at most `kb` (a multiple of 32).
+pub(crate) struct Block<'a> {
+    pub rows: usize,
+    /// (key width, value width).
+    pub dims: (usize, usize),
+    pub kb: usize,
+    pub qb: &'a [u16],
+    /// S (nb x kb), P (nb x kb bf16), with nb the rows rounded to 32.
+    pub st: &'a mut [f32],
+    pub pb: &'a mut [u16],
+    /// O (rows x dims.1), then the normalized output.
+    pub o: &'a mut [f32],
+    /// Each row's running max (log2 units), sum and correction (nb each).
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub corr: &'a mut [f32],
+    /// The PV tile staging (nb x dims.1).
+    pub pv: &'a mut [f32],
+}
+
+impl Block<'_> {
+    fn nb(&self) -> usize {
+        round(self.rows)
+    }
+
+    /// No key seen: O = 0, m = -inf, l = 0, P's padding zero.
+    pub fn reset(&mut self) {
+        self.pb.fill(0);
+        self.o.fill(0.0);
+        self.m.fill(f32::NEG_INFINITY);
+        self.l.fill(0.0);
+    }
+
+    /// O = O / l (rows that saw no key 0); with `lse`, each row's logsumexp (natural log;
+    /// -inf for a row that saw nothing).
+    pub fn finish(&mut self, lse: Option<&mut [f32]>) {
+        let dv = self.dims.1;
+        for r in 0..self.rows {
+            let inv = if self.l[r] > 0.0 {
+                1.0 / self.l[r]
+            } else {
+                0.0
+            };
+            for y in &mut self.o[r * dv..(r + 1) * dv] {
+                *y *= inv;
+            }
+        }
+        if let Some(lse) = lse {
+            for (r, x) in lse.iter_mut().enumerate() {
+                *x = if self.l[r] > 0.0 {
+                    self.m[r] * std::f32::consts::LN_2 + self.l[r].ln()
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+    }
+
+    /// One key block: keys `k0..k0 + kn` as pairs in `kp` (`pack_pairs`, stride `kb`) and
+    /// values interleaved in `vp` (`pack_rows`); S = Q K^T on tiles, the online softmax
+    /// row by row (`c` = scale x log2 e; row r sees key k where `seen(r)` = (lo, hi, sk)
+    /// has lo <= k < hi or k < sk), O = corr O + P V on tiles.
+    ///
+    /// # Safety
+    /// `amx::usable()`, tiles configured (`Tiles::configure`); the buffers as the fields
+    /// say; `kn <= kb`, both key and value widths multiples of 32.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn key_block(
+        &mut self,
+        (k0, kn): (usize, usize),
+        c: f32,
+        seen: &impl Fn(usize) -> (i32, i32, i32),
+        kp: &[u16],
+        vp: &[u16],
+    ) {
+        use std::arch::x86_64::*;
+
+        use super::amx;
+        use super::simd::avx512::{exp2, exp2_bf16};
+
+        let (rows, nb, kb, (dk, dv)) = (self.rows, self.nb(), self.kb, self.dims);
+        let kw = round(kn);
+        assert!(kn <= kb && kp.len() >= dk / 2 * kb * 2 && vp.len() >= kw * dv);
+        let (st, pb, m, l, corr, pv) = (
+            &mut *self.st,
+            &mut *self.pb,
+            &mut *self.m,
+            &mut *self.l,
+            &mut *self.corr,
+            &mut *self.pv,
+        );
 
         // S = Q_i K_j^T by 32 x 32 blocks: Q rows as A, the key pairs as B.
         let (qp, kpp, sp) = (
-            qb.as_ptr() as *const u8,
+            self.qb.as_ptr() as *const u8,
             kp.as_ptr() as *const u8,
             st.as_mut_ptr() as *mut u8,
         );
         for qt in (0..nb / 16).step_by(2) {
             for kt in (0..kw / 16).step_by(2) {
                 amx::product_32x32(
-                    (qp.add(qt * 16 * d * 2), 2 * d),
+                    (qp.add(qt * 16 * dk * 2), 2 * dk),
                     (kpp.add(kt * 16 * 4), kb * 4),
-                    d / 32,
+                    dk / 32,
                     (sp.add((qt * 16 * kb + kt * 16) * 4), kb * 4),
                 );
             }
@@ -225,27 +329,28 @@ pub unsafe fn block(
             _mm512_mask_storeu_ps(l.as_mut_ptr().add(r), k, lr);
         }
 
-        // PV = P V_j by 32 x 32 blocks (rows, columns of d): P rows as A, V's pairs as B.
+        // PV = P V_j by 32 x 32 blocks (rows, columns of the values): P rows as A, V's
+        // pairs as B.
         let (pp, vpp, pvp) = (
             pb.as_ptr() as *const u8,
             vp.as_ptr() as *const u8,
             pv.as_mut_ptr() as *mut u8,
         );
         for qt in (0..nb / 16).step_by(2) {
-            for dt in (0..d / 16).step_by(2) {
+            for dt in (0..dv / 16).step_by(2) {
                 amx::product_32x32(
                     (pp.add(qt * 16 * kb * 2), kb * 2),
-                    (vpp.add(dt * 16 * 4), 4 * d),
+                    (vpp.add(dt * 16 * 4), 4 * dv),
                     kw / 32,
-                    (pvp.add((qt * 16 * d + dt * 16) * 4), 4 * d),
+                    (pvp.add((qt * 16 * dv + dt * 16) * 4), 4 * dv),
                 );
             }
         }
         // O = corr O + PV.
         for r in 0..rows {
             let cr = _mm512_set1_ps(corr[r]);
-            let (orow, prow) = (ob.as_mut_ptr().add(r * d), pv.as_ptr().add(r * d));
-            for x in (0..d).step_by(16) {
+            let (orow, prow) = (self.o.as_mut_ptr().add(r * dv), pv.as_ptr().add(r * dv));
+            for x in (0..dv).step_by(16) {
                 let y = _mm512_fmadd_ps(
                     _mm512_loadu_ps(orow.add(x)),
                     cr,
@@ -255,27 +360,18 @@ pub unsafe fn block(
             }
         }
     }
-    drop(_tiles);
+}
 
-    // O = O / l; rows that saw no key are 0.
-    for r in 0..rows {
-        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-        for (y, x) in o[r * d..(r + 1) * d]
-            .iter_mut()
-            .zip(&ob[r * d..(r + 1) * d])
-        {
-            *y = x * inv;
-        }
-    }
-    if let Some(lse) = lse {
-        for (r, x) in lse.iter_mut().enumerate() {
-            *x = if l[r] > 0.0 {
-                m[r] * std::f32::consts::LN_2 + l[r].ln()
-            } else {
-                f32::NEG_INFINITY
-            };
-        }
-    }
+/// V_j (`kn` rows of `d` bf16) as the B tiles of P V_j: rows interleaved by pairs
+/// (`simd::bf16::interleave_rows`), the pairs past `kn` up to the next 32 keys zero.
+///
+/// # Safety
+/// AVX-512 available; `v` holds kn x d, `vp` at least round(kn) x d.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn pack_rows(v: &[u16], kn: usize, d: usize, vp: &mut [u16]) {
+    super::simd::bf16::interleave_rows(v.as_ptr(), kn, d, vp.as_mut_ptr());
+    vp[kn.div_ceil(2) * 2 * d..round(kn) / 2 * 2 * d].fill(0);
 }
 
 /// K_j (`kn` rows of `d` bf16) as the B tiles of S = Q K_j^T: `kp[p * kb + j]` is the pair
@@ -286,7 +382,7 @@ pub unsafe fn block(
 /// AVX-512 available; `k` holds kn x d, `kp` at least d / 2 x kb pairs; d even, kn <= kb.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pack_pairs(k: &[u16], kn: usize, d: usize, kb: usize, kp: &mut [u16]) {
+pub(crate) unsafe fn pack_pairs(k: &[u16], kn: usize, d: usize, kb: usize, kp: &mut [u16]) {
     let (src, dst) = (k.as_ptr() as *const f32, kp.as_mut_ptr() as *mut f32);
     let (pairs, full) = (d / 2, kn / 16 * 16);
     let mut p0 = 0;
