@@ -15,7 +15,7 @@ mod slack;
 
 use attnbench::backend::cpu::isa::Isa;
 use attnbench::problem::{
-    Allreduce, BatchSpec, Case, DType, Fp8Format, Mode, PageOrder, Paging, Precision, Shape,
+    Allreduce, BatchSpec, Case, DType, Fp8Format, Mla, Mode, PageOrder, Paging, Precision, Shape,
     VariantId,
 };
 use attnbench::variant::impossible::impossible;
@@ -684,7 +684,7 @@ fn layer(c: &Case, isa: Isa) -> u64 {
 /// larger of the (split, batch) items and the heads), the larger of an attention item's
 /// (q_lat rows, widened q_rope, m, l, a block's scores, the widened latent and RoPE block)
 /// and a head's projection (widened W and that head's query rows).
-fn mla_decode(c: &Case) -> u64 {
+fn mla_decode(c: &Case, isa: Isa) -> u64 {
     let s = &c.shape;
     let m = c.mla.expect("an MLA case");
     let (dc, dr, dh) = (m.latent_dim, m.rope_dim, s.head_dim);
@@ -695,7 +695,17 @@ fn mla_decode(c: &Case) -> u64 {
     let buffers = rows * dc + splits * rows * (dc + 1) + rows * dc + rows * dh;
     let w = usize::from(c.dtype != DType::F32);
     let r = h * sq;
-    let attend = r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr);
+    let amx = isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && dc % 32 == 0 && dr % 32 == 0;
+    let attend = if amx {
+        // On AMX tiles, rows and keys rounded up to 32: [q_lat | q_rope] and the key block
+        // as bf16 (half a float each), the latent block interleaved (bf16), S, P (bf16), the
+        // row max, sum and correction, the PV staging; O accumulates in the partials.
+        let (nb, kb) = (r.div_ceil(32) * 32, bk.div_ceil(32) * 32);
+        let dk = dc + dr;
+        nb * dk / 2 + kb * dk / 2 + kb * dc / 2 + nb * kb + nb * kb / 2 + 3 * nb + nb * dc
+    } else {
+        r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr)
+    };
     let project = w * (dc * dh + sq * dh);
     let workers = c.threads.min((b * splits).max(h)).max(1);
     4 * (buffers + workers * attend.max(project)) as u64
@@ -727,7 +737,7 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
         (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
         (TreeDecode, Mode::Decode) => tree(c),
-        (MlaDecode, Mode::Decode) => mla_decode(c),
+        (MlaDecode, Mode::Decode) => mla_decode(c, isa),
         _ => return None,
     })
 }
@@ -831,6 +841,22 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                     })
                     .collect();
                 variants.extend(highest);
+                if v.get().reads_mla() {
+                    // Latent and RoPE widths of whole 32s (bf16 runs on AMX tiles where
+                    // there are some) and ragged ones.
+                    variants = variants
+                        .iter()
+                        .flat_map(|c| {
+                            [(64, 32), (24, 8)].map(|(latent_dim, rope_dim)| Case {
+                                mla: Some(Mla {
+                                    latent_dim,
+                                    rope_dim,
+                                }),
+                                ..c.clone()
+                            })
+                        })
+                        .collect();
+                }
                 if v.get().default_allreduce().is_some() {
                     let ring: Vec<Case> = variants
                         .iter()

@@ -9,7 +9,7 @@
 
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::isa::Isa;
-use crate::backend::cpu::mla::{mla_decode, MlaBuffers, MlaPlan};
+use crate::backend::cpu::mla::{amx_fits, mla_decode, MlaBuffers, MlaPlan};
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
 use crate::error::{Error, Result};
 use crate::problem::{Case, DType, Inputs, Mode, Shape};
@@ -42,7 +42,7 @@ pub fn default_splits(shape: &Shape, threads: usize) -> usize {
 
 impl MlaDecode {
     /// The call's plan; `None` for a case without MLA dimensions (skipped by the runner).
-    fn plan(&self, case: &Case) -> Option<MlaPlan> {
+    fn plan(&self, case: &Case, isa: Isa) -> Option<MlaPlan> {
         let m = case.mla?;
         let s = &case.shape;
         Some(MlaPlan {
@@ -60,6 +60,9 @@ impl MlaDecode {
                 .max(1),
             bk: case.kv_chunk.unwrap_or(MLA_BLOCK).max(1),
             widen: case.dtype != DType::F32,
+            amx: isa == Isa::AmxBf16
+                && case.dtype == DType::Bf16
+                && amx_fits(m.latent_dim, m.rope_dim),
             threads: case.threads,
         })
     }
@@ -76,8 +79,8 @@ impl Variant for MlaDecode {
 
     /// The shared buffers (q_lat, partials, o_lat, outputs by head) and the workers'
     /// scratch.
-    fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
-        self.plan(case).map_or(0, |p| {
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
+        self.plan(case, isa).map_or(0, |p| {
             4 * p.buffer_floats() as u64 + Workspace::bytes(p.workers(), p.worker_floats())
         })
     }
@@ -118,9 +121,9 @@ impl Variant for MlaDecode {
         Some((s.batch * s.seq_kv * m.cache_values_per_token() * case.dtype.size_bytes()) as u64)
     }
 
-    fn forward_cpu(&self, case: &Case, _isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+    fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let p = self
-            .plan(case)
+            .plan(case, isa)
             .ok_or_else(|| Error::Runtime("mla-decode needs latent_dim and rope_dim".into()))?;
         let x = inputs
             .mla

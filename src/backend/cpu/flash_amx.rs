@@ -20,7 +20,7 @@ use crate::problem::{Inputs, Shape};
 /// one A tile of P).
 pub const GRAIN: usize = 32;
 
-fn round(n: usize) -> usize {
+pub(crate) fn round(n: usize) -> usize {
     n.div_ceil(GRAIN) * GRAIN
 }
 

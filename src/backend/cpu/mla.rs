@@ -13,7 +13,9 @@ use rayon::prelude::*;
 
 use super::combine::combine;
 use super::decode::{fold_scores, RowState};
+use super::flash_amx;
 use super::gemm::{sgemm, MatRef};
+use super::isa::Isa;
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{MlaInputs, Tensor};
@@ -35,7 +37,16 @@ pub struct MlaPlan {
     pub bk: usize,
     /// Whether the storage dtype is narrower than f32 (tiles are widened into scratch).
     pub widen: bool,
+    /// Whether the attention runs on AMX tiles (`amx_fits`): bf16 cache, `amx-bf16` path.
+    pub amx: bool,
     pub threads: usize,
+}
+
+/// Whether a bf16 MLA cache of these widths runs on AMX tiles (`flash_amx::Block`): whole
+/// 32s of latent and RoPE values (A tiles of 32 bf16, B tiles of 16 pairs, 32 value
+/// columns per pair of C tiles).
+pub fn amx_fits(latent_dim: usize, rope_dim: usize) -> bool {
+    flash_amx::fits(latent_dim) && flash_amx::fits(rope_dim)
 }
 
 impl MlaPlan {
@@ -66,9 +77,33 @@ impl MlaPlan {
             self.bk,
         );
         let w = usize::from(self.widen);
-        let attend = r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr);
+        let attend = if self.amx {
+            self.amx_lens().iter().sum()
+        } else {
+            r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr)
+        };
         let project = w * (dc * dh + self.seq_q * dh);
         attend.max(project)
+    }
+
+    /// An attention item's scratch floats on AMX tiles, in the order they are carved: its
+    /// rows' queries [q_lat | q_rope] as bf16 A tiles, the key block as pairs, the latent
+    /// block interleaved by rows (bf16), S, P (bf16), the row max, sum and correction, and
+    /// the PV staging; rows and keys rounded up to 32. O accumulates in the partial output.
+    fn amx_lens(&self) -> [usize; 9] {
+        let (nb, kb) = (flash_amx::round(self.rows()), flash_amx::round(self.bk));
+        let (dc, dk) = (self.latent_dim, self.latent_dim + self.rope_dim);
+        [
+            nb * dk / 2,
+            kb * dk / 2,
+            kb * dc / 2,
+            nb * kb,
+            nb * kb / 2,
+            nb,
+            nb,
+            nb,
+            nb * dc,
+        ]
     }
 
     /// Floats of the call's shared buffers: q_lat by head, the partial outputs and
@@ -175,6 +210,9 @@ fn attend_parts(
         .for_each(|(item, (acc, lse))| {
             let (part, b) = (item / p.batch, item % p.batch);
             let mut guard = ws.acquire();
+            if p.amx {
+                return attend_amx(p, x, q_lat, (part, b), acc, lse, &mut guard);
+            }
             let w = usize::from(p.widen);
             let [q, qr_sc, m, l, sc, c_sc, kr_sc] = carve(
                 &mut guard,
@@ -235,6 +273,85 @@ fn attend_parts(
             }
             state.finish(Some(lse));
         });
+}
+
+/// One attention item, (part, batch element) `pb`, on AMX tiles (`flash_amx::Block`): the
+/// rows' [q_lat | q_rope] rounded to bf16 as A tiles, each key block [c | k_r] transposed
+/// into pairs and its latent rows interleaved as V, O in `acc`; normalized, with the rows'
+/// logsumexps in `lse`.
+fn attend_amx(
+    p: &MlaPlan,
+    x: &MlaInputs,
+    q_lat: &[f32],
+    (part, b): (usize, usize),
+    acc: &mut [f32],
+    lse: &mut [f32],
+    scratch: &mut [f32],
+) {
+    use super::tiles::{as_u16, bf16_bits};
+
+    assert!(
+        p.amx && Isa::AmxBf16.available() && amx_fits(p.latent_dim, p.rope_dim),
+        "mla-decode: the AMX tiles do not run this case"
+    );
+    let (r, dc, dr, sq) = (p.rows(), p.latent_dim, p.rope_dim, p.seq_q);
+    let (dk, kb) = (dc + dr, flash_amx::round(p.bk));
+    let [qb, kp, vp, st, pb, m, l, corr, pv] = carve(scratch, p.amx_lens());
+    let (Some(c16), Some(kr16), Some(qr16)) =
+        (bf16_bits(&x.c), bf16_bits(&x.k_rope), bf16_bits(&x.q_rope))
+    else {
+        panic!("mla-decode: the AMX path takes a bf16 cache and queries");
+    };
+    // Row h * seq_q + i: head h's q_lat of token i (rounded to bf16), then its q_rope.
+    let qb = as_u16(qb);
+    for (row, q) in qb.chunks_exact_mut(dk).enumerate() {
+        if row >= r {
+            q.fill(0);
+            continue;
+        }
+        let (h, i) = (row / sq, row % sq);
+        let from = ((h * p.batch + b) * sq + i) * dc;
+        for (y, v) in q[..dc].iter_mut().zip(&q_lat[from..from + dc]) {
+            *y = half::bf16::from_f32(*v).to_bits();
+        }
+        q[dc..].copy_from_slice(&qr16[(b * r + row) * dr..][..dr]);
+    }
+    let (kp, vp) = (as_u16(kp), as_u16(vp));
+    let mut t = flash_amx::Block {
+        rows: r,
+        dims: (dk, dc),
+        kb,
+        qb,
+        st,
+        pb: as_u16(pb),
+        o: acc,
+        m,
+        l,
+        corr,
+        pv,
+    };
+    t.reset();
+    let c = p.scale() * std::f32::consts::LOG2_E;
+    let seen = |row: usize| (0, p.visible(row).end as i32, 0);
+    let keys = p.part(part);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the tiles are usable and the widths fit (asserted); the buffers are carved
+    // by `amx_lens` for these rows and blocks of at most `kb` keys.
+    unsafe {
+        let _tiles = super::amx::Tiles::configure();
+        let mut k0 = keys.start;
+        while k0 < keys.end {
+            let kn = p.bk.min(keys.end - k0);
+            let tok = b * p.seq_kv + k0;
+            let c_j = &c16[tok * dc..][..kn * dc];
+            flash_amx::pack_pairs(c_j, kn, dc, kb, kp);
+            flash_amx::pack_pairs(&kr16[tok * dr..][..kn * dr], kn, dr, kb, &mut kp[dc * kb..]);
+            flash_amx::pack_rows(c_j, kn, dc, vp);
+            t.key_block((k0, kn), c, &seen, kp, vp);
+            k0 += kn;
+        }
+    }
+    t.finish(Some(lse));
 }
 
 /// `len` elements of `t` from `offset` as f32: in place for f32, widened into `scratch`.
