@@ -466,7 +466,7 @@ fn ragged_split_decode(c: &Case, paged: bool) -> u64 {
 /// key is attended): the prefix in parts of every request's rows of a KV head's group
 /// (phase 1, query rows always gathered), each suffix in flash-decoding's parts (phase 2);
 /// 2 items a thread per phase, no part under a key block.
-fn cascade(c: &Case) -> u64 {
+fn cascade(c: &Case, isa: Isa) -> u64 {
     let s = &c.shape;
     let d = s.head_dim;
     let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
@@ -487,7 +487,18 @@ fn cascade(c: &Case) -> u64 {
     // the item's query rows where copied, m and l per row, attend's scratch
     let floats =
         |rows: usize, q: usize| q + 2 * rows + attend_scratch(rows, bk, d, widen(c), false);
-    let first = if p1 > 0 { floats(rows1, rows1 * d) } else { 0 };
+    // Phase 1 on AMX tiles (bf16 K and V, head dims of whole 32s): rows and keys rounded up
+    // to 32, the rows and the key block as bf16 A and B tiles (half a float each), the
+    // values interleaved (bf16), S, P (bf16), the row max, sum and correction, the PV
+    // staging; O in the partials.
+    let tiles =
+        isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && c.kv_dtype.is_none() && d % 32 == 0;
+    let (nb, kb) = (rows1.div_ceil(32) * 32, bk.div_ceil(32) * 32);
+    let first = match p1 {
+        0 => 0,
+        _ if tiles => nb * d / 2 + 2 * (kb * d / 2) + nb * kb + nb * kb / 2 + 3 * nb + nb * d,
+        _ => floats(rows1, rows1 * d),
+    };
     let q2 = if widen(c) { rows2 * d } else { 0 };
     let second = if p2 > 0 { floats(rows2, q2) } else { 0 };
     let items = p1 * s.kv_heads + p2 * s.batch * s.kv_heads;
@@ -733,7 +744,7 @@ fn formula(c: &Case, isa: Isa) -> Option<u64> {
         (PagedDecode, Mode::Decode) if c.batch_spec.is_none() => split_decode(c, true),
         (FlashDecoding, Mode::Decode) => ragged_split_decode(c, false),
         (PagedDecode, Mode::Decode) => ragged_split_decode(c, true),
-        (CascadeDecode, Mode::Decode) => cascade(c),
+        (CascadeDecode, Mode::Decode) => cascade(c, isa),
         (LayerVanilla | LayerMemEff | LayerBpt, Mode::LayerFwd | Mode::LayerTrain) => layer(c, isa),
         (RingDecode, Mode::Decode) | (RingPrefill | StripePrefill, Mode::Fwd) => ring(c),
         (TreeDecode, Mode::Decode) => tree(c),

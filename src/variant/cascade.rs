@@ -4,8 +4,9 @@
 //! cascade inference and Hydragen). Phase 1 reads the shared prefix once for the whole
 //! batch: per KV head, the queries of every request and every query head of its group
 //! (batch x group x seq_q rows) against the prefix's keys as one multi-row pass (`attend`,
-//! which takes the SGEMM from this machine's measured row count), the prefix cut into key
-//! parts over the threads, each giving (partial output, logsumexp). Phase 2 is
+//! which takes the SGEMM from this machine's measured row count; bf16 on the `amx-bf16`
+//! path, flash's AMX tiles, `flash_amx::Block`), the prefix cut into key parts over the
+//! threads, each giving (partial output, logsumexp). Phase 2 is
 //! flash-decoding over each request's private suffix. The partials of both are combined
 //! exactly by their logsumexp (`combine`). Causal masks (bottom-right aligned) and sliding
 //! windows cut both phases' key ranges as in the other decode variants. Without a prefix
@@ -24,6 +25,7 @@ use super::{Variant, VariantInfo};
 use crate::backend::cpu::combine::combine;
 use crate::backend::cpu::decode::{attend, scratch_len, Keys, RowState, GEMM_MIN_ROWS, KV_BLOCK};
 use crate::backend::cpu::decode_path;
+use crate::backend::cpu::flash_amx;
 use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
@@ -130,16 +132,20 @@ impl Plan {
     /// Floats of one worker's workspace: the larger of the two phases' items. A phase-1
     /// item always gathers its rows (they lie in `batch` runs of Q); a phase-2 item's rows
     /// are one run, copied only to widen them.
-    fn worker_floats(&self, case: &Case) -> usize {
+    fn worker_floats(&self, case: &Case, isa: Isa) -> usize {
         let (d, bk) = (self.d, bk(case));
         let widen = case.dtype != DType::F32;
         let item = |rows: usize, gathers: bool| {
             (if gathers { rows * d } else { 0 }) + 2 * rows + scratch_len(rows, bk, d, widen, false)
         };
-        let first = if self.prefix_parts > 0 {
-            item(self.prefix_rows(), true)
-        } else {
+        let first = if self.prefix_parts == 0 {
             0
+        } else if prefix_on_tiles(case, isa) {
+            flash_amx::block_lens(self.prefix_rows(), bk, d, d)
+                .iter()
+                .sum()
+        } else {
+            item(self.prefix_rows(), true)
         };
         let second = if self.suffix_parts > 0 {
             item(self.suffix_rows(), widen)
@@ -159,16 +165,26 @@ fn bk(case: &Case) -> usize {
     case.kv_chunk.unwrap_or(KV_BLOCK).max(1)
 }
 
+/// Whether phase 1 runs on AMX tiles (`flash_amx::Block`, the prefix's keys in blocks
+/// against every request's rows of a group): bf16 K and V (no FP8 cache) on the
+/// `amx-bf16` path, head dims of whole 32s.
+fn prefix_on_tiles(case: &Case, isa: Isa) -> bool {
+    isa == Isa::AmxBf16
+        && case.dtype == DType::Bf16
+        && case.kv_dtype.is_none()
+        && flash_amx::fits(case.shape.head_dim)
+}
+
 impl Variant for Cascade {
     fn info(&self) -> &'static VariantInfo {
         self.info
     }
 
     /// The partials of both phases and the workers' scratch.
-    fn predict_workspace_bytes(&self, case: &Case, _isa: Isa) -> u64 {
+    fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
         let plan = Plan::of(case);
         4 * (plan.partial_rows() * (plan.d + 1)) as u64
-            + Workspace::bytes(plan.workers(case.threads), plan.worker_floats(case))
+            + Workspace::bytes(plan.workers(case.threads), plan.worker_floats(case, isa))
     }
 
     /// One device; causal masks and sliding windows cut both phases' keys.
@@ -198,19 +214,21 @@ impl Variant for Cascade {
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
+        let (tiles, plan) = (prefix_on_tiles(case, isa), Plan::of(case));
+        let floats = plan.worker_floats(case, isa);
         let isa = decode_path::loops_path(isa, case.kernel_path.is_some());
-        let plan = Plan::of(case);
         let name = self.info.name;
         let (d, rows) = (plan.d, plan.partial_rows());
         let mut part_o = try_zeroed(rows * d, name)?;
         let mut part_lse = try_zeroed(rows, name)?;
-        let ws = Workspace::new(plan.workers(case.threads), plan.worker_floats(case), name)?;
+        let ws = Workspace::new(plan.workers(case.threads), floats, name)?;
         let split = plan.prefix_parts * plan.out_rows();
         let (o1, o2) = part_o.split_at_mut(split * d);
         let (l1, l2) = part_lse.split_at_mut(split);
         let ctx = Ctx {
             case,
             isa,
+            tiles,
             inputs,
             plan: &plan,
             ws: &ws,
@@ -225,6 +243,8 @@ impl Variant for Cascade {
 struct Ctx<'a> {
     case: &'a Case,
     isa: Isa,
+    /// Phase 1 on AMX tiles (`prefix_on_tiles`).
+    tiles: bool,
     inputs: &'a Inputs,
     plan: &'a Plan,
     ws: &'a Workspace,
@@ -247,6 +267,9 @@ impl Ctx<'_> {
                 let (part, g) = (i / p.kv_heads, i % p.kv_heads);
                 let keys = even_part(&p.prefix, p.prefix_parts, part);
                 let mut guard = self.ws.acquire();
+                if self.tiles {
+                    return self.prefix_item_on_tiles(g, keys, o, lse, &mut guard);
+                }
                 let [qs, m, l, scratch] = carve(&mut guard, self.scratch(rows, true));
                 // Request b's rows of group g: one run of Q, widened into place.
                 let run = p.suffix_rows() * p.d;
@@ -256,6 +279,83 @@ impl Ctx<'_> {
                 }
                 self.attend_item(qs, rows, 0, g, keys, o, m, l, lse, scratch);
             });
+    }
+
+    /// A phase-1 item on AMX tiles: every request's bf16 rows of group g as A tiles, each
+    /// key block of the prefix part `keys` (request 0's cache) transposed into pairs and
+    /// its values interleaved, `flash_amx::Block`'s online softmax, O in `o`.
+    fn prefix_item_on_tiles(
+        &self,
+        g: usize,
+        keys: Range<usize>,
+        o: &mut [f32],
+        lse: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        use crate::backend::cpu::tiles::{as_u16, bf16_bits};
+
+        let (case, p) = (self.case, self.plan);
+        let (rows, d, bk) = (p.prefix_rows(), p.d, bk(case));
+        assert!(
+            Isa::AmxBf16.available() && flash_amx::fits(d),
+            "cascade-decode: the AMX tiles do not run this case"
+        );
+        let (Some(q16), Some(k16), Some(v16)) = (
+            bf16_bits(&self.inputs.q),
+            bf16_bits(&self.inputs.k),
+            bf16_bits(&self.inputs.v),
+        ) else {
+            panic!("cascade-decode: the AMX path takes bf16 inputs");
+        };
+        let kb = flash_amx::round(bk);
+        let [qb, kp, vp, st, pb, m, l, corr, pv] =
+            carve(scratch, flash_amx::block_lens(rows, bk, d, d));
+        // Request b's rows of group g: one run of Q each; rows past them zero.
+        let (qb, run) = (as_u16(qb), p.suffix_rows() * d);
+        for b in 0..p.batch {
+            qb[b * run..(b + 1) * run].copy_from_slice(&q16[self.q_offset(b, g)..][..run]);
+        }
+        qb[p.batch * run..].fill(0);
+        let (kp, vp) = (as_u16(kp), as_u16(vp));
+        let mut t = flash_amx::Block {
+            rows,
+            dims: (d, d),
+            kb,
+            qb,
+            st,
+            pb: as_u16(pb),
+            o,
+            m,
+            l,
+            corr,
+            pv,
+        };
+        t.reset();
+        let geo = Geometry::of(case);
+        let seq_q = p.seq_q.max(1);
+        // Row r's keys, as indices into the part.
+        let seen = |r: usize| {
+            let x = geo.token_range(r % seq_q, keys.start, keys.len());
+            (x.start as i32, x.end as i32, 0)
+        };
+        let c = case.shape.scale() * std::f32::consts::LOG2_E;
+        let base = case.seq_layout().kv_base(0, g) + keys.start * d;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tiles are usable and d fits (asserted); the buffers are carved by
+        // `block_lens` for these rows and blocks of at most `kb` keys.
+        unsafe {
+            let _tiles = crate::backend::cpu::amx::Tiles::configure();
+            let mut k0 = 0;
+            while k0 < keys.len() {
+                let kn = bk.min(keys.len() - k0);
+                let at = base + k0 * d;
+                flash_amx::pack_pairs(&k16[at..][..kn * d], kn, d, kb, kp);
+                flash_amx::pack_rows(&v16[at..][..kn * d], kn, d, vp);
+                t.key_block((k0, kn), c, &seen, kp, vp);
+                k0 += kn;
+            }
+        }
+        t.finish(Some(lse));
     }
 
     /// Phase 2: item (part p, request b, KV head g) is flash-decoding's item over part p of

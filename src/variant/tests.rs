@@ -1079,7 +1079,7 @@ fn attention_sinks_in_decode_match_the_oracle() {
 /// seq_kv - 1 and seq_kv cached tokens (and none): odd cache lengths, MQA and GQA groups,
 /// one and several new tokens under a causal mask, a sliding window, key blocks longer and
 /// shorter than the parts, every dtype on every kernel path (phase 1's rows on both sides
-/// of the SGEMM crossover: 2 to 48 rows per KV head). Each output also equals
+/// of the SGEMM crossover: 2 to 48 rows per KV head; on AMX tiles at d 32). Each output also equals
 /// flash-decoding's on the same caches within the dtype's tolerance, and the inputs share
 /// the prefix (request 2's first keys are request 0's) while the rest differs. No silent
 /// drop: every (dtype, path) expected ran.
@@ -1094,14 +1094,17 @@ fn cascade_decode_matches_the_oracle_with_shared_prefixes() {
                 prefixes.extend([Some(seq_kv - 1), Some(seq_kv)]);
                 for prefix_len in prefixes {
                     for kv_chunk in [256, 16] {
-                        for dtype in DType::ALL {
+                        // d 32: bf16 phase 1 on AMX tiles on amx-bf16.
+                        for (dtype, head_dim) in
+                            DType::ALL.into_iter().flat_map(|t| [(t, 24), (t, 32)])
+                        {
                             let shape = Shape {
                                 batch,
                                 heads,
                                 kv_heads,
                                 seq_q,
                                 seq_kv,
-                                head_dim: 24,
+                                head_dim,
                             };
                             let c = Case {
                                 prefix_len,
@@ -1110,7 +1113,7 @@ fn cascade_decode_matches_the_oracle_with_shared_prefixes() {
                             assert_eq!(cd.get().unsupported(&c), None);
                             let inputs = Inputs::for_case(&c);
                             if let (Some(p), Tensor::F32(k)) = (prefix_len, &inputs.k) {
-                                let (row, n) = (seq_kv * 24, p * 24);
+                                let (row, n) = (seq_kv * head_dim, p * head_dim);
                                 let last = (batch - 1) * kv_heads * row;
                                 assert_eq!(k[..n], k[last..last + n]);
                                 assert!(p == seq_kv || k[n..row] != k[last + n..last + row]);

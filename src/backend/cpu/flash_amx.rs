@@ -49,6 +49,25 @@ pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 10] {
     ]
 }
 
+/// Scratch floats of a [`Block`] whose O lies elsewhere, in the order callers carve them:
+/// the `rows` query rows of `dk` bf16 as A tiles, a key block of at most `bk` keys as pairs
+/// (bf16), its values of `dv` interleaved (bf16), S, P (bf16), the row max, sum and
+/// correction, and the PV staging; rows and keys rounded up to 32.
+pub fn block_lens(rows: usize, bk: usize, dk: usize, dv: usize) -> [usize; 9] {
+    let (nb, kb) = (round(rows), round(bk));
+    [
+        nb * dk / 2,
+        kb * dk / 2,
+        kb * dv / 2,
+        nb * kb,
+        nb * kb / 2,
+        nb,
+        nb,
+        nb,
+        nb * dv,
+    ]
+}
+
 /// One query block: rows `row0..row0 + o.len() / d` of the head whose first query row and
 /// first key sit at elements `q_off` and `kv_off` of bf16 `inputs` of shape `s`. With
 /// `lse`, each row's logsumexp (natural log; -inf for a row that sees no key).

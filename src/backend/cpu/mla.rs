@@ -86,24 +86,11 @@ impl MlaPlan {
         attend.max(project)
     }
 
-    /// An attention item's scratch floats on AMX tiles, in the order they are carved: its
-    /// rows' queries [q_lat | q_rope] as bf16 A tiles, the key block as pairs, the latent
-    /// block interleaved by rows (bf16), S, P (bf16), the row max, sum and correction, and
-    /// the PV staging; rows and keys rounded up to 32. O accumulates in the partial output.
+    /// An attention item's scratch floats on AMX tiles (`flash_amx::block_lens`: keys of
+    /// d_c + d_r, values of d_c); O accumulates in the partial output.
     fn amx_lens(&self) -> [usize; 9] {
-        let (nb, kb) = (flash_amx::round(self.rows()), flash_amx::round(self.bk));
-        let (dc, dk) = (self.latent_dim, self.latent_dim + self.rope_dim);
-        [
-            nb * dk / 2,
-            kb * dk / 2,
-            kb * dc / 2,
-            nb * kb,
-            nb * kb / 2,
-            nb,
-            nb,
-            nb,
-            nb * dc,
-        ]
+        let (dc, dr) = (self.latent_dim, self.rope_dim);
+        flash_amx::block_lens(self.rows(), self.bk, dc + dr, dc)
     }
 
     /// Floats of the call's shared buffers: q_lat by head, the partial outputs and
