@@ -491,8 +491,10 @@ fn cascade(c: &Case, isa: Isa) -> u64 {
     // to 32, the rows and the key block as bf16 A and B tiles (half a float each), the
     // values interleaved (bf16), S, P (bf16), the row max, sum and correction, the PV
     // staging; O in the partials.
-    let tiles =
-        isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && c.kv_dtype.is_none() && d % 32 == 0;
+    let tiles = isa == Isa::AmxBf16
+        && c.dtype == DType::Bf16
+        && c.kv_dtype.is_none()
+        && d.is_multiple_of(32);
     let (nb, kb) = (rows1.div_ceil(32) * 32, bk.div_ceil(32) * 32);
     let first = match p1 {
         0 => 0,
@@ -706,7 +708,10 @@ fn mla_decode(c: &Case, isa: Isa) -> u64 {
     let buffers = rows * dc + splits * rows * (dc + 1) + rows * dc + rows * dh;
     let w = usize::from(c.dtype != DType::F32);
     let r = h * sq;
-    let amx = isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && dc % 32 == 0 && dr % 32 == 0;
+    let amx = isa == Isa::AmxBf16
+        && c.dtype == DType::Bf16
+        && dc.is_multiple_of(32)
+        && dr.is_multiple_of(32);
     let attend = if amx {
         // On AMX tiles, rows and keys rounded up to 32: [q_lat | q_rope] and the key block
         // as bf16 (half a float each), the latent block interleaved (bf16), S, P (bf16), the
