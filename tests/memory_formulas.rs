@@ -713,12 +713,20 @@ fn mla_decode(c: &Case, isa: Isa) -> u64 {
         && dc.is_multiple_of(32)
         && dr.is_multiple_of(32);
     let attend = if amx {
-        // On AMX tiles, rows and keys rounded up to 32: [q_lat | q_rope] and the key block
-        // as bf16 (half a float each), the latent block interleaved (bf16), S, P (bf16), the
-        // row max, sum and correction, the PV staging; O accumulates in the partials.
+        // On AMX tiles: the rows' [q_lat | q_rope] as bf16 (half a float each); then, rows
+        // and keys rounded up to 32, Q^T as pairs, a padded copy of a ragged key block, the
+        // latent block interleaved (bf16 each), S^T, P^T's pairs and P (bf16), the columns'
+        // max, sum and correction, the PV staging; O accumulates in the partials.
         let (nb, kb) = (r.div_ceil(32) * 32, bk.div_ceil(32) * 32);
         let dk = dc + dr;
-        nb * dk / 2 + kb * dk / 2 + kb * dc / 2 + nb * kb + nb * kb / 2 + 3 * nb + nb * dc
+        r * dk / 2
+            + nb * dk / 2
+            + kb * dk / 2
+            + kb * dc / 2
+            + kb * nb
+            + 2 * (kb * nb / 2)
+            + 3 * nb
+            + nb * dc
     } else {
         r * dc + w * r * dr + 2 * r + r * bk + w * bk * (dc + dr)
     };

@@ -184,21 +184,41 @@ pub unsafe fn product_32x32(
     (c, c_stride): (*mut u8, usize),
 ) {
     // SAFETY: the caller's contract.
+    unsafe { product_32x32_parts(&[((a, a_stride), b, steps)], b_stride, (c, c_stride)) }
+}
+
+/// [`product_32x32`] with the shared dimension in parts, each its own A (rows, stride) and
+/// B start and steps, all summed into C: the keys of MLA, whose latent and RoPE parts lie
+/// in two tensors.
+///
+/// # Safety
+/// As [`product_32x32`], for every part.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+pub unsafe fn product_32x32_parts(
+    parts: &[((*const u8, usize), *const u8, usize)],
+    b_stride: usize,
+    (c, c_stride): (*mut u8, usize),
+) {
+    // SAFETY: the caller's contract.
     unsafe {
         zero::<0>();
         zero::<1>();
         zero::<2>();
         zero::<3>();
-        for s in 0..steps {
-            let (a, b) = (a.add(s * ROW_BYTES), b.add(s * ROWS * b_stride));
-            load::<4>(a, a_stride);
-            load::<5>(a.add(ROWS * a_stride), a_stride);
-            load::<6>(b, b_stride);
-            load::<7>(b.add(ROW_BYTES), b_stride);
-            dot::<0, 4, 6>();
-            dot::<1, 4, 7>();
-            dot::<2, 5, 6>();
-            dot::<3, 5, 7>();
+        for &((a, a_stride), b, steps) in parts {
+            for s in 0..steps {
+                let (a, b) = (a.add(s * ROW_BYTES), b.add(s * ROWS * b_stride));
+                load::<4>(a, a_stride);
+                load::<5>(a.add(ROWS * a_stride), a_stride);
+                load::<6>(b, b_stride);
+                load::<7>(b.add(ROW_BYTES), b_stride);
+                dot::<0, 4, 6>();
+                dot::<1, 4, 7>();
+                dot::<2, 5, 6>();
+                dot::<3, 5, 7>();
+            }
         }
         store::<0>(c, c_stride);
         store::<1>(c.add(ROW_BYTES), c_stride);

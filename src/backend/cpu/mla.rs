@@ -16,6 +16,7 @@ use super::decode::{fold_scores, RowState};
 use super::flash_amx;
 use super::gemm::{sgemm, MatRef};
 use super::isa::Isa;
+use super::mla_amx;
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{MlaInputs, Tensor};
@@ -86,11 +87,12 @@ impl MlaPlan {
         attend.max(project)
     }
 
-    /// An attention item's scratch floats on AMX tiles (`flash_amx::block_lens`: keys of
-    /// d_c + d_r, values of d_c); O accumulates in the partial output.
-    fn amx_lens(&self) -> [usize; 9] {
-        let (dc, dr) = (self.latent_dim, self.rope_dim);
-        flash_amx::block_lens(self.rows(), self.bk, dc + dr, dc)
+    /// An attention item's scratch floats on AMX tiles: its rows' [q_lat | q_rope] as bf16,
+    /// then `mla_amx::lens`; O accumulates in the partial output.
+    fn amx_lens(&self) -> [usize; 2] {
+        let (r, dc, dr) = (self.rows(), self.latent_dim, self.rope_dim);
+        let tiles = mla_amx::lens(r, self.bk, dc, dr).iter().sum();
+        [r * (dc + dr) / 2, tiles]
     }
 
     /// Floats of the call's shared buffers: q_lat by head, the partial outputs and
@@ -262,10 +264,9 @@ fn attend_parts(
         });
 }
 
-/// One attention item, (part, batch element) `pb`, on AMX tiles (`flash_amx::Block`): the
-/// rows' [q_lat | q_rope] rounded to bf16 as A tiles, each key block [c | k_r] transposed
-/// into pairs and its latent rows interleaved as V, O in `acc`; normalized, with the rows'
-/// logsumexps in `lse`.
+/// One attention item, (part, batch element), on AMX tiles (`mla_amx`): the rows'
+/// [q_lat | q_rope] rounded to bf16, the element's latent cache and RoPE keys read in place,
+/// O normalized into `acc`, the rows' logsumexps into `lse`.
 fn attend_amx(
     p: &MlaPlan,
     x: &MlaInputs,
@@ -282,20 +283,16 @@ fn attend_amx(
         "mla-decode: the AMX tiles do not run this case"
     );
     let (r, dc, dr, sq) = (p.rows(), p.latent_dim, p.rope_dim, p.seq_q);
-    let (dk, kb) = (dc + dr, flash_amx::round(p.bk));
-    let [qb, kp, vp, st, pb, m, l, corr, pv] = carve(scratch, p.amx_lens());
+    let dk = dc + dr;
+    let [qb, tiles] = carve(scratch, p.amx_lens());
     let (Some(c16), Some(kr16), Some(qr16)) =
         (bf16_bits(&x.c), bf16_bits(&x.k_rope), bf16_bits(&x.q_rope))
     else {
         panic!("mla-decode: the AMX path takes a bf16 cache and queries");
     };
     // Row h * seq_q + i: head h's q_lat of token i (rounded to bf16), then its q_rope.
-    let qb = as_u16(qb);
+    let qb = &mut as_u16(qb)[..r * dk];
     for (row, q) in qb.chunks_exact_mut(dk).enumerate() {
-        if row >= r {
-            q.fill(0);
-            continue;
-        }
         let (h, i) = (row / sq, row % sq);
         let from = ((h * p.batch + b) * sq + i) * dc;
         for (y, v) in q[..dc].iter_mut().zip(&q_lat[from..from + dc]) {
@@ -303,42 +300,29 @@ fn attend_amx(
         }
         q[dc..].copy_from_slice(&qr16[(b * r + row) * dr..][..dr]);
     }
-    let (kp, vp) = (as_u16(kp), as_u16(vp));
-    let mut t = flash_amx::Block {
-        rows: r,
-        dims: (dk, dc),
-        kb,
-        qb,
-        st,
-        pb: as_u16(pb),
-        o: acc,
-        m,
-        l,
-        corr,
-        pv,
-    };
-    t.reset();
-    let c = p.scale() * std::f32::consts::LOG2_E;
-    let seen = |row: usize| (0, p.visible(row).end as i32, 0);
     let keys = p.part(part);
+    let n = p.seq_kv;
+    let cache = (
+        &c16[b * n * dc..(b + 1) * n * dc],
+        &kr16[b * n * dr..(b + 1) * n * dr],
+    );
+    let hi = |row: usize| p.visible(row).end;
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the tiles are usable and the widths fit (asserted); the buffers are carved
-    // by `amx_lens` for these rows and blocks of at most `kb` keys.
+    // SAFETY: the tiles are usable and the widths fit (asserted); the scratch is carved by
+    // `amx_lens` for these rows and blocks.
     unsafe {
-        let _tiles = super::amx::Tiles::configure();
-        let mut k0 = keys.start;
-        while k0 < keys.end {
-            let kn = p.bk.min(keys.end - k0);
-            let tok = b * p.seq_kv + k0;
-            let c_j = &c16[tok * dc..][..kn * dc];
-            flash_amx::pack_pairs(c_j, kn, dc, kb, kp);
-            flash_amx::pack_pairs(&kr16[tok * dr..][..kn * dr], kn, dr, kb, &mut kp[dc * kb..]);
-            flash_amx::pack_rows(c_j, kn, dc, vp);
-            t.key_block((k0, kn), c, &seen, kp, vp);
-            k0 += kn;
-        }
+        mla_amx::attend(
+            qb,
+            cache,
+            (r, dc, dr),
+            (keys.start, keys.end, p.bk),
+            p.scale(),
+            &hi,
+            acc,
+            lse,
+            tiles,
+        );
     }
-    t.finish(Some(lse));
 }
 
 /// `len` elements of `t` from `offset` as f32: in place for f32, widened into `scratch`.

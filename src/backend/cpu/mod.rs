@@ -25,6 +25,7 @@ pub mod isa;
 #[cfg(test)]
 pub mod kernel_paths;
 pub mod mla;
+pub mod mla_amx;
 pub mod naive;
 pub mod naive_bwd;
 pub mod products;
