@@ -158,6 +158,37 @@ pub unsafe fn attend(
             }
         }
 
+        // The next block's cache lines are fetched into L2 while this block computes (one
+        // share per softmax step), so its reads overlap this block's tile products.
+        let next = (j0 + kn).min(k1)..(j0 + kn + bk).min(k1);
+        let mut fetch = [
+            (
+                c.as_ptr().add(next.start * dc) as *const i8,
+                next.len() * dc * 2,
+            ),
+            (
+                kr.as_ptr().add(next.start * dr) as *const i8,
+                next.len() * dr * 2,
+            ),
+        ];
+        let steps = (nb / 16 * kw / 2).max(1);
+        let share = ((fetch[0].1 + fetch[1].1) / 64).div_ceil(steps);
+        let mut prefetch = || {
+            for _ in 0..share {
+                let f = if fetch[0].1 > 0 {
+                    &mut fetch[0]
+                } else {
+                    &mut fetch[1]
+                };
+                if f.1 == 0 {
+                    return;
+                }
+                _mm_prefetch::<_MM_HINT_T1>(f.0);
+                let n = f.1.min(64);
+                f.0 = f.0.add(n);
+                f.1 -= n;
+            }
+        };
         // The online softmax down each column group of 16 rows: a key row t is seen by the
         // lanes whose end is past j0 + t.
         let seen = |v: usize, t: usize| -> __mmask16 {
@@ -180,6 +211,7 @@ pub unsafe fn attend(
             let cr = _mm512_mask_mov_ps(exp2(_mm512_add_ps(m_old, nm)), none, _mm512_set1_ps(1.0));
             let mut sum = _mm512_setzero_ps();
             for t in (0..kw).step_by(2) {
+                prefetch();
                 let p_at = |t: usize| {
                     let x = _mm512_fmadd_ps(_mm512_loadu_ps(col(t)), cv, nm);
                     _mm512_maskz_mov_ps(seen(v, t), exp2_bf16(x))
