@@ -292,7 +292,7 @@ impl Ctx<'_> {
         lse: &mut [f32],
         scratch: &mut [f32],
     ) {
-        use crate::backend::cpu::tiles::{as_u16, bf16_bits};
+        use crate::backend::cpu::tiles::bf16_bits;
 
         let (case, p) = (self.case, self.plan);
         let (rows, d, bk) = (p.prefix_rows(), p.d, bk(case));
@@ -307,30 +307,13 @@ impl Ctx<'_> {
         ) else {
             panic!("cascade-decode: the AMX path takes bf16 inputs");
         };
-        let kb = flash_amx::round(bk);
-        let [qb, kp, vp, st, pb, m, l, corr, pv] =
-            carve(scratch, flash_amx::block_lens(rows, bk, d, d));
-        // Request b's rows of group g: one run of Q each; rows past them zero.
-        let (qb, run) = (as_u16(qb), p.suffix_rows() * d);
-        for b in 0..p.batch {
-            qb[b * run..(b + 1) * run].copy_from_slice(&q16[self.q_offset(b, g)..][..run]);
-        }
-        qb[p.batch * run..].fill(0);
-        let (kp, vp) = (as_u16(kp), as_u16(vp));
-        let mut t = flash_amx::Block {
-            rows,
-            dims: (d, d),
-            kb,
-            qb,
-            st,
-            pb: as_u16(pb),
-            o,
-            m,
-            l,
-            corr,
-            pv,
-        };
-        t.reset();
+        // Request b's rows of group g: one run of Q each.
+        let run = p.suffix_rows() * d;
+        let (mut t, kp, vp) = flash_amx::Block::carve(scratch, rows, bk, (d, d), o, |qb| {
+            for b in 0..p.batch {
+                qb[b * run..(b + 1) * run].copy_from_slice(&q16[self.q_offset(b, g)..][..run]);
+            }
+        });
         let geo = Geometry::of(case);
         let seq_q = p.seq_q.max(1);
         // Row r's keys, as indices into the part.
@@ -349,7 +332,7 @@ impl Ctx<'_> {
             while k0 < keys.len() {
                 let kn = bk.min(keys.len() - k0);
                 let at = base + k0 * d;
-                flash_amx::pack_pairs(&k16[at..][..kn * d], kn, d, kb, kp);
+                flash_amx::pack_pairs(&k16[at..][..kn * d], kn, d, t.kb, kp);
                 flash_amx::pack_rows(&v16[at..][..kn * d], kn, d, vp);
                 t.key_block((k0, kn), c, &seen, kp, vp);
                 k0 += kn;

@@ -14,13 +14,14 @@ use super::tiles::{self, gemm, AOp, BOp, Out};
 /// S = Q K^T (`rows` x `kn`) into `p`, from Q (`rows` x `d`) and K^T (`d` rows of at least
 /// `kn` floats at stride `ldt`).
 pub fn scores(isa: Isa, q: &[f32], kt: &[f32], ldt: usize, (rows, kn, d): Dims, p: &mut [f32]) {
-    let kt = BOp {
-        data: kt,
-        k: d,
-        n: kn,
-        ld: ldt,
-    };
-    gemm(isa, a_rows(q, rows, d), kt, p, kn, Out::Store);
+    gemm(
+        isa,
+        AOp::rows(q, rows, d),
+        BOp::new(kt, d, kn, ldt),
+        p,
+        kn,
+        Out::Store,
+    );
 }
 
 /// (rows, keys, head dim) of a block.
@@ -72,73 +73,23 @@ impl Acc<'_> {
     }
 }
 
-/// A row-major `rows x k` matrix as the broadcast operand.
-fn a_rows(data: &[f32], rows: usize, k: usize) -> AOp<'_, f32> {
-    AOp {
-        data,
-        rows,
-        k,
-        rs: k,
-        cs: 1,
-    }
-}
-
-/// The transpose of a row-major `k x rows` matrix as the broadcast operand.
-fn a_cols(data: &[f32], k: usize, rows: usize) -> AOp<'_, f32> {
-    AOp {
-        data,
-        rows,
-        k,
-        rs: 1,
-        cs: rows,
-    }
-}
-
-/// A row-major `k x n` matrix as the vector operand.
-fn b_rows(data: &[f32], k: usize, n: usize) -> BOp<'_, f32> {
-    BOp { data, k, n, ld: n }
-}
-
 /// From P in `p` (rows x kn): `dv` gets P^T dO, then dS = `s` P * (dO V^T - D) is formed
 /// in `ds` (rows x kn scratch), `dq` gets dS K and `dk` gets dS^T Q.
 #[allow(clippy::too_many_arguments)]
 pub fn products(isa: Isa, b: &Block, p: &[f32], ds: &mut [f32], s: f32, dv: Acc, dk: Acc, dq: Acc) {
     let (rows, kn, d) = (b.rows, b.kn, b.d);
     let (p, ds) = (&p[..rows * kn], &mut ds[..rows * kn]);
-    let out = dv.out();
-    gemm(
-        isa,
-        a_cols(p, rows, kn),
-        b_rows(b.d_out, rows, d),
-        dv.c,
-        d,
-        out,
-    );
-    gemm(
-        isa,
-        a_rows(b.d_out, rows, d),
-        BOp {
-            data: b.vt,
-            k: d,
-            n: kn,
-            ld: b.ldt,
-        },
-        ds,
-        kn,
-        Out::Store,
-    );
+    // P^T and dS^T are read in place: the transposes of rows x kn matrices.
+    let pt = AOp::transposed(p, kn, rows, kn);
+    gemm(isa, pt, BOp::new(b.d_out, rows, d, d), dv.c, d, dv.out());
+    let vt = BOp::new(b.vt, d, kn, b.ldt);
+    gemm(isa, AOp::rows(b.d_out, rows, d), vt, ds, kn, Out::Store);
     softmax_grad_rows(ds, p, b.d_rows, kn, s);
-    let out = dq.out();
-    gemm(isa, a_rows(ds, rows, kn), b_rows(b.k, kn, d), dq.c, d, out);
-    let out = dk.out();
-    gemm(
-        isa,
-        a_cols(ds, rows, kn),
-        b_rows(b.q, rows, d),
-        dk.c,
-        d,
-        out,
-    );
+    let ds = &*ds;
+    let k = BOp::new(b.k, kn, d, d);
+    gemm(isa, AOp::rows(ds, rows, kn), k, dq.c, d, dq.out());
+    let dst = AOp::transposed(ds, kn, rows, kn);
+    gemm(isa, dst, BOp::new(b.q, rows, d, d), dk.c, d, dk.out());
 }
 
 #[cfg(test)]

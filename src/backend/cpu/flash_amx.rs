@@ -30,23 +30,12 @@ pub fn fits(head_dim: usize) -> bool {
     head_dim > 0 && head_dim.is_multiple_of(GRAIN)
 }
 
-/// Per-worker scratch floats, in the order `block` carves them: the Q block (bf16), K_j as
-/// pairs (bf16), V_j interleaved (bf16), S, P (bf16), O, the row max, sum and correction,
-/// and the PV tile staging.
+/// Per-worker scratch floats, in the order `block` carves them: O (f32), then a
+/// [`Block`]'s (`block_lens`: the Q block, K_j as pairs, V_j interleaved, S, P, the row max,
+/// sum and correction, the PV staging).
 pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 10] {
-    let (nb, kb) = (round(bq), round(bk));
-    [
-        nb * d / 2,
-        kb * d / 2,
-        kb * d / 2,
-        nb * kb,
-        nb * kb / 2,
-        nb * d,
-        nb,
-        nb,
-        nb,
-        nb * d,
-    ]
+    let b = block_lens(bq, bk, d, d);
+    std::array::from_fn(|i| if i == 0 { round(bq) * d } else { b[i - 1] })
 }
 
 /// Scratch floats of a [`Block`] whose O lies elsewhere, in the order callers carve them:
@@ -91,13 +80,12 @@ pub unsafe fn block(
     lse: Option<&mut [f32]>,
 ) {
     use super::amx::Tiles;
-    use super::tiles::{as_u16, bf16_bits};
+    use super::tiles::bf16_bits;
 
     let d = s.head_dim;
     let rows = o.len() / d;
-    let (nb, kb) = (round(bq), round(bk));
+    let nb = round(bq);
     assert!(fits(d) && rows > 0 && rows <= nb, "flash_amx: block shape");
-    let [qb, kp, vp, st, pb, ob, m, l, corr, pv] = carve(buf, worker_lens(d, bq, bk));
     let (q16, k16, v16) = match (
         bf16_bits(&inputs.q),
         bf16_bits(&inputs.k),
@@ -106,25 +94,11 @@ pub unsafe fn block(
         (Some(q), Some(k), Some(v)) => (q, k, v),
         _ => panic!("flash_amx: the inputs are not bf16"),
     };
-    // The Q block as A tiles, rows past the block zero.
-    let qb = &mut as_u16(qb)[..nb * d];
-    qb[..rows * d].copy_from_slice(&q16[q_off + row0 * d..][..rows * d]);
-    qb[rows * d..].fill(0);
-    let (kp, vp) = (as_u16(kp), as_u16(vp));
-    let mut t = Block {
-        rows,
-        dims: (d, d),
-        kb,
-        qb,
-        st,
-        pb: as_u16(pb),
-        o: &mut ob[..rows * d],
-        m,
-        l,
-        corr,
-        pv,
-    };
-    t.reset();
+    let [ob, tiles] = carve(buf, [nb * d, worker_lens(d, bq, bk)[1..].iter().sum()]);
+    let q = &q16[q_off + row0 * d..][..rows * d];
+    let (mut t, kp, vp) = Block::carve(tiles, rows, bk, (d, d), &mut ob[..rows * d], |qb| {
+        qb.copy_from_slice(q)
+    });
     let c = s.scale() * std::f32::consts::LOG2_E;
     // Each row's keys: its window lo..hi (the causal bound, all keys without) and its
     // sinks 0..sk (`Shape::key_range`, `Shape::sink_range`).
@@ -136,7 +110,7 @@ pub unsafe fn block(
     let _tiles = Tiles::configure();
     for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
         let at = kv_off + k0 * d;
-        pack_pairs(&k16[at..][..kn * d], kn, d, kb, kp);
+        pack_pairs(&k16[at..][..kn * d], kn, d, t.kb, kp);
         pack_rows(&v16[at..][..kn * d], kn, d, vp);
         t.key_block((k0, kn), c, &seen, kp, vp);
     }
@@ -167,7 +141,42 @@ pub(crate) struct Block<'a> {
     pub pv: &'a mut [f32],
 }
 
-impl Block<'_> {
+impl<'a> Block<'a> {
+    /// A block in `scratch` (at least the sum of `block_lens(rows, bk, dims.0, dims.1)`),
+    /// O in `o` (rows x dims.1): `fill` writes the rows' queries (rows x dims.0 bf16) into
+    /// the A tiles, whose padding rows are zeroed, and the state is reset. Also returns the
+    /// key pairs' and interleaved values' buffers, for `pack_pairs` and `pack_rows`.
+    pub fn carve(
+        scratch: &'a mut [f32],
+        rows: usize,
+        bk: usize,
+        dims: (usize, usize),
+        o: &'a mut [f32],
+        fill: impl FnOnce(&mut [u16]),
+    ) -> (Block<'a>, &'a mut [u16], &'a mut [u16]) {
+        use super::tiles::as_u16;
+        let [qb, kp, vp, st, pb, m, l, corr, pv] =
+            carve(scratch, block_lens(rows, bk, dims.0, dims.1));
+        let qb = as_u16(qb);
+        fill(&mut qb[..rows * dims.0]);
+        qb[rows * dims.0..].fill(0);
+        let mut t = Block {
+            rows,
+            dims,
+            kb: round(bk),
+            qb,
+            st,
+            pb: as_u16(pb),
+            o,
+            m,
+            l,
+            corr,
+            pv,
+        };
+        t.reset();
+        (t, as_u16(kp), as_u16(vp))
+    }
+
     fn nb(&self) -> usize {
         round(self.rows)
     }

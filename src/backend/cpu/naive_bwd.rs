@@ -83,25 +83,15 @@ pub fn backward(
             let go = &d_out[q_off + row0 * d..][..rows * d];
             let o = &out[q_off + row0 * d..][..rows * d];
             let p = &probs[(head * nq + row0) * nkv..][..rows * nkv];
-            let vt = BOp {
-                data: vt,
-                k: d,
-                n: nkv,
-                ld: ldt,
-            };
-            gemm(isa, rows_of(go, rows, d), vt, ds_b, nkv, Out::Store);
+            let vt = BOp::new(vt, d, nkv, ldt);
+            gemm(isa, AOp::rows(go, rows, d), vt, ds_b, nkv, Out::Store);
             let mut dd = [0.0f32; ROW_BLOCK];
             for (r, x) in dd[..rows].iter_mut().enumerate() {
                 *x = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
             }
             softmax_grad_rows(ds_b, p, &dd[..rows], nkv, scale);
-            let k = BOp {
-                data: k,
-                k: nkv,
-                n: d,
-                ld: d,
-            };
-            gemm(isa, rows_of(ds_b, rows, nkv), k, dq_b, d, Out::Store);
+            let k = BOp::new(k, nkv, d, d);
+            gemm(isa, AOp::rows(ds_b, rows, nkv), k, dq_b, d, Out::Store);
         });
 
     // Column pass: dV and dK per (key/value head, key row block), summed over the group.
@@ -127,51 +117,11 @@ pub fn backward(
                 let q = vecops::widen(&inputs.q, q_off, nq * d, qs);
                 let go = &d_out[q_off..][..nq * d];
                 let at = head * nq * nkv + j0;
-                let b_rows = |data| BOp {
-                    data,
-                    k: nq,
-                    n: d,
-                    ld: d,
-                };
-                gemm(
-                    isa,
-                    columns_t(&probs[at..], jn, nq, nkv),
-                    b_rows(go),
-                    dv_b,
-                    d,
-                    add(),
-                );
-                gemm(
-                    isa,
-                    columns_t(&ds[at..], jn, nq, nkv),
-                    b_rows(q),
-                    dk_b,
-                    d,
-                    add(),
-                );
+                // The group's P and dS columns j0.., transposed, in place.
+                let pt = AOp::transposed(&probs[at..], jn, nq, nkv);
+                gemm(isa, pt, BOp::new(go, nq, d, d), dv_b, d, add());
+                let dst = AOp::transposed(&ds[at..], jn, nq, nkv);
+                gemm(isa, dst, BOp::new(q, nq, d, d), dk_b, d, add());
             }
         });
-}
-
-/// A row-major `rows x k` matrix as the broadcast operand.
-fn rows_of(data: &[f32], rows: usize, k: usize) -> AOp<'_, f32> {
-    AOp {
-        data,
-        rows,
-        k,
-        rs: k,
-        cs: 1,
-    }
-}
-
-/// The first `cols` columns of a row-major matrix with row stride `stride` and `rows` rows,
-/// transposed, as the broadcast operand (`cols x rows`).
-fn columns_t(data: &[f32], cols: usize, rows: usize, stride: usize) -> AOp<'_, f32> {
-    AOp {
-        data,
-        rows: cols,
-        k: rows,
-        rs: 1,
-        cs: stride,
-    }
 }

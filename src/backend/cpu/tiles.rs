@@ -87,6 +87,31 @@ pub struct AOp<'a, T> {
     pub cs: usize,
 }
 
+impl<'a, T> AOp<'a, T> {
+    /// A row-major `rows` x `k` matrix.
+    pub fn rows(data: &'a [T], rows: usize, k: usize) -> Self {
+        AOp {
+            data,
+            rows,
+            k,
+            rs: k,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of the first `rows` columns of a row-major `k` x `stride` matrix: the
+    /// operand (i, p) is `data[p * stride + i]`.
+    pub fn transposed(data: &'a [T], rows: usize, k: usize, stride: usize) -> Self {
+        AOp {
+            data,
+            rows,
+            k,
+            rs: 1,
+            cs: stride,
+        }
+    }
+}
+
 /// Vector operand B (k x n), row-major with row stride `ld`. For bf16 pair tiles row p holds
 /// the pairs of n columns interleaved (2n values, read as whole vectors: padded).
 #[derive(Clone, Copy)]
@@ -95,6 +120,13 @@ pub struct BOp<'a, T> {
     pub k: usize,
     pub n: usize,
     pub ld: usize,
+}
+
+impl<'a, T> BOp<'a, T> {
+    /// `k` rows of `n` columns, `ld` apart.
+    pub fn new(data: &'a [T], k: usize, n: usize, ld: usize) -> Self {
+        BOp { data, k, n, ld }
+    }
 }
 
 /// What the product does to C (m x n, row stride ldc).
