@@ -96,20 +96,19 @@ pub unsafe fn attend(
     l.fill(0.0);
     let cv = _mm512_set1_ps(scale * std::f32::consts::LOG2_E);
     let neg = _mm512_set1_ps(f32::NEG_INFINITY);
-    // Each lane's visible end, 16 rows at a time (rows past `rows` see nothing).
-    let his: Vec<__m512i> = (0..nb / 16)
-        .map(|v| {
-            let e: [i32; 16] = std::array::from_fn(|i| {
-                let r = v * 16 + i;
-                if r < rows {
-                    hi(r) as i32
-                } else {
-                    0
-                }
-            });
-            _mm512_loadu_si512(e.as_ptr() as *const _)
-        })
-        .collect();
+    // Lane i's visible end for the column group of rows 16 v.. (rows past `rows` see
+    // nothing), computed per group and block: no allocation in the kernel.
+    let his = |v: usize| {
+        let e: [i32; 16] = std::array::from_fn(|i| {
+            let r = v * 16 + i;
+            if r < rows {
+                hi(r) as i32
+            } else {
+                0
+            }
+        });
+        _mm512_loadu_si512(e.as_ptr() as *const _)
+    };
     // Pairs of bf16 (token 2t in the low half, 2t + 1 in the high) from the two tokens'
     // 16 lanes: [a0, b0, a1, b1, ...] of cvtne2ps(b, a) = [a0..a15, b0..b15].
     let pair_idx = _mm512_set_epi16(
@@ -191,17 +190,18 @@ pub unsafe fn attend(
         };
         // The online softmax down each column group of 16 rows: a key row t is seen by the
         // lanes whose end is past j0 + t.
-        let seen = |v: usize, t: usize| -> __mmask16 {
-            if t >= kn {
-                return 0;
-            }
-            _mm512_cmpgt_epi32_mask(his[v], _mm512_set1_epi32((j0 + t) as i32))
-        };
         for v in 0..nb / 16 {
+            let hv = his(v);
+            let seen = |t: usize| -> __mmask16 {
+                if t >= kn {
+                    return 0;
+                }
+                _mm512_cmpgt_epi32_mask(hv, _mm512_set1_epi32((j0 + t) as i32))
+            };
             let col = |t: usize| st.as_ptr().add(t * nb + v * 16);
             let mut mx = neg;
             for t in 0..kn {
-                mx = _mm512_mask_max_ps(mx, seen(v, t), mx, _mm512_loadu_ps(col(t)));
+                mx = _mm512_mask_max_ps(mx, seen(t), mx, _mm512_loadu_ps(col(t)));
             }
             let m_old = _mm512_loadu_ps(m.as_ptr().add(v * 16));
             let m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, cv));
@@ -214,7 +214,7 @@ pub unsafe fn attend(
                 prefetch();
                 let p_at = |t: usize| {
                     let x = _mm512_fmadd_ps(_mm512_loadu_ps(col(t)), cv, nm);
-                    _mm512_maskz_mov_ps(seen(v, t), exp2_bf16(x))
+                    _mm512_maskz_mov_ps(seen(t), exp2_bf16(x))
                 };
                 let (a, b) = (p_at(t), p_at(t + 1));
                 sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
