@@ -166,10 +166,10 @@ fn flash_worker(d: usize, bq: usize, bk: usize, path: FlashRead) -> usize {
     let path = match path {
         FlashRead::Amx => {
             // Blocks rounded up to 32 rows and 32 keys: the Q block, K_j as pairs and V_j
-            // interleaved (bf16, half a float each), S and P (bf16), O and its PV staging, the
-            // row max, sum and correction.
+            // interleaved (bf16, half a float each), S and P (bf16), the PV staging, the row
+            // max, sum and correction (O accumulates in the output).
             let (nq, nk) = (bq.div_ceil(32) * 32, bk.div_ceil(32) * 32);
-            return nq * d / 2 + 2 * (nk * d / 2) + nq * nk + nq * nk / 2 + 2 * nq * d + 3 * nq;
+            return nq * d / 2 + 2 * (nk * d / 2) + nq * nk + nq * nk / 2 + nq * d + 3 * nq;
         }
         FlashRead::Tiles(p) => p,
     };

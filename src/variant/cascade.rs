@@ -309,7 +309,7 @@ impl Ctx<'_> {
         };
         // Request b's rows of group g: one run of Q each.
         let run = p.suffix_rows() * d;
-        let (mut t, kp, vp) = flash_amx::Block::carve(scratch, rows, bk, (d, d), o, |qb| {
+        let mut t = flash_amx::Block::carve(scratch, rows, bk, (d, d), o, |qb| {
             for b in 0..p.batch {
                 qb[b * run..(b + 1) * run].copy_from_slice(&q16[self.q_offset(b, g)..][..run]);
             }
@@ -332,9 +332,8 @@ impl Ctx<'_> {
             while k0 < keys.len() {
                 let kn = bk.min(keys.len() - k0);
                 let at = base + k0 * d;
-                flash_amx::pack_pairs(&k16[at..][..kn * d], kn, d, t.kb, kp);
-                flash_amx::pack_rows(&v16[at..][..kn * d], kn, d, vp);
-                t.key_block((k0, kn), c, &seen, kp, vp);
+                let kv = (&k16[at..][..kn * d], &v16[at..][..kn * d]);
+                t.key_block((k0, kn), c, &seen, kv);
                 k0 += kn;
             }
         }

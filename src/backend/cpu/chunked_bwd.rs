@@ -5,9 +5,10 @@
 //! giving L = M + log sum_j w_j e^(m_j - M); D = rowsum(dO * O); pass 2 over key chunks
 //! recomputes P = exp(S - L), then dV_j += P^T dO, dS = P * (dO V_j^T - D),
 //! dQ += dS K_j / sqrt(d), dK_j += dS^T Q / sqrt(d) (dK_j, dV_j added under their chunk's
-//! lock), on the forward's register tiles (`block_grads`). Time O(n_q*n_kv*d) with 8 matmul units against standard attention's 6; extra
-//! memory per worker two q_c x k_c slabs, the summaries and O(q_c*d + k_c*d): O(sqrt n)
-//! with the paper's chunks, and no n_q x n_kv matrix ever.
+//! lock), on the forward's register tiles (`block_grads`). Time O(n_q*n_kv*d) with 8
+//! matmul units against standard attention's 6; extra memory per worker two q_c x k_c
+//! slabs, the summaries and O(q_c*d + k_c*d): O(sqrt n) with the paper's chunks, and no
+//! n_q x n_kv matrix ever.
 
 use rayon::prelude::*;
 
@@ -119,12 +120,8 @@ pub fn backward(
                         let p = &mut p[..rows * kn];
                         score(p, kt, k0, kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
-                            m_j[r] = tiles::row_max(isa, row);
-                            w_j[r] = if m_j[r] == f32::NEG_INFINITY {
-                                0.0
-                            } else {
-                                tiles::exp_sum(isa, row, log2e, m_j[r] * log2e)
-                            };
+                            // The scores are scaled already: 2^(s log2 e - m log2 e).
+                            (m_j[r], w_j[r]) = tiles::softmax_row(isa, row, kn, log2e, true, false);
                         }
                     }
                     let (l, dd) = ld.split_at_mut(qc);

@@ -30,12 +30,11 @@ pub fn fits(head_dim: usize) -> bool {
     head_dim > 0 && head_dim.is_multiple_of(GRAIN)
 }
 
-/// Per-worker scratch floats, in the order `block` carves them: O (f32), then a
-/// [`Block`]'s (`block_lens`: the Q block, K_j as pairs, V_j interleaved, S, P, the row max,
-/// sum and correction, the PV staging).
-pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 10] {
-    let b = block_lens(bq, bk, d, d);
-    std::array::from_fn(|i| if i == 0 { round(bq) * d } else { b[i - 1] })
+/// Per-worker scratch floats: a [`Block`]'s (`block_lens`: the Q block, K_j as pairs, V_j
+/// interleaved, S, P, the row max, sum and correction, the PV staging); O accumulates in
+/// the output block itself.
+pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 9] {
+    block_lens(bq, bk, d, d)
 }
 
 /// Scratch floats of a [`Block`] whose O lies elsewhere, in the order callers carve them:
@@ -94,11 +93,8 @@ pub unsafe fn block(
         (Some(q), Some(k), Some(v)) => (q, k, v),
         _ => panic!("flash_amx: the inputs are not bf16"),
     };
-    let [ob, tiles] = carve(buf, [nb * d, worker_lens(d, bq, bk)[1..].iter().sum()]);
     let q = &q16[q_off + row0 * d..][..rows * d];
-    let (mut t, kp, vp) = Block::carve(tiles, rows, bk, (d, d), &mut ob[..rows * d], |qb| {
-        qb.copy_from_slice(q)
-    });
+    let mut t = Block::carve(buf, rows, bk, (d, d), o, |qb| qb.copy_from_slice(q));
     let c = s.scale() * std::f32::consts::LOG2_E;
     // Each row's keys: its window lo..hi (the causal bound, all keys without) and its
     // sinks 0..sk (`Shape::key_range`, `Shape::sink_range`).
@@ -110,13 +106,11 @@ pub unsafe fn block(
     let _tiles = Tiles::configure();
     for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
         let at = kv_off + k0 * d;
-        pack_pairs(&k16[at..][..kn * d], kn, d, t.kb, kp);
-        pack_rows(&v16[at..][..kn * d], kn, d, vp);
-        t.key_block((k0, kn), c, &seen, kp, vp);
+        let kv = (&k16[at..][..kn * d], &v16[at..][..kn * d]);
+        t.key_block((k0, kn), c, &seen, kv);
     }
     drop(_tiles);
     t.finish(lse);
-    o.copy_from_slice(t.o);
 }
 
 /// The online-softmax state of one query block on tiles, in the caller's scratch: `rows`
@@ -128,6 +122,10 @@ pub(crate) struct Block<'a> {
     pub dims: (usize, usize),
     pub kb: usize,
     pub qb: &'a [u16],
+    /// The key block as pairs (`pack_pairs`, stride kb) and its values interleaved by
+    /// row pairs (`pack_rows`).
+    pub kp: &'a mut [u16],
+    pub vp: &'a mut [u16],
     /// S (nb x kb), P (nb x kb bf16), with nb the rows rounded to 32.
     pub st: &'a mut [f32],
     pub pb: &'a mut [u16],
@@ -144,8 +142,7 @@ pub(crate) struct Block<'a> {
 impl<'a> Block<'a> {
     /// A block in `scratch` (at least the sum of `block_lens(rows, bk, dims.0, dims.1)`),
     /// O in `o` (rows x dims.1): `fill` writes the rows' queries (rows x dims.0 bf16) into
-    /// the A tiles, whose padding rows are zeroed, and the state is reset. Also returns the
-    /// key pairs' and interleaved values' buffers, for `pack_pairs` and `pack_rows`.
+    /// the A tiles, whose padding rows are zeroed, and the state is reset.
     pub fn carve(
         scratch: &'a mut [f32],
         rows: usize,
@@ -153,7 +150,7 @@ impl<'a> Block<'a> {
         dims: (usize, usize),
         o: &'a mut [f32],
         fill: impl FnOnce(&mut [u16]),
-    ) -> (Block<'a>, &'a mut [u16], &'a mut [u16]) {
+    ) -> Block<'a> {
         use super::tiles::as_u16;
         let [qb, kp, vp, st, pb, m, l, corr, pv] =
             carve(scratch, block_lens(rows, bk, dims.0, dims.1));
@@ -165,16 +162,18 @@ impl<'a> Block<'a> {
             dims,
             kb: round(bk),
             qb,
+            kp: as_u16(kp),
+            vp: as_u16(vp),
             st,
             pb: as_u16(pb),
-            o,
+            o: &mut o[..rows * dims.1],
             m,
             l,
             corr,
             pv,
         };
         t.reset();
-        (t, as_u16(kp), as_u16(vp))
+        t
     }
 
     fn nb(&self) -> usize {
@@ -214,10 +213,10 @@ impl<'a> Block<'a> {
         }
     }
 
-    /// One key block: keys `k0..k0 + kn` as pairs in `kp` (`pack_pairs`, stride `kb`) and
-    /// values interleaved in `vp` (`pack_rows`); S = Q K^T on tiles, the online softmax
-    /// row by row (`c` = scale x log2 e; row r sees key k where `seen(r)` = (lo, hi, sk)
-    /// has lo <= k < hi or k < sk), O = corr O + P V on tiles.
+    /// One key block: keys `k0..k0 + kn`, whose rows (`kn` x dims.0 and `kn` x dims.1
+    /// bf16) are `k` and `v`, packed into `kp` and `vp`; S = Q K^T on tiles, the online
+    /// softmax row by row (`c` = scale x log2 e; row r sees key k where `seen(r)` =
+    /// (lo, hi, sk) has lo <= k < hi or k < sk), O = corr O + P V on tiles.
     ///
     /// # Safety
     /// `amx::usable()`, tiles configured (`Tiles::configure`); the buffers as the fields
@@ -229,8 +228,7 @@ impl<'a> Block<'a> {
         (k0, kn): (usize, usize),
         c: f32,
         seen: &impl Fn(usize) -> (i32, i32, i32),
-        kp: &[u16],
-        vp: &[u16],
+        (k, v): (&[u16], &[u16]),
     ) {
         use std::arch::x86_64::*;
 
@@ -239,7 +237,10 @@ impl<'a> Block<'a> {
 
         let (rows, nb, kb, (dk, dv)) = (self.rows, self.nb(), self.kb, self.dims);
         let kw = round(kn);
-        assert!(kn <= kb && kp.len() >= dk / 2 * kb * 2 && vp.len() >= kw * dv);
+        assert!(kn <= kb && k.len() >= kn * dk && v.len() >= kn * dv);
+        pack_pairs(k, kn, dk, kb, self.kp);
+        pack_rows(v, kn, dv, self.vp);
+        let (kp, vp) = (&*self.kp, &*self.vp);
         let (st, pb, m, l, corr, pv) = (
             &mut *self.st,
             &mut *self.pb,
@@ -410,7 +411,7 @@ pub(crate) unsafe fn pack_rows(v: &[u16], kn: usize, d: usize, vp: &mut [u16]) {
 /// AVX-512 available; `k` holds kn x d, `kp` at least d / 2 x kb pairs; d even, kn <= kb.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn pack_pairs(k: &[u16], kn: usize, d: usize, kb: usize, kp: &mut [u16]) {
+unsafe fn pack_pairs(k: &[u16], kn: usize, d: usize, kb: usize, kp: &mut [u16]) {
     let (src, dst) = (k.as_ptr() as *const f32, kp.as_mut_ptr() as *mut f32);
     let (pairs, full) = (d / 2, kn / 16 * 16);
     let mut p0 = 0;

@@ -43,9 +43,9 @@ pub struct MlaPlan {
     pub threads: usize,
 }
 
-/// Whether a bf16 MLA cache of these widths runs on AMX tiles (`flash_amx::Block`): whole
-/// 32s of latent and RoPE values (A tiles of 32 bf16, B tiles of 16 pairs, 32 value
-/// columns per pair of C tiles).
+/// Whether a bf16 MLA cache of these widths runs on AMX tiles (`mla_amx`): whole 32s of
+/// latent and RoPE values (A tiles of 32 bf16 per step, 32 value columns per pair of C
+/// tiles).
 pub fn amx_fits(latent_dim: usize, rope_dim: usize) -> bool {
     flash_amx::fits(latent_dim) && flash_amx::fits(rope_dim)
 }
