@@ -39,8 +39,11 @@ const RS_KC: usize = 4096;
 const SEQ_ROWS: usize = 64;
 /// decode's key block (`decode::KV_BLOCK`).
 const DECODE_BK: usize = 1024;
-/// Query rows per KV head from which decode's `attend` runs the SGEMM (`GEMM_MIN_ROWS`).
+/// Query rows per KV head from which decode's `attend` may run the tiles' GEMM
+/// (`GEMM_MIN_ROWS`).
 const GEMM_MIN_ROWS: usize = 16;
+/// Keys whose K^T that GEMM packs at a time (`decode::KT_KEYS`).
+const KT_KEYS: usize = 256;
 /// chunked-prefill's prompt chunk when the case names none.
 const PREFILL_CHUNK: usize = 512;
 /// BPT's query block (`blockwise_parallel_v1`'s q_chunk_size).
@@ -355,14 +358,21 @@ fn decode_online(c: &Case) -> u64 {
 }
 
 /// `attend`'s scratch for `rows` rows and key blocks of `bk`: the copied (widened or
-/// gathered) K and V block with the rows as bf16, and the block's scores.
+/// gathered) K and V block with the rows as bf16, the GEMM's K^T of up to 256 keys padded
+/// to 16 lanes (rows that may take it), and the block's scores.
 fn attend_scratch(rows: usize, bk: usize, d: usize, widen: bool, gathers: bool) -> usize {
     let copies = widen || gathers;
+    let kt = if rows >= GEMM_MIN_ROWS {
+        d * bk.min(KT_KEYS).div_ceil(16) * 16
+    } else {
+        0
+    };
     (if copies {
         2 * bk * d + (rows * d).div_ceil(2)
     } else {
         0
-    }) + rows * bk
+    }) + kt
+        + rows * bk
 }
 
 /// flash-decoding and paged-decode over a batch of equal lengths.
@@ -588,8 +598,11 @@ fn tree(c: &Case) -> u64 {
             }
         }
     };
-    let rows = s.group() * s.seq_q; // an item: all rows of a KV head on one device
-    let bk = c.kv_chunk.unwrap_or(DECODE_BK).max(1);
+    // An item: all rows of a KV head on one device. Key blocks no longer than a device's
+    // shard (the largest of p even parts).
+    let rows = s.group() * s.seq_q;
+    let shard = s.seq_kv.div_ceil(p);
+    let bk = c.kv_chunk.unwrap_or(DECODE_BK).min(shard).max(1);
     let q_widened = if widen(c) { rows * d } else { 0 };
     // + the item's running max and sum
     let floats = q_widened + 2 * rows + attend_scratch(rows, bk, d, widen(c), false);

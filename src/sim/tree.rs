@@ -60,7 +60,12 @@ impl Spec {
                 sinks: 0,
             },
             bq: (s.group() * s.seq_q).max(1),
-            bk: self.bk.max(1),
+            // A device's run is its shard: a longer key block would only size scratch
+            // (scores, K^T) that no block fills.
+            bk: self
+                .bk
+                .min(self.layout(s).lens().into_iter().max().unwrap_or(1))
+                .max(1),
         }
     }
 

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use super::decode::{attended, Geometry};
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::combine::combine;
-use crate::backend::cpu::decode::{attend, scratch_len, Keys, RowState, GEMM_MIN_ROWS, KV_BLOCK};
+use crate::backend::cpu::decode::{attend, scratch_len, Keys, RowState, KV_BLOCK};
 use crate::backend::cpu::decode_path;
 use crate::backend::cpu::flash_amx;
 use crate::backend::cpu::isa::Isa;
@@ -195,14 +195,6 @@ impl Variant for Cascade {
                 self.info.name, case.devices
             )
         })
-    }
-
-    /// Phase 1's rows (every request's group rows) reach `GEMM_MIN_ROWS` from a few
-    /// requests on, and `attend` then may run them through the packing SGEMM.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        let plan = Plan::of(case);
-        (plan.prefix_parts > 0 && plan.prefix_rows() >= GEMM_MIN_ROWS)
-            || (plan.suffix_parts > 0 && plan.suffix_rows() >= GEMM_MIN_ROWS)
     }
 
     /// The shared prefix's attended keys once, plus each request's attended suffix.

@@ -22,7 +22,7 @@ use super::split_kv::{self, page_offsets, pool_of, whole_sequence, Cache, Schedu
 use super::{Variant, VariantInfo};
 use crate::backend::cpu::decode::{
     attend_materialized, attend_sequential, materialized_scratch_len, sequential_scratch_len, span,
-    Keys, Mask, Positions, RowState, GEMM_MIN_ROWS, KV_BLOCK,
+    Keys, Mask, Positions, RowState, KV_BLOCK,
 };
 use crate::backend::cpu::vecops;
 use crate::backend::cpu::workspace::{carve, try_zeroed, Workspace};
@@ -305,19 +305,6 @@ impl Variant for Decode {
     /// flash-decoding only; the other two decode variants have no CUDA kernels.
     fn cuda(&self) -> Option<GpuAlgo> {
         matches!(self.kind, Kind::Split).then_some(GpuAlgo::FlashDecoding)
-    }
-
-    /// flash-decoding's and paged-decode's items of `GEMM_MIN_ROWS` query rows or more per
-    /// KV head (prefill chunks, large GQA groups) run their score and value products
-    /// through the packing SGEMM (`decode::attend`, from this machine's measured row count,
-    /// never below that); decode rows, decode-naive's and decode-online's loops, and
-    /// paged-decode's whole-sequence items take dot products and pack nothing.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        self.schedule(case).is_some_and(|sched| {
-            (0..sched.len())
-                .map(|i| sched.item(i))
-                .any(|item| !item.whole && item.rows >= GEMM_MIN_ROWS)
-        })
     }
 
     fn info(&self) -> &'static VariantInfo {

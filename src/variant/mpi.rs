@@ -156,11 +156,6 @@ impl Variant for Mpi {
         Engine::Mpi
     }
 
-    /// The decode kernels run their products through the packing SGEMM.
-    fn uses_packing_gemm(&self, _case: &Case) -> bool {
-        true
-    }
-
     /// Bytes the busiest rank allocates besides the inputs and the output: its q, its
     /// output state, the travelling and the incoming shard (ring), the allreduce scratch
     /// (tree), the kernel scratch, and on rank 0 of a prefill the gathered output rows.

@@ -7,7 +7,7 @@
 
 use super::decode::kv_read_bytes;
 use super::{Variant, VariantInfo};
-use crate::backend::cpu::decode::{GEMM_MIN_ROWS, KV_BLOCK};
+use crate::backend::cpu::decode::KV_BLOCK;
 use crate::backend::cpu::isa::Isa;
 use crate::error::Result;
 use crate::problem::{Case, Inputs, Mode};
@@ -90,17 +90,6 @@ impl Ring {
 impl Variant for Ring {
     fn multi_device(&self) -> bool {
         true
-    }
-
-    /// The devices' items of `GEMM_MIN_ROWS` query rows or more per KV head (prefill
-    /// blocks) run their score and value products through the packing SGEMM
-    /// (`decode::attend`); decode rows take dot products and pack nothing.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        let (spec, s) = (self.spec(case), &case.shape);
-        let bq = spec.geometry(s).bq;
-        spec.tq(s)
-            .iter()
-            .any(|&t| (s.group() * t).min(bq) >= GEMM_MIN_ROWS)
     }
 
     fn info(&self) -> &'static VariantInfo {

@@ -321,9 +321,11 @@ pub(super) fn bk(case: &Case) -> usize {
 }
 
 /// Keys per block where `attend` gathers a paged block for the SGEMM (`GEMM_MIN_ROWS`
-/// rows or more): the case's block, at most as many keys as keep the gathered K and V and
-/// the SGEMM's packed copies of them (4 x keys x d floats) within half of this core's L2
-/// (`cache::l2_bytes`, read from the machine), at least 16. Why: at 1024 keys, d = 128,
+/// rows or more): the case's block, at most as many keys as keep 4 x keys x d floats
+/// within half of this core's L2 (`cache::l2_bytes`, read from the machine), at least 16:
+/// the gathered K and V and, when the rule was measured, the `matrixmultiply` SGEMM's
+/// packed copies of both (the tiles now pack only K^T, 256 keys at a time, so it is on the
+/// safe side). Why: at 1024 keys, d = 128,
 /// the 2 MiB they take spilled a 1 MiB L2 and the gather cost paged-decode 10% against
 /// flash-decoding on 4 new tokens (docs/internals/paged-decode.md). A smaller block only
 /// moves the online softmax's rescaling points; the scratch stays sized for the case's.

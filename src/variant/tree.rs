@@ -7,7 +7,7 @@
 
 use super::decode::kv_read_bytes;
 use super::{Variant, VariantInfo};
-use crate::backend::cpu::decode::{GEMM_MIN_ROWS, KV_BLOCK};
+use crate::backend::cpu::decode::KV_BLOCK;
 use crate::backend::cpu::isa::Isa;
 use crate::error::Result;
 use crate::problem::{Case, Inputs, Mode};
@@ -48,13 +48,6 @@ fn spec(case: &Case) -> Spec {
 impl Variant for Tree {
     fn multi_device(&self) -> bool {
         true
-    }
-
-    /// Each device's items hold the G x seq_q query rows of one KV head: from
-    /// `GEMM_MIN_ROWS` of them on, their score and value products run through the packing
-    /// SGEMM (`decode::attend`); decode rows take dot products and pack nothing.
-    fn uses_packing_gemm(&self, case: &Case) -> bool {
-        case.shape.group() * case.shape.seq_q >= GEMM_MIN_ROWS
     }
 
     fn info(&self) -> &'static VariantInfo {

@@ -13,8 +13,8 @@
 
 use std::ops::Range;
 
-use super::gemm::{sgemm, MatRef};
 use super::softmax::{exp_sub_sum, row_max, scale_row};
+use super::tiles::{self, pad_lanes, AOp, BOp, Out};
 use super::vecops::{self, Dims, Elems};
 use super::workspace::carve;
 use crate::problem::{Fp8Kv, Isa, Tensor};
@@ -24,10 +24,14 @@ use crate::problem::{Fp8Kv, Isa, Tensor};
 /// amortize the per-block softmax bookkeeping (measured: 64 to 1024 keys gain ~15%).
 pub const KV_BLOCK: usize = 1024;
 
-/// From this many query rows on, a block's scores and PV go through the blocked SGEMM
-/// (prefill shards); below it, the key-major dot products of `vecops` (decode), which read
-/// each key once without packing it.
+/// From this many query rows on, a block's scores and PV may go through the register-tile
+/// GEMM (`tiles::gemm`; prefill shards, batched phase-1 rows); below it, the key-major dot
+/// products of `vecops` (decode), which read each key once without packing it.
 pub const GEMM_MIN_ROWS: usize = 16;
+
+/// Keys whose K^T the GEMM path packs at a time: d x 256 floats (128 KiB at d = 128), which
+/// stay in L2 while the rows pass over them.
+pub const KT_KEYS: usize = 256;
 
 /// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
 const PREFETCH_KEYS: usize = 16;
@@ -304,7 +308,7 @@ impl<'a> Keys<'a> {
     }
 
     /// Whether the keys are not in one contiguous stretch (a block must then be gathered
-    /// before the SGEMM of many rows reads it).
+    /// before the GEMM of many rows reads it).
     fn paged(&self) -> bool {
         self.pages.is_some()
     }
@@ -312,18 +316,30 @@ impl<'a> Keys<'a> {
 
 /// Scratch floats `attend` needs for `rows` rows of width `d` and key blocks of `bk`: the
 /// block's keys and values when they must be widened or, for many rows over a paged cache,
-/// gathered (and the rows as bf16 for the bf16 dot path), and the scores.
+/// gathered (and the rows as bf16 for the bf16 dot path), the packed K^T of the GEMM path
+/// (`kt_len`), and the scores.
 pub fn scratch_len(rows: usize, bk: usize, d: usize, widen_kv: bool, paged: bool) -> usize {
     let kv = if copies_kv(rows, widen_kv, paged) {
         2 * bk * d + (rows * d).div_ceil(2)
     } else {
         0
     };
-    kv + rows * bk
+    kv + kt_len(rows, bk, d) + rows * bk
+}
+
+/// Floats of the GEMM path's packed K^T: `KT_KEYS` keys (at most a block) padded to whole
+/// vectors, for rows that may take the GEMM (`GEMM_MIN_ROWS`, whatever the measured choice,
+/// so that memory never depends on it).
+pub fn kt_len(rows: usize, bk: usize, d: usize) -> usize {
+    if rows >= GEMM_MIN_ROWS {
+        d * pad_lanes(bk.min(KT_KEYS))
+    } else {
+        0
+    }
 }
 
 /// Whether `attend` copies each key block into scratch: to widen it, or to gather the
-/// pages of a paged block for the SGEMM (decode rows read the pages in place).
+/// pages of a paged block for the GEMM (decode rows read the pages in place).
 fn copies_kv(rows: usize, widen_kv: bool, paged: bool) -> bool {
     widen_kv || (paged && rows >= GEMM_MIN_ROWS)
 }
@@ -349,8 +365,8 @@ pub fn span(rows: usize, range: &impl Fn(usize) -> Range<usize>) -> (Range<usize
 
 /// Folds the keys of `keys` that each row may see (`range(r)`, indices into the run) into
 /// the running `state`, key block by key block (FA2's inner loop). `q` holds the `rows`
-/// rows (f32, `rows x d`); scores are scaled by `scale`. The loop (dot products or SGEMM)
-/// is this machine's measured choice for the rows (`decode_path::gemm_rows`).
+/// rows (f32, `rows x d`); scores are scaled by `scale`. The loop (dot products or the
+/// tiles' GEMM) is this machine's measured choice for the rows (`decode_path::gemm_rows`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
@@ -369,7 +385,7 @@ pub fn attend(
     );
 }
 
-/// `attend` with the SGEMM from `gemm_from` rows on (at least `GEMM_MIN_ROWS`, which sized
+/// `attend` with the GEMM from `gemm_from` rows on (at least `GEMM_MIN_ROWS`, which sized
 /// the scratch; `usize::MAX`: dot products always).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_with(
@@ -389,7 +405,7 @@ pub fn attend_with(
     let copies = copies_kv(rows, widen_kv, keys.paged());
     let w = if copies { bk * d } else { 0 };
     let qw = if copies { (rows * d).div_ceil(2) } else { 0 };
-    let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, rows * bk]);
+    let [ks, vs, qs, kt, sc] = carve(scratch, [w, w, qw, kt_len(rows, bk, d), rows * bk]);
     let (span, _) = span(rows, range);
     // bf16 keys with bf16-valued queries (as in every bf16 case): the AVX512-BF16 dot
     // products, exact products and f32 sums like the path below.
@@ -407,14 +423,7 @@ pub fn attend_with(
         let s = &mut sc[..rows * kn];
         if gemm {
             let k = gather(&keys, false, k0, kn, d, ks);
-            sgemm(
-                scale,
-                MatRef::new(q, rows, d),
-                MatRef::new(k, kn, d).t(),
-                0.0,
-                s,
-                kn,
-            );
+            gemm_scores(keys.isa, q, k, (rows, kn, d), scale, kt, s);
         } else {
             // Decode: memory-bound. In chunks of keys, start loading this chunk's values
             // into L2 while its scores are computed (the keys stream in sequentially, which
@@ -447,14 +456,8 @@ pub fn attend_with(
         fold_scores(s, kn, k0, range, state, d);
         if gemm {
             let v = gather(&keys, true, k0, kn, d, vs);
-            sgemm(
-                1.0,
-                MatRef::new(s, rows, kn),
-                MatRef::new(v, kn, d),
-                1.0,
-                state.acc,
-                d,
-            );
+            let (p, v) = (AOp::rows(s, rows, kn), BOp::new(v, kn, d, d));
+            tiles::gemm(keys.isa, p, v, state.acc, d, Out::Add);
         } else {
             keys.for_each_run(k0, kn, d, |j, off, n| {
                 let v = keys.v_elems(off, n * d, d, &mut vs[if widen_kv { j * d } else { 0 }..]);
@@ -538,6 +541,30 @@ pub fn attend_paged_heads(
         });
         k0 += kn;
     }
+}
+
+/// S = `scale` Q K^T (`rows` x `kn`, row stride `kn`) on the register tiles, K (`kn` x `d`,
+/// row-major) transposed into `kt` `KT_KEYS` keys at a time.
+fn gemm_scores(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    (rows, kn, d): (usize, usize, usize),
+    scale: f32,
+    kt: &mut [f32],
+    s: &mut [f32],
+) {
+    let s = &mut s[..rows * kn];
+    let mut j0 = 0;
+    while j0 < kn {
+        let n = KT_KEYS.min(kn - j0);
+        let pw = pad_lanes(n);
+        tiles::pack_t_f32(isa, &k[j0 * d..(j0 + n) * d], n, d, pw, kt);
+        let kt = BOp::new(&kt[..d * pw], d, n, pw);
+        tiles::gemm(isa, AOp::rows(q, rows, d), kt, &mut s[j0..], kn, Out::Store);
+        j0 += n;
+    }
+    tiles::scale(isa, s, scale);
 }
 
 /// Keys (or the values, `values`) `k0..k0 + kn` of the run as one f32 block: in place when

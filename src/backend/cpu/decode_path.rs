@@ -1,9 +1,9 @@
 //! Which loop `decode::attend` runs for a block of query rows sharing one KV head: the
-//! key-major dot products of `vecops` (each key read once, nothing packed) or the blocked
-//! SGEMM over packed key blocks. The crossover is measured, per storage dtype: both loops
-//! time the same rows against the same keys (interleaved, best of `PROBE_RUNS`), and the
-//! SGEMM takes over at the fewest probed rows where it is clearly faster (`SGEMM_MARGIN`).
-//! About 0.3 s on one core; `attnbench sweep` measures it once and records it in
+//! key-major dot products of `vecops` (each key read once, nothing packed) or the SGEMM on
+//! the register tiles (`tiles::gemm`, K^T packed `decode::KT_KEYS` keys at a time). The
+//! crossover is measured, per storage dtype: both loops time the same rows against the
+//! same keys (interleaved, best of `PROBE_RUNS`), and the SGEMM takes over at the fewest
+//! probed rows where it is clearly faster (`SGEMM_MARGIN`). About 0.3 s on one core; `attnbench sweep` measures it once and records it in
 //! `meta.json`.
 //!
 //! Why measured: the crossover is a property of the core, not of its instructions. The

@@ -662,12 +662,10 @@ pub fn pack_t(
     pw: usize,
     dst: &mut [f32],
 ) {
-    let dst = padded_panels(dst, rows, cols, pw);
     if let Tensor::F32(v) = src {
-        let src = &v[offset..offset + rows * cols];
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        return row_op!(isa, pack_t(s, cols, rows, cols, pw, d, cols * pw));
+        return pack_t_f32(isa, &v[offset..offset + rows * cols], rows, cols, pw, dst);
     }
+    let dst = padded_panels(dst, rows, cols, pw);
     const B: usize = WIDEN_BLOCK;
     let mut buf = [0.0f32; B * B];
     for p0 in (0..rows).step_by(pw) {
@@ -686,6 +684,14 @@ pub fn pack_t(
             }
         }
     }
+}
+
+/// [`pack_t`] of a row-major f32 `rows` x `cols` slice (read in place).
+pub fn pack_t_f32(isa: Isa, src: &[f32], rows: usize, cols: usize, pw: usize, dst: &mut [f32]) {
+    let dst = padded_panels(dst, rows, cols, pw);
+    let src = &src[..rows * cols];
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    row_op!(isa, pack_t(s, cols, rows, cols, pw, d, cols * pw))
 }
 
 /// The first `rows.div_ceil(pw)` panels of `cols * pw` values of `dst`, the rows of the last
