@@ -423,7 +423,8 @@ pub fn attend_with(
         let s = &mut sc[..rows * kn];
         if gemm {
             let k = gather(&keys, false, k0, kn, d, ks);
-            gemm_scores(keys.isa, q, k, (rows, kn, d), scale, kt, s);
+            gemm_scores(keys.isa, q, k, (rows, kn, d), kt, s);
+            fold_raw_scores(keys.isa, s, kn, k0, range, state, d, scale);
         } else {
             // Decode: memory-bound. In chunks of keys, start loading this chunk's values
             // into L2 while its scores are computed (the keys stream in sequentially, which
@@ -452,8 +453,8 @@ pub fn attend_with(
                     j += n;
                 }
             });
+            fold_scores(s, kn, k0, range, state, d);
         }
-        fold_scores(s, kn, k0, range, state, d);
         if gemm {
             let v = gather(&keys, true, k0, kn, d, vs);
             let (p, v) = (AOp::rows(s, rows, kn), BOp::new(v, kn, d, d));
@@ -543,14 +544,13 @@ pub fn attend_paged_heads(
     }
 }
 
-/// S = `scale` Q K^T (`rows` x `kn`, row stride `kn`) on the register tiles, K (`kn` x `d`,
-/// row-major) transposed into `kt` `KT_KEYS` keys at a time.
+/// S = Q K^T (`rows` x `kn`, row stride `kn`, not yet scaled) on the register tiles, K
+/// (`kn` x `d`, row-major) transposed into `kt` `KT_KEYS` keys at a time.
 fn gemm_scores(
     isa: Isa,
     q: &[f32],
     k: &[f32],
     (rows, kn, d): (usize, usize, usize),
-    scale: f32,
     kt: &mut [f32],
     s: &mut [f32],
 ) {
@@ -564,7 +564,38 @@ fn gemm_scores(
         tiles::gemm(isa, AOp::rows(q, rows, d), kt, &mut s[j0..], kn, Out::Store);
         j0 += n;
     }
-    tiles::scale(isa, s, scale);
+}
+
+/// `fold_scores` of raw scores Q K^T (the GEMM path's), by the tiles' vector exp on `isa`
+/// with the scale folded in: each row becomes exp(`scale` x - m), m the running max of the
+/// scaled scores (`scale` > 0, so the raw max scaled is the scaled max).
+#[allow(clippy::too_many_arguments)]
+fn fold_raw_scores(
+    isa: Isa,
+    s: &mut [f32],
+    kn: usize,
+    k0: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    state: &mut RowState,
+    d: usize,
+    scale: f32,
+) {
+    let log2e = std::f32::consts::LOG2_E;
+    for (r, row) in s.chunks_mut(kn).enumerate() {
+        mask_row(row, &range(r), k0);
+        let m_new = state.m[r].max(tiles::row_max(isa, row) * scale);
+        if m_new == f32::NEG_INFINITY {
+            row.fill(0.0); // nothing visible yet for this row
+            continue;
+        }
+        let correction = (state.m[r] - m_new).exp();
+        let sum = tiles::exp_sum(isa, row, scale * log2e, m_new * log2e);
+        state.l[r] = state.l[r] * correction + sum;
+        if correction != 1.0 {
+            scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
+        }
+        state.m[r] = m_new;
+    }
 }
 
 /// Keys (or the values, `values`) `k0..k0 + kn` of the run as one f32 block: in place when
