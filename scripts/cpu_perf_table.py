@@ -20,12 +20,24 @@ TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}  # DType::tolerance
 PEER = {"flash": "torch-sdpa-flash", "rabe-staats": "jax-rabe-staats", "naive": "torch-sdpa-math"}
 
 
+# What the bf16 peak of `load` is: `vdpbf16ps` pairs (the calibration's), or, on the
+# `amx-bf16` path, the AMX tiles (the path probe's one-core rate times the threads).
+BF16_PEAK = "`vdpbf16ps`"
+
+
 def load(d: Path):
+    global BF16_PEAK
     rows = list(csv.DictReader(open(d / "runs.csv", newline="")))
     meta = json.loads((d / "meta.json").read_text())
+    choice = meta.get("cpu_kernel_path_choice") or {}
+    amx = meta.get("cpu_kernel_path") == "amx-bf16" and choice.get("amx_gflops")
+    if amx:
+        BF16_PEAK = "AMX tiles' (the path probe's one-core rate times the threads)"
     peaks = {}
     for c in meta.get("calibration", []):
-        peaks[c["threads"]] = (c.get("fma_peak_gflops") or 0.0, c.get("bf16_peak_gflops"))
+        t = c["threads"]
+        bf = amx * t if amx else c.get("bf16_peak_gflops")
+        peaks[t] = (c.get("fma_peak_gflops") or 0.0, bf)
     return rows, meta, peaks
 
 
@@ -391,7 +403,7 @@ def main():
     out = [
         f"Measured on {cpu}, attnbench {rev}; calibrated peaks (GFLOP/s) {peak_line}. "
         + (
-            "Percent of peak is of the FMA peak for f32 rows and of the `vdpbf16ps` peak for bf16 rows."
+            f"Percent of peak is of the FMA peak for f32 rows and of the {BF16_PEAK} peak for bf16 rows."
             if has_bf16_peak(peaks)
             else "Percent of peak is of the FMA peak for every row: this CPU has no `vdpbf16ps` "
             "(AVX512_BF16), so bf16 inputs are widened to f32 and multiplied at the f32 rate."
