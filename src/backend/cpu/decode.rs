@@ -424,7 +424,13 @@ pub fn attend_with(
         if gemm {
             let k = gather(&keys, false, k0, kn, d, ks);
             gemm_scores(keys.isa, q, k, (rows, kn, d), kt, s);
-            fold_raw_scores(keys.isa, s, kn, k0, range, state, d, scale);
+            // The raw scores folded by the tiles' vector exp, the scale in the exponent
+            // (`scale` > 0, so the raw max scaled is the scaled max).
+            let (isa, log2e) = (keys.isa, std::f32::consts::LOG2_E);
+            let max = |row: &[f32]| tiles::row_max(isa, row) * scale;
+            let exp_sum =
+                |row: &mut [f32], m: f32| tiles::exp_sum(isa, row, scale * log2e, m * log2e);
+            fold_rows(s, kn, k0, range, state, d, max, exp_sum);
         } else {
             // Decode: memory-bound. In chunks of keys, start loading this chunk's values
             // into L2 while its scores are computed (the keys stream in sequentially, which
@@ -566,38 +572,6 @@ fn gemm_scores(
     }
 }
 
-/// `fold_scores` of raw scores Q K^T (the GEMM path's), by the tiles' vector exp on `isa`
-/// with the scale folded in: each row becomes exp(`scale` x - m), m the running max of the
-/// scaled scores (`scale` > 0, so the raw max scaled is the scaled max).
-#[allow(clippy::too_many_arguments)]
-fn fold_raw_scores(
-    isa: Isa,
-    s: &mut [f32],
-    kn: usize,
-    k0: usize,
-    range: &impl Fn(usize) -> Range<usize>,
-    state: &mut RowState,
-    d: usize,
-    scale: f32,
-) {
-    let log2e = std::f32::consts::LOG2_E;
-    for (r, row) in s.chunks_mut(kn).enumerate() {
-        mask_row(row, &range(r), k0);
-        let m_new = state.m[r].max(tiles::row_max(isa, row) * scale);
-        if m_new == f32::NEG_INFINITY {
-            row.fill(0.0); // nothing visible yet for this row
-            continue;
-        }
-        let correction = (state.m[r] - m_new).exp();
-        let sum = tiles::exp_sum(isa, row, scale * log2e, m_new * log2e);
-        state.l[r] = state.l[r] * correction + sum;
-        if correction != 1.0 {
-            scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
-        }
-        state.m[r] = m_new;
-    }
-}
-
 /// Keys (or the values, `values`) `k0..k0 + kn` of the run as one f32 block: in place when
 /// they are f32 in one stretch, else widened and gathered into `scratch`.
 fn gather<'a>(
@@ -670,15 +644,33 @@ pub fn fold_scores(
     state: &mut RowState,
     d: usize,
 ) {
+    let exp_sum = |row: &mut [f32], m: f32| vecops::exp_sub_sum(row, m);
+    fold_rows(s, kn, k0, range, state, d, vecops::row_max, exp_sum);
+}
+
+/// The fold of `fold_scores` with the row's score max (`max`) and the exponentiation of a
+/// row against the new max, returning its sum (`exp_sum`), given.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn fold_rows(
+    s: &mut [f32],
+    kn: usize,
+    k0: usize,
+    range: &impl Fn(usize) -> Range<usize>,
+    state: &mut RowState,
+    d: usize,
+    max: impl Fn(&[f32]) -> f32,
+    exp_sum: impl Fn(&mut [f32], f32) -> f32,
+) {
     for (r, row) in s.chunks_mut(kn).enumerate() {
         mask_row(row, &range(r), k0);
-        let m_new = state.m[r].max(vecops::row_max(row));
+        let m_new = state.m[r].max(max(row));
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0); // nothing visible yet for this row
             continue;
         }
         let correction = (state.m[r] - m_new).exp();
-        state.l[r] = state.l[r] * correction + vecops::exp_sub_sum(row, m_new);
+        state.l[r] = state.l[r] * correction + exp_sum(row, m_new);
         if correction != 1.0 {
             scale_row(&mut state.acc[r * d..(r + 1) * d], correction);
         }
