@@ -218,14 +218,20 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
             );
         }
     }
-    // The Markdown names it, with the interval.
+    // The Markdown names it, with the interval, and states the default bounds (1 + 0.1 and
+    // its inverse).
+    let bounds = "slower when the interval is above 1.100, faster when below 0.909";
     attnbench()
         .arg("compare")
         .arg(baseline())
         .arg(&cur)
         .assert()
         .code(3)
-        .stdout(predicate::str::contains("**slower**").and(predicate::str::contains("1.300 [")));
+        .stdout(
+            predicate::str::contains("**slower**")
+                .and(predicate::str::contains("1.300 ["))
+                .and(predicate::str::contains(bounds)),
+        );
 }
 
 /// `--no-time-gate` (what `.ci/run` uses): every time 1.3x slower still shows `slower`
