@@ -160,8 +160,9 @@ fn naive_train(c: &Case, isa: Isa) -> u64 {
 // ---- flash and its kin --------------------------------------------------------------
 
 /// flash's per-worker floats for tiles (bq, bk): Q^T, K_j and V_j copies, S^T, P^T pairs,
-/// O^T and five column vectors.
-fn flash_worker(d: usize, bq: usize, bk: usize, path: FlashRead) -> usize {
+/// O^T and five column vectors. `group`: the query blocks whose running max and sum the AMX
+/// path keeps (they share each packed key block).
+fn flash_worker(d: usize, bq: usize, bk: usize, path: FlashRead, group: usize) -> usize {
     let nb = bq.div_ceil(LANES) * LANES; // query columns padded to the widest vector
     let st = bk * nb; // S^T
     let ot = d * nb; // O^T
@@ -169,10 +170,16 @@ fn flash_worker(d: usize, bq: usize, bk: usize, path: FlashRead) -> usize {
     let path = match path {
         FlashRead::Amx => {
             // Blocks rounded up to 32 rows and 32 keys: the Q block, K_j as pairs and V_j
-            // interleaved (bf16, half a float each), S and P (bf16), the PV staging, the row
-            // max, sum and correction (O accumulates in the output).
+            // interleaved (bf16, half a float each), S and P (bf16), the PV staging, the
+            // correction, and each block's row max and sum (O accumulates in the output).
             let (nq, nk) = (bq.div_ceil(32) * 32, bk.div_ceil(32) * 32);
-            return nq * d / 2 + 2 * (nk * d / 2) + nq * nk + nq * nk / 2 + nq * d + 3 * nq;
+            return nq * d / 2
+                + 2 * (nk * d / 2)
+                + nq * nk
+                + nq * nk / 2
+                + nq * d
+                + nq
+                + 2 * group * nq;
         }
         FlashRead::Tiles(p) => p,
     };
@@ -212,9 +219,15 @@ fn flash_fwd_ws(c: &Case, isa: Isa, exact: bool) -> u64 {
         .threads
         .min(s.batch * s.heads * s.seq_q.div_ceil(bq))
         .max(1);
+    // flash's AMX forward keeps the running max and sum of up to 8 query blocks of a head
+    // (blocks of whole 32-row tiles without a sliding window; else one block).
+    let group = match c.window {
+        None if bq.is_multiple_of(32) => s.seq_q.div_ceil(bq).min(8),
+        _ => 1,
+    };
     ws(
         workers,
-        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, exact)),
+        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, exact), group),
     )
 }
 
@@ -246,7 +259,7 @@ fn flash_varlen(c: &Case, isa: Isa) -> u64 {
     let (bq, bk) = flash_chunks(c);
     let workers = c.threads.min(s.batch * s.heads).max(1); // a worker per head at most
     let seqs = c.batch_spec.as_ref().map_or(0, |b| b.len()) as u64;
-    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest())))
+    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest()), 1))
         + 2 * WORD * (seqs + 1) // cu_q and cu_kv offsets
         + WORD * (s.batch * s.heads) as u64 // one hand-out flag per head
 }
@@ -267,7 +280,7 @@ fn chunked_prefill(c: &Case, isa: Isa) -> u64 {
     let blocks = s.batch * s.heads * s.seq_q.div_ceil(bq);
     ws(
         c.threads.min(blocks).max(1),
-        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest())),
+        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest()), 1),
     ) + WORD * blocks as u64 // one hand-out flag per query block
 }
 

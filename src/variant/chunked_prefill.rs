@@ -60,7 +60,7 @@ fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize) {
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
     // `precision = highest` keeps P in f32 for PV (bf16 widened, not paired).
     let path = kernel::path(case.dtype, isa, s.head_dim, case.highest());
-    let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
+    let floats = kernel::worker_lens(s, bq, bk, path, 1).iter().sum();
     (path, workers, floats)
 }
 

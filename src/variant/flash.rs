@@ -38,7 +38,8 @@ fn layout(case: &Case, isa: Isa, exact: bool) -> (kernel::FlashPath, usize, usiz
     let (bq, bk) = chunks(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
     let path = kernel::path(case.dtype, isa, s.head_dim, exact || case.highest());
-    let floats = kernel::worker_lens(s, bq, bk, path).iter().sum();
+    let group = kernel::amx_group_cap(s, bq, case.window);
+    let floats = kernel::worker_lens(s, bq, bk, path, group).iter().sum();
     (path, workers, floats)
 }
 

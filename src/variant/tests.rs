@@ -1807,8 +1807,9 @@ fn every_dtype_within_the_derived_bound_on_ragged_shapes() {
 /// flash on AMX tiles (amx-bf16: bf16, head dims of whole 32s) within the derived bound
 /// where no block is whole: rows and keys no multiple of a tile (77, 130), chunks that pad
 /// both tile sides (48 rows, 40 keys), causal and not, self- and cross-attention, GQA
-/// (4 query heads on 2). Where the CPU or OS offers no AMX, the other paths run and a line
-/// says so.
+/// (4 query heads on 2); on one thread with 32-row blocks, a head's blocks share each key
+/// block (up to 5, the last of 2 or 13 rows). Where the CPU or OS offers no AMX, the other
+/// paths run and a line says so.
 #[test]
 fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
     if !Isa::AmxBf16.available() {
@@ -1819,7 +1820,7 @@ fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
         (130, 77, 96, false),
         (130, 130, 64, true),
     ] {
-        for chunks in [None, Some((48, 40))] {
+        for (chunks, threads) in [(None, 2), (Some((48, 40)), 2), (Some((32, 40)), 1)] {
             let mut s = setup(nq, nkv, d);
             if causal {
                 s.shape.heads = 4;
@@ -1828,6 +1829,7 @@ fn amx_tiles_within_the_derived_bound_on_ragged_shapes() {
             s.dtype = DType::Bf16;
             s.causal = causal;
             s.chunks = chunks;
+            s.threads = threads;
             let worst = assert_all_within_bound(&s);
             assert!(!worst.is_empty());
             let amx = crate::backend::cpu::flash::path(DType::Bf16, Isa::AmxBf16, d, false);

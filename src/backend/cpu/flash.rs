@@ -44,14 +44,46 @@ pub fn items(shape: &Shape, bq: usize) -> usize {
     shape.batch * shape.heads * shape.seq_q.div_ceil(bq)
 }
 
+/// The most query blocks of a head the AMX path runs against each packed key block
+/// (`flash_amx::block`; the scratch holds their running max and sum): one with a sliding
+/// window (each block's key tiles start at its own window) or with blocks that are not
+/// whole A tiles (each would need its own padded copy of Q), else up to
+/// `flash_amx::MAX_GROUP`, as many as a head has.
+pub fn amx_group_cap(shape: &Shape, bq: usize, window: Option<usize>) -> usize {
+    if window.is_some() || !bq.is_multiple_of(flash_amx::GRAIN) {
+        return 1;
+    }
+    flash_amx::MAX_GROUP.min(shape.seq_q.div_ceil(bq)).max(1)
+}
+
+/// The query blocks per item of `forward` on the AMX path with `workers` workers: the cap,
+/// lowered until there are at least 4 items a worker (the causal items' work differs; the
+/// last, cheapest ones even out the workers' finish).
+fn amx_group(shape: &Shape, bq: usize, window: Option<usize>, workers: usize) -> usize {
+    let nqb = shape.seq_q.div_ceil(bq.max(1));
+    let heads = shape.batch * shape.heads;
+    let mut g = amx_group_cap(shape, bq, window);
+    while g > 1 && workers > 1 && heads * nqb.div_ceil(g) < 4 * workers {
+        g -= 1;
+    }
+    g
+}
+
 /// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
 /// paired V_j, S^T, bf16 P^T pairs, O^T, and five column vectors (block max, running max,
-/// running sum, correction, visible keys per query row).
-pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, path: FlashPath) -> [usize; 11] {
+/// running sum, correction, visible keys per query row). `group`: the AMX path's query
+/// blocks per item (`amx_group_cap`; 1 where blocks run one at a time).
+pub fn worker_lens(
+    shape: &Shape,
+    bq: usize,
+    bk: usize,
+    path: FlashPath,
+    group: usize,
+) -> [usize; 11] {
     let d = shape.head_dim;
     let path = match path {
         FlashPath::Amx => {
-            let a = flash_amx::worker_lens(d, bq, bk);
+            let a = flash_amx::worker_lens(d, bq, bk, group);
             return std::array::from_fn(|i| a.get(i).copied().unwrap_or(0));
         }
         FlashPath::Tiles(p) => p,
@@ -120,10 +152,17 @@ pub fn forward(
             || path == FlashPath::Tiles(ReadPath::Widen),
         "flash path {path:?} does not fit these inputs on {isa}"
     );
-    let nqb = nq.div_ceil(bq);
+    // An item: a query block, or on the AMX path a group of them sharing each packed key
+    // block (`amx_group`).
+    let per = match path {
+        FlashPath::Amx => bq * amx_group(&s, bq, window, ws.workers()),
+        FlashPath::Tiles(_) => bq,
+    };
+    let nqb = nq.div_ceil(per);
     let bh = s.batch * s.heads;
-    let outs = Blocks::new(out, nq, d, bq);
-    let lses = lse.map(|l| Blocks::new(l, nq, 1, bq));
+    let outs = Blocks::new(out, nq, d, per);
+    let lses = lse.map(|l| Blocks::new(l, nq, 1, per));
+    let lens = worker_lens(&s, bq, bk, path, 1);
     for_each_item(ws, bh * nqb, |buf, i| {
         // Head by head (its K and V stay in cache while both workers read them); causal:
         // within a head the blocks that see the most keys first, so the last items handed
@@ -135,13 +174,18 @@ pub fn forward(
         };
         let o = outs.take(head, qi);
         let lse_i = lses.as_ref().map(|l| l.take(head, qi));
-        let lens = worker_lens(&s, bq, bk, path);
+        let seq = Seq::head(&s, head);
+        if path == FlashPath::Amx {
+            let ws = (window, sinks);
+            flash_amx_block(inputs, causal, ws, seq, qi * per, (bq, bk), buf, o, lse_i);
+            return;
+        }
         block(
             inputs,
             causal,
             (window, sinks),
-            Seq::head(&s, head),
-            qi * bq,
+            seq,
+            qi * per,
             bk,
             isa,
             path,
@@ -178,7 +222,7 @@ pub fn forward_steps(
     let (nqb, per) = (nq.div_ceil(bq), chunk / bq);
     let bh = s.batch * s.heads;
     let outs = Blocks::new(out, nq, d, bq);
-    let lens = worker_lens(&s, bq, bk, path);
+    let lens = worker_lens(&s, bq, bk, path, 1);
     for c in 0..nq.div_ceil(chunk) {
         let first = c * per;
         let blocks = per.min(nqb - first);
@@ -224,7 +268,7 @@ pub fn forward_varlen(
 ) {
     let s = inputs.shape;
     let d = s.head_dim;
-    let lens = worker_lens(&s, bq, bk, path);
+    let lens = worker_lens(&s, bq, bk, path, 1);
     let heads = Blocks::new(out, s.seq_q, d, s.seq_q.max(1));
     for_each_item(ws, s.batch * s.heads, |buf, head| {
         let o = heads.take(head, 0);

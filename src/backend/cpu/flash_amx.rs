@@ -4,11 +4,12 @@
 //! between them row by row on AVX-512 (m' = max(m, rowmax S), P = 2^(S log2e / sqrt(d) - m')
 //! rounded to bf16, l = 2^(m - m') l + rowsum P, O = 2^(m - m') O + P V_j); O / l at the
 //! end. Q_i is read in place as A tiles; K_j is transposed into bf16 pairs (the B tiles of
-//! S) and V_j interleaved by pairs of rows (the B tiles of PV) once per block pair, 1/B_r of
-//! the products' work. Blocks are processed 2 x 2 tiles at a time (four C tiles, two A, two
-//! B: all eight tile registers). Causal, sliding-window and sink masks as `flash` (the same
-//! key tiles, `flash::key_tiles`). Time O(n_q n_kv d); per-worker scratch
-//! O(B_r B_c + (B_r + B_c) d) floats (`worker_lens`), O(1) in n.
+//! S) and V_j interleaved by pairs of rows (the B tiles of PV) once for up to `MAX_GROUP`
+//! query blocks of a head that read it in turn (1/(g B_r) of the products' work). Blocks are
+//! processed 2 x 2 tiles at a time (four C tiles, two A, two B: all eight tile registers).
+//! Causal, sliding-window and sink masks as `flash` (the same key tiles,
+//! `flash::key_tiles`). Time O(n_q n_kv d); per-worker scratch
+//! O(B_r B_c + (B_r + B_c) d + g B_r) floats (`worker_lens`), O(1) in n.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -20,6 +21,9 @@ use crate::problem::{Inputs, Shape};
 /// one A tile of P).
 pub const GRAIN: usize = 32;
 
+/// The most query blocks [`block`] runs against each packed key block.
+pub const MAX_GROUP: usize = 8;
+
 pub(crate) fn round(n: usize) -> usize {
     n.div_ceil(GRAIN) * GRAIN
 }
@@ -30,11 +34,15 @@ pub fn fits(head_dim: usize) -> bool {
     head_dim > 0 && head_dim.is_multiple_of(GRAIN)
 }
 
-/// Per-worker scratch floats: a [`Block`]'s (`block_lens`: the Q block, K_j as pairs, V_j
-/// interleaved, S, P, the row max, sum and correction, the PV staging); O accumulates in
-/// the output block itself.
-pub fn worker_lens(d: usize, bq: usize, bk: usize) -> [usize; 9] {
-    block_lens(bq, bk, d, d)
+/// Per-worker scratch floats of `flash`'s AMX forward: a [`Block`]'s (`block_lens`: the Q
+/// block, K_j as pairs, V_j interleaved, S, P, the row max, sum and correction, the PV
+/// staging), with the running max and sum of `group` query blocks (the blocks that share
+/// each packed key block, [`block`]); O accumulates in the output itself.
+pub fn worker_lens(d: usize, bq: usize, bk: usize, group: usize) -> [usize; 9] {
+    let mut lens = block_lens(bq, bk, d, d);
+    lens[5] *= group.max(1);
+    lens[6] *= group.max(1);
+    lens
 }
 
 /// Scratch floats of a [`Block`] whose O lies elsewhere, in the order callers carve them:
@@ -56,13 +64,20 @@ pub fn block_lens(rows: usize, bk: usize, dk: usize, dv: usize) -> [usize; 9] {
     ]
 }
 
-/// One query block: rows `row0..row0 + o.len() / d` of the head whose first query row and
-/// first key sit at elements `q_off` and `kv_off` of bf16 `inputs` of shape `s`. With
-/// `lse`, each row's logsumexp (natural log; -inf for a row that sees no key).
+/// Query rows `row0..row0 + o.len() / d` of the head whose first query row and first key
+/// sit at elements `q_off` and `kv_off` of bf16 `inputs` of shape `s`, in query blocks of
+/// `bq` rows (the last may be short) that share each key block: K_j is transposed and V_j
+/// interleaved once for all of them (the packing is per key per block pair, as much work
+/// per element as the softmax: shared by g blocks it costs 1/g). A block reads only the
+/// keys it sees (the shared tile cut at its own causal end), so its sums are the ones it
+/// would make alone. Query rows are read in place as A tiles where they fill whole tiles.
+/// With `lse`, each row's logsumexp (natural log; -inf for a row that sees no key).
+/// Without a sliding window the blocks' key tiles start alike (at key 0); callers pass one
+/// block with a window.
 ///
 /// # Safety
 /// `amx::usable()` must be true; the inputs must be bf16 and `fits(s.head_dim)`; `buf` at
-/// least the sum of `worker_lens(d, bq, bk)` for a `bq` of at least the block's rows.
+/// least the sum of `worker_lens(d, bq, bk, g)` for the `g` blocks of the rows.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
@@ -79,12 +94,18 @@ pub unsafe fn block(
     lse: Option<&mut [f32]>,
 ) {
     use super::amx::Tiles;
-    use super::tiles::bf16_bits;
+    use super::tiles::{as_u16, bf16_bits};
 
     let d = s.head_dim;
     let rows = o.len() / d;
     let nb = round(bq);
-    assert!(fits(d) && rows > 0 && rows <= nb, "flash_amx: block shape");
+    let group = rows.div_ceil(bq);
+    assert!(fits(d) && rows > 0 && bq > 0, "flash_amx: block shape");
+    // Blocks before the last are read in place as whole A tiles.
+    assert!(
+        group == 1 || bq.is_multiple_of(GRAIN),
+        "flash_amx: {group} blocks of {bq} rows"
+    );
     let (q16, k16, v16) = match (
         bf16_bits(&inputs.q),
         bf16_bits(&inputs.k),
@@ -93,96 +114,100 @@ pub unsafe fn block(
         (Some(q), Some(k), Some(v)) => (q, k, v),
         _ => panic!("flash_amx: the inputs are not bf16"),
     };
-    let q = &q16[q_off + row0 * d..][..rows * d];
-    let mut t = Block::carve(buf, rows, bk, (d, d), o, |qb| qb.copy_from_slice(q));
+    let [qb, kp, vp, st, pb, m, l, corr, pv] = carve(buf, worker_lens(d, bq, bk, group));
+    let mut keys = Keys {
+        dims: (d, d),
+        kb: round(bk),
+        kp: as_u16(kp),
+        vp: as_u16(vp),
+        st,
+        pb: as_u16(pb),
+        corr,
+        pv,
+    };
+    // The blocks' rows: whole tiles in place, a short last block copied and padded.
+    let last = rows - (group - 1) * bq;
+    let qb = as_u16(qb);
+    if last != round(last) {
+        let q = &q16[q_off + (row0 + rows - last) * d..][..last * d];
+        qb[..last * d].copy_from_slice(q);
+        qb[last * d..round(last) * d].fill(0);
+    }
+    let qb = &*qb;
+    let mut lse = lse;
+    let blocks = o
+        .chunks_mut(bq * d)
+        .zip(m.chunks_mut(nb).zip(l.chunks_mut(nb)))
+        .enumerate()
+        .map(|(g, (o, (m, l)))| {
+            let r = o.len() / d;
+            let qb = if r == round(r) {
+                &q16[q_off + (row0 + g * bq) * d..][..r * d]
+            } else {
+                &qb[..round(r) * d]
+            };
+            let mut t = Rows {
+                row0: row0 + g * bq,
+                rows: r,
+                qb,
+                o,
+                m: &mut m[..r],
+                l: &mut l[..r],
+            };
+            t.reset();
+            t
+        });
+    let mut rest = blocks;
+    let mut blocks: [Option<Rows>; MAX_GROUP] = std::array::from_fn(|_| rest.next());
+    assert!(
+        rest.next().is_none(),
+        "flash_amx: more than {MAX_GROUP} blocks"
+    );
     let c = s.scale() * std::f32::consts::LOG2_E;
     // Each row's keys: its window lo..hi (the causal bound, all keys without) and its
     // sinks 0..sk (`Shape::key_range`, `Shape::sink_range`).
     let seen = |r: usize| {
-        let w = s.key_range(causal, window, row0 + r);
-        let sk = s.sink_range(causal, window, sinks, row0 + r).end;
+        let w = s.key_range(causal, window, r);
+        let sk = s.sink_range(causal, window, sinks, r).end;
         (w.start as i32, w.end as i32, sk as i32)
     };
     let _tiles = Tiles::configure();
     for (k0, kn) in key_tiles(s, causal, (window, sinks), (row0, rows), bk) {
         let at = kv_off + k0 * d;
-        let kv = (&k16[at..][..kn * d], &v16[at..][..kn * d]);
-        t.key_block((k0, kn), c, &seen, kv);
+        keys.pack(kn, (&k16[at..][..kn * d], &v16[at..][..kn * d]));
+        for t in blocks.iter_mut().flatten() {
+            // This block's keys of the tile: up to its last row's causal end.
+            let end = s.visible_keys(causal, t.row0 + t.rows - 1);
+            if k0 < end {
+                let r0 = t.row0;
+                keys.step(t, (k0, kn.min(end - k0)), c, &|r| seen(r0 + r));
+            }
+        }
     }
     drop(_tiles);
-    t.finish(lse);
+    for t in blocks.iter_mut().flatten() {
+        let n = t.rows;
+        let lse_g = lse.as_mut().map(|x| &mut x[t.row0 - row0..][..n]);
+        t.finish(lse_g);
+    }
 }
 
-/// The online-softmax state of one query block on tiles, in the caller's scratch: `rows`
-/// query rows (A tiles of `dims.0` bf16 in `qb`, padded to whole 32-row tiles with zeros),
-/// keys of `dims.0` and values of `dims.1`, key blocks of at most `kb` (a multiple of 32).
-pub(crate) struct Block<'a> {
+/// The online-softmax state of a run of query rows on tiles: `rows` query rows from `row0`
+/// (A tiles of the key width in `qb`, padded to whole 32-row tiles with zeros), their O
+/// (rows x value width), then the normalized output, and each row's running max (log2
+/// units) and sum.
+pub(crate) struct Rows<'a> {
+    pub row0: usize,
     pub rows: usize,
-    /// (key width, value width).
-    pub dims: (usize, usize),
-    pub kb: usize,
     pub qb: &'a [u16],
-    /// The key block as pairs (`pack_pairs`, stride kb) and its values interleaved by
-    /// row pairs (`pack_rows`).
-    pub kp: &'a mut [u16],
-    pub vp: &'a mut [u16],
-    /// S (nb x kb), P (nb x kb bf16), with nb the rows rounded to 32.
-    pub st: &'a mut [f32],
-    pub pb: &'a mut [u16],
-    /// O (rows x dims.1), then the normalized output.
     pub o: &'a mut [f32],
-    /// Each row's running max (log2 units), sum and correction (nb each).
     pub m: &'a mut [f32],
     pub l: &'a mut [f32],
-    pub corr: &'a mut [f32],
-    /// The PV tile staging (nb x dims.1).
-    pub pv: &'a mut [f32],
 }
 
-impl<'a> Block<'a> {
-    /// A block in `scratch` (at least the sum of `block_lens(rows, bk, dims.0, dims.1)`),
-    /// O in `o` (rows x dims.1): `fill` writes the rows' queries (rows x dims.0 bf16) into
-    /// the A tiles, whose padding rows are zeroed, and the state is reset.
-    pub fn carve(
-        scratch: &'a mut [f32],
-        rows: usize,
-        bk: usize,
-        dims: (usize, usize),
-        o: &'a mut [f32],
-        fill: impl FnOnce(&mut [u16]),
-    ) -> Block<'a> {
-        use super::tiles::as_u16;
-        let [qb, kp, vp, st, pb, m, l, corr, pv] =
-            carve(scratch, block_lens(rows, bk, dims.0, dims.1));
-        let qb = as_u16(qb);
-        fill(&mut qb[..rows * dims.0]);
-        qb[rows * dims.0..].fill(0);
-        let mut t = Block {
-            rows,
-            dims,
-            kb: round(bk),
-            qb,
-            kp: as_u16(kp),
-            vp: as_u16(vp),
-            st,
-            pb: as_u16(pb),
-            o: &mut o[..rows * dims.1],
-            m,
-            l,
-            corr,
-            pv,
-        };
-        t.reset();
-        t
-    }
-
-    fn nb(&self) -> usize {
-        round(self.rows)
-    }
-
-    /// No key seen: O = 0, m = -inf, l = 0, P's padding zero.
+impl Rows<'_> {
+    /// No key seen: O = 0, m = -inf, l = 0.
     pub fn reset(&mut self) {
-        self.pb.fill(0);
         self.o.fill(0.0);
         self.m.fill(f32::NEG_INFINITY);
         self.l.fill(0.0);
@@ -191,7 +216,7 @@ impl<'a> Block<'a> {
     /// O = O / l (rows that saw no key 0); with `lse`, each row's logsumexp (natural log;
     /// -inf for a row that saw nothing).
     pub fn finish(&mut self, lse: Option<&mut [f32]>) {
-        let dv = self.dims.1;
+        let dv = self.o.len() / self.rows;
         for r in 0..self.rows {
             let inv = if self.l[r] > 0.0 {
                 1.0 / self.l[r]
@@ -212,15 +237,84 @@ impl<'a> Block<'a> {
             }
         }
     }
+}
+
+/// One key block's buffers, shared by the query rows that read it: keys of `dims.0` and
+/// values of `dims.1`, blocks of at most `kb` keys (a multiple of 32).
+pub(crate) struct Keys<'a> {
+    /// (key width, value width).
+    pub dims: (usize, usize),
+    pub kb: usize,
+    /// The key block as pairs (`pack_pairs`, stride kb) and its values interleaved by
+    /// row pairs (`pack_rows`).
+    pub kp: &'a mut [u16],
+    pub vp: &'a mut [u16],
+    /// S (nb x kb), P (nb x kb bf16), with nb the rows rounded to 32.
+    pub st: &'a mut [f32],
+    pub pb: &'a mut [u16],
+    /// Each row's correction.
+    pub corr: &'a mut [f32],
+    /// The PV tile staging (nb x dims.1).
+    pub pv: &'a mut [f32],
+}
+
+/// The online-softmax state of one query block on tiles, in the caller's scratch: its rows
+/// and the key block they read.
+pub(crate) struct Block<'a> {
+    keys: Keys<'a>,
+    rows: Rows<'a>,
+}
+
+impl<'a> Block<'a> {
+    /// A block in `scratch` (at least the sum of `block_lens(rows, bk, dims.0, dims.1)`),
+    /// O in `o` (rows x dims.1): `fill` writes the rows' queries (rows x dims.0 bf16) into
+    /// the A tiles, whose padding rows are zeroed, and the state is reset.
+    pub fn carve(
+        scratch: &'a mut [f32],
+        rows: usize,
+        bk: usize,
+        dims: (usize, usize),
+        o: &'a mut [f32],
+        fill: impl FnOnce(&mut [u16]),
+    ) -> Block<'a> {
+        use super::tiles::as_u16;
+        let [qb, kp, vp, st, pb, m, l, corr, pv] =
+            carve(scratch, block_lens(rows, bk, dims.0, dims.1));
+        let qb = as_u16(qb);
+        fill(&mut qb[..rows * dims.0]);
+        qb[rows * dims.0..].fill(0);
+        let mut rows = Rows {
+            row0: 0,
+            rows,
+            qb,
+            o: &mut o[..rows * dims.1],
+            m,
+            l,
+        };
+        rows.reset();
+        let keys = Keys {
+            dims,
+            kb: round(bk),
+            kp: as_u16(kp),
+            vp: as_u16(vp),
+            st,
+            pb: as_u16(pb),
+            corr,
+            pv,
+        };
+        Block { keys, rows }
+    }
+
+    /// O = O / l; with `lse`, each row's logsumexp (`Rows::finish`).
+    pub fn finish(&mut self, lse: Option<&mut [f32]>) {
+        self.rows.finish(lse);
+    }
 
     /// One key block: keys `k0..k0 + kn`, whose rows (`kn` x dims.0 and `kn` x dims.1
-    /// bf16) are `k` and `v`, packed into `kp` and `vp`; S = Q K^T on tiles, the online
-    /// softmax row by row (`c` = scale x log2 e; row r sees key k where `seen(r)` =
-    /// (lo, hi, sk) has lo <= k < hi or k < sk), O = corr O + P V on tiles.
+    /// bf16) are `k` and `v` (`Keys::pack`, `Keys::step`).
     ///
     /// # Safety
-    /// `amx::usable()`, tiles configured (`Tiles::configure`); the buffers as the fields
-    /// say; `kn <= kb`, both key and value widths multiples of 32.
+    /// As `Keys::step`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn key_block(
@@ -228,31 +322,60 @@ impl<'a> Block<'a> {
         (k0, kn): (usize, usize),
         c: f32,
         seen: &impl Fn(usize) -> (i32, i32, i32),
-        (k, v): (&[u16], &[u16]),
+        kv: (&[u16], &[u16]),
+    ) {
+        self.keys.pack(kn, kv);
+        self.keys.step(&mut self.rows, (k0, kn), c, seen);
+    }
+}
+
+impl Keys<'_> {
+    /// Keys `k` and values `v` (`kn` rows of dims.0 and dims.1 bf16) into `kp` and `vp`.
+    ///
+    /// # Safety
+    /// AVX-512 available.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn pack(&mut self, kn: usize, (k, v): (&[u16], &[u16])) {
+        let (dk, dv) = self.dims;
+        assert!(kn <= self.kb && k.len() >= kn * dk && v.len() >= kn * dv);
+        pack_pairs(k, kn, dk, self.kb, self.kp);
+        pack_rows(v, kn, dv, self.vp);
+    }
+
+    /// Rows `t` against keys `k0..k0 + kn` of the packed block (`pack`ed with at least
+    /// `kn` keys): S = Q K^T on tiles, the online softmax row by row (`c` = scale x log2 e;
+    /// row r sees key k where `seen(r)` = (lo, hi, sk) has lo <= k < hi or k < sk),
+    /// O = corr O + P V on tiles. Keys of the block past `kn` are never read.
+    ///
+    /// # Safety
+    /// `amx::usable()`, tiles configured (`Tiles::configure`); the buffers as the fields
+    /// say, for `t.rows` rows; both key and value widths multiples of 32.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn step(
+        &mut self,
+        t: &mut Rows,
+        (k0, kn): (usize, usize),
+        c: f32,
+        seen: &impl Fn(usize) -> (i32, i32, i32),
     ) {
         use std::arch::x86_64::*;
 
         use super::amx;
         use super::simd::avx512::{exp2, exp2_bf16};
 
-        let (rows, nb, kb, (dk, dv)) = (self.rows, self.nb(), self.kb, self.dims);
+        let (rows, kb, (dk, dv)) = (t.rows, self.kb, self.dims);
+        let nb = round(rows);
         let kw = round(kn);
-        assert!(kn <= kb && k.len() >= kn * dk && v.len() >= kn * dv);
-        pack_pairs(k, kn, dk, kb, self.kp);
-        pack_rows(v, kn, dv, self.vp);
+        assert!(kn <= kb && t.qb.len() >= nb * dk && t.o.len() >= rows * dv);
         let (kp, vp) = (&*self.kp, &*self.vp);
-        let (st, pb, m, l, corr, pv) = (
-            &mut *self.st,
-            &mut *self.pb,
-            &mut *self.m,
-            &mut *self.l,
-            &mut *self.corr,
-            &mut *self.pv,
-        );
+        let (st, pb, corr, pv) = (&mut *self.st, &mut *self.pb, &mut *self.corr, &mut *self.pv);
+        let (m, l) = (&mut *t.m, &mut *t.l);
 
         // S = Q_i K_j^T by 32 x 32 blocks: Q rows as A, the key pairs as B.
         let (qp, kpp, sp) = (
-            self.qb.as_ptr() as *const u8,
+            t.qb.as_ptr() as *const u8,
             kp.as_ptr() as *const u8,
             st.as_mut_ptr() as *mut u8,
         );
@@ -341,6 +464,11 @@ impl<'a> Block<'a> {
             // This block's row sum waits in the PV staging for the vector pass below.
             pv[r] = _mm512_reduce_add_ps(_mm512_add_ps(sums[0], sums[1]));
         }
+        // A short block's padding rows of P (read by the PV tiles, never summed into O):
+        // zero rather than another block's.
+        for r in rows..nb {
+            std::ptr::write_bytes(pb.as_mut_ptr().add(r * kb), 0, kw);
+        }
         // corr = 2^(m - m') (1 where nothing is seen yet), l = corr l + rowsum P: 16 rows at
         // a time.
         for r in (0..rows).step_by(16) {
@@ -378,7 +506,7 @@ impl<'a> Block<'a> {
         // O = corr O + PV.
         for r in 0..rows {
             let cr = _mm512_set1_ps(corr[r]);
-            let (orow, prow) = (self.o.as_mut_ptr().add(r * dv), pv.as_ptr().add(r * dv));
+            let (orow, prow) = (t.o.as_mut_ptr().add(r * dv), pv.as_ptr().add(r * dv));
             for x in (0..dv).step_by(16) {
                 let y = _mm512_fmadd_ps(
                     _mm512_loadu_ps(orow.add(x)),
