@@ -259,7 +259,17 @@ fn flash_varlen(c: &Case, isa: Isa) -> u64 {
     let (bq, bk) = flash_chunks(c);
     let workers = c.threads.min(s.batch * s.heads).max(1); // a worker per head at most
     let seqs = c.batch_spec.as_ref().map_or(0, |b| b.len()) as u64;
-    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest()), 1))
+    // The AMX path groups up to 8 query blocks of a sequence (as many as the longest has).
+    let longest = c
+        .batch_spec
+        .as_ref()
+        .map_or(0, |b| b.sequences().map(|(q, _)| q).max().unwrap_or(0));
+    let group = if bq.is_multiple_of(32) {
+        longest.div_ceil(bq).clamp(1, 8)
+    } else {
+        1
+    };
+    ws(workers, flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest()), group))
         + 2 * WORD * (seqs + 1) // cu_q and cu_kv offsets
         + WORD * (s.batch * s.heads) as u64 // one hand-out flag per head
 }

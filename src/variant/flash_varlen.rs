@@ -34,7 +34,11 @@ fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize) {
     let workers = case.threads.min(s.batch * s.heads).max(1);
     // `precision = highest` keeps P in f32 for PV (bf16 widened, not paired).
     let path = kernel::path(case.dtype, isa, s.head_dim, case.highest());
-    let floats = kernel::worker_lens(s, bq, bk, path, 1).iter().sum();
+    let longest = case.batch_spec.as_ref().map_or(s.seq_q, |b| {
+        b.sequences().map(|(q, _)| q).max().unwrap_or(0)
+    });
+    let group = kernel::amx_group_rows(longest, bq);
+    let floats = kernel::worker_lens(s, bq, bk, path, group).iter().sum();
     (path, workers, floats)
 }
 

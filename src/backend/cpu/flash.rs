@@ -50,10 +50,20 @@ pub fn items(shape: &Shape, bq: usize) -> usize {
 /// whole A tiles (each would need its own padded copy of Q), else up to
 /// `flash_amx::MAX_GROUP`, as many as a head has.
 pub fn amx_group_cap(shape: &Shape, bq: usize, window: Option<usize>) -> usize {
-    if window.is_some() || !bq.is_multiple_of(flash_amx::GRAIN) {
+    match window {
+        Some(_) => 1,
+        None => amx_group_rows(shape.seq_q, bq),
+    }
+}
+
+/// The most query blocks of `bq` rows the AMX path groups in a run of `rows` query rows
+/// (a head's, or a ragged batch's longest sequence's): as many as there are, at most
+/// `flash_amx::MAX_GROUP`; one where a block is not whole A tiles.
+pub fn amx_group_rows(rows: usize, bq: usize) -> usize {
+    if !bq.is_multiple_of(flash_amx::GRAIN) {
         return 1;
     }
-    flash_amx::MAX_GROUP.min(shape.seq_q.div_ceil(bq)).max(1)
+    flash_amx::MAX_GROUP.min(rows.div_ceil(bq)).max(1)
 }
 
 /// The query blocks per item of `forward` on the AMX path with `workers` workers: the cap,
@@ -269,6 +279,13 @@ pub fn forward_varlen(
     let s = inputs.shape;
     let d = s.head_dim;
     let lens = worker_lens(&s, bq, bk, path, 1);
+    // On the AMX path a sequence's query blocks run in groups that share each packed key
+    // block (`flash_amx::block`), as many as the longest sequence has, at most 8.
+    let longest = cu_q.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let per = match path {
+        FlashPath::Amx => bq * amx_group_rows(longest, bq),
+        FlashPath::Tiles(_) => bq,
+    };
     let heads = Blocks::new(out, s.seq_q, d, s.seq_q.max(1));
     for_each_item(ws, s.batch * s.heads, |buf, head| {
         let o = heads.take(head, 0);
@@ -285,7 +302,22 @@ pub fn forward_varlen(
                 kv_off: s.kv_head_offset(b, h) + cu_kv[i] * d,
             };
             let rows = &mut o[cu_q[i] * d..cu_q[i + 1] * d];
-            for (qi, ob) in rows.chunks_mut(bq * d).enumerate() {
+            for (qi, ob) in rows.chunks_mut(per * d).enumerate() {
+                if path == FlashPath::Amx {
+                    let row0 = qi * per;
+                    flash_amx_block(
+                        inputs,
+                        causal,
+                        (None, 0),
+                        seq,
+                        row0,
+                        (bq, bk),
+                        buf,
+                        ob,
+                        None,
+                    );
+                    continue;
+                }
                 block(
                     inputs,
                     causal,
