@@ -288,10 +288,22 @@ fn chunked_prefill(c: &Case, isa: Isa) -> u64 {
     let (q_block, bk) = flash_chunks(c);
     let bq = gcd(chunk, q_block).max(1); // steps are whole query blocks
     let blocks = s.batch * s.heads * s.seq_q.div_ceil(bq);
-    ws(
-        c.threads.min(blocks).max(1),
-        flash_worker(s.head_dim, bq, bk, flash_path(c, isa, c.highest()), 1),
-    ) + WORD * blocks as u64 // one hand-out flag per query block
+    let workers = c.threads.min(blocks).max(1);
+    let path = flash_path(c, isa, c.highest());
+    // On the AMX path an item is g of a step's chunk / bq blocks: the largest divisor of
+    // them up to 8 that leaves 4 items a worker in a step (blocks of whole 32-row tiles).
+    let per = chunk / bq;
+    let fits = |g: usize| {
+        per.is_multiple_of(g) && (workers == 1 || s.batch * s.heads * (per / g) >= 4 * workers)
+    };
+    let g = match path {
+        FlashRead::Amx if bq.is_multiple_of(32) => {
+            (1..=per.min(8)).rev().find(|&g| fits(g)).unwrap_or(1)
+        }
+        _ => 1,
+    };
+    let items = s.batch * s.heads * s.seq_q.div_ceil(bq * g); // a hand-out flag each
+    ws(workers, flash_worker(s.head_dim, bq, bk, path, g)) + WORD * items as u64
 }
 
 // ---- Rabe–Staats --------------------------------------------------------------------
@@ -838,7 +850,14 @@ fn cases(v: VariantId, mode: Mode) -> Vec<Case> {
                     mode,
                     ..Case::cpu_fwd(v, shape, dtype, threads)
                 };
-                let mut variants = vec![base.clone()];
+                // The default chunks causal too (chunked-prefill runs only causal cases).
+                let mut variants = vec![
+                    base.clone(),
+                    Case {
+                        causal: true,
+                        ..base.clone()
+                    },
+                ];
                 for causal in [false, true] {
                     variants.push(Case {
                         causal,

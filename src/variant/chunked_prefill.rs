@@ -53,15 +53,16 @@ fn tiles(case: &Case) -> (usize, usize) {
     (greatest_common_divisor(chunk(case), bq).max(1), bk)
 }
 
-/// (operand path, workers, floats per worker).
-fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize) {
+/// (operand path, workers, floats per worker, query blocks per item).
+fn layout(case: &Case, isa: Isa) -> (kernel::FlashPath, usize, usize, usize) {
     let s = &case.shape;
     let (bq, bk) = tiles(case);
     let workers = case.threads.min(kernel::items(s, bq)).max(1);
     // `precision = highest` keeps P in f32 for PV (bf16 widened, not paired).
     let path = kernel::path(case.dtype, isa, s.head_dim, case.highest());
-    let floats = kernel::worker_lens(s, bq, bk, path, 1).iter().sum();
-    (path, workers, floats)
+    let group = kernel::steps_group(s, (bq, chunk(case)), path, workers);
+    let floats = kernel::worker_lens(s, bq, bk, path, group).iter().sum();
+    (path, workers, floats, group)
 }
 
 impl Variant for ChunkedPrefill {
@@ -69,12 +70,13 @@ impl Variant for ChunkedPrefill {
         &INFO
     }
 
-    /// The tiles, and the output blocks' hand-out flags (one word per query block of every
-    /// head, which small chunks make many).
+    /// The tiles, and the output blocks' hand-out flags (one word per item of every head:
+    /// a query block, or on the AMX path a group of a step's blocks; small chunks make
+    /// many).
     fn predict_workspace_bytes(&self, case: &Case, isa: Isa) -> u64 {
-        let (_, workers, floats) = layout(case, isa);
+        let (_, workers, floats, group) = layout(case, isa);
         let s = &case.shape;
-        let blocks = s.batch * s.heads * s.seq_q.div_ceil(tiles(case).0);
+        let blocks = s.batch * s.heads * s.seq_q.div_ceil(tiles(case).0 * group);
         Workspace::bytes(workers, floats) + (blocks * std::mem::size_of::<usize>()) as u64
     }
 
@@ -127,7 +129,7 @@ impl Variant for ChunkedPrefill {
         if let Some(why) = self.unsupported(case) {
             return Err(Error::Unsupported(why));
         }
-        let (path, workers, floats) = layout(case, isa);
+        let (path, workers, floats, _) = layout(case, isa);
         let ws = Workspace::new(workers, floats, "chunked-prefill tile workspace")?;
         let mut t0 = Instant::now();
         kernel::forward_steps(inputs, tiles(case), chunk(case), path, isa, &ws, out, |c| {

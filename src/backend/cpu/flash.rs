@@ -79,6 +79,27 @@ fn amx_group(shape: &Shape, bq: usize, window: Option<usize>, workers: usize) ->
     g
 }
 
+/// The query blocks per item of `forward_steps` on the AMX path: a divisor of a step's
+/// `chunk / bq` blocks (an item never spans two steps), at most `flash_amx::MAX_GROUP`,
+/// the largest that leaves 4 items a worker in a whole step; 1 off the AMX path or where
+/// a block is not whole A tiles.
+pub fn steps_group(
+    shape: &Shape,
+    (bq, chunk): (usize, usize),
+    path: FlashPath,
+    workers: usize,
+) -> usize {
+    if path != FlashPath::Amx || bq == 0 {
+        return 1;
+    }
+    let per = chunk / bq;
+    let heads = shape.batch * shape.heads;
+    (1..=amx_group_rows(chunk, bq))
+        .rev()
+        .find(|g| per.is_multiple_of(*g) && (workers <= 1 || heads * (per / g) >= 4 * workers))
+        .unwrap_or(1)
+}
+
 /// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
 /// paired V_j, S^T, bf16 P^T pairs, O^T, and five column vectors (block max, running max,
 /// running sum, correction, visible keys per query row). `group`: the AMX path's query
@@ -230,22 +251,30 @@ pub fn forward_steps(
         "chunked prefill: step of {chunk} rows is not a multiple of the {bq}-row query block"
     );
     let (nqb, per) = (nq.div_ceil(bq), chunk / bq);
+    // An item: a group of `g` of a step's blocks (one off the AMX path), whose key blocks
+    // are packed once for all of them (`flash_amx::block`).
+    let g = steps_group(&s, (bq, chunk), path, ws.workers());
     let bh = s.batch * s.heads;
-    let outs = Blocks::new(out, nq, d, bq);
+    let outs = Blocks::new(out, nq, d, bq * g);
     let lens = worker_lens(&s, bq, bk, path, 1);
     for c in 0..nq.div_ceil(chunk) {
         let first = c * per;
-        let blocks = per.min(nqb - first);
-        for_each_item(ws, bh * blocks, |buf, i| {
+        let groups = per.min(nqb - first).div_ceil(g);
+        for_each_item(ws, bh * groups, |buf, i| {
             // The step's blocks that see the most keys first, as in `forward`.
-            let (head, qi) = (i / blocks, first + blocks - 1 - i % blocks);
-            let o = outs.take(head, qi);
+            let (head, gi) = (i / groups, first / g + groups - 1 - i % groups);
+            let o = outs.take(head, gi);
+            let (seq, row0) = (Seq::head(&s, head), gi * g * bq);
+            if path == FlashPath::Amx {
+                flash_amx_block(inputs, true, (None, 0), seq, row0, (bq, bk), buf, o, None);
+                return;
+            }
             block(
                 inputs,
                 true,
                 (None, 0),
-                Seq::head(&s, head),
-                qi * bq,
+                seq,
+                row0,
                 bk,
                 isa,
                 path,
