@@ -115,16 +115,7 @@ pub unsafe fn block(
         _ => panic!("flash_amx: the inputs are not bf16"),
     };
     let [qb, kp, vp, st, pb, m, l, corr, pv] = carve(buf, worker_lens(d, bq, bk, group));
-    let mut keys = Keys {
-        dims: (d, d),
-        kb: round(bk),
-        kp: as_u16(kp),
-        vp: as_u16(vp),
-        st,
-        pb: as_u16(pb),
-        corr,
-        pv,
-    };
+    let mut keys = Keys::new((d, d), bk, [kp, vp, st, pb, corr, pv]);
     // The blocks' rows: whole tiles in place, a short last block copied and padded.
     let last = rows - (group - 1) * bq;
     let qb = as_u16(qb);
@@ -292,16 +283,7 @@ impl<'a> Block<'a> {
             l,
         };
         rows.reset();
-        let keys = Keys {
-            dims,
-            kb: round(bk),
-            kp: as_u16(kp),
-            vp: as_u16(vp),
-            st,
-            pb: as_u16(pb),
-            corr,
-            pv,
-        };
+        let keys = Keys::new(dims, bk, [kp, vp, st, pb, corr, pv]);
         Block { keys, rows }
     }
 
@@ -329,7 +311,28 @@ impl<'a> Block<'a> {
     }
 }
 
-impl Keys<'_> {
+impl<'a> Keys<'a> {
+    /// The buffers of key blocks of at most `bk` keys in the caller's scratch, carved as
+    /// `block_lens` orders them: K as pairs, V interleaved, S, P, the correction and the
+    /// PV staging.
+    pub fn new(
+        dims: (usize, usize),
+        bk: usize,
+        [kp, vp, st, pb, corr, pv]: [&'a mut [f32]; 6],
+    ) -> Keys<'a> {
+        use super::tiles::as_u16;
+        Keys {
+            dims,
+            kb: round(bk),
+            kp: as_u16(kp),
+            vp: as_u16(vp),
+            st,
+            pb: as_u16(pb),
+            corr,
+            pv,
+        }
+    }
+
     /// Keys `k` and values `v` (`kn` rows of dims.0 and dims.1 bf16) into `kp` and `vp`.
     ///
     /// # Safety
