@@ -512,6 +512,59 @@ fn missing_cases_are_regressions_and_new_cases_are_listed() {
         .stdout(predicate::str::contains("New in current (1)"));
 }
 
+/// A comparison whose matched cases never ran on both sides (every one skipped) says that
+/// nothing was judged; one with measured cases, or with no matched case at all, does not.
+#[test]
+fn a_comparison_where_no_matched_case_ran_on_both_sides_says_so() {
+    let note = "ran on both sides";
+    attnbench()
+        .arg("compare")
+        .arg(baseline())
+        .arg(baseline())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(note).not());
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, cur, none) = (
+        tmp.path().join("base"),
+        tmp.path().join("cur"),
+        tmp.path().join("none"),
+    );
+    for dir in [&base, &cur] {
+        copy_run(&baseline(), dir);
+        edit_records(dir, |rs| {
+            for r in rs.iter_mut() {
+                r.status = Status::Skipped;
+            }
+        });
+    }
+    let n = read_records(&base).len();
+    attnbench()
+        .arg("compare")
+        .arg(&base)
+        .arg(&cur)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "none of the {n} matched cases ran on both sides"
+        )));
+    // No case in common (every id renamed): everything missing, nothing matched, no such
+    // note.
+    copy_run(&baseline(), &none);
+    edit_records(&none, |rs| {
+        for r in rs.iter_mut() {
+            r.case_id.push_str("|renamed");
+        }
+    });
+    attnbench()
+        .arg("compare")
+        .arg(&base)
+        .arg(&none)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains(note).not());
+}
+
 #[test]
 fn runs_csv_files_are_accepted_as_arguments() {
     let (code, v) = compare_json(

@@ -264,3 +264,49 @@ fn row(c: &CaseComparison) -> String {
         status
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side's header line names its path, cases, revision (10 characters, marked dirty
+    /// only when it was), CPU, kernel path and logical CPUs, and says when samples.csv is
+    /// missing; fields the run lacks are left out.
+    #[test]
+    fn run_line_names_the_side_its_build_and_its_machine() {
+        let r = RunInfo {
+            path: "results/a".into(),
+            cases: 12,
+            has_samples: true,
+            git_revision: Some("0123456789abcdef".into()),
+            git_dirty: Some(false),
+            cpu_model: Some("Xeon".into()),
+            cpu_id: Some("intel-6-167".into()),
+            cpu_kernel_path: Some("amx-bf16".into()),
+            logical_cpus: Some(2),
+        };
+        let full = "`results/a`: 12 cases, git 0123456789, Xeon [intel-6-167], kernels amx-bf16 \
+                    (2 logical CPUs)";
+        assert_eq!(run_line(&r), full);
+        let dirty = RunInfo {
+            git_dirty: Some(true),
+            has_samples: false,
+            ..r.clone()
+        };
+        assert_eq!(
+            run_line(&dirty),
+            "`results/a`: 12 cases, git 0123456789 (dirty), Xeon [intel-6-167], kernels \
+             amx-bf16 (2 logical CPUs), no samples.csv"
+        );
+        let bare = RunInfo {
+            git_revision: None,
+            git_dirty: None,
+            cpu_model: None,
+            cpu_id: None,
+            cpu_kernel_path: None,
+            logical_cpus: None,
+            ..r
+        };
+        assert_eq!(run_line(&bare), "`results/a`: 12 cases");
+    }
+}
