@@ -2,6 +2,7 @@
 //! (times x1.3, one page more memory, an error row), exit codes, unmatched cases, machine
 //! normalization, malformed inputs, and `samples.csv` as the sweep writes it.
 
+use assert_cmd::Command;
 use attnbench::measure::stats::Summary;
 use attnbench::results::record::{Record, Status};
 use attnbench::variant::Registry;
@@ -12,6 +13,13 @@ use std::path::{Path, PathBuf};
 
 mod common;
 use common::{attnbench, compare_json, copy_run, repo};
+
+/// `attnbench compare BASELINE CURRENT`, further flags to add.
+fn compare(baseline: impl AsRef<std::ffi::OsStr>, current: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = attnbench();
+    cmd.arg("compare").arg(baseline).arg(current);
+    cmd
+}
 
 /// The committed CI baselines, one per machine (`results/baseline/ci/<machine key>/`).
 fn baselines() -> Vec<PathBuf> {
@@ -221,17 +229,11 @@ fn every_time_scaled_by_1_3_is_slower_with_exit_3() {
     // The Markdown names it, with the interval, and states the default bounds (1 + 0.1 and
     // its inverse).
     let bounds = "slower when the interval is above 1.100, faster when below 0.909";
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
-        .assert()
-        .code(3)
-        .stdout(
-            predicate::str::contains("**slower**")
-                .and(predicate::str::contains("1.300 ["))
-                .and(predicate::str::contains(bounds)),
-        );
+    compare(baseline(), &cur).assert().code(3).stdout(
+        predicate::str::contains("**slower**")
+            .and(predicate::str::contains("1.300 ["))
+            .and(predicate::str::contains(bounds)),
+    );
 }
 
 /// `--no-time-gate` (what `.ci/run` uses): every time 1.3x slower still shows `slower`
@@ -246,10 +248,7 @@ fn no_time_gate_shows_time_but_only_memory_error_and_status_fail() {
     assert_eq!(code, 0, "{v:#}");
     assert!(v["counts"]["slower"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(v["counts"]["regressed"], 0);
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
+    compare(baseline(), &cur)
         .arg("--no-time-gate")
         .assert()
         .code(0)
@@ -333,10 +332,7 @@ fn one_page_more_memory_is_a_memory_regression_with_exit_3() {
     // Worst first: the regression leads the table.
     assert_eq!(v["cases"][0]["case_id"], target.as_str());
     assert_eq!(v["cases"][0]["memory"]["delta_bytes"], 4096);
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
+    compare(baseline(), &cur)
         .assert()
         .code(3)
         .stdout(predicate::str::contains("**memory** (+4.00 KiB"));
@@ -366,10 +362,7 @@ fn an_ok_row_that_lost_its_memory_or_error_figure_is_a_regression() {
         v["cases"][0]["unrecorded"],
         serde_json::json!(["memory", "error"])
     );
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
+    compare(baseline(), &cur)
         .assert()
         .code(3)
         .stdout(predicate::str::contains("**memory not recorded**"));
@@ -411,16 +404,10 @@ fn memory_on_another_cpu_kernel_path_is_not_judged_but_said() {
     assert_eq!(case["memory"]["verdict"], "incomparable");
     // Another kernel path is another machine: times are normalized.
     assert_eq!(v["normalize"]["mode"], "calibration");
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
-        .assert()
-        .code(0)
-        .stdout(
-            predicate::str::contains("memory not judged (other kernel path)")
-                .and(predicate::str::contains("memory of 1 CPU case(s) differs")),
-        );
+    compare(baseline(), &cur).assert().code(0).stdout(
+        predicate::str::contains("memory not judged (other kernel path)")
+            .and(predicate::str::contains("memory of 1 CPU case(s) differs")),
+    );
 }
 
 #[test]
@@ -441,10 +428,7 @@ fn an_error_row_where_the_baseline_was_ok_is_flagged_with_exit_3() {
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(cases_with(&v, "status"), [target]);
     assert_eq!(v["counts"]["status_regressions"], 1);
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
+    compare(baseline(), &cur)
         .assert()
         .code(3)
         .stdout(predicate::str::contains("**ok → error**"));
@@ -487,26 +471,17 @@ fn missing_cases_are_regressions_and_new_cases_are_listed() {
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(v["only_in_baseline"], serde_json::json!([removed.clone()]));
     assert_eq!(v["counts"]["missing"], 1);
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
-        .assert()
-        .code(3)
-        .stdout(
-            predicate::str::contains("Missing from current (1)")
-                .and(predicate::str::contains(format!("- `{removed}`"))),
-        );
+    compare(baseline(), &cur).assert().code(3).stdout(
+        predicate::str::contains("Missing from current (1)")
+            .and(predicate::str::contains(format!("- `{removed}`"))),
+    );
 
     // The other way round: a case the baseline lacks is listed, not judged.
     let (code, v) = compare_json(&cur, &baseline(), &[]);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(v["only_in_current"], serde_json::json!([removed.clone()]));
     assert_eq!(v["counts"]["new"], 1);
-    attnbench()
-        .arg("compare")
-        .arg(&cur)
-        .arg(baseline())
+    compare(&cur, baseline())
         .assert()
         .success()
         .stdout(predicate::str::contains("New in current (1)"));
@@ -517,10 +492,7 @@ fn missing_cases_are_regressions_and_new_cases_are_listed() {
 #[test]
 fn a_comparison_where_no_matched_case_ran_on_both_sides_says_so() {
     let note = "ran on both sides";
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(baseline())
+    compare(baseline(), baseline())
         .assert()
         .success()
         .stdout(predicate::str::contains(note).not());
@@ -539,10 +511,7 @@ fn a_comparison_where_no_matched_case_ran_on_both_sides_says_so() {
         });
     }
     let n = read_records(&base).len();
-    attnbench()
-        .arg("compare")
-        .arg(&base)
-        .arg(&cur)
+    compare(&base, &cur)
         .assert()
         .success()
         .stdout(predicate::str::contains(format!(
@@ -556,10 +525,7 @@ fn a_comparison_where_no_matched_case_ran_on_both_sides_says_so() {
             r.case_id.push_str("|renamed");
         }
     });
-    attnbench()
-        .arg("compare")
-        .arg(&base)
-        .arg(&none)
+    compare(&base, &none)
         .assert()
         .code(3)
         .stdout(predicate::str::contains(note).not());
@@ -627,18 +593,12 @@ fn unclear_verdicts_exit_4_only_with_fail_on_unclear_and_say_what_to_do() {
     assert_eq!(v["verdict"], "unclear");
     let (code, _) = compare_json(&base, &cur, &["--fail-on-unclear"]);
     assert_eq!(code, 4);
-    attnbench()
-        .arg("compare")
-        .arg(&base)
-        .arg(&cur)
-        .assert()
-        .success()
-        .stdout(
-            predicate::str::contains("Unclear verdicts")
-                .and(predicate::str::contains("min_reps"))
-                .and(predicate::str::contains("taskset"))
-                .and(predicate::str::contains("--normalize calibration")),
-        );
+    compare(&base, &cur).assert().success().stdout(
+        predicate::str::contains("Unclear verdicts")
+            .and(predicate::str::contains("min_reps"))
+            .and(predicate::str::contains("taskset"))
+            .and(predicate::str::contains("--normalize calibration")),
+    );
     // A wider threshold decides it.
     let (code, v) = compare_json(
         &base,
@@ -692,10 +652,7 @@ fn samples_of_another_run_are_not_judged() {
     // beside it are of the directory's runs.csv, whatever the copy holds.
     fs::copy(cur.join("runs.csv"), cur.join("runs_before.csv")).unwrap();
     set_timings(&cur, &[1.0e-3; 7]);
-    let out = attnbench()
-        .arg("compare")
-        .arg(cur.join("runs_before.csv"))
-        .arg(&cur)
+    let out = compare(cur.join("runs_before.csv"), &cur)
         .arg("--json")
         .output()
         .unwrap();
@@ -728,10 +685,7 @@ fn one_timing_a_side_is_unclear_never_slower_or_same() {
         );
     }
     // The advice says how to get enough calls.
-    attnbench()
-        .arg("compare")
-        .arg(&base)
-        .arg(&cur)
+    compare(&base, &cur)
         .assert()
         .success()
         .stdout(predicate::str::contains("run.max_reps >= 3"));
@@ -752,10 +706,7 @@ fn a_baseline_without_rows_is_an_error_not_a_pass() {
         (&empty, &baseline(), "baseline"),
         (&baseline(), &empty, "current"),
     ] {
-        attnbench()
-            .arg("compare")
-            .arg(b)
-            .arg(c)
+        compare(b, c)
             .assert()
             .code(2)
             .stderr(predicate::str::contains(role).and(predicate::str::contains("no rows")));
@@ -797,15 +748,9 @@ fn another_machine_is_normalized_by_its_calibration() {
 
     // Different machines and no calibration to normalize with: say how to proceed.
     edit_meta(&cur, |m| m["calibration"] = serde_json::json!([]));
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(&cur)
-        .assert()
-        .code(2)
-        .stderr(
-            predicate::str::contains("meta.json").and(predicate::str::contains("--normalize none")),
-        );
+    compare(baseline(), &cur).assert().code(2).stderr(
+        predicate::str::contains("meta.json").and(predicate::str::contains("--normalize none")),
+    );
 }
 
 #[test]
@@ -856,17 +801,11 @@ fn a_slow_stretch_of_the_machine_is_divided_out_by_the_case_probe() {
 #[test]
 fn bad_paths_and_flags_are_usage_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    attnbench()
-        .arg("compare")
-        .arg(tmp.path().join("nope"))
-        .arg(baseline())
+    compare(tmp.path().join("nope"), baseline())
         .assert()
         .code(2)
         .stderr(predicate::str::contains("baseline").and(predicate::str::contains("nope")));
-    attnbench()
-        .arg("compare")
-        .arg(baseline())
-        .arg(tmp.path())
+    compare(baseline(), tmp.path())
         .assert()
         .code(2)
         .stderr(predicate::str::contains("current").and(predicate::str::contains("no runs.csv")));
@@ -878,10 +817,7 @@ fn bad_paths_and_flags_are_usage_errors() {
         ("--mem-threshold", "4XB"),
         ("--normalize", "sometimes"),
     ] {
-        attnbench()
-            .arg("compare")
-            .arg(baseline())
-            .arg(baseline())
+        compare(baseline(), baseline())
             .arg(format!("{flag}={value}"))
             .assert()
             .code(2)
@@ -958,13 +894,7 @@ fn malformed_files_are_usage_errors_naming_the_file_and_row() {
         for w in want {
             pred = pred.and(predicate::str::contains(w)).boxed();
         }
-        attnbench()
-            .arg("compare")
-            .arg(baseline())
-            .arg(&d)
-            .assert()
-            .code(2)
-            .stderr(pred);
+        compare(baseline(), &d).assert().code(2).stderr(pred);
     }
 }
 

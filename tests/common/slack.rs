@@ -22,8 +22,8 @@ pub const SLACK: &[(&[VariantId], u64)] = &[
     // windows
     (&[VariantId::RabeStaats], 1192),
     (&[VariantId::RabeStaatsSeq], 128),
-    // + the hand-out flags of the output's query blocks (a word per block of a head: 256
-    // bytes at n = 1000, 2 heads)
+    // + the hand-out flags of the output's items (a word per query block of a head, or on
+    // the AMX path per group of them: at most 256 bytes at n = 1000, 2 heads)
     (&[VariantId::Flash], 384),
     // handles and region only (their hand-out flags are in the prediction)
     (&[VariantId::ChunkedPrefill, VariantId::FlashVarlen], 128),

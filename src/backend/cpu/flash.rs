@@ -67,22 +67,33 @@ pub fn amx_group_rows(rows: usize, bq: usize) -> usize {
 }
 
 /// The query blocks per item of `forward` on the AMX path with `workers` workers: the cap,
-/// lowered until there are at least 4 items a worker (the causal items' work differs; the
-/// last, cheapest ones even out the workers' finish).
+/// lowered until there are at least 4 items a worker (`largest_group`).
 fn amx_group(shape: &Shape, bq: usize, window: Option<usize>, workers: usize) -> usize {
     let nqb = shape.seq_q.div_ceil(bq.max(1));
     let heads = shape.batch * shape.heads;
-    let mut g = amx_group_cap(shape, bq, window);
-    while g > 1 && workers > 1 && heads * nqb.div_ceil(g) < 4 * workers {
-        g -= 1;
-    }
-    g
+    let cap = amx_group_cap(shape, bq, window);
+    largest_group(cap, workers, |_| true, |g| heads * nqb.div_ceil(g))
+}
+
+/// The largest group size of at most `cap` blocks, among those `allowed`, that leaves at
+/// least 4 items a worker (`items(g)` of them), else 1: causal items differ in work, and
+/// the last, cheapest ones even out the workers' finish.
+fn largest_group(
+    cap: usize,
+    workers: usize,
+    allowed: impl Fn(usize) -> bool,
+    items: impl Fn(usize) -> usize,
+) -> usize {
+    (1..=cap)
+        .rev()
+        .find(|&g| allowed(g) && (workers <= 1 || items(g) >= 4 * workers))
+        .unwrap_or(1)
 }
 
 /// The query blocks per item of `forward_steps` on the AMX path: a divisor of a step's
 /// `chunk / bq` blocks (an item never spans two steps), at most `flash_amx::MAX_GROUP`,
-/// the largest that leaves 4 items a worker in a whole step; 1 off the AMX path or where
-/// a block is not whole A tiles.
+/// the largest that leaves 4 items a worker in a whole step (`largest_group`); 1 off the
+/// AMX path or where a block is not whole A tiles.
 pub fn steps_group(
     shape: &Shape,
     (bq, chunk): (usize, usize),
@@ -94,10 +105,13 @@ pub fn steps_group(
     }
     let per = chunk / bq;
     let heads = shape.batch * shape.heads;
-    (1..=amx_group_rows(chunk, bq))
-        .rev()
-        .find(|g| per.is_multiple_of(*g) && (workers <= 1 || heads * (per / g) >= 4 * workers))
-        .unwrap_or(1)
+    let cap = amx_group_rows(chunk, bq);
+    largest_group(
+        cap,
+        workers,
+        |g| per.is_multiple_of(g),
+        |g| heads * (per / g),
+    )
 }
 
 /// Per-worker scratch floats, in the order they are carved: Q^T, widened K_j, widened or
@@ -206,18 +220,13 @@ pub fn forward(
         let o = outs.take(head, qi);
         let lse_i = lses.as_ref().map(|l| l.take(head, qi));
         let seq = Seq::head(&s, head);
-        if path == FlashPath::Amx {
-            let ws = (window, sinks);
-            flash_amx_block(inputs, causal, ws, seq, qi * per, (bq, bk), buf, o, lse_i);
-            return;
-        }
         block(
             inputs,
             causal,
             (window, sinks),
             seq,
             qi * per,
-            bk,
+            (bq, bk),
             isa,
             path,
             buf,
@@ -265,17 +274,13 @@ pub fn forward_steps(
             let (head, gi) = (i / groups, first / g + groups - 1 - i % groups);
             let o = outs.take(head, gi);
             let (seq, row0) = (Seq::head(&s, head), gi * g * bq);
-            if path == FlashPath::Amx {
-                flash_amx_block(inputs, true, (None, 0), seq, row0, (bq, bk), buf, o, None);
-                return;
-            }
             block(
                 inputs,
                 true,
                 (None, 0),
                 seq,
                 row0,
-                bk,
+                (bq, bk),
                 isa,
                 path,
                 buf,
@@ -332,28 +337,13 @@ pub fn forward_varlen(
             };
             let rows = &mut o[cu_q[i] * d..cu_q[i + 1] * d];
             for (qi, ob) in rows.chunks_mut(per * d).enumerate() {
-                if path == FlashPath::Amx {
-                    let row0 = qi * per;
-                    flash_amx_block(
-                        inputs,
-                        causal,
-                        (None, 0),
-                        seq,
-                        row0,
-                        (bq, bk),
-                        buf,
-                        ob,
-                        None,
-                    );
-                    continue;
-                }
                 block(
                     inputs,
                     causal,
                     (None, 0),
                     seq,
-                    qi * bq,
-                    bk,
+                    qi * per,
+                    (bq, bk),
                     isa,
                     path,
                     buf,
@@ -415,7 +405,8 @@ pub fn key_tiles(
         .map(move |(k0, end)| (k0, bk.min(end - k0).min(nkv - k0)))
 }
 
-/// One query block: rows `row0..row0 + o.len()/d` of the head and sequence `seq`.
+/// One item: rows `row0..row0 + o.len()/d` of the head and sequence `seq`, one query
+/// block, or on the AMX path a group of `bq`-row blocks sharing each packed key block.
 #[allow(clippy::too_many_arguments)]
 fn block(
     inputs: &Inputs,
@@ -423,7 +414,7 @@ fn block(
     (window, sinks): (Option<usize>, usize),
     seq: Seq,
     row0: usize,
-    bk: usize,
+    (bq, bk): (usize, usize),
     isa: Isa,
     path: FlashPath,
     buf: &mut [f32],
@@ -444,7 +435,7 @@ fn block(
                 (window, sinks),
                 seq,
                 row0,
-                (rows, bk),
+                (bq, bk),
                 buf,
                 o,
                 lse,
@@ -615,7 +606,8 @@ fn block(
     }
 }
 
-/// One query block on AMX tiles (`flash_amx::block`), as `block` takes it.
+/// One item on AMX tiles (`flash_amx::block`: a group of `bq`-row blocks), as `block`
+/// takes it.
 #[allow(clippy::too_many_arguments)]
 fn flash_amx_block(
     inputs: &Inputs,
@@ -623,7 +615,7 @@ fn flash_amx_block(
     window_sinks: (Option<usize>, usize),
     seq: Seq,
     row0: usize,
-    rows_bk: (usize, usize),
+    bq_bk: (usize, usize),
     buf: &mut [f32],
     o: &mut [f32],
     lse: Option<&mut [f32]>,
@@ -643,22 +635,12 @@ fn flash_amx_block(
             &seq.shape,
             (seq.q_off, seq.kv_off),
             row0,
-            rows_bk,
+            bq_bk,
             buf,
             o,
             lse,
         );
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (
-        inputs,
-        causal,
-        window_sinks,
-        seq,
-        row0,
-        rows_bk,
-        buf,
-        o,
-        lse,
-    );
+    let _ = (inputs, causal, window_sinks, seq, row0, bq_bk, buf, o, lse);
 }
