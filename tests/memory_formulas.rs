@@ -62,7 +62,8 @@ enum Read {
     F32,
     /// bf16/f16 widened to f32 tile by tile.
     Widen,
-    /// bf16 pairs (`vdpbf16ps`): only on avx512-bf16, with an even head dim.
+    /// bf16 pairs (`vdpbf16ps` on avx512-bf16, AMX tiles on amx-bf16), with an even head
+    /// dim.
     Pairs,
 }
 
@@ -77,7 +78,9 @@ enum FlashRead {
 fn read(dtype: DType, isa: Isa, d: usize) -> Read {
     match dtype {
         DType::F32 => Read::F32,
-        DType::Bf16 if isa == Isa::Avx512Bf16 && d.is_multiple_of(2) => Read::Pairs,
+        DType::Bf16 if matches!(isa, Isa::Avx512Bf16 | Isa::AmxBf16) && d.is_multiple_of(2) => {
+            Read::Pairs
+        }
         _ => Read::Widen,
     }
 }
@@ -198,8 +201,9 @@ fn flash_path(c: &Case, isa: Isa, exact: bool) -> FlashRead {
     if isa == Isa::AmxBf16 && c.dtype == DType::Bf16 && !exact && d.is_multiple_of(32) {
         return FlashRead::Amx;
     }
+    // flash's own tiles read Q^T and P^T transposed: on amx-bf16 they widen.
     FlashRead::Tiles(match read(c.dtype, isa, d) {
-        Read::Pairs if exact => Read::Widen,
+        Read::Pairs if exact || isa == Isa::AmxBf16 => Read::Widen,
         p => p,
     })
 }

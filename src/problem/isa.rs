@@ -54,6 +54,12 @@ impl Isa {
         self == Isa::Avx512Bf16
     }
 
+    /// Whether the path has AVX512_BF16's conversions and pair layouts: the `vdpbf16ps`
+    /// path, and the amx-bf16 path, whose tiles read the same pairs.
+    pub fn bf16_pairs(self) -> bool {
+        matches!(self, Isa::Avx512Bf16 | Isa::AmxBf16)
+    }
+
     /// Whether the path runs the AVX-512 loops (16 f32 lanes).
     pub fn avx512(self) -> bool {
         matches!(self, Isa::AmxBf16 | Isa::Avx512Bf16 | Isa::Avx512)

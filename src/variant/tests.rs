@@ -1414,7 +1414,7 @@ fn sequence_inputs(x: &Inputs, spec: &crate::problem::BatchSpec, i: usize) -> In
 }
 
 /// How far apart two kernels that cut the same problem into blocks differently may be.
-/// Where the path rounds P to bf16 for PV (bf16 inputs on `vdpbf16ps`: `ReadPath::Bf16Dot`),
+/// Where the path rounds P to bf16 for PV (bf16 pairs, `ReadPath::Bf16Dot`, or AMX tiles),
 /// each output row is the average of V under weights rounded to bf16 (relative step 2^-8)
 /// and divided by the sum of the unrounded ones: within 2^-8 max|V| of the f32 result, so
 /// two kernels, each rounding its own block's P, lie within 2^-7 max|V| of each other
@@ -1769,7 +1769,8 @@ fn assert_all_within_bound_at(s: &Setup, precision: Option<Precision>) -> Vec<(R
 }
 
 /// Both bf16 read paths must have run where the CPU has them: the pair path
-/// (`ReadPath::Bf16Dot`) only on AVX512_BF16, the widening path on the others.
+/// (`ReadPath::Bf16Dot`: `vdpbf16ps`, and AMX tiles on amx-bf16) only with AVX512_BF16, the
+/// widening path on the others.
 fn assert_bf16_paths(worst: &[(ReadPath, f64)], d: usize) {
     let has = |p| worst.iter().any(|(q, _)| *q == p);
     assert!(

@@ -109,7 +109,8 @@ pub fn forward_chunked(
     let (d, nq, nkv) = (s.head_dim, s.seq_q, s.seq_kv);
     let nkc = nkv.div_ceil(kc);
     let path = ReadPath::of(inputs.dtype(), isa, d);
-    // bf16 on AVX512_BF16: both products by `vdpbf16ps` (P rounded to bf16 for PV, as
+    // bf16 on AVX512_BF16: both products on pairs, by `vdpbf16ps` or on the amx-bf16 path
+    // AMX tiles (P rounded to bf16 for PV, as
     // `flash` does) when V's rows are whole vectors, unless the output feeds the backward
     // (`exact`); else PV in f32 on a widened V_j.
     let bf16_pv = path.bf16_pv(d, exact);

@@ -152,8 +152,10 @@ pub fn path(dtype: DType, isa: Isa, head_dim: usize, exact: bool) -> FlashPath {
     if isa == Isa::AmxBf16 && dtype == DType::Bf16 && !exact && flash_amx::fits(head_dim) {
         return FlashPath::Amx;
     }
+    // Off `flash_amx`, the amx-bf16 path widens: flash's pair tiles read Q^T and P^T
+    // transposed, which AMX tiles cannot load, so they would run on `vdpbf16ps`.
     FlashPath::Tiles(match ReadPath::of(dtype, isa, head_dim) {
-        ReadPath::Bf16Dot if exact => ReadPath::Widen,
+        ReadPath::Bf16Dot if exact || isa == Isa::AmxBf16 => ReadPath::Widen,
         p => p,
     })
 }

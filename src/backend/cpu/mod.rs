@@ -1,10 +1,12 @@
 //! CPU kernels: register-blocked microkernels with run-time instruction-set dispatch
 //! (`isa`, `simd`, `tiles`), per-worker workspaces and work scheduling, and the attention
 //! algorithms built from them (naive, Rabe–Staats chunked and sequential, flash, and the
-//! decode kernels with their split-KV combine, on `vecops`); the backward passes still use
-//! the `matrixmultiply` SGEMM wrapper (`gemm`).
+//! decode kernels with their split-KV combine, on `vecops`), with bf16 products on AMX tiles
+//! where the CPU offers them (`amx`, `amx_gemm`, `flash_amx`, `mla_amx`); MLA's projections
+//! use the `matrixmultiply` SGEMM wrapper (`gemm`).
 
 pub mod amx;
+pub mod amx_gemm;
 pub mod block_grads;
 pub mod blocks;
 pub mod cache;

@@ -8,9 +8,10 @@
 //!
 //! Built from the same tiles as `chunked` and `flash` (`tiles`): QK^T row block x 64-key
 //! K^T panels, the vectorized row softmax, and PV with V read in place, its key loop summed
-//! in partial sums of <= 256 terms. bf16 inputs on AVX512_BF16 use `vdpbf16ps` for QK^T and,
-//! unless the output feeds the backward (`exact`), for PV with P rounded to bf16, as `flash`
-//! and `rabe-staats` do; the materialized P always holds the f32 probabilities.
+//! in partial sums of <= 256 terms. bf16 inputs on AVX512_BF16 use `vdpbf16ps` (on the
+//! amx-bf16 path AMX tiles, `amx_gemm`) for QK^T and, unless the output feeds the backward
+//! (`exact`), for PV with P rounded to bf16, as `flash` and `rabe-staats` do; the
+//! materialized P always holds the f32 probabilities.
 //!
 //! A row block's scores are computed, exponentiated and multiplied by V in the worker's
 //! cached copy, in passes of as many rows as keep their scores in L2 (`cache::pass_rows`:

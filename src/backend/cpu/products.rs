@@ -1,10 +1,37 @@
 //! The two products `naive` and Rabe–Staats (`chunked`) compute per strip of query rows, on
 //! f32 or bf16-pair operands: S = Q K^T against K^T packed in 64-key panels, and O = P V
-//! (Rabe & Staats, Figure 1's `summarize_chunk`; standard attention). Both are `tiles` GEMMs, so
-//! the two algorithms share them to the instruction. Cost: 2 * rows * keys * d FLOPs each.
+//! (Rabe & Staats, Figure 1's `summarize_chunk`; standard attention). Both are `tiles` GEMMs
+//! (bf16 pairs on the amx-bf16 path: `amx_gemm`'s tile products), so the two algorithms
+//! share them to the instruction. Cost: 2 * rows * keys * d FLOPs each.
 
 use super::isa::Isa;
 use super::tiles::{gemm, gemm_bf16, AOp, BOp, Out, PANEL};
+
+/// C = A B on bf16 pairs, for each (A, B, C offset) of `parts` in turn (row stride `ldc`):
+/// on AMX tiles on the amx-bf16 path (configured once for all the parts), else on
+/// `vdpbf16ps` tiles.
+fn pair_products<'a>(
+    isa: Isa,
+    parts: impl Iterator<Item = (AOp<'a, u16>, BOp<'a, u16>, usize)>,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if isa == Isa::AmxBf16 {
+        assert!(isa.available(), "the AMX tiles are not usable here");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tiles are usable (asserted) and configured for the loop.
+        unsafe {
+            let _tiles = super::amx::Tiles::configure();
+            for (a, b, at) in parts {
+                super::amx_gemm::gemm(a, b, &mut c[at..], ldc);
+            }
+        }
+        return;
+    }
+    for (a, b, at) in parts {
+        gemm_bf16(isa, a, b, &mut c[at..], ldc, Out::Store);
+    }
+}
 
 /// An operand as the tiles read it: f32 values, or bf16 values in pairs for `vdpbf16ps`.
 #[derive(Clone, Copy)]
@@ -45,26 +72,29 @@ pub fn scores(
     s: &mut [f32],
     lds: usize,
 ) {
-    for (pi, j0) in (0..keys).step_by(PANEL).enumerate() {
-        let jn = PANEL.min(keys - j0);
-        let panel = pi * PANEL * d;
+    let panels = (0..keys).step_by(PANEL).enumerate();
+    let panels = panels.map(|(pi, j0)| (pi * PANEL * d, j0, PANEL.min(keys - j0)));
+    if let (Operand::Pairs(q), Operand::Pairs(kt)) = (q, kt) {
+        let a = AOp {
+            data: q,
+            rows,
+            k: d / 2,
+            rs: d,
+            cs: 2,
+        };
+        let parts = panels.map(|(panel, j0, jn)| {
+            let b = BOp {
+                data: &kt[panel..][..PANEL * d],
+                k: d / 2,
+                n: jn,
+                ld: 2 * PANEL,
+            };
+            (a, b, j0)
+        });
+        return pair_products(isa, parts, s, lds);
+    }
+    for (panel, j0, jn) in panels {
         match (q, kt) {
-            (Operand::Pairs(q), Operand::Pairs(kt)) => {
-                let a = AOp {
-                    data: q,
-                    rows,
-                    k: d / 2,
-                    rs: d,
-                    cs: 2,
-                };
-                let b = BOp {
-                    data: &kt[panel..][..PANEL * d],
-                    k: d / 2,
-                    n: jn,
-                    ld: 2 * PANEL,
-                };
-                gemm_bf16(isa, a, b, &mut s[j0..], lds, Out::Store);
-            }
             (Operand::F32(q), Operand::F32(kt)) => {
                 let a = AOp {
                     data: q,
@@ -117,7 +147,7 @@ pub fn values(
                 n: d,
                 ld: 2 * d,
             };
-            gemm_bf16(isa, a, b, o, ldo, Out::Store);
+            pair_products(isa, std::iter::once((a, b, 0)), o, ldo);
         }
         (Operand::F32(p), Operand::F32(v)) => {
             let a = AOp {

@@ -40,7 +40,8 @@ pub enum ReadPath {
     F32,
     /// bf16/f16 inputs widened to f32 tile by tile.
     Widen,
-    /// bf16 inputs multiplied as bf16 pairs (`vdpbf16ps`); needs an even head dim.
+    /// bf16 inputs multiplied as bf16 pairs: `vdpbf16ps`, or on the amx-bf16 path AMX
+    /// tiles (`products`); needs an even head dim.
     Bf16Dot,
 }
 
@@ -48,7 +49,7 @@ impl ReadPath {
     pub fn of(dtype: DType, isa: Isa, head_dim: usize) -> ReadPath {
         match dtype {
             DType::F32 => ReadPath::F32,
-            DType::Bf16 if isa.bf16_dot() && head_dim.is_multiple_of(2) => ReadPath::Bf16Dot,
+            DType::Bf16 if isa.bf16_pairs() && head_dim.is_multiple_of(2) => ReadPath::Bf16Dot,
             _ => ReadPath::Widen,
         }
     }
@@ -554,7 +555,10 @@ pub fn scale_stream(isa: Isa, x: &mut [f32], f: f32, dst: &mut [f32], keep: bool
 /// ([`Isa::Avx512Bf16`] only).
 pub fn scale_stream_pairs(isa: Isa, x: &[f32], f: f32, dst: &mut [f32], pairs: &mut [u16]) {
     check_isa(isa);
-    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    assert!(
+        isa.bf16_pairs(),
+        "bf16 pairs need the avx512-bf16 or amx-bf16 path"
+    );
     let (n, n_dst) = (x.len(), dst.len());
     assert!(n_dst >= n, "stream destination too short");
     assert!(pairs.len() >= 2 * n.div_ceil(2), "bf16 row too short");
@@ -627,7 +631,10 @@ pub fn softmax_row(
 /// rounding ([`Isa::Avx512Bf16`] only).
 pub fn softmax_row_bf16(isa: Isa, row: &mut [f32], visible: usize, c: f32) -> (f32, f32) {
     check_isa(isa);
-    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    assert!(
+        isa.bf16_pairs(),
+        "bf16 pairs need the avx512-bf16 or amx-bf16 path"
+    );
     let n = row.len();
     let visible = visible.min(n);
     let m = row_max(isa, &row[..visible]);
@@ -736,7 +743,10 @@ pub fn pack_pairs_t(isa: Isa, src: &[u16], rows: usize, cols: usize, pw: usize, 
 /// bf16 PV tile), a missing last row as zeros ([`Isa::Avx512Bf16`] only).
 pub fn interleave_rows(isa: Isa, src: &[u16], kn: usize, d: usize, dst: &mut [u16]) {
     check_isa(isa);
-    assert!(isa.bf16_dot(), "bf16 pairs need the avx512-bf16 path");
+    assert!(
+        isa.bf16_pairs(),
+        "bf16 pairs need the avx512-bf16 or amx-bf16 path"
+    );
     assert!(src.len() >= kn * d && dst.len() >= kn.div_ceil(2) * d * 2);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `src` holds kn x d and `dst` the paired output (checked); isa available.
