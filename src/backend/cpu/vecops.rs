@@ -1190,27 +1190,38 @@ mod tests {
 
     #[test]
     fn bf16_dot_path_equals_the_f32_path_on_bf16_values() {
+        // Rows in 4s and alone, ragged keys and d; each key's score has the same bits
+        // scored alone (ring and tree attention group a sequence's keys differently).
+        let shapes = [(6, 5), (4, 16), (5, 37), (1, 40), (9, 21), (3, 3)];
         for d in [1, 7, 32, 33, 128, 130] {
-            let (rows, keys) = (6, 5);
-            let qf: Vec<f32> = (0..rows * d)
-                .map(|i| bf16::from_f32((i % 11) as f32 * 0.37 - 1.5).to_f32())
-                .collect();
-            let kb: Vec<bf16> = (0..keys * d)
-                .map(|i| bf16::from_f32((i % 7) as f32 * 0.21 - 0.6))
-                .collect();
-            let kf: Vec<f32> = kb.iter().map(|x| x.to_f32()).collect();
-            let mut scratch = vec![0.0f32; rows * d];
-            let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
-            assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
-            let dims = Dims { rows, keys, d };
-            let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
-            scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
-            scores(Isa::Avx2, &qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
-            for (x, y) in a.iter().zip(&b) {
-                assert!(
-                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
-                    "d {d}: {x} vs {y}"
-                );
+            for (rows, keys) in shapes {
+                let qf: Vec<f32> = (0..rows * d)
+                    .map(|i| bf16::from_f32((i % 11) as f32 * 0.37 - 1.5).to_f32())
+                    .collect();
+                let kb: Vec<bf16> = (0..keys * d)
+                    .map(|i| bf16::from_f32((i % 7) as f32 * 0.21 - 0.6))
+                    .collect();
+                let kf: Vec<f32> = kb.iter().map(|x| x.to_f32()).collect();
+                let mut scratch = vec![0.0f32; rows * d];
+                let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
+                assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
+                let dims = Dims { rows, keys, d };
+                let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+                scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
+                scores(Isa::Avx2, &qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
+                let what = format!("d {d} rows {rows} keys {keys}");
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{what}: {x} vs {y}");
+                }
+                for j in 0..keys {
+                    let one = Dims { rows, keys: 1, d };
+                    let mut alone = vec![0.0f32; rows];
+                    scores_bf16(&qb, &kb[j * d..], one, 0.5, &mut alone, 1);
+                    for r in 0..rows {
+                        let x = a[r * keys + j];
+                        assert_eq!(alone[r].to_bits(), x.to_bits(), "{what}: {r}, {j} alone");
+                    }
+                }
             }
         }
     }
