@@ -96,8 +96,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", value_parser = Isa::parse_available)]
     pub kernel_path: Option<Isa>,
     /// Precision of the attention weights P for PV: fast (rounded to the storage dtype
-    /// where that is faster: bf16 on avx512-bf16, and flash's on amx-bf16) or highest (P kept
-    /// in f32) [default: fast].
+    /// where that is faster: bf16 on avx512-bf16 and amx-bf16) or highest (P kept in f32)
+    /// [default: fast].
     #[arg(long, value_name = "PRECISION")]
     pub precision: Option<Precision>,
     /// K and V stored as FP8 (fp8e4m3, fp8e5m2) with one scale per KV head; Q stays in
