@@ -1211,7 +1211,10 @@ mod tests {
                 scores(Isa::Avx2, &qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
                 let what = format!("d {d} rows {rows} keys {keys}");
                 for (x, y) in a.iter().zip(&b) {
-                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{what}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                        "{what}: {x} vs {y}"
+                    );
                 }
                 for j in 0..keys {
                     let one = Dims { rows, keys: 1, d };

@@ -656,3 +656,34 @@ fn row_tiles_cover_every_row_once_without_a_short_last_tile() {
     }
     assert_eq!(heights[20..], [4, 4]);
 }
+
+/// Which read path a dtype takes on each kernel path, whatever this CPU runs (a decision,
+/// not a kernel): bf16 pairs on avx512-bf16 and on amx-bf16 (AMX tiles in naive's and
+/// Rabe–Staats' products) for even head dims, widened elsewhere; flash's own vector tiles
+/// widen on amx-bf16 (they read Q^T and P^T transposed), and a forward feeding the
+/// backward keeps P in f32.
+#[test]
+fn the_read_path_follows_the_kernel_path_and_the_head_dim() {
+    use crate::backend::cpu::flash::{path, FlashPath};
+    use crate::problem::DType;
+    for isa in [Isa::AmxBf16, Isa::Avx512Bf16] {
+        assert_eq!(
+            ReadPath::of(DType::Bf16, isa, 40),
+            ReadPath::Bf16Dot,
+            "{isa}"
+        );
+        assert_eq!(ReadPath::of(DType::Bf16, isa, 41), ReadPath::Widen, "{isa}");
+        assert_eq!(ReadPath::of(DType::F32, isa, 64), ReadPath::F32, "{isa}");
+        assert_eq!(ReadPath::of(DType::F16, isa, 64), ReadPath::Widen, "{isa}");
+    }
+    for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+        assert_eq!(ReadPath::of(DType::Bf16, isa, 64), ReadPath::Widen, "{isa}");
+    }
+    assert_eq!(path(DType::Bf16, Isa::AmxBf16, 64, false), FlashPath::Amx);
+    let widen = FlashPath::Tiles(ReadPath::Widen);
+    assert_eq!(path(DType::Bf16, Isa::AmxBf16, 40, false), widen);
+    assert_eq!(path(DType::Bf16, Isa::AmxBf16, 64, true), widen);
+    let pairs = FlashPath::Tiles(ReadPath::Bf16Dot);
+    assert_eq!(path(DType::Bf16, Isa::Avx512Bf16, 40, false), pairs);
+    assert_eq!(path(DType::Bf16, Isa::Avx512Bf16, 40, true), widen);
+}
