@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::attnbench;
+use common::{attnbench, compare};
 
 /// The CSV header as docs/reference/results-format.md documents it (the contract scripts
 /// depend on).
@@ -933,10 +933,7 @@ fn resume_mends_a_torn_last_row_and_refuses_an_unreadable_meta() {
     let mut r = csv::Reader::from_path(&csv).unwrap();
     assert!(r.records().all(|rec| rec.unwrap().len() == n_cols));
     // Every case's samples are its row's: compare with itself judges every timed case.
-    attnbench()
-        .arg("compare")
-        .arg(&out)
-        .arg(&out)
+    compare(&out, &out)
         .assert()
         .success()
         .stdout(predicate::str::contains("not of the same run").not());
@@ -991,10 +988,7 @@ fn a_run_of_no_timed_case_compares_as_lost_cases() {
         fs::read_to_string(oom.join("samples.csv")).unwrap(),
         "case_id,rep,time_s\n"
     );
-    attnbench()
-        .arg("compare")
-        .arg(&base)
-        .arg(&oom)
+    compare(&base, &oom)
         .assert()
         .code(3)
         .stdout(predicate::str::contains("status"));

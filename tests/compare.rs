@@ -2,7 +2,6 @@
 //! (times x1.3, one page more memory, an error row), exit codes, unmatched cases, machine
 //! normalization, malformed inputs, and `samples.csv` as the sweep writes it.
 
-use assert_cmd::Command;
 use attnbench::measure::stats::Summary;
 use attnbench::results::record::{Record, Status};
 use attnbench::variant::Registry;
@@ -12,14 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{attnbench, compare_json, copy_run, repo};
-
-/// `attnbench compare BASELINE CURRENT`, further flags to add.
-fn compare(baseline: impl AsRef<std::ffi::OsStr>, current: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = attnbench();
-    cmd.arg("compare").arg(baseline).arg(current);
-    cmd
-}
+use common::{attnbench, compare, compare_json, copy_run, repo};
 
 /// The committed CI baselines, one per machine (`results/baseline/ci/<machine key>/`).
 fn baselines() -> Vec<PathBuf> {

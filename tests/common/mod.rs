@@ -12,6 +12,16 @@ pub fn attnbench() -> Command {
     Command::cargo_bin("attnbench").expect("binary built")
 }
 
+/// `attnbench compare BASELINE CURRENT`, further flags to add.
+pub fn compare(
+    baseline: impl AsRef<std::ffi::OsStr>,
+    current: impl AsRef<std::ffi::OsStr>,
+) -> Command {
+    let mut cmd = attnbench();
+    cmd.arg("compare").arg(baseline).arg(current);
+    cmd
+}
+
 /// The root of the checkout (configs/, results/, scripts/).
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -57,10 +67,7 @@ pub fn runs(dir: &Path) -> (Vec<csv::StringRecord>, impl Fn(&str) -> usize) {
 /// Runs `compare BASE CUR --json EXTRA...`: the exit code and the parsed report (a panic
 /// with both streams when stdout is not JSON).
 pub fn compare_json(base: &Path, cur: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
-    let out = attnbench()
-        .arg("compare")
-        .arg(base)
-        .arg(cur)
+    let out = compare(base, cur)
         .arg("--json")
         .args(extra)
         .output()

@@ -17,34 +17,53 @@ const ROW_U16: usize = ROW_BYTES / 2;
 #[repr(C, align(64))]
 struct Pad([u16; ROWS * ROW_U16]);
 
-/// Where a tile's 16 rows are read: in place, or from a zero-padded copy in `pad`.
+/// A's tile of rows `r0..r0 + 16` and pairs `p0..p0 + 16`, in place when all of it exists,
+/// else copied with the rows and pairs past A's zero.
 fn a_tile(a: &AOp<u16>, r0: usize, p0: usize, pad: &mut Pad) -> (*const u8, usize) {
     let (rows, pairs) = ((a.rows - r0).min(ROWS), (a.k - p0).min(ROW_U16 / 2));
-    let at = r0 * a.rs + 2 * p0;
-    if rows == ROWS && pairs == ROW_U16 / 2 && at + (ROWS - 1) * a.rs + ROW_U16 <= a.data.len() {
-        return (a.data[at..].as_ptr().cast(), 2 * a.rs);
+    let whole = rows == ROWS && pairs == ROW_U16 / 2;
+    tile(
+        a.data,
+        r0 * a.rs + 2 * p0,
+        a.rs,
+        (rows, 2 * pairs),
+        whole,
+        pad,
+    )
+}
+
+/// B's tile of pairs `p0..p0 + 16` and columns `j0..j0 + 16`, in place when it has 16
+/// pairs (columns past `n` only feed C columns that are not kept), else copied with the
+/// pairs past the shared dimension and the columns past `n` zero.
+fn b_tile(b: &BOp<u16>, p0: usize, j0: usize, pad: &mut Pad) -> (*const u8, usize) {
+    let (pairs, cols) = ((b.k - p0).min(ROWS), (b.n - j0).min(ROW_U16 / 2));
+    tile(
+        b.data,
+        p0 * b.ld + 2 * j0,
+        b.ld,
+        (pairs, 2 * cols),
+        pairs == ROWS,
+        pad,
+    )
+}
+
+/// Where a tile's 16 rows of 64 bytes are read: the rows `stride` u16 apart from `at` of
+/// `data`, in place when `whole` and all 16 lie in `data`; else `rows` rows of `len` u16
+/// copied into `pad`, the rest of it zero.
+fn tile(
+    data: &[u16],
+    at: usize,
+    stride: usize,
+    (rows, len): (usize, usize),
+    whole: bool,
+    pad: &mut Pad,
+) -> (*const u8, usize) {
+    if whole && at + (ROWS - 1) * stride + ROW_U16 <= data.len() {
+        return (data[at..].as_ptr().cast(), 2 * stride);
     }
     pad.0.fill(0);
     for r in 0..rows {
-        let src = &a.data[at + r * a.rs..][..2 * pairs];
-        pad.0[r * ROW_U16..][..2 * pairs].copy_from_slice(src);
-    }
-    (pad.0.as_ptr().cast(), ROW_BYTES)
-}
-
-/// B's tile of pairs `p0..p0 + 16` and columns `j0..j0 + 16`: in place where the 16 rows of
-/// 64 bytes lie in its slice (columns past `n` only feed C columns that are not kept),
-/// else copied with the rows past the shared dimension and the columns past `n` zero.
-fn b_tile(b: &BOp<u16>, p0: usize, j0: usize, pad: &mut Pad) -> (*const u8, usize) {
-    let (pairs, cols) = ((b.k - p0).min(ROWS), (b.n - j0).min(ROW_U16 / 2));
-    let at = p0 * b.ld + 2 * j0;
-    if pairs == ROWS && at + (ROWS - 1) * b.ld + ROW_U16 <= b.data.len() {
-        return (b.data[at..].as_ptr().cast(), 2 * b.ld);
-    }
-    pad.0.fill(0);
-    for p in 0..pairs {
-        let src = &b.data[at + p * b.ld..][..2 * cols];
-        pad.0[p * ROW_U16..][..2 * cols].copy_from_slice(src);
+        pad.0[r * ROW_U16..][..len].copy_from_slice(&data[at + r * stride..][..len]);
     }
     (pad.0.as_ptr().cast(), ROW_BYTES)
 }

@@ -1193,6 +1193,7 @@ mod tests {
         // Rows in 4s and alone, ragged keys and d; each key's score has the same bits
         // scored alone (ring and tree attention group a sequence's keys differently).
         let shapes = [(6, 5), (4, 16), (5, 37), (1, 40), (9, 21), (3, 3)];
+        assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
         for d in [1, 7, 32, 33, 128, 130] {
             for (rows, keys) in shapes {
                 let qf: Vec<f32> = (0..rows * d)
@@ -1204,7 +1205,6 @@ mod tests {
                 let kf: Vec<f32> = kb.iter().map(|x| x.to_f32()).collect();
                 let mut scratch = vec![0.0f32; rows * d];
                 let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
-                assert!(to_bf16_bits(&[0.1f32], &mut [0.0]).is_none());
                 let dims = Dims { rows, keys, d };
                 let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
                 scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
