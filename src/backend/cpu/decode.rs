@@ -13,6 +13,7 @@
 
 use std::ops::Range;
 
+use super::decode_amx;
 use super::softmax::{exp_sub_sum, row_max, scale_row};
 use super::tiles::{self, pad_lanes, AOp, BOp, Out};
 use super::vecops::{self, Dims, Elems};
@@ -35,6 +36,19 @@ pub const KT_KEYS: usize = 256;
 
 /// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
 const PREFETCH_KEYS: usize = 16;
+
+/// Keys per chunk of the score loop on AMX tiles (two C tiles of 16 keys).
+const TILE_KEYS: usize = 32;
+
+/// Whether decode's bf16 scores for `rows` rows of width `d` run on AMX tiles: the process
+/// may use them, the shape fits the tiles, and the key copy's scratch (`bk` keys, unused
+/// by bf16 read in place) holds the packed Q^T.
+fn uses_tiles(rows: usize, d: usize, bk: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && decode_amx::fits(rows, d)
+        && bk * d >= decode_amx::qt_len(d)
+        && super::amx::usable()
+}
 
 /// Over a paged cache: how many pages ahead decode starts fetching a page, and how many
 /// cache lines of its keys and of its values it requests (enough to start the hardware
@@ -411,11 +425,29 @@ pub fn attend_with(
     // products, exact products and f32 sums like the path below.
     let q_bf16 = match keys.k {
         crate::problem::Tensor::Bf16(_)
-            if !gemm && keys.isa.bf16_dot() && keys.fp8.is_none() && vecops::has_bf16_dot() =>
+            if !gemm && keys.isa.bf16_pairs() && keys.fp8.is_none() && vecops::has_bf16_dot() =>
         {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,
+    };
+    // On the amx-bf16 path, those pairs on tiles (`decode_amx`), Q^T packed into the key
+    // copy's scratch, which bf16 keys read in place do not use.
+    let (tiles, ks) = match q_bf16 {
+        Some(qb) if keys.isa == Isa::AmxBf16 && uses_tiles(rows, d, bk) => {
+            let (qt, rest) = ks.split_at_mut(decode_amx::qt_len(d));
+            decode_amx::pack_qt(qb, rows, d, qt);
+            (Some(&*qt), rest)
+        }
+        _ => (None, ks),
+    };
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `uses_tiles` checked that this process may use AMX.
+    let _tiles = tiles.map(|_| unsafe { super::amx::Tiles::configure() });
+    let chunk = if tiles.is_some() {
+        TILE_KEYS
+    } else {
+        PREFETCH_KEYS
     };
     let mut k0 = span.start;
     while k0 < span.end {
@@ -441,11 +473,20 @@ pub fn attend_with(
                 keys.kick_page_ahead(k0 + j0 + len, k0 + kn, d);
                 let mut j = 0;
                 while j < len {
-                    let n = PREFETCH_KEYS.min(len - j);
+                    let n = chunk.min(len - j);
                     let (at, o) = (j0 + j, off + j * d);
                     keys.prefetch_v(o, n * d);
                     let dims = Dims { rows, keys: n, d };
                     match (q_bf16, keys.k) {
+                        #[cfg(target_arch = "x86_64")]
+                        (Some(_), Tensor::Bf16(kb)) if tiles.is_some() => {
+                            let (qt, kb) = (tiles.unwrap_or_default(), &kb[o..o + n * d]);
+                            // SAFETY: tiles configured above (`_tiles`), which needs AVX-512
+                            // F besides; `uses_tiles` checked `fits`.
+                            unsafe {
+                                decode_amx::scores(qt, kb, (rows, n, d), scale, &mut s[at..], kn)
+                            };
+                        }
                         (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
                             let kb = &kb[o..o + n * d];
                             vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn);
@@ -504,7 +545,7 @@ pub fn attend_paged_heads(
     let [ks, vs, qs, sc] = carve(scratch, [w, w, qw, total * bk]);
     let (span, _) = span(rows, range);
     let q_bf16 = match keys.k {
-        crate::problem::Tensor::Bf16(_) if keys.isa.bf16_dot() && vecops::has_bf16_dot() => {
+        crate::problem::Tensor::Bf16(_) if keys.isa.bf16_pairs() && vecops::has_bf16_dot() => {
             vecops::to_bf16_bits(q, qs)
         }
         _ => None,

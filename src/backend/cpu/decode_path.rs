@@ -17,7 +17,8 @@
 //! pairs (`vdpbf16ps`, the `avx512-bf16` path) or widened to f32 (`avx512`). The default
 //! kernel path is chosen by the tiles' peak rates, where bf16 pairs may lose; decode waits
 //! on loads instead, and on a Xeon whose pairs run at half the FMA rate they still won
-//! there (docs/internals/decode-path.md). Cases that force a kernel path keep it.
+//! there (docs/internals/decode-path.md). Where the CPU has AMX, the pairs on tiles
+//! (`decode_amx`) are timed beside them. Cases that force a kernel path keep it.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -61,31 +62,60 @@ pub fn gemm_rows(dtype: DType) -> usize {
     GEMM_ROWS[slot(dtype)].load(Ordering::Relaxed)
 }
 
-/// bf16 decode's dot products in this process: 0 as the kernel path says (no probe), 1 as
-/// pairs, 2 widened (`DecodePath::install`).
-static BF16_PAIRS: AtomicU8 = AtomicU8::new(0);
+/// bf16 decode's dot products in this process: 0 as the kernel path says (no probe), else
+/// `Bf16Loop`'s code (`DecodePath::install`).
+static BF16_LOOP: AtomicU8 = AtomicU8::new(0);
+
+/// How decode multiplies bf16 keys by the query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Loop {
+    /// As pairs by `vdpbf16ps` (the `avx512-bf16` path).
+    Pairs,
+    /// Widened to f32 for FMAs (the `avx512` path).
+    Widened,
+    /// As pairs on AMX tiles (`decode_amx`, the `amx-bf16` path).
+    Tiles,
+}
+
+impl Bf16Loop {
+    fn code(self) -> u8 {
+        match self {
+            Bf16Loop::Pairs => 1,
+            Bf16Loop::Widened => 2,
+            Bf16Loop::Tiles => 3,
+        }
+    }
+
+    fn of_code(c: u8) -> Option<Bf16Loop> {
+        [Bf16Loop::Pairs, Bf16Loop::Widened, Bf16Loop::Tiles]
+            .into_iter()
+            .find(|l| l.code() == c)
+    }
+
+    /// The kernel path that runs this loop.
+    fn path(self) -> Isa {
+        match self {
+            Bf16Loop::Pairs => Isa::Avx512Bf16,
+            Bf16Loop::Widened => Isa::Avx512,
+            Bf16Loop::Tiles => Isa::AmxBf16,
+        }
+    }
+}
 
 /// The kernel path decode's loops run for a case on `isa` (`forced`: the case names its
 /// path): the measured bf16 choice where the path is the default AVX-512 one.
 pub fn loops_path(isa: Isa, forced: bool) -> Isa {
-    let pairs = match BF16_PAIRS.load(Ordering::Relaxed) {
-        1 => Some(true),
-        2 => Some(false),
-        _ => None,
-    };
-    loops_path_with(isa, forced, pairs)
+    let choice = Bf16Loop::of_code(BF16_LOOP.load(Ordering::Relaxed));
+    loops_path_with(isa, forced, choice)
 }
 
-/// `loops_path` given the measured choice (`pairs`: bf16 as pairs; `None`: not measured).
-pub fn loops_path_with(isa: Isa, forced: bool, pairs: Option<bool>) -> Isa {
-    match pairs {
-        Some(p) if !forced && isa.avx512() => {
-            if p {
-                Isa::Avx512Bf16
-            } else {
-                Isa::Avx512
-            }
-        }
+/// `loops_path` given the measured choice (`None`: not measured). The tiles are taken only
+/// on the `amx-bf16` path itself (a narrower path has no tiles).
+pub fn loops_path_with(isa: Isa, forced: bool, choice: Option<Bf16Loop>) -> Isa {
+    match choice {
+        Some(Bf16Loop::Tiles) if !forced && isa == Isa::AmxBf16 => isa,
+        Some(Bf16Loop::Tiles) if !forced && isa.avx512() => Isa::Avx512Bf16,
+        Some(c) if !forced && isa.avx512() => c.path(),
         _ => isa,
     }
 }
@@ -93,15 +123,22 @@ pub fn loops_path_with(isa: Isa, forced: bool, pairs: Option<bool>) -> Isa {
 /// Rows of the bf16 probe: a GQA group of 4 query heads on one KV head, one new token.
 pub const BF16_PROBE_ROWS: usize = 4;
 
-/// The bf16 probe: best seconds of decode's dot-product loop on bf16 keys as pairs and
-/// widened, and the choice.
+/// The bf16 probe: best seconds of decode's dot-product loop on bf16 keys as pairs,
+/// widened and (where the CPU has AMX) on tiles, and the choice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Bf16Dots {
     pub rows: usize,
     pub pairs_s: f64,
     pub widened_s: f64,
-    /// bf16 keys multiplied as pairs (else widened to f32).
+    /// bf16 keys multiplied as pairs (else widened to f32), of those two.
     pub pairs: bool,
+    /// The same loop with the scores on AMX tiles (absent where the CPU has none, and in
+    /// runs before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiles_s: Option<f64>,
+    /// The tiles chosen over both.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tiles: bool,
 }
 
 /// Widening must take at most this fraction of the pairs' time to be chosen: near a tie
@@ -115,16 +152,34 @@ pub const WIDEN_MARGIN: f64 = 0.95;
 const BF16_PROBE_RUNS: usize = 15;
 
 impl Bf16Dots {
-    /// Pairs unless widening is clearly faster (`WIDEN_MARGIN`).
-    pub fn of(rows: usize, pairs_s: f64, widened_s: f64) -> Bf16Dots {
+    /// Pairs unless widening is clearly faster (`WIDEN_MARGIN`); the tiles where they are
+    /// clearly faster than the one of those chosen (`TILES_MARGIN`).
+    pub fn of(rows: usize, pairs_s: f64, widened_s: f64, tiles_s: Option<f64>) -> Bf16Dots {
+        let pairs = widened_s > WIDEN_MARGIN * pairs_s;
+        let vector_s = if pairs { pairs_s } else { widened_s };
         Bf16Dots {
             rows,
             pairs_s,
             widened_s,
-            pairs: widened_s > WIDEN_MARGIN * pairs_s,
+            pairs,
+            tiles_s,
+            tiles: tiles_s.is_some_and(|t| t <= TILES_MARGIN * vector_s),
+        }
+    }
+
+    /// The loop chosen.
+    pub fn choice(&self) -> Bf16Loop {
+        match (self.tiles, self.pairs) {
+            (true, _) => Bf16Loop::Tiles,
+            (false, true) => Bf16Loop::Pairs,
+            (false, false) => Bf16Loop::Widened,
         }
     }
 }
+
+/// The tiles must take at most this fraction of the vector loop's time to be chosen: near
+/// a tie the vector loop keeps bf16 decode (no tile state to switch per call).
+pub const TILES_MARGIN: f64 = 0.95;
 
 /// One probed row count: best seconds of each loop.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -152,8 +207,8 @@ pub struct DecodePath {
     /// Set by the user (`run.decode_gemm_rows`), not measured: no probe behind it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pinned: bool,
-    /// bf16 keys as pairs or widened in decode, where the CPU runs both (absent in runs
-    /// before it was measured, and where it does not).
+    /// bf16 keys as pairs, widened or as pairs on AMX tiles in decode, where the CPU runs
+    /// more than one (absent in runs before it was measured, and where it does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bf16_dots: Option<Bf16Dots>,
 }
@@ -184,12 +239,8 @@ impl DecodePath {
                 GEMM_ROWS[slot(t)].store(c.gemm_min_rows.max(GEMM_MIN_ROWS), Ordering::Relaxed);
             }
         }
-        let pairs = match &self.bf16_dots {
-            Some(b) if b.pairs => 1,
-            Some(_) => 2,
-            None => 0,
-        };
-        BF16_PAIRS.store(pairs, Ordering::Relaxed);
+        let code = self.bf16_dots.as_ref().map_or(0, |b| b.choice().code());
+        BF16_LOOP.store(code, Ordering::Relaxed);
     }
 
     /// One line for `attnbench list` and logs: `SGEMM from 64 query rows per KV head
@@ -214,15 +265,17 @@ impl DecodePath {
         };
         let bf16 = match &self.bf16_dots {
             Some(b) => format!(
-                "; bf16 keys {} ({} rows: pairs {:.0} us, widened {:.0} us)",
-                if b.pairs {
-                    "as pairs (vdpbf16ps)"
-                } else {
-                    "widened to f32"
+                "; bf16 keys {} ({} rows: pairs {:.0} us, widened {:.0} us{})",
+                match b.choice() {
+                    Bf16Loop::Tiles => "as pairs on AMX tiles",
+                    Bf16Loop::Pairs => "as pairs (vdpbf16ps)",
+                    Bf16Loop::Widened => "widened to f32",
                 },
                 b.rows,
                 b.pairs_s * 1e6,
-                b.widened_s * 1e6
+                b.widened_s * 1e6,
+                b.tiles_s
+                    .map_or(String::new(), |t| format!(", tiles {:.0} us", t * 1e6))
             ),
             None => String::new(),
         };
@@ -275,7 +328,7 @@ pub fn measure() -> DecodePath {
     let bf16_dots = Isa::Avx512Bf16
         .available()
         .then(|| probe_bf16_dots(PROBE_HEAD_DIM, PROBE_KEYS));
-    let isa = loops_path_with(Isa::detect(), false, bf16_dots.as_ref().map(|b| b.pairs));
+    let isa = loops_path_with(Isa::detect(), false, bf16_dots.as_ref().map(|b| b.choice()));
     let dtypes = DType::ALL
         .iter()
         .map(|&t| {
@@ -359,20 +412,20 @@ fn time_interleaved<const N: usize>(
 }
 
 /// Decode's dot products over `n` bf16 keys of width `d`, `BF16_PROBE_ROWS` rows, on the
-/// `avx512-bf16` path (pairs) and the `avx512` one (widened).
+/// `avx512-bf16` path (pairs), the `avx512` one (widened) and, where it runs, the
+/// `amx-bf16` one (tiles), interleaved.
 fn probe_bf16_dots(d: usize, n: usize) -> Bf16Dots {
     let (k, v) = probe_kv(DType::Bf16, d, n);
-    let keys = |isa| Keys::contiguous(&k, &v, n, isa);
-    let [pairs_s, widened_s] = time_interleaved(
-        BF16_PROBE_ROWS,
-        d,
-        BF16_PROBE_RUNS,
-        [
-            (keys(Isa::Avx512Bf16), usize::MAX),
-            (keys(Isa::Avx512), usize::MAX),
-        ],
-    );
-    Bf16Dots::of(BF16_PROBE_ROWS, pairs_s, widened_s)
+    let keys = |isa| (Keys::contiguous(&k, &v, n, isa), usize::MAX);
+    let (rows, runs) = (BF16_PROBE_ROWS, BF16_PROBE_RUNS);
+    let (pairs, widened) = (keys(Isa::Avx512Bf16), keys(Isa::Avx512));
+    if Isa::AmxBf16.available() {
+        let [p, w, t] = time_interleaved(rows, d, runs, [pairs, widened, keys(Isa::AmxBf16)]);
+        Bf16Dots::of(rows, p, w, Some(t))
+    } else {
+        let [p, w] = time_interleaved(rows, d, runs, [pairs, widened]);
+        Bf16Dots::of(rows, p, w, None)
+    }
 }
 
 /// Best seconds of `attend_with` forced to each loop, for each of `PROBE_ROWS`, over `n`
@@ -441,24 +494,45 @@ mod tests {
     #[test]
     fn decode_takes_the_measured_bf16_loop_unless_the_case_forces_a_path() {
         // Measured pairs faster (this Xeon) or slower: the default AVX-512 path follows.
-        for isa in [Isa::Avx512, Isa::Avx512Bf16] {
-            assert_eq!(loops_path_with(isa, false, Some(true)), Isa::Avx512Bf16);
-            assert_eq!(loops_path_with(isa, false, Some(false)), Isa::Avx512);
+        use Bf16Loop::{Pairs, Tiles, Widened};
+        for isa in [Isa::AmxBf16, Isa::Avx512, Isa::Avx512Bf16] {
+            assert_eq!(loops_path_with(isa, false, Some(Pairs)), Isa::Avx512Bf16);
+            assert_eq!(loops_path_with(isa, false, Some(Widened)), Isa::Avx512);
             // A forced path, or nothing measured: the path as given.
-            assert_eq!(loops_path_with(isa, true, Some(true)), isa);
-            assert_eq!(loops_path_with(isa, true, Some(false)), isa);
+            for c in [Pairs, Widened, Tiles] {
+                assert_eq!(loops_path_with(isa, true, Some(c)), isa);
+            }
             assert_eq!(loops_path_with(isa, false, None), isa);
+        }
+        // The tiles run on the amx-bf16 path; on an AVX-512 path below it, the pairs.
+        assert_eq!(
+            loops_path_with(Isa::AmxBf16, false, Some(Tiles)),
+            Isa::AmxBf16
+        );
+        for isa in [Isa::Avx512, Isa::Avx512Bf16] {
+            assert_eq!(loops_path_with(isa, false, Some(Tiles)), Isa::Avx512Bf16);
         }
         // Narrower paths have no pairs to choose.
         for isa in [Isa::Avx2, Isa::Portable] {
-            assert_eq!(loops_path_with(isa, false, Some(true)), isa);
+            for c in [Pairs, Widened, Tiles] {
+                assert_eq!(loops_path_with(isa, false, Some(c)), isa);
+            }
         }
         // Pairs unless widening is clearly faster: a near tie keeps the pairs.
-        assert!(Bf16Dots::of(4, 1.0, 1.2).pairs);
-        assert!(Bf16Dots::of(4, 1.0, 0.96).pairs);
-        assert!(!Bf16Dots::of(4, 1.0, 0.95).pairs);
-        assert!(!Bf16Dots::of(4, 1.0, 0.94).pairs);
-        assert!(!Bf16Dots::of(4, 1.2, 1.0).pairs);
+        let of = |p, w| Bf16Dots::of(4, p, w, None).choice();
+        assert_eq!(of(1.0, 1.2), Pairs);
+        assert_eq!(of(1.0, 0.96), Pairs);
+        assert_eq!(of(1.0, 0.95), Widened);
+        assert_eq!(of(1.0, 0.94), Widened);
+        assert_eq!(of(1.2, 1.0), Widened);
+        // The tiles where clearly faster than the vector loop chosen (this Xeon), not
+        // against the one left out, and a near tie keeps the vector loop.
+        let of = |p, w, t| Bf16Dots::of(4, p, w, Some(t)).choice();
+        assert_eq!(of(1.0, 1.2, 0.5), Tiles);
+        assert_eq!(of(1.0, 1.2, 0.95), Tiles);
+        assert_eq!(of(1.0, 1.2, 0.96), Pairs);
+        assert_eq!(of(1.0, 0.8, 0.9), Widened);
+        assert_eq!(of(1.0, 0.8, 0.76), Tiles);
     }
 
     #[test]
@@ -470,6 +544,9 @@ mod tests {
         assert!(b.pairs_s > 0.0 && b.pairs_s.is_finite(), "{b:?}");
         assert!(b.widened_s > 0.0 && b.widened_s.is_finite(), "{b:?}");
         assert_eq!(b.pairs, b.widened_s > WIDEN_MARGIN * b.pairs_s);
+        // The tiles timed exactly where the CPU has them.
+        assert_eq!(b.tiles_s.is_some(), Isa::AmxBf16.available());
+        assert!(b.tiles_s.is_none_or(|t| t > 0.0 && t.is_finite()), "{b:?}");
         let mut p = DecodePath::pinned(32);
         p.bf16_dots = Some(b.clone());
         let json = serde_json::to_string(&p).unwrap();

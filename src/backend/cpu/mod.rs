@@ -2,7 +2,7 @@
 //! (`isa`, `simd`, `tiles`), per-worker workspaces and work scheduling, and the attention
 //! algorithms built from them (naive, Rabe–Staats chunked and sequential, flash, and the
 //! decode kernels with their split-KV combine, on `vecops`), with bf16 products on AMX tiles
-//! where the CPU offers them (`amx`, `amx_gemm`, `flash_amx`, `mla_amx`); MLA's projections
+//! where the CPU offers them (`amx`, `amx_gemm`, `flash_amx`, `mla_amx`, `decode_amx`); MLA's projections
 //! use the `matrixmultiply` SGEMM wrapper (`gemm`).
 
 pub mod amx;
@@ -14,6 +14,7 @@ pub mod chunked;
 pub mod chunked_bwd;
 pub mod combine;
 pub mod decode;
+pub mod decode_amx;
 #[cfg(target_arch = "x86_64")]
 mod decode_avx512;
 pub mod decode_path;
