@@ -11,7 +11,7 @@ use crate::backend::cpu::decode::KV_BLOCK;
 use crate::error::{Error, Result};
 use crate::model::formulas::{self, Dims};
 use crate::problem::{
-    Case, DType, Device, InputDist, Inputs, Mode, Shape, UpstreamGrad, VariantId,
+    Case, DType, Device, InputDist, Inputs, Mode, Precision, Shape, UpstreamGrad, VariantId,
 };
 use crate::results::tree_vs_ring::{BalanceRow, CountRow};
 use crate::run::{forward, output};
@@ -149,7 +149,8 @@ fn flash_decoding_case(shape: Shape, dtype: DType, threads: usize) -> Case {
 }
 
 /// A one-device case of variant `v` in `mode` on `shape`, with the variant's default
-/// chunks and splits (the references of the simulated devices).
+/// chunks and splits (the references of the simulated devices), P kept in f32 as the
+/// simulated devices keep it (`sim::local`), so that only their split and merge differ.
 pub(crate) fn one_device_case(
     v: VariantId,
     mode: Mode,
@@ -185,7 +186,7 @@ pub(crate) fn one_device_case(
         kv_dtype: None,
         mla: None,
         sinks: None,
-        precision: None,
+        precision: Some(Precision::Highest),
     }
 }
 

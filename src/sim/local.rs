@@ -50,8 +50,9 @@ impl<'a> KvRef<'a> {
             len: self.len,
             pages: None,
             // Simulated devices run this CPU's default path (`variant::impossible`), with
-            // decode's measured bf16 loop as one device's decode does.
-            isa: decode_path::loops_path(Isa::detect(), false),
+            // decode's measured bf16 loop as one device's decode does, P kept in f32 (their
+            // partial results are merged exactly; the tile loop's rounded P is left out).
+            isa: decode_path::loops_path(Isa::detect(), false, true),
             fp8: None,
         }
     }

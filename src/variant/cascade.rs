@@ -208,7 +208,7 @@ impl Variant for Cascade {
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
         let (tiles, plan) = (prefix_on_tiles(case, isa), Plan::of(case));
         let floats = plan.worker_floats(case, isa);
-        let isa = decode_path::loops_path(isa, case.kernel_path.is_some());
+        let isa = decode_path::loops_path(isa, case.kernel_path.is_some(), case.highest());
         let name = self.info.name;
         let (d, rows) = (plan.d, plan.partial_rows());
         let mut part_o = try_zeroed(rows * d, name)?;

@@ -399,7 +399,7 @@ impl Variant for Decode {
     }
 
     fn forward_cpu(&self, case: &Case, isa: Isa, inputs: &Inputs, out: &mut [f32]) -> Result<()> {
-        let isa = decode_path::loops_path(isa, case.kernel_path.is_some());
+        let isa = decode_path::loops_path(isa, case.kernel_path.is_some(), case.highest());
         let fp8 = fp8_of(case, inputs)?;
         // The schedule once per call: the workers' layout and the items both read it.
         let sched = self.schedule(case);

@@ -1,11 +1,18 @@
-//! Decode's scores on AMX tiles (`amx`; Intel SDM Vol. 1 ch. 18): for the few query rows
-//! of a GQA group against a run of bf16 keys, S^T = K Q^T with the keys read in place as
-//! A tiles (16 keys x 32 dims) and Q^T packed once per call into B tiles of bf16 pairs (16
+//! Decode's scores and value sums on AMX tiles (`amx`; Intel SDM Vol. 1 ch. 18): for the
+//! few query rows of a GQA group against a run of bf16 keys, S^T = K Q^T with the keys read
+//! in place as A tiles (16 keys x 32 dims) and Q^T packed once per call into B tiles of bf16 pairs (16
 //! columns, the rows past the group zero), 32 keys at a time in two C tiles; each C tile is
 //! stored and its first `rows` columns gathered, scaled, into the rows' scores. Products
 //! exact and sums in f32 (`tdpbf16ps`), as the `vdpbf16ps` pairs of `vecops` (only the
 //! order of the sums differs). Time O(keys * 16 * d) tile FLOPs whatever the rows (one
 //! `tdpbf16ps` per 16 keys and 32 dims); scratch `qt_len(d)` floats.
+//!
+//! And the values' sums O += P V on tiles where P may be rounded to bf16 (`precision =
+//! fast`, as the prefill's pair paths and FlashAttention do): P's rows as one A tile (16
+//! rows x 32 keys), the values of a chunk of 32 keys interleaved by pairs of keys into B
+//! tiles (`vpunpck{l,h}wd`, which leaves the columns in a fixed order that the store
+//! undoes), the sums of 64 dims at a time in four C tiles across all the keys, then added
+//! to the rows' output. Time O(keys * 16 * d) tile FLOPs; scratch `pv_len()` floats.
 
 use half::bf16;
 
@@ -14,10 +21,16 @@ pub fn qt_len(d: usize) -> usize {
     d / 2 * 16
 }
 
-/// Whether `scores` takes this shape: a whole number of tiles along `d`, and at most 16
-/// rows (one B tile's columns).
+/// Whether `scores` and `accumulate` take this shape: a whole number of tiles along `d`,
+/// and at most 16 rows (a B tile's columns, an A tile's rows).
 pub fn fits(rows: usize, d: usize) -> bool {
     rows <= 16 && d > 0 && d.is_multiple_of(32)
+}
+
+/// Floats of `accumulate`'s scratch: P's A tile (16 rows of 32 bf16) and four B tiles
+/// (16 pairs of keys x 16 dims each), and up to 15 floats to align them to 64 bytes.
+pub fn pv_len() -> usize {
+    (1 + 4) * 16 * 16 + 15
 }
 
 /// Q^T as bf16 pairs into `qt` (`qt_len(d)` floats, read as u32 pairs): row p holds the
@@ -127,6 +140,137 @@ pub unsafe fn scores(
     }
 }
 
+/// `acc[r * d..][..d] += sum_j bf16(p[r * stride + j]) v_j` for rows r < `rows` and the
+/// `keys` values of `v` (rows `d` long): P rounded to bf16 (round to nearest even), the
+/// products exact and the sums in f32 (`tdpbf16ps`).
+///
+/// # Safety
+/// AMX tiles configured on this thread, AVX-512 F, BW and BF16 available; `fits(rows, d)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn accumulate(
+    p: &[f32],
+    stride: usize,
+    (rows, keys, d): (usize, usize, usize),
+    v: &[bf16],
+    acc: &mut [f32],
+    scratch: &mut [f32],
+) {
+    use super::amx::{dot, load, store, zero, ROWS, ROW_BYTES};
+    use std::arch::x86_64::*;
+
+    assert!(
+        fits(rows, d)
+            && v.len() >= keys * d
+            && acc.len() >= rows * d
+            && scratch.len() >= pv_len()
+            && (rows == 0 || keys == 0 || p.len() >= (rows - 1) * stride + keys),
+        "decode_amx: accumulate shapes"
+    );
+    if rows == 0 || keys == 0 {
+        return;
+    }
+    #[repr(C, align(64))]
+    struct Stage([f32; ROWS * ROWS]);
+    let mut c = Stage([0.0; ROWS * ROWS]);
+    // P's A tile (rows past `rows` stay zero) and the four B tiles, 64-byte aligned.
+    let skip = scratch.as_ptr().align_offset(64);
+    assert!(skip < 16, "decode_amx: accumulate scratch alignment");
+    let pa = scratch[skip..].as_mut_ptr() as *mut u8;
+    let vb = pa.add(ROWS * ROW_BYTES);
+    std::ptr::write_bytes(pa, 0, ROWS * ROW_BYTES);
+    let vp = v.as_ptr() as *const u16;
+    // Undoes the unpack's column order: tile 2h + 0 holds dims 8q + i (q < 4, i < 4) of its
+    // 32 at column 4q + i, tile 2h + 1 dims 8q + 4 + i; out0 takes their 4-column groups
+    // 0, 0, 1, 1 alternately, out1 groups 2, 2, 3, 3.
+    let lo_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    let hi_idx = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    let mut g = 0;
+    while g < d {
+        // Dims g..g + 64 (or the last 32): two or four tiles of 16 columns.
+        let tiles = ((d - g).min(64)) / 16;
+        zero::<0>();
+        zero::<1>();
+        zero::<2>();
+        zero::<3>();
+        let mut j = 0;
+        while j < keys {
+            let n = (keys - j).min(2 * ROWS);
+            let mask = |m: usize| -> __mmask16 {
+                if m >= 16 {
+                    0xffff
+                } else {
+                    ((1u32 << m) - 1) as __mmask16
+                }
+            };
+            for r in 0..rows {
+                let pr = p.as_ptr().add(r * stride + j);
+                let lo = _mm512_maskz_loadu_ps(mask(n), pr);
+                let hi = _mm512_maskz_loadu_ps(mask(n.saturating_sub(16)), pr.add(16));
+                let ab: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_store_si512(pa.add(r * ROW_BYTES) as *mut _, ab);
+            }
+            // Pair t of keys (j + 2t, j + 2t + 1): per 32 dims, unpacked into two B rows.
+            for t in 0..ROWS {
+                let (k0, k1) = (2 * t, 2 * t + 1);
+                for h in 0..tiles / 2 {
+                    let at = g + 32 * h;
+                    let row = |k: usize| {
+                        if k < n {
+                            _mm512_loadu_si512(vp.add((j + k) * d + at) as *const _)
+                        } else {
+                            _mm512_setzero_si512()
+                        }
+                    };
+                    let (a, b) = (row(k0), row(k1));
+                    let t0 = vb.add((2 * h) * ROWS * ROW_BYTES + t * ROW_BYTES);
+                    let t1 = vb.add((2 * h + 1) * ROWS * ROW_BYTES + t * ROW_BYTES);
+                    _mm512_store_si512(t0 as *mut _, _mm512_unpacklo_epi16(a, b));
+                    _mm512_store_si512(t1 as *mut _, _mm512_unpackhi_epi16(a, b));
+                }
+            }
+            load::<4>(pa, ROW_BYTES);
+            let tile = |i: usize| vb.add(i * ROWS * ROW_BYTES);
+            load::<5>(tile(0), ROW_BYTES);
+            dot::<0, 4, 5>();
+            load::<5>(tile(1), ROW_BYTES);
+            dot::<1, 4, 5>();
+            if tiles == 4 {
+                load::<5>(tile(2), ROW_BYTES);
+                dot::<2, 4, 5>();
+                load::<5>(tile(3), ROW_BYTES);
+                dot::<3, 4, 5>();
+            }
+            j += n;
+        }
+        // The C tiles' rows, columns back in order, added to the output.
+        for h in 0..tiles / 2 {
+            let mut lo = [0f32; ROWS * ROWS];
+            let cp = c.0.as_mut_ptr() as *mut u8;
+            match h {
+                0 => store::<0>(cp, ROW_BYTES),
+                _ => store::<2>(cp, ROW_BYTES),
+            }
+            lo.copy_from_slice(&c.0);
+            match h {
+                0 => store::<1>(cp, ROW_BYTES),
+                _ => store::<3>(cp, ROW_BYTES),
+            }
+            for r in 0..rows {
+                let a = _mm512_loadu_ps(lo.as_ptr().add(r * ROWS));
+                let b = _mm512_load_ps(c.0.as_ptr().add(r * ROWS));
+                let out = acc.as_mut_ptr().add(r * d + g + 32 * h);
+                let o0 = _mm512_permutex2var_ps(a, lo_idx, b);
+                let o1 = _mm512_permutex2var_ps(a, hi_idx, b);
+                _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), o0));
+                _mm512_storeu_ps(out.add(16), _mm512_add_ps(_mm512_loadu_ps(out.add(16)), o1));
+            }
+        }
+        g += 64;
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -137,6 +281,84 @@ mod tests {
     fn value(i: usize, salt: usize) -> u16 {
         let x = ((i * 7 + salt * 13) % 17) as f32 - 8.0;
         (x.to_bits() >> 16) as u16
+    }
+
+    #[test]
+    fn tile_value_sums_equal_the_exact_sums_of_bf16_p_on_ragged_keys() {
+        if !amx::usable() {
+            println!("skipped: this CPU or OS gives no AMX tiles");
+            return;
+        }
+        for &(rows, d) in &[(1, 32), (4, 128), (5, 96), (16, 64)] {
+            for &keys in &[1, 2, 15, 31, 32, 33, 64, 70] {
+                // P of small multiples of 1/4 (exact in bf16), values small integers: every
+                // product and sum exact, so the tiles must give the plain sums' bits.
+                let stride = keys + 5;
+                let p: Vec<f32> = (0..rows * stride)
+                    .map(|i| ((i * 5) % 9) as f32 * 0.25)
+                    .collect();
+                let v: Vec<bf16> = (0..keys * d)
+                    .map(|i| bf16::from_bits(value(i, 3)))
+                    .collect();
+                let acc0: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32).collect();
+                let mut acc = acc0.clone();
+                // Scratch at every alignment a caller may hand over.
+                for shift in [0, 3] {
+                    acc.copy_from_slice(&acc0);
+                    let mut scratch = vec![f32::NAN; pv_len() + shift];
+                    // SAFETY: AMX usable (checked), and with it AVX-512 F, BW and BF16.
+                    unsafe {
+                        let _t = amx::Tiles::configure();
+                        accumulate(
+                            &p,
+                            stride,
+                            (rows, keys, d),
+                            &v,
+                            &mut acc,
+                            &mut scratch[shift..],
+                        );
+                    }
+                    for r in 0..rows {
+                        for x in 0..d {
+                            let sum: f32 = (0..keys)
+                                .map(|j| p[r * stride + j] * v[j * d + x].to_f32())
+                                .sum();
+                            let want = acc0[r * d + x] + sum;
+                            assert_eq!(
+                                acc[r * d + x],
+                                want,
+                                "rows {rows} d {d} keys {keys} ({r}, {x})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// P rounded to bf16 as `cvtne2ps` rounds: to nearest even.
+    #[test]
+    fn tile_value_sums_round_p_to_bf16() {
+        if !amx::usable() {
+            println!("skipped: this CPU or OS gives no AMX tiles");
+            return;
+        }
+        let d = 32;
+        // A tie (to the even 1.0) and a value nearer the bf16 above: truncation or no rounding
+        // would give other sums.
+        let p = [1.0 + 2.0 / 512.0, 1.0 + 3.0 / 512.0];
+        let v = vec![bf16::ONE; 2 * d];
+        let mut acc = vec![0.0; d];
+        let mut scratch = vec![0.0; pv_len()];
+        // SAFETY: as above.
+        unsafe {
+            let _t = amx::Tiles::configure();
+            accumulate(&p, 2, (1, 2, d), &v, &mut acc, &mut scratch);
+        }
+        let want = bf16::from_f32(p[0]).to_f32() + bf16::from_f32(p[1]).to_f32();
+        assert_eq!(acc[0], want);
+        assert_eq!(want, 2.0 + 4.0 / 512.0);
+        assert_ne!(acc[0], p[0] + p[1]);
     }
 
     #[test]

@@ -73,7 +73,8 @@ pub enum Bf16Loop {
     Pairs,
     /// Widened to f32 for FMAs (the `avx512` path).
     Widened,
-    /// As pairs on AMX tiles (`decode_amx`, the `amx-bf16` path).
+    /// As pairs on AMX tiles, and P rounded to bf16 for the value sums on tiles too
+    /// (`decode_amx`, the `amx-bf16` path).
     Tiles,
 }
 
@@ -103,10 +104,15 @@ impl Bf16Loop {
 }
 
 /// The kernel path decode's loops run for a case on `isa` (`forced`: the case names its
-/// path): the measured bf16 choice where the path is the default AVX-512 one.
-pub fn loops_path(isa: Isa, forced: bool) -> Isa {
+/// path; `highest`: `precision = highest`): the measured bf16 choice where the path is the
+/// default AVX-512 one. The tile loop rounds P to bf16 for the value sums, so a case that
+/// keeps P in f32 runs the pairs instead, forced or not.
+pub fn loops_path(isa: Isa, forced: bool, highest: bool) -> Isa {
     let choice = Bf16Loop::of_code(BF16_LOOP.load(Ordering::Relaxed));
-    loops_path_with(isa, forced, choice)
+    match loops_path_with(isa, forced, choice) {
+        Isa::AmxBf16 if highest => Isa::Avx512Bf16,
+        path => path,
+    }
 }
 
 /// `loops_path` given the measured choice (`None`: not measured). The tiles are taken only
@@ -511,6 +517,13 @@ mod tests {
         );
         for isa in [Isa::Avx512, Isa::Avx512Bf16] {
             assert_eq!(loops_path_with(isa, false, Some(Tiles)), Isa::Avx512Bf16);
+        }
+        // The tile loop rounds P: a case that keeps P in f32 runs the pairs, even forced;
+        // the other paths keep P in f32 already.
+        assert_eq!(loops_path(Isa::AmxBf16, true, true), Isa::Avx512Bf16);
+        assert_eq!(loops_path(Isa::AmxBf16, true, false), Isa::AmxBf16);
+        for isa in [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            assert_eq!(loops_path(isa, true, true), isa);
         }
         // Narrower paths have no pairs to choose.
         for isa in [Isa::Avx2, Isa::Portable] {
