@@ -492,17 +492,17 @@ pub fn attend_with(
                     let (at, o) = (j0 + j, off + j * d);
                     keys.prefetch_v(o, n * d);
                     let dims = Dims { rows, keys: n, d };
-                    match (q_bf16, keys.k) {
+                    match (tiles, q_bf16, keys.k) {
                         #[cfg(target_arch = "x86_64")]
-                        (Some(_), Tensor::Bf16(kb)) if tiles.is_some() => {
-                            let (qt, kb) = (tiles.unwrap_or_default(), &kb[o..o + n * d]);
+                        (Some(qt), _, Tensor::Bf16(kb)) => {
+                            let kb = &kb[o..o + n * d];
                             // SAFETY: tiles configured above (`_tiles`), which needs AVX-512
                             // F besides; `uses_tiles` checked `fits`.
                             unsafe {
                                 decode_amx::scores(qt, kb, (rows, n, d), scale, &mut s[at..], kn)
                             };
                         }
-                        (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
+                        (_, Some(qb), Tensor::Bf16(kb)) => {
                             let kb = &kb[o..o + n * d];
                             vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn);
                         }

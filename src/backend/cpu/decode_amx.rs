@@ -171,9 +171,10 @@ pub unsafe fn accumulate(
     if rows == 0 || keys == 0 {
         return;
     }
+    // Two C tiles' staging: the unpack's low and high tiles of 32 dims.
     #[repr(C, align(64))]
-    struct Stage([f32; ROWS * ROWS]);
-    let mut c = Stage([0.0; ROWS * ROWS]);
+    struct Stage([f32; 2 * ROWS * ROWS]);
+    let mut c = Stage([0.0; 2 * ROWS * ROWS]);
     // P's A tile (rows past `rows` stay zero) and the four B tiles, 64-byte aligned.
     let skip = scratch.as_ptr().align_offset(64);
     assert!(skip < 16, "decode_amx: accumulate scratch alignment");
@@ -246,20 +247,17 @@ pub unsafe fn accumulate(
         }
         // The C tiles' rows, columns back in order, added to the output.
         for h in 0..tiles / 2 {
-            let mut lo = [0f32; ROWS * ROWS];
-            let cp = c.0.as_mut_ptr() as *mut u8;
-            match h {
-                0 => store::<0>(cp, ROW_BYTES),
-                _ => store::<2>(cp, ROW_BYTES),
-            }
-            lo.copy_from_slice(&c.0);
-            match h {
-                0 => store::<1>(cp, ROW_BYTES),
-                _ => store::<3>(cp, ROW_BYTES),
+            let (lo, hi) = (c.0.as_mut_ptr(), c.0.as_mut_ptr().add(ROWS * ROWS));
+            if h == 0 {
+                store::<0>(lo as *mut u8, ROW_BYTES);
+                store::<1>(hi as *mut u8, ROW_BYTES);
+            } else {
+                store::<2>(lo as *mut u8, ROW_BYTES);
+                store::<3>(hi as *mut u8, ROW_BYTES);
             }
             for r in 0..rows {
-                let a = _mm512_loadu_ps(lo.as_ptr().add(r * ROWS));
-                let b = _mm512_load_ps(c.0.as_ptr().add(r * ROWS));
+                let a = _mm512_load_ps(lo.add(r * ROWS));
+                let b = _mm512_load_ps(hi.add(r * ROWS));
                 let out = acc.as_mut_ptr().add(r * d + g + 32 * h);
                 let o0 = _mm512_permutex2var_ps(a, lo_idx, b);
                 let o1 = _mm512_permutex2var_ps(a, hi_idx, b);
@@ -276,6 +274,17 @@ mod tests {
     use super::*;
     use crate::backend::cpu::amx;
 
+    /// The tiles configured on this thread, or `None` (and a note) where the CPU or OS
+    /// gives none.
+    fn tiles() -> Option<amx::Tiles> {
+        if !amx::usable() {
+            println!("skipped: this CPU or OS gives no AMX tiles");
+            return None;
+        }
+        // SAFETY: AMX usable (checked).
+        Some(unsafe { amx::Tiles::configure() })
+    }
+
     /// bf16 bits of small integers over 8 (exact in bf16, their products and sums exact in
     /// f32): the tiles' scores must equal the plain dot products bit for bit.
     fn value(i: usize, salt: usize) -> u16 {
@@ -285,10 +294,7 @@ mod tests {
 
     #[test]
     fn tile_value_sums_equal_the_exact_sums_of_bf16_p_on_ragged_keys() {
-        if !amx::usable() {
-            println!("skipped: this CPU or OS gives no AMX tiles");
-            return;
-        }
+        let Some(_tiles) = tiles() else { return };
         for &(rows, d) in &[(1, 32), (4, 128), (5, 96), (16, 64)] {
             for &keys in &[1, 2, 15, 31, 32, 33, 64, 70] {
                 // P of small multiples of 1/4 (exact in bf16), values small integers: every
@@ -306,9 +312,9 @@ mod tests {
                 for shift in [0, 3] {
                     acc.copy_from_slice(&acc0);
                     let mut scratch = vec![f32::NAN; pv_len() + shift];
-                    // SAFETY: AMX usable (checked), and with it AVX-512 F, BW and BF16.
+                    // SAFETY: tiles configured (`_tiles`), and with AMX AVX-512 F, BW and
+                    // BF16.
                     unsafe {
-                        let _t = amx::Tiles::configure();
                         accumulate(
                             &p,
                             stride,
@@ -339,10 +345,7 @@ mod tests {
     /// P rounded to bf16 as `cvtne2ps` rounds: to nearest even.
     #[test]
     fn tile_value_sums_round_p_to_bf16() {
-        if !amx::usable() {
-            println!("skipped: this CPU or OS gives no AMX tiles");
-            return;
-        }
+        let Some(_tiles) = tiles() else { return };
         let d = 32;
         // A tie (to the even 1.0) and a value nearer the bf16 above: truncation or no rounding
         // would give other sums.
@@ -351,10 +354,7 @@ mod tests {
         let mut acc = vec![0.0; d];
         let mut scratch = vec![0.0; pv_len()];
         // SAFETY: as above.
-        unsafe {
-            let _t = amx::Tiles::configure();
-            accumulate(&p, 2, (1, 2, d), &v, &mut acc, &mut scratch);
-        }
+        unsafe { accumulate(&p, 2, (1, 2, d), &v, &mut acc, &mut scratch) };
         let want = bf16::from_f32(p[0]).to_f32() + bf16::from_f32(p[1]).to_f32();
         assert_eq!(acc[0], want);
         assert_eq!(want, 2.0 + 4.0 / 512.0);
@@ -363,10 +363,7 @@ mod tests {
 
     #[test]
     fn tile_scores_equal_the_exact_dot_products_on_ragged_keys() {
-        if !amx::usable() {
-            println!("skipped: this CPU or OS gives no AMX tiles");
-            return;
-        }
+        let Some(_tiles) = tiles() else { return };
         for &(rows, d) in &[(1, 32), (4, 128), (7, 64), (16, 96)] {
             for &keys in &[1, 15, 16, 17, 31, 32, 33, 70] {
                 let q: Vec<u16> = (0..rows * d).map(|i| value(i, 1)).collect();
@@ -377,11 +374,8 @@ mod tests {
                 pack_qt(&q, rows, d, &mut qt);
                 let stride = keys + 3;
                 let mut s = vec![f32::NAN; rows * stride];
-                // SAFETY: AMX usable (checked), and with it AVX-512 F; fits(rows, d).
-                unsafe {
-                    let _t = amx::Tiles::configure();
-                    scores(&qt, &k, (rows, keys, d), 0.5, &mut s, stride);
-                }
+                // SAFETY: tiles configured (`_tiles`), and with AMX AVX-512 F; fits(rows, d).
+                unsafe { scores(&qt, &k, (rows, keys, d), 0.5, &mut s, stride) };
                 let f = |b: u16| f32::from_bits((b as u32) << 16);
                 for r in 0..rows {
                     for j in 0..keys {

@@ -118,10 +118,9 @@ pub fn loops_path(isa: Isa, forced: bool, highest: bool) -> Isa {
 /// `loops_path` given the measured choice (`None`: not measured). The tiles are taken only
 /// on the `amx-bf16` path itself (a narrower path has no tiles).
 pub fn loops_path_with(isa: Isa, forced: bool, choice: Option<Bf16Loop>) -> Isa {
-    match choice {
-        Some(Bf16Loop::Tiles) if !forced && isa == Isa::AmxBf16 => isa,
-        Some(Bf16Loop::Tiles) if !forced && isa.avx512() => Isa::Avx512Bf16,
-        Some(c) if !forced && isa.avx512() => c.path(),
+    match choice.map(Bf16Loop::path) {
+        Some(Isa::AmxBf16) if !forced && isa.avx512() && isa != Isa::AmxBf16 => Isa::Avx512Bf16,
+        Some(path) if !forced && isa.avx512() => path,
         _ => isa,
     }
 }
