@@ -199,7 +199,25 @@ pub unsafe fn product_32x32(
 pub unsafe fn product_32x32_parts(
     parts: &[((*const u8, usize), *const u8, usize)],
     b_stride: usize,
+    c: (*mut u8, usize),
+) {
+    // SAFETY: the caller's contract.
+    unsafe { product_32x32_between(parts, b_stride, c, &mut || {}) }
+}
+
+/// [`product_32x32_parts`] calling `between` after each step's four products (a kernel's
+/// prefetches, spread over its tile work: `spread::Spread`).
+///
+/// # Safety
+/// As [`product_32x32`], for every part.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+pub unsafe fn product_32x32_between(
+    parts: &[((*const u8, usize), *const u8, usize)],
+    b_stride: usize,
     (c, c_stride): (*mut u8, usize),
+    between: &mut impl FnMut(),
 ) {
     // SAFETY: the caller's contract.
     unsafe {
@@ -218,6 +236,7 @@ pub unsafe fn product_32x32_parts(
                 dot::<1, 4, 7>();
                 dot::<2, 5, 6>();
                 dot::<3, 5, 7>();
+                between();
             }
         }
         store::<0>(c, c_stride);

@@ -490,16 +490,31 @@ pub fn attend_with(
                 while j < len {
                     let n = chunk.min(len - j);
                     let (at, o) = (j0 + j, off + j * d);
-                    keys.prefetch_v(o, n * d);
+                    // (The tiles fetch the values between their steps.)
+                    if tiles.is_none() {
+                        keys.prefetch_v(o, n * d);
+                    }
                     let dims = Dims { rows, keys: n, d };
                     match (tiles, q_bf16, keys.k) {
                         #[cfg(target_arch = "x86_64")]
                         (Some(qt), _, Tensor::Bf16(kb)) => {
                             let kb = &kb[o..o + n * d];
+                            let vb = match keys.v {
+                                Tensor::Bf16(vb) => &vb[o..o + n * d],
+                                _ => &[][..],
+                            };
                             // SAFETY: tiles configured above (`_tiles`), which needs AVX-512
                             // F besides; `uses_tiles` checked `fits`.
                             unsafe {
-                                decode_amx::scores(qt, kb, (rows, n, d), scale, &mut s[at..], kn)
+                                decode_amx::scores(
+                                    qt,
+                                    kb,
+                                    (rows, n, d),
+                                    scale,
+                                    &mut s[at..],
+                                    kn,
+                                    vb,
+                                )
                             };
                         }
                         (_, Some(qb), Tensor::Bf16(kb)) => {

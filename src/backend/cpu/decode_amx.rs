@@ -4,7 +4,8 @@
 //! columns, the rows past the group zero), 32 keys at a time in two C tiles; each C tile is
 //! stored and its first `rows` columns gathered, scaled, into the rows' scores. Products
 //! exact and sums in f32 (`tdpbf16ps`), as the `vdpbf16ps` pairs of `vecops` (only the
-//! order of the sums differs). Time O(keys * 16 * d) tile FLOPs whatever the rows (one
+//! order of the sums differs). The same keys' values are fetched into L2 a share before
+//! each tile step (`spread`). Time O(keys * 16 * d) tile FLOPs whatever the rows (one
 //! `tdpbf16ps` per 16 keys and 32 dims); scratch `qt_len(d)` floats.
 //!
 //! And the values' sums O += P V on tiles where P may be rounded to bf16 (`precision =
@@ -14,6 +15,7 @@
 //! undoes), the sums of 64 dims at a time in four C tiles across all the keys, then added
 //! to the rows' output. Time O(keys * 16 * d) tile FLOPs; scratch `pv_len()` floats.
 
+use super::spread::Spread;
 use half::bf16;
 
 /// Floats of the packed Q^T: `d / 2` rows of 16 bf16 pairs.
@@ -51,7 +53,9 @@ pub fn pack_qt(q: &[u16], rows: usize, d: usize, qt: &mut [f32]) {
 }
 
 /// `s[r * stride + j] = scale * q_r . k_j` for the `rows` rows packed in `qt` (`pack_qt`)
-/// and the `keys` keys of `k` (rows `d` long).
+/// and the `keys` keys of `k` (rows `d` long); `fetch` (the same keys' values, or nothing)
+/// is brought into L2 a share at a time between the tile steps, since a burst of its
+/// prefetches ahead of the steps held the key loads back behind them.
 ///
 /// # Safety
 /// AMX tiles configured on this thread (`amx::Tiles::configure`), AVX-512 F available;
@@ -66,6 +70,7 @@ pub unsafe fn scores(
     scale: f32,
     s: &mut [f32],
     stride: usize,
+    fetch: &[bf16],
 ) {
     use super::amx::{dot, load, store, zero, ROWS, ROW_BYTES};
     use std::arch::x86_64::*;
@@ -94,6 +99,8 @@ pub unsafe fn scores(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_epi32(ROWS as i32),
     );
+    // `fetch`'s cache lines, an equal share before each step's key tiles.
+    let mut fetch = Spread::new(fetch, &[0u8; 0], keys.div_ceil(2 * ROWS) * steps);
     let mut j = 0;
     while j < keys {
         let n = (keys - j).min(2 * ROWS);
@@ -102,6 +109,7 @@ pub unsafe fn scores(
         for st in 0..steps {
             load::<4>(qtp.add(st * ROWS * ROW_BYTES), ROW_BYTES);
             let a = kp.add(j * a_stride + st * ROW_BYTES);
+            fetch.step();
             if n == 2 * ROWS {
                 load::<2>(a, a_stride);
                 load::<3>(a.add(ROWS * a_stride), a_stride);
@@ -374,8 +382,10 @@ mod tests {
                 pack_qt(&q, rows, d, &mut qt);
                 let stride = keys + 3;
                 let mut s = vec![f32::NAN; rows * stride];
+                // Something to fetch on half the shapes: it must not change a score.
+                let fetch = if keys % 2 == 0 { &k[..] } else { &[] };
                 // SAFETY: tiles configured (`_tiles`), and with AMX AVX-512 F; fits(rows, d).
-                unsafe { scores(&qt, &k, (rows, keys, d), 0.5, &mut s, stride) };
+                unsafe { scores(&qt, &k, (rows, keys, d), 0.5, &mut s, stride, fetch) };
                 let f = |b: u16| f32::from_bits((b as u32) << 16);
                 for r in 0..rows {
                     for j in 0..keys {

@@ -12,6 +12,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::flash_amx::round;
+use super::spread::Spread;
 use super::workspace::carve;
 
 /// Scratch floats, in the order `attend` carves them: Q^T as pairs (bf16), a padded copy
@@ -134,11 +135,26 @@ pub unsafe fn attend(
         };
         super::flash_amx::pack_rows(&c[j0 * dc..(j0 + kn) * dc], kn, dc, vp);
 
+        // The next block's cache lines are fetched into L2 while this block computes, an
+        // equal share after each tile step of S^T and PV and each softmax step, so its
+        // reads overlap all of this block's work.
+        let next = (j0 + kn).min(k1)..(j0 + kn + bk).min(k1);
+        let (ws, wv, wm) = (
+            kw / 32 * nb / 32 * dk / 32,
+            nb / 32 * dc / 32 * kw / 32,
+            nb / 16 * kw / 2,
+        );
+        let mut fetch = Spread::new(
+            &c[next.start * dc..next.end * dc],
+            &kr[next.start * dr..next.end * dr],
+            ws + wv + wm,
+        );
+
         // S^T = [C | K_r] Q^T by 32 x 32 blocks: 32 keys as A (two parts), 32 rows of Q^T.
         let (qtp, sp) = (qt.as_ptr() as *const u8, st.as_mut_ptr() as *mut u8);
         for kt in (0..kw).step_by(32) {
             for qc in (0..nb).step_by(32) {
-                amx::product_32x32_parts(
+                amx::product_32x32_between(
                     &[
                         (
                             (cs.add(kt * c_ld) as *const u8, 2 * c_ld),
@@ -153,41 +169,11 @@ pub unsafe fn attend(
                     ],
                     nb * 4,
                     (sp.add((kt * nb + qc) * 4), nb * 4),
+                    &mut || fetch.step(),
                 );
             }
         }
 
-        // The next block's cache lines are fetched into L2 while this block computes (one
-        // share per softmax step), so its reads overlap this block's tile products.
-        let next = (j0 + kn).min(k1)..(j0 + kn + bk).min(k1);
-        let mut fetch = [
-            (
-                c.as_ptr().add(next.start * dc) as *const i8,
-                next.len() * dc * 2,
-            ),
-            (
-                kr.as_ptr().add(next.start * dr) as *const i8,
-                next.len() * dr * 2,
-            ),
-        ];
-        let steps = (nb / 16 * kw / 2).max(1);
-        let share = ((fetch[0].1 + fetch[1].1) / 64).div_ceil(steps);
-        let mut prefetch = || {
-            for _ in 0..share {
-                let f = if fetch[0].1 > 0 {
-                    &mut fetch[0]
-                } else {
-                    &mut fetch[1]
-                };
-                if f.1 == 0 {
-                    return;
-                }
-                _mm_prefetch::<_MM_HINT_T1>(f.0);
-                let n = f.1.min(64);
-                f.0 = f.0.add(n);
-                f.1 -= n;
-            }
-        };
         // The online softmax down each column group of 16 rows: a key row t is seen by the
         // lanes whose end is past j0 + t.
         for v in 0..nb / 16 {
@@ -211,7 +197,7 @@ pub unsafe fn attend(
             let cr = _mm512_mask_mov_ps(exp2(_mm512_add_ps(m_old, nm)), none, _mm512_set1_ps(1.0));
             let mut sum = _mm512_setzero_ps();
             for t in (0..kw).step_by(2) {
-                prefetch();
+                fetch.step();
                 let p_at = |t: usize| {
                     let x = _mm512_fmadd_ps(_mm512_loadu_ps(col(t)), cv, nm);
                     _mm512_maskz_mov_ps(seen(t), exp2_bf16(x))
@@ -247,11 +233,11 @@ pub unsafe fn attend(
         );
         for qc in (0..nb).step_by(32) {
             for dt in (0..dc).step_by(32) {
-                amx::product_32x32(
-                    (pap.add(qc * kb * 2), kb * 2),
-                    (vpp.add(dt * 4), 4 * dc),
-                    kw / 32,
+                amx::product_32x32_between(
+                    &[((pap.add(qc * kb * 2), kb * 2), vpp.add(dt * 4), kw / 32)],
+                    4 * dc,
                     (pvp.add((qc * dc + dt) * 4), 4 * dc),
+                    &mut || fetch.step(),
                 );
             }
         }

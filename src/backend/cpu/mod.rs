@@ -36,6 +36,7 @@ pub mod sched;
 pub mod simd;
 pub mod softmax;
 pub mod softmax_passes;
+pub mod spread;
 pub mod tiles;
 pub mod vecops;
 pub mod workspace;
