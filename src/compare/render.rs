@@ -309,4 +309,126 @@ mod tests {
         };
         assert_eq!(run_line(&bare), "`results/a`: 12 cases");
     }
+
+    /// A report row: every verdict in its order (regressions first), the time cell with its
+    /// interval, factor or note, the medians and reps, the memory delta's sign and the
+    /// current bytes, both errors, and the status or its change; `|` in the id escaped.
+    #[test]
+    fn a_row_states_each_verdict_and_each_figure() {
+        use super::super::accuracy::ErrResult;
+        use super::super::memory::MemResult;
+        use super::super::time::Interval;
+        use super::super::TimeResult;
+        use crate::results::record::Status;
+
+        let base = CaseComparison {
+            case_id: "c".into(),
+            variant: "flash".into(),
+            dtype: "f32".into(),
+            threads: 1,
+            baseline_status: Status::Ok,
+            current_status: Status::Ok,
+            status: StatusChange::Same,
+            time: None,
+            memory: None,
+            error: None,
+            regressions: Vec::new(),
+            unrecorded: Vec::new(),
+            unclear: false,
+        };
+        let time = |verdict, iv: Option<(f64, f64, f64)>, medians: (f64, f64), reps| {
+            Some(TimeResult {
+                verdict,
+                interval: iv.map(|(ratio, lo, hi)| Interval { ratio, lo, hi }),
+                baseline_median_s: Some(medians.0),
+                current_median_s: Some(medians.1),
+                baseline_reps: reps,
+                current_reps: reps,
+                factor: None,
+                note: None,
+            })
+        };
+        let memory = |verdict, baseline: u64, current: u64| {
+            Some(MemResult {
+                verdict,
+                baseline_bytes: baseline,
+                current_bytes: current,
+                delta_bytes: current as i64 - baseline as i64,
+                tolerated_bytes: 2048,
+            })
+        };
+        let error = |verdict, baseline, current| {
+            Some(ErrResult {
+                verdict,
+                baseline,
+                current,
+                tolerance: 1.6e-2,
+            })
+        };
+        assert_eq!(row(&base), "| `c` | not compared | - | - | - | - | ok |");
+
+        let lost = CaseComparison {
+            current_status: Status::Error,
+            status: StatusChange::Lost,
+            time: time(TimeVerdict::Slower, Some((1.5, 1.4, 1.6)), (1.0, 1.5), 5),
+            memory: memory(MemVerdict::Higher, 1000, 5096),
+            error: error(ErrVerdict::Worse, 1e-3, 0.5),
+            ..base.clone()
+        };
+        assert_eq!(
+            row(&lost),
+            "| `c` | **ok → error**, **error** (tolerance 1.6e-2), **memory** (+4.00 KiB > \
+             2.00 KiB), **slower** | 1.500 [1.400, 1.600] | 1.000 s → 1.500 s (5 → 5 reps) | \
+             +4.00 KiB (4.98 KiB) | 1.00e-3 → 5.00e-1 | ok → error |"
+        );
+
+        let mut fixed = CaseComparison {
+            baseline_status: Status::Skipped,
+            status: StatusChange::Fixed,
+            time: time(
+                TimeVerdict::Faster,
+                Some((0.5, 0.45, 0.55)),
+                (2e-3, 1e-3),
+                7,
+            ),
+            memory: memory(MemVerdict::Lower, 5096, 1000),
+            error: error(ErrVerdict::Better, 0.5, 1e-3),
+            ..base.clone()
+        };
+        if let Some(t) = fixed.time.as_mut() {
+            t.factor = Some(1.25);
+        }
+        assert_eq!(
+            row(&fixed),
+            "| `c` | faster, fixed (skipped → ok), less memory, more accurate | 0.500 [0.450, \
+             0.550] (×1.250) | 2.000 ms → 1.000 ms (7 → 7 reps) | -4.00 KiB (1000 B) | \
+             5.00e-1 → 1.00e-3 | skipped → ok |"
+        );
+
+        let mut unclear = CaseComparison {
+            time: time(TimeVerdict::Unclear, None, (1e-6, 2e-6), 2),
+            memory: memory(MemVerdict::Incomparable, 1000, 9192),
+            error: error(ErrVerdict::Same, 1e-7, 1e-7),
+            ..base.clone()
+        };
+        if let Some(t) = unclear.time.as_mut() {
+            t.note = Some("2 reps: too few".into());
+        }
+        assert_eq!(
+            row(&unclear),
+            "| `c` | unclear, memory not judged (other kernel path) | 2 reps: too few | 1.0 us \
+             → 2.0 us (2 → 2 reps) | +8.00 KiB (8.98 KiB) | 1.00e-7 → 1.00e-7 | ok |"
+        );
+
+        let unrecorded = CaseComparison {
+            case_id: "x|y".into(),
+            memory: memory(MemVerdict::Same, 1000, 1000),
+            unrecorded: vec!["error"],
+            ..base
+        };
+        assert_eq!(
+            row(&unrecorded),
+            "| `x\\|y` | **error not recorded** | - | - | +0 B (1000 B) | - | ok |"
+        );
+    }
 }
