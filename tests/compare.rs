@@ -366,9 +366,13 @@ fn memory_on_another_cpu_kernel_path_is_not_judged_but_said() {
     let cur = tmp.path().join("cur");
     copy_run(&baseline(), &cur);
     let target = add_memory(&cur, "bf16", 28 * 1024);
-    // The same kernel path: a regression.
+    // The same kernel path: a regression, and no note of memory left unjudged.
     let (code, _) = compare_json(&baseline(), &cur, &[]);
     assert_eq!(code, 3);
+    compare(baseline(), &cur)
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("differs but is not judged").not());
     // Another path (bf16 tiles widened to f32 instead of paired): said, not judged.
     edit_meta(&cur, |m| {
         let own = m["cpu_kernel_path"]
