@@ -12,7 +12,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::error::{Error, Result};
 
@@ -304,14 +304,18 @@ impl Workspace {
     }
 
     /// A free buffer. At most `workers` items run at once, so one is always free; starting
-    /// the scan at the rayon thread index makes a collision rare.
+    /// the scan at the rayon thread index makes a collision rare. A buffer whose item
+    /// panicked is free too: skipping it would leave the other items spinning for ever, and
+    /// the call's panic would never reach its caller (scratch holds nothing to protect).
     pub fn acquire(&self) -> MutexGuard<'_, Scratch> {
         let n = self.buffers.len();
         let start = rayon::current_thread_index().unwrap_or(0) % n;
         loop {
             for i in 0..n {
-                if let Ok(g) = self.buffers[(start + i) % n].try_lock() {
-                    return g;
+                match self.buffers[(start + i) % n].try_lock() {
+                    Ok(g) => return g,
+                    Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                    Err(TryLockError::WouldBlock) => {}
                 }
             }
             std::thread::yield_now();
@@ -334,6 +338,23 @@ pub fn carve<'a, const N: usize>(buf: &'a mut [f32], lens: [usize; N]) -> [&'a m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer whose item panicked is handed out again (the item's panic reaches the
+    /// caller; the others must not spin on the poisoned lock).
+    #[test]
+    fn a_buffer_left_by_a_panicking_item_is_acquired_again() {
+        let ws = Workspace::new(1, 4, "test").unwrap();
+        let panicked = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _held = ws.acquire();
+                panic!("an item fails while holding its buffer");
+            })
+            .join()
+        });
+        assert!(panicked.is_err());
+        assert!(ws.buffers[0].is_poisoned());
+        assert_eq!(ws.acquire().len(), 4);
+    }
 
     #[test]
     fn carve_splits_in_order() {
