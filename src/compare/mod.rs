@@ -579,7 +579,7 @@ mod tests {
     use super::*;
 
     /// A matched case with nothing to say: every figure the same, nothing regressed.
-    fn unchanged() -> CaseComparison {
+    pub(super) fn unchanged() -> CaseComparison {
         CaseComparison {
             case_id: "c".into(),
             variant: "flash".into(),

@@ -321,21 +321,7 @@ mod tests {
         use super::super::TimeResult;
         use crate::results::record::Status;
 
-        let base = CaseComparison {
-            case_id: "c".into(),
-            variant: "flash".into(),
-            dtype: "f32".into(),
-            threads: 1,
-            baseline_status: Status::Ok,
-            current_status: Status::Ok,
-            status: StatusChange::Same,
-            time: None,
-            memory: None,
-            error: None,
-            regressions: Vec::new(),
-            unrecorded: Vec::new(),
-            unclear: false,
-        };
+        let base = super::super::tests::unchanged();
         let time = |verdict, iv: Option<(f64, f64, f64)>, medians: (f64, f64), reps| {
             Some(TimeResult {
                 verdict,
