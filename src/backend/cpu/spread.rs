@@ -1,5 +1,5 @@
 //! Software prefetches spread over a kernel's compute steps: the cache lines of up to two
-//! runs of memory brought into L2 (`prefetcht1`) an equal share after each step, so the
+//! runs of memory brought into L2 (`prefetcht1`) an equal share between steps, so the
 //! reads of the data a kernel needs next overlap its arithmetic on the data it has. A
 //! burst of them ahead of the steps instead fills the core's line-fill buffers and holds
 //! the kernel's own loads back behind them (measured on AMX decode and MLA,
@@ -29,13 +29,9 @@ impl Spread {
         }
     }
 
-    /// Nothing to fetch.
-    pub fn none() -> Spread {
-        Spread::new::<u8, u8>(&[], &[], 1)
-    }
-
     /// Lines not fetched yet.
-    pub fn left(&self) -> usize {
+    #[cfg(test)]
+    fn left(&self) -> usize {
         self.a.1 + self.b.1 - self.next
     }
 
@@ -84,7 +80,7 @@ mod tests {
         let mut all = Spread::new(&a, &b, 0);
         all.step();
         assert_eq!(all.left(), 0);
-        let mut none = Spread::none();
+        let mut none = Spread::new::<u8, u8>(&[], &[], 1);
         none.step();
         assert_eq!(none.left(), 0);
     }
