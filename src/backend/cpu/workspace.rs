@@ -305,8 +305,9 @@ impl Workspace {
 
     /// A free buffer. At most `workers` items run at once, so one is always free; starting
     /// the scan at the rayon thread index makes a collision rare. A buffer whose item
-    /// panicked is free too: skipping it would leave the other items spinning for ever, and
-    /// the call's panic would never reach its caller (scratch holds nothing to protect).
+    /// panicked is free too: skipping it can leave the other items spinning for ever (when
+    /// it was the last one free), and the call's panic never reaching its caller (scratch
+    /// holds nothing to protect).
     pub fn acquire(&self) -> MutexGuard<'_, Scratch> {
         let n = self.buffers.len();
         let start = rayon::current_thread_index().unwrap_or(0) % n;
