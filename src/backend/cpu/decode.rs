@@ -34,8 +34,11 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// stay in L2 while the rows pass over them.
 pub const KT_KEYS: usize = 256;
 
-/// Keys per prefetch chunk of decode's score loop (8 KiB of f32 keys at d = 128).
-const PREFETCH_KEYS: usize = 16;
+/// Keys per prefetch chunk of decode's score loop: their values (2 KiB of f32 at d = 128)
+/// are fetched right before their scores. Small bursts: 16 keys' values at once held the
+/// key loads behind the line-fill buffers on a Zen 3 (1.15 to 1.25x slower; 1 or 2 keys
+/// lose to the calls' overhead in bf16), and 4 measured the same as 16 on the Xeons.
+const PREFETCH_KEYS: usize = 4;
 
 /// Keys per chunk of the score loop on AMX tiles (two C tiles of 16 keys).
 const TILE_KEYS: usize = 32;
