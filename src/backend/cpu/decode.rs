@@ -37,7 +37,8 @@ pub const KT_KEYS: usize = 256;
 /// Keys per prefetch chunk of decode's score loop: their values (2 KiB of f32 at d = 128)
 /// are fetched right before their scores. Small bursts: 16 keys' values at once held the
 /// key loads behind the line-fill buffers on a Zen 3 (1.15 to 1.25x slower; 1 or 2 keys
-/// lose to the calls' overhead in bf16), and 4 measured the same as 16 on the Xeons.
+/// lose to the calls' overhead in bf16), and 4 measured the same as 16 in f32 on the
+/// family 6 model 167 Xeon.
 const PREFETCH_KEYS: usize = 4;
 
 /// Keys per chunk of the score loop on AMX tiles (two C tiles of 16 keys).
