@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use super::decode_amx;
 use super::softmax::{exp_sub_sum, row_max, scale_row};
+use super::spread::Spread;
 use super::tiles::{self, pad_lanes, AOp, BOp, Out};
 use super::vecops::{self, Dims, Elems};
 use super::workspace::carve;
@@ -34,12 +35,26 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// stay in L2 while the rows pass over them.
 pub const KT_KEYS: usize = 256;
 
-/// Keys per prefetch chunk of decode's score loop: their values (2 KiB of f32 at d = 128)
-/// are fetched right before their scores. Small bursts: 16 keys' values at once held the
-/// key loads behind the line-fill buffers on a Zen 3 (1.15 to 1.25x slower; 1 or 2 keys
-/// lose to the calls' overhead in bf16), and 4 measured the same as 16 in f32 on the
-/// family 6 model 167 Xeon.
+/// Keys per chunk of decode's score loop where their values (2 KiB of f32 at d = 128) are
+/// fetched in one burst right before their scores (the AVX-512 loops). Small bursts: 4
+/// measured the same as 16 in f32 on the family 6 model 167 Xeon, and 16 held the key
+/// loads behind the line-fill buffers on a Zen 3 (`docs/internals/decode-path.md`).
 const PREFETCH_KEYS: usize = 4;
+
+/// Keys per chunk of decode's score loop where the vector loops spread the values' fetches
+/// over the keys (`vecops::fetches_per_key`: one key's lines before each key's scores; on
+/// a Zen 3, 0.86 to 0.93x the time of bursts of 4 in f32).
+const SPREAD_KEYS: usize = 16;
+
+/// Keys per chunk of the vector score loop on the kernel path `isa` at head dimension `d`
+/// (`bf16_dots`: on the AVX512-BF16 dot products, which take their fetches in one burst).
+fn fetch_chunk(isa: Isa, d: usize, bf16_dots: bool) -> usize {
+    if vecops::fetches_per_key(isa, d) && !bf16_dots {
+        SPREAD_KEYS
+    } else {
+        PREFETCH_KEYS
+    }
+}
 
 /// Keys per chunk of the score loop on AMX tiles (two C tiles of 16 keys).
 const TILE_KEYS: usize = 32;
@@ -283,13 +298,16 @@ impl<'a> Keys<'a> {
         }
     }
 
-    /// Starts loading `len` values from element `offset` into cache (the FP8 codes where
-    /// those are what is read).
+    /// The lines of `len` values from element `offset` (the FP8 codes where those are what
+    /// is read), to be brought into L2 over `steps` steps.
     #[inline]
-    fn prefetch_v(&self, offset: usize, len: usize) {
-        match self.fp8 {
-            Some(x) => vecops::prefetch_bytes(&x.v.codes, offset, len),
-            None => vecops::prefetch(self.v, offset, len, false),
+    fn v_spread(&self, offset: usize, len: usize, steps: usize) -> Spread {
+        let none: &[u8] = &[];
+        match (self.fp8, self.v) {
+            (Some(x), _) => Spread::new(&x.v.codes[offset..offset + len], none, steps),
+            (None, Tensor::F32(v)) => Spread::new(&v[offset..offset + len], none, steps),
+            (None, Tensor::Bf16(v)) => Spread::new(&v[offset..offset + len], none, steps),
+            (None, Tensor::F16(v)) => Spread::new(&v[offset..offset + len], none, steps),
         }
     }
 
@@ -466,7 +484,7 @@ pub fn attend_with(
     let chunk = if tiles.is_some() {
         TILE_KEYS
     } else {
-        PREFETCH_KEYS
+        fetch_chunk(keys.isa, d, q_bf16.is_some())
     };
     let mut k0 = span.start;
     while k0 < span.end {
@@ -495,9 +513,10 @@ pub fn attend_with(
                     let n = chunk.min(len - j);
                     let (at, o) = (j0 + j, off + j * d);
                     // (The tiles fetch the values between their steps.)
-                    if tiles.is_none() {
-                        keys.prefetch_v(o, n * d);
-                    }
+                    let mut fetch = match tiles {
+                        None => keys.v_spread(o, n * d, n),
+                        Some(_) => Spread::none(),
+                    };
                     let dims = Dims { rows, keys: n, d };
                     match (tiles, q_bf16, keys.k) {
                         #[cfg(target_arch = "x86_64")]
@@ -523,12 +542,14 @@ pub fn attend_with(
                         }
                         (_, Some(qb), Tensor::Bf16(kb)) => {
                             let kb = &kb[o..o + n * d];
+                            fetch.all();
                             vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn);
                         }
                         _ => {
                             let w = if widen_kv { at * d } else { 0 };
                             let k = keys.k_elems(o, n * d, d, &mut ks[w..]);
-                            vecops::scores(keys.isa, q, k, dims, scale, &mut s[at..], kn);
+                            let s = &mut s[at..];
+                            vecops::scores_fetching(keys.isa, q, k, dims, scale, s, kn, &mut fetch);
                         }
                     }
                     j += n;
@@ -594,6 +615,7 @@ pub fn attend_paged_heads(
         }
         _ => None,
     };
+    let chunk = fetch_chunk(keys.isa, d, q_bf16.is_some());
     let mut k0 = span.start;
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
@@ -604,19 +626,23 @@ pub fn attend_paged_heads(
                 let (qh, sh) = (&q[h * rows * d..(h + 1) * rows * d], h * rows * kn);
                 let mut j = 0;
                 while j < len {
-                    let n = PREFETCH_KEYS.min(len - j);
+                    let n = chunk.min(len - j);
                     let (at, o) = (j0 + j, off + h * head_stride + j * d);
-                    vecops::prefetch(keys.v, o, n * d, false);
+                    let mut fetch = keys.v_spread(o, n * d, n);
                     let dims = Dims { rows, keys: n, d };
+                    let s = &mut s[sh + at..];
                     match (q_bf16, keys.k) {
                         (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
                             let qb = &qb[h * rows * d..(h + 1) * rows * d];
                             let kb = &kb[o..o + n * d];
-                            vecops::scores_bf16(qb, kb, dims, scale, &mut s[sh + at..], kn);
+                            fetch.all();
+                            vecops::scores_bf16(qb, kb, dims, scale, s, kn);
                         }
                         _ => {
                             let k = keys.k_elems(o, n * d, d, &mut ks[..]);
-                            vecops::scores(keys.isa, qh, k, dims, scale, &mut s[sh + at..], kn);
+                            vecops::scores_fetching(
+                                keys.isa, qh, k, dims, scale, s, kn, &mut fetch,
+                            );
                         }
                     }
                     j += n;

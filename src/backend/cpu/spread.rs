@@ -29,9 +29,21 @@ impl Spread {
         }
     }
 
+    /// Nothing to fetch.
+    pub fn none() -> Spread {
+        Spread::new::<u8, u8>(&[], &[], 1)
+    }
+
+    /// Fetches every line not fetched yet.
+    #[inline]
+    pub fn all(&mut self) {
+        self.share = usize::MAX / 2;
+        self.step();
+    }
+
     /// Lines not fetched yet.
     #[cfg(test)]
-    fn left(&self) -> usize {
+    pub fn left(&self) -> usize {
         self.a.1 + self.b.1 - self.next
     }
 
@@ -80,8 +92,14 @@ mod tests {
         let mut all = Spread::new(&a, &b, 0);
         all.step();
         assert_eq!(all.left(), 0);
-        let mut none = Spread::new::<u8, u8>(&[], &[], 1);
+        let mut none = Spread::none();
         none.step();
         assert_eq!(none.left(), 0);
+        // `all` takes what the steps have not, whatever their share.
+        let mut rest = Spread::new(&a, &b, 100);
+        rest.step();
+        assert_eq!(rest.left(), 34);
+        rest.all();
+        assert_eq!(rest.left(), 0);
     }
 }

@@ -11,6 +11,7 @@ use half::{bf16, f16};
 
 #[cfg(target_arch = "x86_64")]
 use super::decode_avx512;
+use super::spread::Spread;
 use crate::problem::{Fp8Format, Isa, Tensor};
 
 /// Lanes of the independent accumulators: enough for the compiler to keep two 8-wide
@@ -61,8 +62,37 @@ pub fn scores(
     scores: &mut [f32],
     stride: usize,
 ) {
+    scores_fetching(isa, q, k, dims, scale, scores, stride, &mut Spread::none());
+}
+
+/// Whether `scores_fetching` spreads its fetches over the keys on the kernel path `isa` at
+/// head dimension `d` (the AVX2 loops); elsewhere it takes them all before the first key.
+pub fn fetches_per_key(isa: Isa, d: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa != Isa::Portable && !wide(isa, d) && fast();
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = (isa, d);
+        false
+    };
+}
+
+/// `scores`, bringing the lines of `fetch` into L2 meanwhile: an equal share before each
+/// key where `fetches_per_key`, all before the first key elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn scores_fetching(
+    isa: Isa,
+    q: &[f32],
+    k: Elems,
+    dims: Dims,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+    fetch: &mut Spread,
+) {
     #[cfg(target_arch = "x86_64")]
     if wide(isa, dims.d) {
+        fetch.all();
         // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
         unsafe {
             match k {
@@ -78,15 +108,17 @@ pub fn scores(
         // SAFETY: AVX2 and FMA were detected on this CPU just above.
         unsafe {
             match k {
-                Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride),
-                Elems::Bf16(k) => avx2::scores(q, k, dims, scale, scores, stride),
+                Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride, fetch),
+                Elems::Bf16(k) => avx2::scores(q, k, dims, scale, scores, stride, fetch),
                 Elems::Fp8(c, f, s8) => {
-                    avx2::scores(q, &fp8_vec(c, f, s8), dims, scale, scores, stride)
+                    let k = fp8_vec(c, f, s8);
+                    avx2::scores(q, &k, dims, scale, scores, stride, fetch)
                 }
             }
         };
         return;
     }
+    fetch.all();
     match k {
         Elems::F32(k) => scores_body(q, k, dims, scale, scores, stride),
         Elems::Bf16(k) => {
@@ -368,18 +400,6 @@ pub fn prefetch(t: &Tensor, offset: usize, len: usize, near: bool) {
     prefetch_raw(ptr, size, n, offset, len, near);
 }
 
-/// `prefetch` (to L2) of `len` one-byte elements of `codes` (an FP8 cache) from `offset`.
-pub fn prefetch_bytes(codes: &[u8], offset: usize, len: usize) {
-    prefetch_raw(
-        codes.as_ptr() as *const i8,
-        1,
-        codes.len(),
-        offset,
-        len,
-        false,
-    );
-}
-
 /// Elements `offset..offset + len` (clamped to `n`) of `size` bytes each from `ptr`.
 #[inline]
 fn prefetch_raw(ptr: *const i8, size: usize, n: usize, offset: usize, len: usize, near: bool) {
@@ -573,7 +593,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
 mod avx2 {
-    use super::{bf16, Dims};
+    use super::{bf16, Dims, Spread};
     use std::arch::x86_64::*;
 
     /// A stored element the kernels read 8 at a time as f32.
@@ -654,6 +674,7 @@ mod avx2 {
         out
     }
 
+    /// `super::scores_fetching`: one share of `fetch` before each key.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn scores<T: Elem>(
@@ -663,6 +684,7 @@ mod avx2 {
         scale: f32,
         s: &mut [f32],
         stride: usize,
+        fetch: &mut Spread,
     ) {
         let Dims { rows, keys, d } = dims;
         assert!(
@@ -677,6 +699,7 @@ mod avx2 {
         // and s by the asserts above.
         for j in 0..keys {
             let kj = k.as_ptr().add(j * d);
+            fetch.step();
             let mut r = 0;
             while r + 4 <= rows {
                 let v = dots::<T, 4>(q.as_ptr().add(r * d), kj, d);
@@ -1114,6 +1137,30 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Fetching changes no score, and every line handed over is fetched by the end, on every
+    /// path (spread over the keys on AVX2, at once elsewhere).
+    #[test]
+    fn scores_fetching_scores_the_same_and_fetches_every_line() {
+        let (rows, keys, d) = (6, 19, 40);
+        let q: Vec<f32> = (0..rows * d).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
+        let k: Vec<f32> = (0..keys * d)
+            .map(|i| (i % 13) as f32 * 0.07 - 0.4)
+            .collect();
+        let v = vec![0.0f32; keys * d];
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let dims = Dims { rows, keys, d };
+            let (mut plain, mut fetched) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+            scores(isa, &q, Elems::F32(&k), dims, 0.3, &mut plain, keys);
+            let mut fetch = Spread::new(&v, &[0u8; 0], keys);
+            assert_eq!(fetch.left(), (keys * d * 4).div_ceil(64));
+            let kf = Elems::F32(&k);
+            scores_fetching(isa, &q, kf, dims, 0.3, &mut fetched, keys, &mut fetch);
+            assert_eq!(fetch.left(), 0, "{isa:?}");
+            let bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&plain), bits(&fetched), "{isa:?}");
         }
     }
 
