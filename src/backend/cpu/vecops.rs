@@ -815,35 +815,49 @@ mod avx2 {
         let mut j = 0;
         while j < keys {
             fetch.step();
-            let mut r = 0;
             if j + 2 <= keys {
                 fetch.step();
                 let pair = [kp.add(j * d), kp.add((j + 1) * d)];
-                while r + 4 <= rows {
-                    let v = dots::<T, 4, 2>(qp.add(r * d), pair, d);
-                    put(v, scale, sp.add(r * stride + j), stride);
-                    r += 4;
-                }
-                while r < rows {
-                    let v = dots::<T, 1, 2>(qp.add(r * d), pair, d);
-                    put(v, scale, sp.add(r * stride + j), stride);
-                    r += 1;
-                }
+                key_group(qp, pair, rows, d, scale, sp.add(j), stride);
                 j += 2;
             } else {
-                let one = [kp.add(j * d)];
-                while r + 4 <= rows {
-                    let v = dots::<T, 4, 1>(qp.add(r * d), one, d);
-                    put(v, scale, sp.add(r * stride + j), stride);
-                    r += 4;
-                }
-                while r < rows {
-                    let v = dots::<T, 1, 1>(qp.add(r * d), one, d);
-                    put(v, scale, sp.add(r * stride + j), stride);
-                    r += 1;
-                }
+                key_group(qp, [kp.add(j * d)], rows, d, scale, sp.add(j), stride);
                 j += 1;
             }
+        }
+    }
+
+    /// The scores of every row against the `K` keys `kp`, into `s` (row stride
+    /// `stride`): blocks of 4 rows, then the rows left one at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn key_group<T: Elem, const K: usize>(
+        qp: *const f32,
+        kp: [*const T; K],
+        rows: usize,
+        d: usize,
+        scale: f32,
+        s: *mut f32,
+        stride: usize,
+    ) {
+        let mut r = 0;
+        while r + 4 <= rows {
+            put(
+                dots::<T, 4, K>(qp.add(r * d), kp, d),
+                scale,
+                s.add(r * stride),
+                stride,
+            );
+            r += 4;
+        }
+        while r < rows {
+            put(
+                dots::<T, 1, K>(qp.add(r * d), kp, d),
+                scale,
+                s.add(r * stride),
+                stride,
+            );
+            r += 1;
         }
     }
 
