@@ -598,12 +598,6 @@ mod avx2 {
 
     /// A stored element the kernels read 8 at a time as f32.
     pub trait Elem: Copy {
-        /// Whether `scores` takes these keys in pairs against 4 rows (`dots`), each score
-        /// summed in one accumulator; else one at a time in two (`dots_one`). Pairs halve
-        /// the query loads a key, which paid for bf16 (widened in registers) on a Zen 3,
-        /// and lost for f32 (two keys' lines read in step, 1.05 to 1.32x the time; the
-        /// f32 loop waits on its key loads): `docs/internals/decode-path.md`.
-        const PAIRED: bool;
         /// # Safety
         /// `p..p + 8` must be readable; AVX2 must be available.
         unsafe fn load8(p: *const Self) -> __m256;
@@ -611,7 +605,6 @@ mod avx2 {
     }
 
     impl Elem for f32 {
-        const PAIRED: bool = false;
         #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn load8(p: *const f32) -> __m256 {
@@ -623,7 +616,6 @@ mod avx2 {
     }
 
     impl Elem for bf16 {
-        const PAIRED: bool = true;
         #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn load8(p: *const bf16) -> __m256 {
@@ -645,78 +637,11 @@ mod avx2 {
         _mm_cvtss_f32(x)
     }
 
-    /// The sums of the 8 lanes of four vectors, each added in the same order,
-    /// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), whatever the other three hold.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
-        let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        let mut out = [0.0f32; 4];
-        let x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(out.as_mut_ptr(), x);
-        out
-    }
-
-    /// Dot products of `R` query rows (at `q`, `d` apart) with `K` keys (`kp`), one
-    /// accumulator per (row, key) along d in steps of 8 (R x K independent FMA chains, each
-    /// key load shared by the R rows, each query load by the K keys), reduced by `hsum4`,
-    /// then the tail of d beyond a multiple of 8 added in order: a score's bits do not
-    /// depend on R, K or the other rows and keys.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn dots<T: Elem, const R: usize, const K: usize>(
-        q: *const f32,
-        kp: [*const T; K],
-        d: usize,
-    ) -> [[f32; K]; R] {
-        let mut acc = [[_mm256_setzero_ps(); K]; R];
-        let d8 = d / 8 * 8;
-        let mut x = 0;
-        while x < d8 {
-            let mut kv = [_mm256_setzero_ps(); K];
-            for c in 0..K {
-                kv[c] = T::load8(kp[c].add(x));
-            }
-            for r in 0..R {
-                let qv = _mm256_loadu_ps(q.add(r * d + x));
-                for c in 0..K {
-                    acc[r][c] = _mm256_fmadd_ps(qv, kv[c], acc[r][c]);
-                }
-            }
-            x += 8;
-        }
-        let mut out = [[0.0f32; K]; R];
-        let mut g = 0;
-        while g < R * K {
-            let mut four = [_mm256_setzero_ps(); 4];
-            for (i, v) in four.iter_mut().enumerate() {
-                if g + i < R * K {
-                    *v = acc[(g + i) / K][(g + i) % K];
-                }
-            }
-            for (i, t) in hsum4(four).into_iter().enumerate() {
-                if g + i < R * K {
-                    out[(g + i) / K][(g + i) % K] = t;
-                }
-            }
-            g += 4;
-        }
-        for r in 0..R {
-            for c in 0..K {
-                for y in d8..d {
-                    out[r][c] += *q.add(r * d + y) * (*kp[c].add(y)).f32();
-                }
-            }
-        }
-        out
-    }
-
     /// Dot products of `R` query rows (at `q`, `d` apart) with one key, two accumulators
-    /// per row for independent FMA chains; the tail of d beyond a multiple of 8 is scalar
-    /// (the keys that are not `Elem::PAIRED`).
+    /// per row for independent FMA chains; the tail of d beyond a multiple of 8 is scalar.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dots_one<T: Elem, const R: usize>(q: *const f32, kj: *const T, d: usize) -> [f32; R] {
+    unsafe fn dots<T: Elem, const R: usize>(q: *const f32, kj: *const T, d: usize) -> [f32; R] {
         let mut a = [_mm256_setzero_ps(); R];
         let mut b = [_mm256_setzero_ps(); R];
         let d16 = d / 16 * 16;
@@ -749,26 +674,7 @@ mod avx2 {
         out
     }
 
-    /// `scale` times `R` x `K` dot products from row `r` and key `j` of `s` (row stride
-    /// `stride`).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn put<const R: usize, const K: usize>(
-        v: [[f32; K]; R],
-        scale: f32,
-        s: *mut f32,
-        stride: usize,
-    ) {
-        for (i, row) in v.iter().enumerate() {
-            for (c, x) in row.iter().enumerate() {
-                *s.add(i * stride + c) = scale * x;
-            }
-        }
-    }
-
-    /// `super::scores_fetching`: one share of `fetch` before each key. `Elem::PAIRED` keys
-    /// in pairs against blocks of 4 rows (8 accumulators, 6 loads for 8 FMAs instead of
-    /// 10), the rows left one at a time; others one key at a time (`dots_one`).
+    /// `super::scores_fetching`: one share of `fetch` before each key.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn scores<T: Elem>(
@@ -791,73 +697,22 @@ mod avx2 {
         );
         // SAFETY (every pointer below): row r < rows and key j < keys stay inside q, k
         // and s by the asserts above.
-        let (qp, kp, sp) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
-        if !T::PAIRED {
-            for j in 0..keys {
-                let kj = kp.add(j * d);
-                fetch.step();
-                let mut r = 0;
-                while r + 4 <= rows {
-                    let v = dots_one::<T, 4>(qp.add(r * d), kj, d);
-                    for (i, x) in v.iter().enumerate() {
-                        *sp.add((r + i) * stride + j) = scale * x;
-                    }
-                    r += 4;
-                }
-                while r < rows {
-                    let [x] = dots_one::<T, 1>(qp.add(r * d), kj, d);
-                    *sp.add(r * stride + j) = scale * x;
-                    r += 1;
-                }
-            }
-            return;
-        }
-        let mut j = 0;
-        while j < keys {
+        for j in 0..keys {
+            let kj = k.as_ptr().add(j * d);
             fetch.step();
-            if j + 2 <= keys {
-                fetch.step();
-                let pair = [kp.add(j * d), kp.add((j + 1) * d)];
-                key_group(qp, pair, rows, d, scale, sp.add(j), stride);
-                j += 2;
-            } else {
-                key_group(qp, [kp.add(j * d)], rows, d, scale, sp.add(j), stride);
-                j += 1;
+            let mut r = 0;
+            while r + 4 <= rows {
+                let v = dots::<T, 4>(q.as_ptr().add(r * d), kj, d);
+                for (i, x) in v.iter().enumerate() {
+                    *s.get_unchecked_mut((r + i) * stride + j) = scale * x;
+                }
+                r += 4;
             }
-        }
-    }
-
-    /// The scores of every row against the `K` keys `kp`, into `s` (row stride
-    /// `stride`): blocks of 4 rows, then the rows left one at a time.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn key_group<T: Elem, const K: usize>(
-        qp: *const f32,
-        kp: [*const T; K],
-        rows: usize,
-        d: usize,
-        scale: f32,
-        s: *mut f32,
-        stride: usize,
-    ) {
-        let mut r = 0;
-        while r + 4 <= rows {
-            put(
-                dots::<T, 4, K>(qp.add(r * d), kp, d),
-                scale,
-                s.add(r * stride),
-                stride,
-            );
-            r += 4;
-        }
-        while r < rows {
-            put(
-                dots::<T, 1, K>(qp.add(r * d), kp, d),
-                scale,
-                s.add(r * stride),
-                stride,
-            );
-            r += 1;
+            while r < rows {
+                let [x] = dots::<T, 1>(q.as_ptr().add(r * d), kj, d);
+                *s.get_unchecked_mut(r * stride + j) = scale * x;
+                r += 1;
+            }
         }
     }
 
@@ -1321,36 +1176,21 @@ mod tests {
         let k: Vec<f32> = (0..keys * d)
             .map(|i| ((i * 53) % 97) as f32 * 0.017 - 0.8)
             .collect();
-        // bf16 keys too, where the AVX2 loop reads them: in pairs (`Elem::PAIRED`), an odd
-        // last one and a lone key alone. d = 67: a tail beyond the vectors, on the AVX2 loop
-        // on every path.
-        let kb: Vec<bf16> = k.iter().map(|&x| bf16::from_f32(x)).collect();
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-            let cases = [(false, d), (true, d), (true, 67)];
-            let avx512_loop = |d: usize| isa.avx512() && d.is_multiple_of(16);
-            for (bf, d) in cases.into_iter().filter(|&(bf, d)| !(bf && avx512_loop(d))) {
-                let keys_of = |j0: usize, n: usize| {
-                    if bf {
-                        Elems::Bf16(&kb[j0 * d..(j0 + n) * d])
-                    } else {
-                        Elems::F32(&k[j0 * d..(j0 + n) * d])
-                    }
-                };
-                let mut whole = vec![0.0f32; rows * keys];
-                let dims = Dims { rows, keys, d };
-                scores(isa, &q, keys_of(0, keys), dims, 0.3, &mut whole, keys);
-                for j in 0..keys {
-                    let mut one = vec![0.0f32; rows];
-                    let kj = keys_of(j, 1);
-                    scores(isa, &q, kj, Dims { rows, keys: 1, d }, 0.3, &mut one, 1);
-                    for r in 0..rows {
-                        let (a, b) = (whole[r * keys + j], one[r]);
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "{isa:?} bf16 {bf} d {d} row {r} key {j}: {a} vs {b}"
-                        );
-                    }
+            let mut whole = vec![0.0f32; rows * keys];
+            let dims = Dims { rows, keys, d };
+            scores(isa, &q, Elems::F32(&k), dims, 0.3, &mut whole, keys);
+            for j in 0..keys {
+                let mut one = vec![0.0f32; rows];
+                let kj = Elems::F32(&k[j * d..(j + 1) * d]);
+                scores(isa, &q, kj, Dims { rows, keys: 1, d }, 0.3, &mut one, 1);
+                for r in 0..rows {
+                    let (a, b) = (whole[r * keys + j], one[r]);
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{isa:?} row {r} key {j}: {a} vs {b}"
+                    );
                 }
             }
         }
