@@ -35,21 +35,21 @@ pub const GEMM_MIN_ROWS: usize = 16;
 /// stay in L2 while the rows pass over them.
 pub const KT_KEYS: usize = 256;
 
-/// Keys per chunk of decode's score loop where their values (2 KiB of f32 at d = 128) are
-/// fetched in one burst right before their scores (the AVX-512 loops). Small bursts: 4
-/// measured the same as 16 in f32 on the family 6 model 167 Xeon, and 16 held the key
-/// loads behind the line-fill buffers on a Zen 3 (`docs/internals/decode-path.md`).
+/// Keys per chunk of decode's score loop where their values are fetched in one burst before
+/// their scores (the portable loop, which has no per-key steps).
 const PREFETCH_KEYS: usize = 4;
 
-/// Keys per chunk of decode's score loop where the vector loops spread the values' fetches
-/// over the keys (`vecops::fetches_per_key`: one key's lines before each key's scores; on
-/// a Zen 3, 0.86 to 0.93x the time of bursts of 4 in f32).
+/// Keys per chunk of decode's score loop where the vector loops (AVX2, AVX-512, the
+/// AVX512-BF16 pairs) spread the values' fetches over the keys (`vecops::fetches_per_key`:
+/// one key's lines before each key's scores). Against bursts of 4 before each chunk: 0.86
+/// to 0.93x the time in f32 on a Zen 3, 0.89x on the family 6 model 207 Xeon
+/// (`docs/internals/decode-path.md`); 16 keys also let the AVX-512 scores reduce a whole
+/// group by one tree.
 const SPREAD_KEYS: usize = 16;
 
-/// Keys per chunk of the vector score loop on the kernel path `isa` at head dimension `d`
-/// (`bf16_dots`: on the AVX512-BF16 dot products, which take their fetches in one burst).
-fn fetch_chunk(isa: Isa, d: usize, bf16_dots: bool) -> usize {
-    if vecops::fetches_per_key(isa, d) && !bf16_dots {
+/// Keys per chunk of the vector score loop on the kernel path `isa`.
+fn fetch_chunk(isa: Isa) -> usize {
+    if vecops::fetches_per_key(isa) {
         SPREAD_KEYS
     } else {
         PREFETCH_KEYS
@@ -484,7 +484,7 @@ pub fn attend_with(
     let chunk = if tiles.is_some() {
         TILE_KEYS
     } else {
-        fetch_chunk(keys.isa, d, q_bf16.is_some())
+        fetch_chunk(keys.isa)
     };
     let mut k0 = span.start;
     while k0 < span.end {
@@ -542,8 +542,7 @@ pub fn attend_with(
                         }
                         (_, Some(qb), Tensor::Bf16(kb)) => {
                             let kb = &kb[o..o + n * d];
-                            fetch.all();
-                            vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn);
+                            vecops::scores_bf16(qb, kb, dims, scale, &mut s[at..], kn, &mut fetch);
                         }
                         _ => {
                             let w = if widen_kv { at * d } else { 0 };
@@ -615,7 +614,7 @@ pub fn attend_paged_heads(
         }
         _ => None,
     };
-    let chunk = fetch_chunk(keys.isa, d, q_bf16.is_some());
+    let chunk = fetch_chunk(keys.isa);
     let mut k0 = span.start;
     while k0 < span.end {
         let kn = bk.min(span.end - k0);
@@ -635,8 +634,7 @@ pub fn attend_paged_heads(
                         (Some(qb), crate::problem::Tensor::Bf16(kb)) => {
                             let qb = &qb[h * rows * d..(h + 1) * rows * d];
                             let kb = &kb[o..o + n * d];
-                            fetch.all();
-                            vecops::scores_bf16(qb, kb, dims, scale, s, kn);
+                            vecops::scores_bf16(qb, kb, dims, scale, s, kn, &mut fetch);
                         }
                         _ => {
                             let k = keys.k_elems(o, n * d, d, &mut ks[..]);

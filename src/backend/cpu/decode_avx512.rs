@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use super::spread::Spread;
 use super::vecops::Dims;
 
 /// Keys per chunk of the value accumulation, summed from zero in registers and then added
@@ -160,6 +161,7 @@ pub unsafe fn scores<T: Elem16>(
     scale: f32,
     s: &mut [f32],
     stride: usize,
+    fetch: &mut Spread,
 ) {
     let Dims { rows, keys, d } = dims;
     assert!(d.is_multiple_of(16), "scores: d must be a multiple of 16");
@@ -188,12 +190,24 @@ pub unsafe fn scores<T: Elem16>(
             for x in (0..n * d).step_by(16) {
                 _mm512_storeu_ps(wp.add(x), T::load16(kj.add(x)));
             }
-            key_rows(qp, wp as *const f32, n, d, rows, sc, sp.add(j0), stride);
+            key_rows(
+                qp,
+                wp as *const f32,
+                n,
+                d,
+                rows,
+                sc,
+                sp.add(j0),
+                stride,
+                fetch,
+            );
         } else {
-            key_rows(qp, kj, n, d, rows, sc, sp.add(j0), stride);
+            key_rows(qp, kj, n, d, rows, sc, sp.add(j0), stride, fetch);
         }
         j0 += n;
     }
+    // (Rows of none take no steps.)
+    fetch.all();
 }
 
 /// Widened keys `scores` stages per group of 16 (16 keys of d = 256, 16 KiB).
@@ -213,13 +227,16 @@ unsafe fn key_rows<T: Elem16>(
     sc: __m512,
     s: *mut f32,
     stride: usize,
+    fetch: &mut Spread,
 ) {
     for r in 0..rows {
         let qr = q.add(r * d);
+        // The first row's pass over the keys takes a key's share of the fetches per key.
+        let f = if r == 0 { Some(&mut *fetch) } else { None };
         let sums = match d {
-            64 => key_sums::<T, 4>(qr, k, n),
-            128 => key_sums::<T, 8>(qr, k, n),
-            _ => key_sums_any(qr, k, n, d),
+            64 => key_sums::<T, 4>(qr, k, n, f),
+            128 => key_sums::<T, 8>(qr, k, n, f),
+            _ => key_sums_any(qr, k, n, d, f),
         };
         if n < TREE_MIN_KEYS {
             // A few keys (Rabe–Staats' one at a time): each reduced alone, in the tree's
@@ -261,10 +278,14 @@ unsafe fn key_sums<T: Elem16, const V: usize>(
     q: *const f32,
     k: *const T,
     n: usize,
+    mut fetch: Option<&mut Spread>,
 ) -> [__m512; 16] {
     let qv = load_row::<V>(q);
     let mut sums = [_mm512_setzero_ps(); 16];
     for j in 0..n {
+        if let Some(f) = fetch.as_deref_mut() {
+            f.step();
+        }
         sums[j] = key_sum(&qv, k.add(j * 16 * V));
     }
     sums
@@ -298,9 +319,18 @@ unsafe fn key_sum<T: Elem16, const V: usize>(qv: &[__m512; V], k: *const T) -> _
 /// `key_sums` for any multiple of 16 as `d`, the query row read from L1 per key.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn key_sums_any<T: Elem16>(q: *const f32, k: *const T, n: usize, d: usize) -> [__m512; 16] {
+unsafe fn key_sums_any<T: Elem16>(
+    q: *const f32,
+    k: *const T,
+    n: usize,
+    d: usize,
+    mut fetch: Option<&mut Spread>,
+) -> [__m512; 16] {
     let mut sums = [_mm512_setzero_ps(); 16];
     for j in 0..n {
+        if let Some(f) = fetch.as_deref_mut() {
+            f.step();
+        }
         sums[j] = key_sum_any(q, k.add(j * d), d);
     }
     sums

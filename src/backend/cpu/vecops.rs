@@ -65,14 +65,15 @@ pub fn scores(
     scores_fetching(isa, q, k, dims, scale, scores, stride, &mut Spread::none());
 }
 
-/// Whether `scores_fetching` spreads its fetches over the keys on the kernel path `isa` at
-/// head dimension `d` (the AVX2 loops); elsewhere it takes them all before the first key.
-pub fn fetches_per_key(isa: Isa, d: usize) -> bool {
+/// Whether `scores_fetching` (and `scores_bf16`) spread their fetches over the keys on the
+/// kernel path `isa` (every vector loop); the portable loop takes them all before the
+/// first key.
+pub fn fetches_per_key(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return isa != Isa::Portable && !wide(isa, d) && fast();
+    return isa != Isa::Portable && fast();
     #[cfg(not(target_arch = "x86_64"))]
     return {
-        let _ = (isa, d);
+        let _ = isa;
         false
     };
 }
@@ -92,20 +93,22 @@ pub fn scores_fetching(
 ) {
     #[cfg(target_arch = "x86_64")]
     if wide(isa, dims.d) {
-        fetch.all();
         // SAFETY: AVX-512 F was detected (`wide`), and d is a multiple of 16.
         unsafe {
             match k {
-                Elems::F32(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
-                Elems::Bf16(k) => decode_avx512::scores(q, k, dims, scale, scores, stride),
-                Elems::Fp8(c, f, s8) => fp8_scores(q, c, f, s8, dims, scale, scores, stride),
+                Elems::F32(k) => decode_avx512::scores(q, k, dims, scale, scores, stride, fetch),
+                Elems::Bf16(k) => decode_avx512::scores(q, k, dims, scale, scores, stride, fetch),
+                Elems::Fp8(c, f, s8) => {
+                    fetch.all();
+                    fp8_scores(q, c, f, s8, dims, scale, scores, stride)
+                }
             }
         };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Portable && fast() {
-        // SAFETY: AVX2 and FMA were detected on this CPU just above.
+    if fetches_per_key(isa) {
+        // SAFETY: AVX2 and FMA were detected on this CPU (`fast`).
         unsafe {
             match k {
                 Elems::F32(k) => avx2::scores(q, k, dims, scale, scores, stride, fetch),
@@ -151,11 +154,19 @@ unsafe fn fp8_scores(
         Fp8Format::Fp8e4m3 => {
             let c = decode_avx512::as_e4m3(codes);
             let unit = s8 * decode_avx512::E4M3_UNIT;
-            decode_avx512::scores(q, c, dims, scale * unit, scores, stride)
+            decode_avx512::scores(
+                q,
+                c,
+                dims,
+                scale * unit,
+                scores,
+                stride,
+                &mut Spread::none(),
+            )
         }
         Fp8Format::Fp8e5m2 => {
             let c = decode_avx512::as_e5m2(codes);
-            decode_avx512::scores(q, c, dims, scale * s8, scores, stride)
+            decode_avx512::scores(q, c, dims, scale * s8, scores, stride, &mut Spread::none())
         }
     }
 }
@@ -211,13 +222,22 @@ pub fn has_bf16_dot() -> bool {
 /// `vdpbf16ps`: products of bf16 are exact in f32 and accumulate in f32, so this is the
 /// arithmetic of the f32 path with a quarter of the instructions. Callers check
 /// `has_bf16_dot` (otherwise the portable path runs).
-pub fn scores_bf16(q: &[u16], k: &[bf16], dims: Dims, scale: f32, s: &mut [f32], stride: usize) {
+pub fn scores_bf16(
+    q: &[u16],
+    k: &[bf16],
+    dims: Dims,
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+    fetch: &mut Spread,
+) {
     #[cfg(target_arch = "x86_64")]
     if has_bf16_dot() {
         // SAFETY: the required AVX-512 features were detected just above.
-        unsafe { avx512::scores(q, k, dims, scale, s, stride) };
+        unsafe { avx512::scores(q, k, dims, scale, s, stride, fetch) };
         return;
     }
+    fetch.all();
     let qf: Vec<f32> = q.iter().map(|&b| bf16_to_f32(bf16::from_bits(b))).collect();
     let kf: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
     scores_body(&qf, &kf, dims, scale, s, stride);
@@ -511,7 +531,7 @@ unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
 #[allow(clippy::needless_range_loop)] // rows index the accumulator array
 #[allow(clippy::incompatible_msrv)] // gated on the compiler version by build.rs
 mod avx512 {
-    use super::{bf16, Dims};
+    use super::{bf16, Dims, Spread};
     use std::arch::x86_64::*;
 
     /// 32 bf16 (as 16-bit patterns) from `p`, the first `n` of them (rest zero).
@@ -554,6 +574,7 @@ mod avx512 {
         scale: f32,
         s: &mut [f32],
         stride: usize,
+        fetch: &mut Spread,
     ) {
         let Dims { rows, keys, d } = dims;
         assert!(
@@ -568,6 +589,7 @@ mod avx512 {
         // bf16 is a 16-bit pattern in memory.
         let kp = k.as_ptr() as *const u16;
         for j in 0..keys {
+            fetch.step();
             let kj = kp.add(j * d);
             let mut r = 0;
             while r + 4 <= rows {
@@ -1144,23 +1166,41 @@ mod tests {
     /// path (spread over the keys on AVX2, at once elsewhere).
     #[test]
     fn scores_fetching_scores_the_same_and_fetches_every_line() {
-        let (rows, keys, d) = (6, 19, 40);
-        let q: Vec<f32> = (0..rows * d).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
-        let k: Vec<f32> = (0..keys * d)
-            .map(|i| (i % 13) as f32 * 0.07 - 0.4)
-            .collect();
-        let v = vec![0.0f32; keys * d];
-        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-            let dims = Dims { rows, keys, d };
-            let (mut plain, mut fetched) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
-            scores(isa, &q, Elems::F32(&k), dims, 0.3, &mut plain, keys);
-            let mut fetch = Spread::new(&v, &[0u8; 0], keys);
-            assert_eq!(fetch.left(), (keys * d * 4).div_ceil(64));
-            let kf = Elems::F32(&k);
-            scores_fetching(isa, &q, kf, dims, 0.3, &mut fetched, keys, &mut fetch);
-            assert_eq!(fetch.left(), 0, "{isa:?}");
+        // d = 40 runs the AVX2 loop on every vector path, d = 128 the AVX-512 one where the
+        // path has it; 19 keys leave a partial group of 16.
+        let (rows, keys) = (6, 19);
+        for d in [40, 128] {
+            let q: Vec<f32> = (0..rows * d).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
+            let k: Vec<f32> = (0..keys * d)
+                .map(|i| (i % 13) as f32 * 0.07 - 0.4)
+                .collect();
+            let kb: Vec<bf16> = k.iter().map(|&x| bf16::from_f32(x)).collect();
+            let v = vec![0.0f32; keys * d];
+            let lines = (keys * d * 4).div_ceil(64);
             let bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&plain), bits(&fetched), "{isa:?}");
+            let dims = Dims { rows, keys, d };
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                for kf in [Elems::F32(&k), Elems::Bf16(&kb)] {
+                    let mut plain = vec![0.0f32; rows * keys];
+                    let mut fetched = vec![0.0f32; rows * keys];
+                    scores(isa, &q, kf, dims, 0.3, &mut plain, keys);
+                    let mut fetch = Spread::new(&v, &[0u8; 0], keys);
+                    assert_eq!(fetch.left(), lines);
+                    scores_fetching(isa, &q, kf, dims, 0.3, &mut fetched, keys, &mut fetch);
+                    assert_eq!(fetch.left(), 0, "{isa:?} d {d}");
+                    assert_eq!(bits(&plain), bits(&fetched), "{isa:?} d {d}");
+                }
+            }
+            // The bf16 pairs (`vdpbf16ps`) as well, where the CPU has them.
+            let mut qs = vec![0.0f32; rows * d];
+            let qr: Vec<f32> = q.iter().map(|&x| bf16::from_f32(x).to_f32()).collect();
+            let qb = to_bf16_bits(&qr, &mut qs).expect("rounded to bf16");
+            let (mut plain, mut fetched) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
+            scores_bf16(qb, &kb, dims, 0.3, &mut plain, keys, &mut Spread::none());
+            let mut fetch = Spread::new(&v, &[0u8; 0], keys);
+            scores_bf16(qb, &kb, dims, 0.3, &mut fetched, keys, &mut fetch);
+            assert_eq!(fetch.left(), 0, "pairs d {d}");
+            assert_eq!(bits(&plain), bits(&fetched), "pairs d {d}");
         }
     }
 
@@ -1254,7 +1294,7 @@ mod tests {
                 let qb = to_bf16_bits(&qf, &mut scratch).unwrap().to_vec();
                 let dims = Dims { rows, keys, d };
                 let (mut a, mut b) = (vec![0.0f32; rows * keys], vec![0.0f32; rows * keys]);
-                scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys);
+                scores_bf16(&qb, &kb, dims, 0.5, &mut a, keys, &mut Spread::none());
                 scores(Isa::Avx2, &qf, Elems::F32(&kf), dims, 0.5, &mut b, keys);
                 let what = format!("d {d} rows {rows} keys {keys}");
                 for (x, y) in a.iter().zip(&b) {
@@ -1266,7 +1306,15 @@ mod tests {
                 for j in 0..keys {
                     let one = Dims { rows, keys: 1, d };
                     let mut alone = vec![0.0f32; rows];
-                    scores_bf16(&qb, &kb[j * d..], one, 0.5, &mut alone, 1);
+                    scores_bf16(
+                        &qb,
+                        &kb[j * d..],
+                        one,
+                        0.5,
+                        &mut alone,
+                        1,
+                        &mut Spread::none(),
+                    );
                     for r in 0..rows {
                         let x = a[r * keys + j];
                         assert_eq!(alone[r].to_bits(), x.to_bits(), "{what}: {r}, {j} alone");
