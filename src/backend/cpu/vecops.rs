@@ -79,7 +79,8 @@ pub fn fetches_per_key(isa: Isa) -> bool {
 }
 
 /// `scores`, bringing the lines of `fetch` into L2 meanwhile: an equal share before each
-/// key where `fetches_per_key`, all before the first key elsewhere.
+/// key where `fetches_per_key` (on the AVX-512 loops, during the first query row's pass),
+/// all before the first key elsewhere and for FP8 codes.
 #[allow(clippy::too_many_arguments)]
 pub fn scores_fetching(
     isa: Isa,
@@ -1163,7 +1164,8 @@ mod tests {
     }
 
     /// Fetching changes no score, and every line handed over is fetched by the end, on every
-    /// path (spread over the keys on AVX2, at once elsewhere).
+    /// path and on the bf16 pairs (spread over the keys on the vector loops, at once on the
+    /// portable one).
     #[test]
     fn scores_fetching_scores_the_same_and_fetches_every_line() {
         // d = 40 runs the AVX2 loop on every vector path, d = 128 the AVX-512 one where the
