@@ -246,10 +246,14 @@ fn flash_train(c: &Case, isa: Isa) -> u64 {
     let rows = 4 * (s.batch * s.heads * s.seq_q) as u64; // L kept; the backward's D as many
     let kv_items = s.batch * s.kv_heads * s.seq_kv.div_ceil(bk);
     let (qw, kw) = if widen(c) { (bq * d, bk * d) } else { (0, 0) };
-    // K_j^T or V_j^T, keys padded to the widest vector
-    let t = d * bk.div_ceil(LANES) * LANES;
-    // widened Q_i and K_j; K_j^T, V_j^T; S and dS tiles; dK_j, dV_j; dQ_i
-    let bwd_floats = qw + kw + 2 * t + 2 * bq * bk + 2 * bk * d + bq * d;
+    // Rows of K_j^T, V_j^T, P and dS: the keys in whole 64-byte lines of 16 floats, one
+    // line more where the lines are a multiple of 8 (off the L1's set aliasing)
+    let lines = bk.div_ceil(LANES);
+    let ld = (lines + usize::from(lines.is_multiple_of(8))) * LANES;
+    // P, then dS over it; a separate dP only above head dim 256 (the tiles' one block)
+    let pds = if d <= 256 { bq * ld } else { 2 * bq * ld };
+    // widened Q_i and K_j; K_j^T, V_j^T; P/dS (and dP); dK_j, dV_j; dQ_i
+    let bwd_floats = qw + kw + 2 * d * ld + pds + 2 * bk * d + bq * d;
     let q_blocks = (s.batch * s.heads * s.seq_q.div_ceil(bq)) as u64;
     let bwd = rows // D
         + ws(c.threads.min(kv_items).max(1), bwd_floats)
@@ -827,13 +831,14 @@ fn predicted(c: &Case, isa: Isa) -> u64 {
 }
 
 /// (n, heads, kv heads, head dim): aligned and ragged lengths, head dims of whole vectors,
-/// of half a vector and odd (no bf16 pairs).
-const SHAPES: [(usize, usize, usize, usize); 5] = [
+/// of half a vector and odd (no bf16 pairs), and one above the tiles' one block (256).
+const SHAPES: [(usize, usize, usize, usize); 6] = [
     (1024, 2, 2, 64),
     (1000, 3, 3, 64),
     (300, 4, 2, 128),
     (77, 2, 1, 40),
     (4500, 1, 1, 33),
+    (40, 1, 1, 264),
 ];
 const THREADS: [usize; 3] = [1, 2, 5];
 const DTYPES: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];

@@ -401,6 +401,10 @@ fn gradients_on_ragged_shapes() {
         (77, 77, 3, Some((7, 5))),
         (33, 45, 80, Some((8, 16))),
         (20, 20, 128, None),
+        // flash's default key block of 256 (rows of K^T, P and dS skewed to 272 floats),
+        // a ragged last one; and a head dim above the tiles' one block (dP apart from P).
+        (70, 300, 64, None),
+        (20, 37, 264, Some((8, 16))),
     ] {
         for causal in [false, true] {
             let mut s = setup(nq, nkv, d);

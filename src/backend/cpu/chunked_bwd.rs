@@ -99,7 +99,7 @@ pub fn backward(
                     let last_visible = s.visible_keys(causal, row0 + rows - 1);
                     // The scaled scores of key chunk j (K_j^T in `kt`), masked.
                     let score = |p: &mut [f32], kt: &[f32], k0: usize, kn: usize| {
-                        scores(isa, qs, kt, ldt, (rows, kn, d), p);
+                        scores(isa, qs, kt, ldt, (rows, kn, d), p, kn);
                         for (r, row) in p.chunks_mut(kn).enumerate() {
                             mask_from(row, s.visible_keys(causal, row0 + r).saturating_sub(k0));
                         }
@@ -154,7 +154,7 @@ pub fn backward(
                         pack_t(isa, &inputs.v, kv_off + k0 * d, kn, d, ldt, vt);
                         let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
                         score(p, kt, k0, kn);
-                        probs_from_lse(isa, p, l, kn, 1.0);
+                        probs_from_lse(isa, p, l, (kn, kn), 1.0);
                         let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
                         let block = Block {
                             q: qs,
@@ -167,6 +167,7 @@ pub fn backward(
                             rows,
                             kn,
                             d,
+                            ldp: kn,
                         };
                         let acc = |c, add| Acc { c, add };
                         // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d); dQ is
@@ -175,7 +176,7 @@ pub fn backward(
                             isa,
                             &block,
                             p,
-                            dp,
+                            Some(dp),
                             1.0,
                             acc(&mut *dv_t, false),
                             acc(&mut *dk_t, false),

@@ -7,18 +7,20 @@
 //! see nothing of block j are skipped; with a sliding window (`Shape::key_range`) so are
 //! those whose first row's window starts after block j and that hold no attention sink, and
 //! keys before a row's window start, sinks aside, are masked. The products run on the
-//! forward's register tiles (`block_grads`), K_j^T and V_j^T packed once per item. Time
+//! forward's register tiles (`block_grads`), K_j^T and V_j^T packed once per item, dS
+//! formed over P (no dP buffer up to d = 256), rows of K_j^T, V_j^T, P and dS at
+//! `tiles::skew_stride` (off the L1's power-of-two set aliasing). Time
 //! O(b*h*n_q*n_kv*d) (5 matmuls incl. the recomputed S); extra memory D (4*b*h*n_q bytes)
 //! and per-worker tiles, O(1) in n.
 
 use rayon::prelude::*;
 
-use super::block_grads::{probs_from_lse, products, scores, Acc, Block};
+use super::block_grads::{ds_in_place, probs_from_lse, products, scores, Acc, Block};
 use super::blocks::{head_row_blocks, split_bytes, LockedBlocks};
 use super::isa::Isa;
 use super::naive_bwd::dot;
 use super::softmax::mask_from;
-use super::tiles::{pack_t, pad_lanes};
+use super::tiles::{pack_t, skew_stride};
 use super::vecops;
 use super::workspace::{carve, Workspace};
 use crate::problem::{Grads, Inputs, Shape};
@@ -34,12 +36,16 @@ pub fn bookkeeping_bytes(shape: &Shape, bq: usize, bk: usize) -> u64 {
 }
 
 /// Per-worker scratch floats, in the order they are carved: Q_i and K_j widened (16-bit
-/// inputs), K_j^T and V_j^T (d rows of `pad_lanes(bk)`), P and dS, dK_j and dV_j, dQ_i.
+/// inputs), K_j^T and V_j^T (d rows of `skew_stride(bk)`), P then dS (bq rows of
+/// `skew_stride(bk)`), dP (the same, only for head dims above `KC`:
+/// `block_grads::ds_in_place`), dK_j and dV_j, dQ_i.
 pub fn worker_lens(shape: &Shape, bq: usize, bk: usize, widen: bool) -> [usize; 9] {
     let d = shape.head_dim;
     let (q, k) = if widen { (bq * d, bk * d) } else { (0, 0) };
-    let t = d * pad_lanes(bk);
-    [q, k, t, t, bq * bk, bq * bk, bk * d, bk * d, bq * d]
+    let ld = skew_stride(bk);
+    let (t, p) = (d * ld, bq * ld);
+    let dp = if ds_in_place(d) { 0 } else { p };
+    [q, k, t, t, p, dp, bk * d, bk * d, bq * d]
 }
 
 /// Floats of D = rowsum(dO * O), one per query row.
@@ -73,7 +79,8 @@ pub fn backward(
     let dq = LockedBlocks::new(&mut grads.dq, None, nq, d, bq);
     let nqb = nq.div_ceil(bq);
     let nkb = nkv.div_ceil(bk);
-    let ldt = pad_lanes(bk);
+    // K^T, V^T, P and dS rows off the L1's power-of-two aliasing (`skew_stride`).
+    let ldt = skew_stride(bk);
     let dk_blocks = head_row_blocks(&mut grads.dk, nkv, d, bk);
     let dv_blocks = head_row_blocks(&mut grads.dv, nkv, d, bk);
     dk_blocks
@@ -122,25 +129,28 @@ pub fn backward(
                         rows,
                         kn,
                         d,
+                        ldp: ldt,
                     };
-                    let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
-                    scores(isa, q, kt, ldt, (rows, kn, d), p);
+                    let p = &mut p[..rows * ldt];
+                    scores(isa, q, kt, ldt, (rows, kn, d), p, ldt);
                     if causal {
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                        for (r, row) in p.chunks_mut(ldt).enumerate() {
+                            let row = &mut row[..kn];
                             mask_from(row, s.visible_keys(true, row0 + r).saturating_sub(k0));
                         }
                     }
                     if window.is_some() && lo(rows - 1) > k0 {
                         // Keys before a row's window, the sinks among them aside.
                         let first = sinks.saturating_sub(k0).min(kn);
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
+                        for (r, row) in p.chunks_mut(ldt).enumerate() {
                             let n = lo(r).saturating_sub(k0).min(kn);
                             row[first.min(n)..n].fill(f32::NEG_INFINITY);
                         }
                     }
-                    probs_from_lse(isa, p, &lse[head * nq + row0..][..rows], kn, scale);
+                    probs_from_lse(isa, p, &lse[head * nq + row0..][..rows], (kn, ldt), scale);
                     let dq_t = &mut dq_tmp[..rows * d];
                     let acc = |c, add| Acc { c, add };
+                    let dp = (!dp.is_empty()).then(|| &mut dp[..rows * ldt]);
                     products(
                         isa,
                         &block,

@@ -89,7 +89,7 @@ pub fn backward(
             for (r, x) in dd[..rows].iter_mut().enumerate() {
                 *x = dot(&go[r * d..(r + 1) * d], &o[r * d..(r + 1) * d]);
             }
-            softmax_grad_rows(ds_b, p, &dd[..rows], nkv, scale);
+            softmax_grad_rows(ds_b, p, &dd[..rows], (nkv, nkv), scale);
             let k = BOp::new(k, nkv, d, d);
             gemm(isa, AOp::rows(ds_b, rows, nkv), k, dq_b, d, Out::Store);
         });

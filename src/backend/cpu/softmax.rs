@@ -53,12 +53,18 @@ pub fn scale_row(row: &mut [f32], f: f32) {
 
 /// The softmax backward on a tile, times `s`: each dP_ij becomes dS_ij = s P_ij (dP_ij -
 /// D_i), with `d_rows[i]` = D_i = rowsum(dO_i * O_i). `dp` and `p` are `rows x cols`,
-/// row-major. (`s` carries the score scale 1/sqrt(d) into the dQ and dK products, which
+/// row-major, rows `ld` floats apart. (`s` carries the score scale 1/sqrt(d) into the dQ and dK products, which
 /// the tiles take without a factor.)
 #[inline]
-pub fn softmax_grad_rows(dp: &mut [f32], p: &[f32], d_rows: &[f32], cols: usize, s: f32) {
-    for ((dp_r, p_r), d_i) in dp.chunks_mut(cols).zip(p.chunks(cols)).zip(d_rows) {
-        for (x, pj) in dp_r.iter_mut().zip(p_r) {
+pub fn softmax_grad_rows(
+    dp: &mut [f32],
+    p: &[f32],
+    d_rows: &[f32],
+    (cols, ld): (usize, usize),
+    s: f32,
+) {
+    for ((dp_r, p_r), d_i) in dp.chunks_mut(ld).zip(p.chunks(ld)).zip(d_rows) {
+        for (x, pj) in dp_r[..cols].iter_mut().zip(&p_r[..cols]) {
             *x = s * pj * (*x - d_i);
         }
     }

@@ -17,13 +17,13 @@ pub(crate) unsafe fn zero() -> V {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn splat(x: f32) -> V {
+pub(crate) unsafe fn splat(x: f32) -> V {
     _mm512_set1_ps(x)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn bcast(p: *const f32) -> V {
+pub(crate) unsafe fn bcast(p: *const f32) -> V {
     _mm512_set1_ps(*p)
 }
 
@@ -92,13 +92,13 @@ pub(crate) unsafe fn add(a: V, b: V) -> V {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn sub(a: V, b: V) -> V {
+pub(crate) unsafe fn sub(a: V, b: V) -> V {
     _mm512_sub_ps(a, b)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn mul(a: V, b: V) -> V {
+pub(crate) unsafe fn mul(a: V, b: V) -> V {
     _mm512_mul_ps(a, b)
 }
 

@@ -7,7 +7,8 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{
-    add, exp2, exp2_nonpos_bf16, fma, load, load_m, max, store, store_m, zero, Mask, NV_MAX, V, W,
+    add, bcast, exp2, exp2_nonpos_bf16, fma, load, load_m, max, mul, splat, store, store_m, sub,
+    zero, Mask, NV_MAX, V, W,
 };
 use super::{ColSoftmax, Epi, Tile, KC, ROW_SEG};
 

@@ -54,6 +54,9 @@ pub enum Epi {
     ScaleAdd(*const f32),
     /// C = acc and m[j] = max(m[j], max_i acc[i][j]) (the running column max of S^T).
     StoreColMax(*mut f32),
+    /// C[i][j] = s C[i][j] (acc[i][j] - d[i]), C's old value read first: the softmax
+    /// backward's dS = s P (dP - D) written over P, with `d` the tile's rows' D.
+    SoftmaxGrad(*const f32, f32),
 }
 
 /// Arguments of one tile: C[m x n] (op)= A[m x k] B[k x n], `m <= MR`, `n <= NV * W`.
@@ -179,6 +182,18 @@ macro_rules! epilogue_fns {
                     }
                     for (v, x) in mv.iter().enumerate() {
                         stv::<NV, PARTIAL>(m.add(v * W), v, *x, lastm);
+                    }
+                }
+                Epi::SoftmaxGrad(d, s) => {
+                    // (s P) (dP - D), in `softmax_grad_rows`'s order: the same bits.
+                    let sv = splat(s);
+                    for (i, row) in acc.iter().enumerate() {
+                        let di = bcast(d.add(i));
+                        for (v, x) in row.iter().enumerate() {
+                            let p = c.add(i * ldc + v * W);
+                            let y = mul(mul(sv, ldv::<NV, PARTIAL>(p, v, lastm)), sub(*x, di));
+                            stv::<NV, PARTIAL>(p, v, y, lastm);
+                        }
                     }
                 }
             }

@@ -66,14 +66,18 @@ fn f32_tiles_match_plain_products_with_every_epilogue() {
             let ldc = n + 1;
             let c0 = values(m * ldc, 3);
             let s = values(n, 4);
-            for mode in 0..4 {
+            let dr = values(m, 7);
+            // The dS epilogue needs the whole sum in one block.
+            let modes = if k <= KC { 5 } else { 4 };
+            for mode in 0..modes {
                 let mut c = c0.clone();
                 let mut cm = vec![0.25f32; n];
                 let out = match mode {
                     0 => Out::Store,
                     1 => Out::Add,
                     2 => Out::ScaleAdd(&s),
-                    _ => Out::StoreColMax(&mut cm),
+                    3 => Out::StoreColMax(&mut cm),
+                    _ => Out::SoftmaxGrad(&dr, 0.75),
                 };
                 gemm(isa, a, b, &mut c, ldc, out);
                 let mut colmax = vec![0.25f64; n];
@@ -84,7 +88,8 @@ fn f32_tiles_match_plain_products_with_every_epilogue() {
                         let want = match mode {
                             0 | 3 => p,
                             1 => old + p,
-                            _ => old * s[j] as f64 + p,
+                            2 => old * s[j] as f64 + p,
+                            _ => 0.75 * old * (p - dr[i] as f64),
                         };
                         colmax[j] = colmax[j].max(p);
                         let got = c[i * ldc + j] as f64;
@@ -106,6 +111,33 @@ fn f32_tiles_match_plain_products_with_every_epilogue() {
             }
         }
     }
+}
+
+#[test]
+fn skewed_strides_are_whole_lines_off_multiples_of_eight() {
+    assert_eq!(
+        [1, 16, 32, 64, 80, 128, 129, 256, 512].map(skew_stride),
+        [16, 16, 32, 64, 80, 144, 144, 272, 528]
+    );
+    for n in 1..2048 {
+        let ld = skew_stride(n);
+        assert!(ld >= n && ld < n + 2 * LANES_MAX, "{n}: {ld}");
+        assert!(
+            ld.is_multiple_of(LANES_MAX) && !(ld / LANES_MAX).is_multiple_of(8),
+            "{n}: {ld}"
+        );
+    }
+}
+
+#[test]
+#[should_panic(expected = "the dS epilogue needs the whole sum")]
+fn the_ds_epilogue_refuses_a_split_reduction() {
+    let (m, k, n) = (2, KC + 1, 3);
+    let (ad, bd, dr) = (values(m * k, 1), values(k * n, 2), values(m, 3));
+    let a = AOp::rows(&ad, m, k);
+    let b = BOp::new(&bd, k, n, n);
+    let mut c = vec![0.0; m * n];
+    gemm(Isa::Portable, a, b, &mut c, n, Out::SoftmaxGrad(&dr, 1.0));
 }
 
 #[test]
