@@ -150,7 +150,7 @@ pub fn backward(
                     probs_from_lse(isa, p, &lse[head * nq + row0..][..rows], (kn, ldt), scale);
                     let dq_t = &mut dq_tmp[..rows * d];
                     let acc = |c, add| Acc { c, add };
-                    let dp = (!dp.is_empty()).then(|| &mut dp[..rows * ldt]);
+                    let dp = (!ds_in_place(d)).then(|| &mut dp[..rows * ldt]);
                     products(
                         isa,
                         &block,

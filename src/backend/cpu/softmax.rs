@@ -53,8 +53,8 @@ pub fn scale_row(row: &mut [f32], f: f32) {
 
 /// The softmax backward on a tile, times `s`: each dP_ij becomes dS_ij = s P_ij (dP_ij -
 /// D_i), with `d_rows[i]` = D_i = rowsum(dO_i * O_i). `dp` and `p` are `rows x cols`,
-/// row-major, rows `ld` floats apart. (`s` carries the score scale 1/sqrt(d) into the dQ and dK products, which
-/// the tiles take without a factor.)
+/// row-major, rows `ld` floats apart. (`s` carries the score scale 1/sqrt(d) into the dQ
+/// and dK products, which the tiles take without a factor.)
 #[inline]
 pub fn softmax_grad_rows(
     dp: &mut [f32],

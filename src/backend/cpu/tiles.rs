@@ -35,8 +35,7 @@ pub fn pad_lanes(n: usize) -> usize {
 /// A row stride for `n` floats: whole 64-byte lines, one more when the lines are a multiple
 /// of 8. Rows 8k lines apart fall into at most 8 of the L1's 64 sets (at 256 keys, 1 KiB:
 /// 4 sets), so a tile's 64-row operand strip cannot stay in an 8-way L1 while the other
-/// operands pass (measured on a Zen 3: the backward's products at 86 to 90 GFLOP/s at
-/// 1 KiB, 93 to 96 at 1088 B).
+/// operands pass (measured on a Zen 3: docs/internals/cpu-kernels.md, *Backward passes*).
 pub fn skew_stride(n: usize) -> usize {
     let lines = n.div_ceil(LANES_MAX);
     (lines + usize::from(lines.is_multiple_of(8))) * LANES_MAX
