@@ -405,6 +405,18 @@ impl Shape {
         let v = row as i64 + self.seq_kv as i64 - self.seq_q as i64 + 1;
         v.clamp(0, self.seq_kv as i64) as usize
     }
+    /// The first query row whose causal bound admits `key`: `visible_keys(causal, r) > key`
+    /// exactly for the rows `r` from it on (`seq_q` when no row sees `key`).
+    pub fn first_row_seeing(&self, causal: bool, key: usize) -> usize {
+        if key >= self.seq_kv {
+            return self.seq_q;
+        }
+        if !causal {
+            return 0;
+        }
+        let r = key as i64 + self.seq_q as i64 - self.seq_kv as i64;
+        r.clamp(0, self.seq_q as i64) as usize
+    }
     /// Keys `lo..hi` that query row `row` attends to: the causal bound of `visible_keys`,
     /// and with a sliding window only the last `window` of those (Transformers Inference Optimization Toolset, "Sliding window
     /// attention"; for a non-causal row, the last `window` keys of the sequence).
@@ -1517,6 +1529,25 @@ mod tests {
         assert_eq!(s.visible_keys(true, 3), 1);
         assert_eq!(s.visible_keys(true, 4), 2);
         assert_eq!(s.visible_keys(false, 0), 2);
+    }
+
+    /// `first_row_seeing` is the inverse of `visible_keys`: the rows from it on, and only
+    /// they, see the key (more queries than keys, fewer, equal; keys past the end).
+    #[test]
+    fn first_row_seeing_inverts_visible_keys() {
+        for (nq, nkv) in [(5, 2), (2, 5), (4, 4), (1, 7), (7, 1)] {
+            let s = shape(nq, nkv);
+            for causal in [false, true] {
+                for key in 0..nkv + 2 {
+                    let first = s.first_row_seeing(causal, key);
+                    for r in 0..nq {
+                        let sees = s.visible_keys(causal, r) > key;
+                        assert_eq!(sees, r >= first, "{nq}x{nkv} causal {causal} key {key}");
+                    }
+                    assert!(first <= nq);
+                }
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::backend::cpu::isa::Isa;
 use crate::backend::cpu::naive as kernel;
 use crate::backend::cpu::naive_bwd as bwd;
 use crate::backend::cpu::tiles::ReadPath;
-use crate::backend::cpu::workspace::{try_scratch, try_zeroed, Workspace};
+use crate::backend::cpu::workspace::{try_scratch, Workspace};
 use crate::backend::cuda::plan::GpuAlgo;
 use crate::error::Result;
 use crate::problem::{Case, Grads, Inputs, Mode};
@@ -158,13 +158,23 @@ impl Variant for Naive {
             return Err(wrong_saved(self.info()));
         };
         let s = &case.shape;
-        let mut ds = try_zeroed(kernel::scores_len(s), "naive score gradient dS")?;
+        let mut ds = try_scratch(kernel::scores_len(s), "naive score gradient dS")?;
         let ws = Workspace::new(
             case.threads.min(bwd::items(s)).max(1),
             bwd::worker_floats(s, widen(case)),
             "naive backward workspace",
         )?;
-        bwd::backward(inputs, isa, out, d_out, probs, &mut ds, &ws, grads);
+        bwd::backward(
+            inputs,
+            case.causal,
+            isa,
+            out,
+            d_out,
+            probs,
+            &mut ds,
+            &ws,
+            grads,
+        );
         Ok(())
     }
 }

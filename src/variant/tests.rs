@@ -405,12 +405,80 @@ fn gradients_on_ragged_shapes() {
         // a ragged last one; and a head dim above the tiles' one block (dP apart from P).
         (70, 300, 64, None),
         (20, 37, 264, Some((8, 16))),
+        // Query chunks of several 64-row strips (rabe-staats' causal strips see growing key
+        // prefixes) and several of naive's 64-row blocks, fewer and more queries than keys.
+        (150, 170, 32, Some((130, 100))),
+        (170, 150, 16, Some((130, 100))),
+        (200, 200, 16, None),
     ] {
         for causal in [false, true] {
             let mut s = setup(nq, nkv, d);
             s.chunks = chunks;
             s.causal = causal;
             assert_all_gradients(&s);
+        }
+    }
+}
+
+/// In a warm timing loop a training step's scratch is what the previous step left: every
+/// training step must write each scratch value it reads. Here a first step fills the loop's
+/// buffers, they are poisoned with NaN, and the second step must still be right; causal
+/// rows see growing key prefixes, fewer and more queries than keys.
+#[test]
+fn gradients_from_poisoned_scratch() {
+    use crate::backend::cpu::workspace::{poison_freed, WarmCalls};
+    for (nq, nkv) in [(150, 170), (170, 150), (130, 130)] {
+        for causal in [false, true] {
+            let mut s = setup(nq, nkv, 16);
+            s.causal = causal;
+            for v in EXPECTED_FWD_BWD {
+                for isa in paths() {
+                    // On a worker of the step's pool, whose thread keeps the freed buffers
+                    // (the step's own `install` then runs inline), as the timing loop does.
+                    let e = crate::run::pool(s.threads).unwrap().install(|| {
+                        let _warm = WarmCalls::start();
+                        grad_error_of(v, &s, UpstreamGrad::Random, isa);
+                        poison_freed(f32::NAN);
+                        grad_error_of(v, &s, UpstreamGrad::Random, isa)
+                    });
+                    assert!(
+                        e.full && e.non_finite == 0 && e.max_rel <= GRAD_REL_TOL,
+                        "{} [{isa}] {nq}x{nkv} causal {causal}: grad rel err {:e}",
+                        v.name(),
+                        e.max_rel
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The forwards likewise: a first call fills the warm loop's buffers, they are poisoned
+/// with NaN, and the second call must still match the oracle; every dtype.
+#[test]
+fn forwards_from_poisoned_scratch() {
+    use crate::backend::cpu::workspace::{poison_freed, WarmCalls};
+    for (nq, nkv, causal) in [(150, 170, true), (170, 150, true), (130, 130, false)] {
+        for dtype in DType::ALL {
+            let mut s = setup(nq, nkv, 16);
+            s.causal = causal;
+            s.dtype = dtype;
+            for v in fwd_variants(&s) {
+                for isa in paths() {
+                    let e = crate::run::pool(s.threads).unwrap().install(|| {
+                        let _warm = WarmCalls::start();
+                        error_of(v, &s, isa);
+                        poison_freed(f32::NAN);
+                        error_of(v, &s, isa)
+                    });
+                    assert!(
+                        e.max_abs <= dtype.tolerance(),
+                        "{} [{isa}] {dtype} {nq}x{nkv} causal {causal}: max abs err {:e}",
+                        v.name(),
+                        e.max_abs
+                    );
+                }
+            }
         }
     }
 }

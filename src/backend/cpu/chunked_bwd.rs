@@ -5,7 +5,8 @@
 //! giving L = M + log sum_j w_j e^(m_j - M); D = rowsum(dO * O); pass 2 over key chunks
 //! recomputes P = exp(S - L), then dV_j += P^T dO, dS = P * (dO V_j^T - D),
 //! dQ += dS K_j / sqrt(d), dK_j += dS^T Q / sqrt(d) (dK_j, dV_j added under their chunk's
-//! lock), on the forward's register tiles (`block_grads`). Time O(n_q*n_kv*d) with 8
+//! lock), on the forward's register tiles (`block_grads`), in 64-row strips that take
+//! only the keys their last row sees (causal). Time O(n_q*n_kv*d) with 8
 //! matmul units against standard attention's 6; extra memory per worker two q_c x k_c
 //! slabs, the summaries and O(q_c*d + k_c*d): O(sqrt n) with the paper's chunks, and no
 //! n_q x n_kv matrix ever.
@@ -14,6 +15,7 @@ use rayon::prelude::*;
 
 use super::block_grads::{probs_from_lse, products, scores, Acc, Block};
 use super::blocks::LockedBlocks;
+use super::chunked::STRIP;
 use super::isa::Isa;
 use super::naive_bwd::dot;
 use super::softmax::mask_from;
@@ -97,13 +99,12 @@ pub fn backward(
                     let go = &d_out[q_off + row0 * d..][..rows * d];
                     let o = &out[q_off + row0 * d..][..rows * d];
                     let last_visible = s.visible_keys(causal, row0 + rows - 1);
-                    // The scaled scores of key chunk j (K_j^T in `kt`), masked.
-                    let score = |p: &mut [f32], kt: &[f32], k0: usize, kn: usize| {
-                        scores(isa, qs, kt, ldt, (rows, kn, d), p, kn);
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
-                            mask_from(row, s.visible_keys(causal, row0 + r).saturating_sub(k0));
-                        }
-                    };
+                    // Causal rows see a prefix of the keys that grows with the row: strips of
+                    // `STRIP` rows take only the keys their last row sees, as the forward does.
+                    let strips = rows.div_ceil(STRIP);
+                    let strip = |i: usize| (i * STRIP, STRIP.min(rows - i * STRIP));
+                    let sees =
+                        |r: usize, k0: usize| s.visible_keys(causal, row0 + r).saturating_sub(k0);
                     let log2e = std::f32::consts::LOG2_E;
 
                     // Pass 1: the forward's chunk summaries again, then L per row.
@@ -111,17 +112,32 @@ pub fn backward(
                         let (k0, kn) = (j * kc, kc.min(nkv - j * kc));
                         let (m_j, w_j) =
                             (&mut maxes[j * qc..][..rows], &mut sums[j * qc..][..rows]);
+                        m_j.fill(f32::NEG_INFINITY);
+                        w_j.fill(0.0);
                         if k0 >= last_visible {
-                            m_j.fill(f32::NEG_INFINITY);
-                            w_j.fill(0.0);
                             continue;
                         }
                         pack_t(isa, &inputs.k, kv_off + k0 * d, kn, d, ldt, kt);
-                        let p = &mut p[..rows * kn];
-                        score(p, kt, k0, kn);
-                        for (r, row) in p.chunks_mut(kn).enumerate() {
-                            // The scores are scaled already: 2^(s log2 e - m log2 e).
-                            (m_j[r], w_j[r]) = tiles::softmax_row(isa, row, kn, log2e, true, false);
+                        for (r0, sr) in (0..strips).map(strip) {
+                            let seen = sees(r0 + sr - 1, k0).min(kn);
+                            if seen == 0 {
+                                continue; // the strip sees nothing of chunk j
+                            }
+                            let p = &mut p[r0 * kn..];
+                            let q = &qs[r0 * d..][..sr * d];
+                            scores(isa, q, kt, ldt, (sr, seen, d), p, kn);
+                            for (r, row) in p.chunks_mut(kn).take(sr).enumerate() {
+                                let vis = sees(r0 + r, k0).min(seen);
+                                // The scores are scaled already: 2^(s log2 e - m log2 e).
+                                (m_j[r0 + r], w_j[r0 + r]) = tiles::softmax_row(
+                                    isa,
+                                    &mut row[..seen],
+                                    vis,
+                                    log2e,
+                                    true,
+                                    false,
+                                );
+                            }
                         }
                     }
                     let (l, dd) = ld.split_at_mut(qc);
@@ -149,40 +165,54 @@ pub fn backward(
                         if k0 >= last_visible {
                             continue;
                         }
-                        let k = vecops::widen(&inputs.k, kv_off + k0 * d, kn * d, ks);
-                        pack_t(isa, &inputs.k, kv_off + k0 * d, kn, d, ldt, kt);
-                        pack_t(isa, &inputs.v, kv_off + k0 * d, kn, d, ldt, vt);
-                        let (p, dp) = (&mut p[..rows * kn], &mut dp[..rows * kn]);
-                        score(p, kt, k0, kn);
-                        probs_from_lse(isa, p, l, (kn, kn), 1.0);
-                        let (dk_t, dv_t) = (&mut dk_t[..kn * d], &mut dv_t[..kn * d]);
-                        let block = Block {
-                            q: qs,
-                            k,
-                            kt,
-                            vt,
-                            ldt,
-                            d_out: go,
-                            d_rows: dd,
-                            rows,
-                            kn,
-                            d,
-                            ldp: kn,
-                        };
-                        let acc = |c, add| Acc { c, add };
-                        // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d); dQ is
-                        // scaled once at the end.
-                        products(
-                            isa,
-                            &block,
-                            p,
-                            Some(dp),
-                            1.0,
-                            acc(&mut *dv_t, false),
-                            acc(&mut *dk_t, false),
-                            acc(&mut *dq_acc, true),
-                        );
-                        dkv.add(kv_block0 + j, &[dk_t, dv_t]);
+                        // The keys of chunk j that any row sees; the last strip sees them all.
+                        let kmax = kn.min(last_visible - k0);
+                        let k = vecops::widen(&inputs.k, kv_off + k0 * d, kmax * d, ks);
+                        pack_t(isa, &inputs.k, kv_off + k0 * d, kmax, d, ldt, kt);
+                        pack_t(isa, &inputs.v, kv_off + k0 * d, kmax, d, ldt, vt);
+                        // The last strip first: it stores dK_j and dV_j, the others add.
+                        for i in (0..strips).rev() {
+                            let (r0, sr) = strip(i);
+                            let seen = sees(r0 + sr - 1, k0).min(kmax);
+                            if seen == 0 {
+                                continue;
+                            }
+                            let (p, dp) = (&mut p[r0 * kn..], &mut dp[r0 * kn..]);
+                            let q = &qs[r0 * d..][..sr * d];
+                            scores(isa, q, kt, ldt, (sr, seen, d), p, kn);
+                            for (r, row) in p.chunks_mut(kn).take(sr).enumerate() {
+                                mask_from(&mut row[..seen], sees(r0 + r, k0));
+                            }
+                            probs_from_lse(isa, p, &l[r0..r0 + sr], (seen, kn), 1.0);
+                            let block = Block {
+                                q,
+                                k: &k[..seen * d],
+                                kt,
+                                vt,
+                                ldt,
+                                d_out: &go[r0 * d..][..sr * d],
+                                d_rows: &dd[r0..r0 + sr],
+                                rows: sr,
+                                kn: seen,
+                                d,
+                                ldp: kn,
+                            };
+                            let add = i + 1 < strips; // the last strip stored them
+                            let acc = |c, add| Acc { c, add };
+                            // Q is pre-scaled, so dS^T Qs is already dS^T Q / sqrt(d); dQ is
+                            // scaled once at the end.
+                            products(
+                                isa,
+                                &block,
+                                p,
+                                Some(dp),
+                                1.0,
+                                acc(&mut dv_t[..seen * d], add),
+                                acc(&mut dk_t[..seen * d], add),
+                                acc(&mut dq_acc[r0 * d..][..sr * d], true),
+                            );
+                        }
+                        dkv.add(kv_block0 + j, &[&dk_t[..kmax * d], &dv_t[..kmax * d]]);
                     }
                     for (y, x) in dq_c.iter_mut().zip(dq_acc.iter()) {
                         *y = x * scale;

@@ -141,6 +141,18 @@ impl WarmCalls {
     }
 }
 
+/// Fills every buffer the warm loop on this thread keeps with `value` (tests: the next call
+/// must not read a scratch value it did not write).
+#[cfg(test)]
+pub fn poison_freed(value: f32) {
+    FREED.with(|f| {
+        for b in f.borrow_mut().iter_mut().flatten() {
+            // SAFETY: the block holds `len` initialized f32s and is owned by the list.
+            unsafe { std::slice::from_raw_parts_mut(b.ptr.as_ptr(), b.len) }.fill(value);
+        }
+    });
+}
+
 /// The buffers a warm timing loop kept, set aside while other loops run on the thread
 /// (interleaved timing: each case keeps its own, as it would timed alone).
 #[derive(Default)]
@@ -231,24 +243,25 @@ impl Drop for Scratch {
 /// A buffer of `len` f32s whose contents are unspecified (zeros, or what the previous call
 /// of a warm timing loop left; always initialized floats): for buffers the kernel writes
 /// before it reads. In a warm timing loop ([`WarmCalls`]) a buffer of the same length freed
-/// by the previous call is reused; if there is none, every kept buffer is freed first (so
-/// the loop holds at most one call's buffers) and a fresh, zeroed one is allocated within
-/// the memory budget.
+/// by the previous call is reused; if there is none a fresh, zeroed one is allocated and
+/// the kept buffers stay for the requests after it (a call that frees one buffer before
+/// asking for another of a different length keeps both, so its next call finds all of its
+/// buffers); should the memory budget refuse the fresh one, the kept buffers are freed and
+/// it is asked for once more.
 pub fn try_scratch(len: usize, what: &str) -> Result<Scratch> {
     let reused = FREED.with(|f| {
         let mut f = f.borrow_mut();
         let freed = f.as_mut()?;
-        match freed.iter().position(|b| b.len == len) {
-            Some(i) => Some(Ok(freed.swap_remove(i))),
-            None => Some(Err(std::mem::take(freed))),
-        }
+        let i = freed.iter().position(|b| b.len == len)?;
+        Some(freed.swap_remove(i))
     });
     let block = match reused {
-        Some(Ok(block)) => block,
-        stale => {
-            drop(stale);
-            Block::zeroed(len, what)?
-        }
+        Some(block) => block,
+        None => Block::zeroed(len, what).or_else(|_| {
+            let kept = FREED.with(|f| f.borrow_mut().as_mut().map(std::mem::take));
+            drop(kept);
+            Block::zeroed(len, what)
+        })?,
     };
     Ok(Scratch {
         block: Some(block),
@@ -378,10 +391,12 @@ mod tests {
             assert_eq!(b.as_ptr(), ptr, "the freed buffer is reused");
             assert_eq!(b[7], 3.0, "as the previous call left it");
             drop(b);
-            // Another length: the kept buffer is freed and a fresh, zeroed one allocated.
+            // Another length: a fresh, zeroed one, the kept one staying for a later request.
             let c = try_scratch(999, "test").unwrap();
             assert!(c.iter().all(|x| *x == 0.0));
             assert_eq!(c.as_ptr() as usize % SCRATCH_ALIGN, 0);
+            let e = try_scratch(1000, "test").unwrap();
+            assert_eq!(e.as_ptr(), ptr, "kept past the other length's request");
         }
         // Outside the loop nothing is kept: a new request is a fresh, zeroed buffer.
         let d = try_scratch(999, "test").unwrap();
