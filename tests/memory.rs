@@ -13,6 +13,7 @@ mod slack;
 use slack::{slack, INJECTOR_BLOCK};
 
 use attnbench::backend::cpu::isa::Isa;
+use attnbench::backend::cpu::workspace::{try_scratch, WarmCalls};
 use attnbench::error::Error;
 use attnbench::layer;
 use attnbench::measure::alloc::{self, OverheadMeter};
@@ -49,6 +50,7 @@ fn memory_accounting() {
     measured_overhead_matches_the_prediction();
     budget_makes_naive_oom_by_prediction_without_running_it();
     an_allocation_over_the_budget_is_an_oom_error_not_an_abort();
+    a_warm_loop_frees_its_kept_buffers_before_refusing_a_request();
     a_group_over_the_memory_budget_runs_case_by_case_with_the_same_rows();
 }
 
@@ -466,6 +468,23 @@ fn an_allocation_over_the_budget_is_an_oom_error_not_an_abort() {
     assert!(matches!(result, Err(Error::OutOfMemory(_))), "{result:?}");
     // And with room, the same call succeeds.
     assert!(forward(&c, &inputs, &mut out).is_ok());
+}
+
+/// A warm timing loop keeps the buffers its previous call freed; a request that the budget
+/// refuses while they are kept gets its buffer once they are freed, not an OOM.
+fn a_warm_loop_frees_its_kept_buffers_before_refusing_a_request() {
+    let _warm = WarmCalls::start();
+    let len = 1 << 20; // 4 MiB
+    drop(try_scratch(len, "kept").unwrap());
+    // 2 MiB of room beyond what is live, the kept 4 MiB included.
+    alloc::set_limit(Some(alloc::current_bytes() + (2 << 20)));
+    let fresh = try_scratch(len + 16, "fresh").map(|b| b.len());
+    alloc::set_limit(None);
+    assert_eq!(
+        fresh.ok(),
+        Some(len + 16),
+        "refused with the kept buffer still held"
+    );
 }
 
 /// `run.interleave`: a group whose cases fit the budget one at a time but not together runs

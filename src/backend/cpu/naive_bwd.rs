@@ -4,9 +4,10 @@
 //! row block dV = sum_h P_h^T dO_h and dK = sum_h dS_h^T Q_h / sqrt(d) over the query heads
 //! sharing that key/value head; every product on the forward's register tiles
 //! (`tiles::gemm`), V^T packed per row block; causal products stop at the keys a row block
-//! sees and start at the first query row a key block is seen by. Time O(b*h*n_q*n_kv*d) (4 matmuls); extra
-//! memory the dS buffer (4*b*h*n_q*n_kv bytes, scratch a warm call reuses, as P) plus per worker one head's V^T and, for
-//! bf16/f16, f32 copies of one head's K (or Q).
+//! sees and start at the first query row a key block is seen by. Time O(b*h*n_q*n_kv*d)
+//! (4 matmuls); extra memory the dS buffer (4*b*h*n_q*n_kv bytes, scratch a warm call
+//! reuses, as P) plus per worker one head's V^T and, for bf16/f16, f32 copies of one
+//! head's K (or Q).
 
 use rayon::prelude::*;
 
