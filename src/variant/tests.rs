@@ -420,25 +420,32 @@ fn gradients_on_ragged_shapes() {
     }
 }
 
+/// Runs `call` twice in a warm timing loop on a worker of the `threads` pool (whose thread
+/// keeps the freed buffers; the call's own `install` then runs inline, as in the timing
+/// loop), every buffer the loop kept poisoned with NaN in between; the second call's result.
+fn second_call_on_poisoned_scratch<T: Send>(threads: usize, call: impl Fn() -> T + Sync) -> T {
+    use crate::backend::cpu::workspace::{poison_freed, WarmCalls};
+    crate::run::pool(threads).unwrap().install(|| {
+        let _warm = WarmCalls::start();
+        call();
+        poison_freed(f32::NAN);
+        call()
+    })
+}
+
 /// In a warm timing loop a training step's scratch is what the previous step left: every
 /// training step must write each scratch value it reads. Here a first step fills the loop's
 /// buffers, they are poisoned with NaN, and the second step must still be right; causal
 /// rows see growing key prefixes, fewer and more queries than keys.
 #[test]
 fn gradients_from_poisoned_scratch() {
-    use crate::backend::cpu::workspace::{poison_freed, WarmCalls};
     for (nq, nkv) in [(150, 170), (170, 150), (130, 130)] {
         for causal in [false, true] {
             let mut s = setup(nq, nkv, 16);
             s.causal = causal;
             for v in EXPECTED_FWD_BWD {
                 for isa in paths() {
-                    // On a worker of the step's pool, whose thread keeps the freed buffers
-                    // (the step's own `install` then runs inline), as the timing loop does.
-                    let e = crate::run::pool(s.threads).unwrap().install(|| {
-                        let _warm = WarmCalls::start();
-                        grad_error_of(v, &s, UpstreamGrad::Random, isa);
-                        poison_freed(f32::NAN);
+                    let e = second_call_on_poisoned_scratch(s.threads, || {
                         grad_error_of(v, &s, UpstreamGrad::Random, isa)
                     });
                     assert!(
@@ -457,7 +464,6 @@ fn gradients_from_poisoned_scratch() {
 /// with NaN, and the second call must still match the oracle; every dtype.
 #[test]
 fn forwards_from_poisoned_scratch() {
-    use crate::backend::cpu::workspace::{poison_freed, WarmCalls};
     for (nq, nkv, causal) in [(150, 170, true), (170, 150, true), (130, 130, false)] {
         for dtype in DType::ALL {
             let mut s = setup(nq, nkv, 16);
@@ -465,12 +471,7 @@ fn forwards_from_poisoned_scratch() {
             s.dtype = dtype;
             for v in fwd_variants(&s) {
                 for isa in paths() {
-                    let e = crate::run::pool(s.threads).unwrap().install(|| {
-                        let _warm = WarmCalls::start();
-                        error_of(v, &s, isa);
-                        poison_freed(f32::NAN);
-                        error_of(v, &s, isa)
-                    });
+                    let e = second_call_on_poisoned_scratch(s.threads, || error_of(v, &s, isa));
                     assert!(
                         e.max_abs <= dtype.tolerance(),
                         "{} [{isa}] {dtype} {nq}x{nkv} causal {causal}: max abs err {:e}",
