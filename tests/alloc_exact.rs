@@ -4,6 +4,7 @@
 //! meter's start would reset another's peak, and a budget would refuse another test's block.
 
 use attnbench::measure::alloc;
+use attnbench::measure::calibrate::calibrate_with;
 
 #[test]
 fn exact_allocation_accounting() {
@@ -12,6 +13,7 @@ fn exact_allocation_accounting() {
     global_limit_refuses_large_fallible_requests();
     realloc_growth_is_counted();
     block_bookkeeping_allocates_what_predictions_count();
+    a_calibration_leaves_no_thread_behind();
 }
 
 const MIB: u64 = 1 << 20;
@@ -114,4 +116,25 @@ fn block_bookkeeping_allocates_what_predictions_count() {
     assert_eq!(a[last..last + 8], [2.0; 8]);
     assert_eq!(b[last..last + 8], [1.0; 8]);
     assert_eq!(a[last + 8..], [0.0; 40]);
+}
+
+/// A calibration leaves no thread behind that allocates or frees later: a sweep counts its
+/// first cases right after it, and with a pool of its own, dropped on return, its threads
+/// were still exiting then (each pushing a 2072-byte block of deferred frees to crossbeam's
+/// epoch collector, freed in turn whenever a later call collects it).
+fn a_calibration_leaves_no_thread_behind() {
+    let threads = || std::fs::read_dir("/proc/self/task").map(|d| d.count()).ok();
+    std::hint::black_box(calibrate_with(3, 16, 64 << 10));
+    let (live, running) = (alloc::current_bytes(), threads());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        threads(),
+        running,
+        "a calibration thread exited after returning"
+    );
+    assert_eq!(
+        alloc::current_bytes(),
+        live,
+        "bytes freed or allocated after"
+    );
 }

@@ -80,16 +80,18 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
     } else {
         threads
     };
-    // If no pool can be built, measure on the calling thread and say so in `threads`.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .ok();
-    let run = |job: &mut (dyn FnMut() + Send)| match &pool {
+    // The sweep's own kept pool (`measure::pool`), never a pool of its own: a dropped pool's
+    // threads exit after the calibration returns, and each leaves a 2 KiB block of
+    // deferred frees (crossbeam's epoch) that lands in, or is freed inside, a later case's
+    // memory count. If no pool can be built, measure on the calling thread and say so in
+    // `threads`.
+    let pool = crate::measure::pool::pool(threads).ok();
+    let pool = pool.as_deref();
+    let threads = if pool.is_some() { threads } else { 1 };
+    let run = |job: &mut (dyn FnMut() + Send)| match pool {
         Some(p) => p.install(job),
         None => job(),
     };
-    let threads = if pool.is_some() { threads } else { 1 };
 
     // The best wall time of `runs` runs of `job` on the pool, after one warm-up run.
     let best_of = |runs: usize, job: &mut (dyn FnMut() + Send)| {
@@ -162,7 +164,7 @@ pub fn calibrate_with(threads: usize, n: usize, copy_bytes: u64) -> Calibration 
             // iterator the calling thread ran both loops whenever the idle second core was
             // slow to steal one (a 2-thread peak measured at the 1-thread figure).
             let t0 = Instant::now();
-            let f: Vec<(f64, f32)> = match &pool {
+            let f: Vec<(f64, f32)> = match pool {
                 Some(p) => p.broadcast(|_| peak_loop(isa, bf16, iters)),
                 None => vec![peak_loop(isa, bf16, iters)],
             };
