@@ -1273,3 +1273,155 @@ fn the_methodology_states_the_memory_tests_slack() {
         assert_eq!(Some(&slack::slack(v)), tested.get(v.name()), "{v}");
     }
 }
+
+// ---- bytes of the cache a decode reads ----------------------------------------------
+
+/// Keys one sequence of `q` new tokens over `kv` cached keys attends: from the first row's
+/// window start (its causal bound, bottom-right aligned, less the window) to the cache's
+/// end, which the last row reaches; with a window, the sinks before that start too.
+fn attended_keys(c: &Case, q: usize, kv: usize) -> usize {
+    let first_bound = if c.causal {
+        (kv + 1).saturating_sub(q)
+    } else {
+        kv
+    };
+    let start = c.window.map_or(0, |w| first_bound.saturating_sub(w));
+    let sinks = if c.window.is_some() {
+        c.sinks.unwrap_or(0)
+    } else {
+        0
+    };
+    kv - start + sinks.min(start)
+}
+
+/// The closed form of `kv_read_bytes`: K and V of every KV head for each attended key, at
+/// the storage dtype (FP8: one byte a value and an f32 scale for K and V of every KV head
+/// of the stored batch); cascade-decode's shared prefix once for the batch; mla-decode's
+/// latent and RoPE values of every cached token. `None` for a variant that reads no cache.
+fn kv_bytes(c: &Case) -> Option<u64> {
+    use VariantId::*;
+    let s = &c.shape;
+    let seqs: Vec<(usize, usize)> = match &c.batch_spec {
+        Some(spec) => spec.sequences().collect(),
+        None => vec![(s.seq_q, s.seq_kv); s.batch],
+    };
+    let per_key = |keys: usize| match c.kv_dtype {
+        Some(_) => 2 * s.kv_heads * keys * s.head_dim + 2 * 4 * s.kv_heads * s.batch,
+        None => 2 * s.kv_heads * keys * s.head_dim * c.dtype.size_bytes(),
+    } as u64;
+    Some(match c.variant {
+        DecodeNaive | DecodeOnline | FlashDecoding | PagedDecode | RingDecode | TreeDecode => {
+            per_key(seqs.iter().map(|&(q, kv)| attended_keys(c, q, kv)).sum())
+        }
+        CascadeDecode => {
+            // Every request has the same cache: the attended keys of the prefix once.
+            let (q, kv) = (s.seq_q, s.seq_kv);
+            let all = attended_keys(c, q, kv);
+            let prefix = c.prefix_len.unwrap_or(0).min(kv);
+            let shared = all.saturating_sub(kv - prefix);
+            per_key(shared + s.batch * (all - shared))
+        }
+        MlaDecode => {
+            let m = c.mla?;
+            (s.batch * s.seq_kv * (m.latent_dim + m.rope_dim) * c.dtype.size_bytes()) as u64
+        }
+        _ => return None,
+    })
+}
+
+/// Every in-process variant's `kv_read_bytes` against its closed form: causal and not,
+/// windows of one key, some and past the cache, sinks, shared prefixes, FP8 caches, ragged
+/// batches, several devices; every decode variant is checked, the others count nothing.
+#[test]
+fn every_kv_read_byte_count_equals_its_closed_form() {
+    let mut checked = std::collections::BTreeSet::new();
+    let spec: BatchSpec = "q1kv300+2xq1kv9+q3kv40".parse().unwrap();
+    for v in VariantId::in_process() {
+        for &mode in v.info().modes {
+            for (q, kv) in [(1, 1), (1, 37), (3, 300), (20, 7)] {
+                let shape = Shape {
+                    batch: 3,
+                    heads: 4,
+                    kv_heads: 2,
+                    seq_q: q,
+                    seq_kv: kv,
+                    head_dim: 16,
+                };
+                let base = Case {
+                    mode,
+                    ..Case::cpu_fwd(v, shape, DType::F32, 2)
+                };
+                let mut cases = vec![];
+                for causal in [false, true] {
+                    for window in [None, Some(1), Some(10), Some(5000)] {
+                        for sinks in [None, Some(4)] {
+                            for prefix_len in [None, Some(kv / 3), Some(kv)] {
+                                for devices in [1, 2] {
+                                    cases.push(Case {
+                                        causal,
+                                        window,
+                                        sinks: window.and(sinks),
+                                        prefix_len,
+                                        devices,
+                                        ..base.clone()
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                let more: Vec<Case> = cases
+                    .iter()
+                    .flat_map(|c| {
+                        let mut out = vec![];
+                        for dtype in DTYPES {
+                            out.push(Case { dtype, ..c.clone() });
+                        }
+                        out.push(Case {
+                            kv_dtype: Some(Fp8Format::Fp8e5m2),
+                            ..c.clone()
+                        });
+                        out.push(Case {
+                            shape: spec.packed(&Shape {
+                                batch: 1,
+                                ..c.shape
+                            }),
+                            batch_spec: Some(spec.clone()),
+                            ..c.clone()
+                        });
+                        out
+                    })
+                    .collect();
+                for c in more {
+                    let sinks_ok = c.sinks.is_none() || v.get().sinks();
+                    if !sinks_ok || v.get().unsupported(&c).is_some() || impossible(&c).is_some() {
+                        continue;
+                    }
+                    let got = v.get().kv_read_bytes(&c);
+                    assert_eq!(
+                        got,
+                        kv_bytes(&c),
+                        "{v} {mode} {} causal {} window {:?} sinks {:?} prefix {:?} fp8 {:?} \
+                         devices {} batch {:?}",
+                        c.dtype,
+                        c.causal,
+                        c.window,
+                        c.sinks,
+                        c.prefix_len,
+                        c.kv_dtype,
+                        c.devices,
+                        c.batch_spec
+                    );
+                    if got.is_some() {
+                        checked.insert(v.name());
+                    }
+                }
+            }
+        }
+    }
+    let readers: std::collections::BTreeSet<_> = VariantId::in_process()
+        .filter(|v| v.info().modes.contains(&Mode::Decode))
+        .map(|v| v.name())
+        .collect();
+    assert_eq!(checked, readers);
+}
