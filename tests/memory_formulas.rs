@@ -1425,3 +1425,80 @@ fn every_kv_read_byte_count_equals_its_closed_form() {
         .collect();
     assert_eq!(checked, readers);
 }
+
+// ---- default split counts ------------------------------------------------------------
+
+/// Work items the split-KV decodes want per thread (`decode::ITEMS_PER_THREAD`).
+const ITEMS_PER_THREAD: usize = 2;
+/// mla-decode's key block (`mla::MLA_BLOCK`).
+const MLA_BK: usize = 256;
+
+/// Parts to cut `keys` into for `units` independent items: enough items for
+/// `ITEMS_PER_THREAD` a thread, no part shorter than `block` keys, at least one.
+fn parts(keys: usize, units: usize, threads: usize, block: usize) -> usize {
+    (ITEMS_PER_THREAD * threads)
+        .div_ceil(units)
+        .min(keys.div_ceil(block))
+        .max(1)
+}
+
+/// The split count each variant gets when the case names none (what sizes the split-KV
+/// workspaces and partial results above, so it is pinned here apart from them):
+/// flash-decoding's parts per (sequence, KV head); paged-decode's the same, or per
+/// sequence where its items are whole sequences (fewer than 16 query rows a KV head);
+/// mla-decode's per sequence in 256-key blocks; a ragged batch's parts of the whole cache,
+/// twice as many a thread. The other variants split nothing.
+#[test]
+fn default_split_counts_follow_their_rules() {
+    use VariantId::*;
+    for v in VariantId::in_process() {
+        for (batch, kv_heads, group) in [(1, 1, 1), (1, 2, 4), (3, 8, 8), (2, 1, 16)] {
+            for seq_q in [1, 3, 20] {
+                for seq_kv in [1, 1000, 1025, 5000, 70_000] {
+                    for threads in [1, 2, 5, 16] {
+                        let shape = Shape {
+                            batch,
+                            heads: kv_heads * group,
+                            kv_heads,
+                            seq_q,
+                            seq_kv,
+                            head_dim: 64,
+                        };
+                        let want = match v {
+                            FlashDecoding => {
+                                Some(parts(seq_kv, batch * kv_heads, threads, DECODE_BK))
+                            }
+                            PagedDecode if group * seq_q < GEMM_MIN_ROWS => {
+                                Some(parts(seq_kv, batch, threads, DECODE_BK))
+                            }
+                            PagedDecode => {
+                                Some(parts(seq_kv, batch * kv_heads, threads, DECODE_BK))
+                            }
+                            MlaDecode => Some(parts(seq_kv, batch, threads, MLA_BK)),
+                            _ => None,
+                        };
+                        let got = v.get().default_splits(&shape, threads);
+                        assert_eq!(got, want, "{v} {shape:?} threads {threads}");
+                        let packed = Shape {
+                            batch: 1,
+                            seq_kv: batch * seq_kv,
+                            seq_q: batch * seq_q,
+                            ..shape
+                        };
+                        let want = match v {
+                            FlashDecoding | PagedDecode => Some(
+                                (2 * ITEMS_PER_THREAD * threads)
+                                    .min(packed.seq_kv.div_ceil(DECODE_BK))
+                                    .max(1),
+                            ),
+                            MlaDecode => Some(parts(packed.seq_kv, 1, threads, MLA_BK)),
+                            _ => None,
+                        };
+                        let got = v.get().default_splits_ragged(&packed, threads);
+                        assert_eq!(got, want, "{v} ragged {packed:?} threads {threads}");
+                    }
+                }
+            }
+        }
+    }
+}
